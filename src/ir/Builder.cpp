@@ -1,0 +1,97 @@
+#include "ir/Builder.h"
+
+namespace fpat::ir {
+
+Value GraphBuilder::append(Op op, const std::vector<Value>& operands, const std::string& name) {
+  op.name = name.empty() ? "t" + std::to_string(nextId_++) : name;
+  if (g_.find(op.name))
+    throw BuildError("value %" + op.name + " is defined more than once");
+  std::vector<OperandInfo> ins;
+  std::vector<Vertex> vs;
+  for (Value v : operands) {
+    if (v.v >= g_.size())
+      throw BuildError("operand of %" + op.name + " does not belong to this graph");
+    ins.push_back({g_.op(v.v).name, g_.op(v.v).type});
+    vs.push_back(v.v);
+  }
+  TypeError err;
+  auto t = inferType(op, ins, err, acts_);
+  if (!t)
+    throw BuildError(err.message);
+  op.type = *t;
+  return {g_.addOp(std::move(op), vs)};
+}
+
+Value GraphBuilder::input(const std::string& name, std::vector<int64_t> shape, DType dtype) {
+  Op op;
+  op.kind = OpKind::Input;
+  op.type = {std::move(shape), dtype};
+  return append(std::move(op), {}, name);
+}
+
+Value GraphBuilder::gemm(Value a, Value b, bool transposeB, const std::string& name) {
+  Op op;
+  op.kind = OpKind::Gemm;
+  op.transposeB = transposeB;
+  return append(std::move(op), {a, b}, name);
+}
+
+Value GraphBuilder::bias(Value x, Value b, const std::string& name) {
+  Op op;
+  op.kind = OpKind::BiasAdd;
+  return append(std::move(op), {x, b}, name);
+}
+
+Value GraphBuilder::activation(Value x, const std::string& fn, const std::string& name) {
+  Op op;
+  op.kind = OpKind::Activation;
+  op.fn = fn;
+  return append(std::move(op), {x}, name);
+}
+
+Value GraphBuilder::add(Value a, Value b, const std::string& name) {
+  Op op;
+  op.kind = OpKind::Add;
+  return append(std::move(op), {a, b}, name);
+}
+
+Value GraphBuilder::mul(Value a, Value b, const std::string& name) {
+  Op op;
+  op.kind = OpKind::Mul;
+  return append(std::move(op), {a, b}, name);
+}
+
+Value GraphBuilder::layernorm(Value x, Value gamma, Value beta, double eps,
+                              const std::string& name) {
+  Op op;
+  op.kind = OpKind::LayerNorm;
+  op.eps = eps;
+  return append(std::move(op), {x, gamma, beta}, name);
+}
+
+Value GraphBuilder::rmsnorm(Value x, Value gamma, double eps, const std::string& name) {
+  Op op;
+  op.kind = OpKind::RmsNorm;
+  op.eps = eps;
+  return append(std::move(op), {x, gamma}, name);
+}
+
+GraphBuilder& GraphBuilder::output(Value v) {
+  if (v.v >= g_.size())
+    throw BuildError("output value does not belong to this graph");
+  g_.addOutput(v.v);
+  return *this;
+}
+
+Graph GraphBuilder::build() const {
+  auto problems = validate(g_, acts_);
+  if (!problems.empty()) {
+    std::string msg = "invalid graph " + g_.name() + ":";
+    for (auto& p : problems)
+      msg += "\n  " + p;
+    throw BuildError(msg);
+  }
+  return g_;
+}
+
+} // namespace fpat::ir

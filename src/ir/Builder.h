@@ -1,0 +1,54 @@
+// Fluent C++ construction of IR graphs; every op is type-checked as it is added.
+#pragma once
+
+#include "ir/Graph.h"
+
+#include <stdexcept>
+
+namespace fpat::ir {
+
+/// Thrown by GraphBuilder for a user mistake (ill-typed op, invalid graph).
+class BuildError : public std::runtime_error {
+public:
+  using std::runtime_error::runtime_error;
+};
+
+/// A handle to a value under construction.
+struct Value {
+  Vertex v;
+};
+
+/// Example:
+///   GraphBuilder b("example");
+///   Value x = b.input("x", {1024, 4096}), w = b.input("w", {4096, 4096});
+///   b.output(b.activation(b.bias(b.gemm(x, w), b.input("b", {4096})), "gelu"));
+///   Graph g = b.build();
+class GraphBuilder {
+public:
+  explicit GraphBuilder(std::string name, const ActivationSet& acts = ActivationSet::builtin())
+      : g_(std::move(name)), acts_(acts) {}
+
+  Value input(const std::string& name, std::vector<int64_t> shape, DType dtype = DType::F16);
+  Value gemm(Value a, Value b, bool transposeB = false, const std::string& name = "");
+  Value bias(Value x, Value b, const std::string& name = "");
+  Value activation(Value x, const std::string& fn, const std::string& name = "");
+  Value add(Value a, Value b, const std::string& name = "");
+  Value mul(Value a, Value b, const std::string& name = "");
+  Value layernorm(Value x, Value gamma, Value beta, double eps = 1e-5,
+                  const std::string& name = "");
+  Value rmsnorm(Value x, Value gamma, double eps = 1e-5, const std::string& name = "");
+  GraphBuilder& output(Value v);
+
+  const TensorDesc& type(Value v) const { return g_.op(v.v).type; }
+  /// Validates and returns the graph; throws BuildError listing every problem.
+  Graph build() const;
+
+private:
+  Value append(Op op, const std::vector<Value>& operands, const std::string& name);
+
+  Graph g_;
+  const ActivationSet& acts_;
+  int nextId_ = 0;
+};
+
+} // namespace fpat::ir

@@ -1,0 +1,390 @@
+#include "ir/Graph.h"
+
+#include <boost/graph/graphviz.hpp>
+#include <boost/graph/topological_sort.hpp>
+
+#include <algorithm>
+#include <set>
+
+namespace fpat::ir {
+
+const std::vector<OpKindInfo>& opKinds() {
+  static const std::vector<OpKindInfo> kinds = {
+      {OpKind::Input, "input", 0, 0},           {OpKind::Gemm, "gemm", 2, 2},
+      {OpKind::BiasAdd, "bias_add", 2, 2},      {OpKind::Activation, "activation", 1, 1},
+      {OpKind::Add, "add", 2, 2},               {OpKind::Mul, "mul", 2, 2},
+      {OpKind::LayerNorm, "layernorm", 3, 3},   {OpKind::RmsNorm, "rmsnorm", 2, 2},
+      {OpKind::Fused, "fused", 1, -1},
+  };
+  return kinds;
+}
+
+const OpKindInfo& opKindInfo(OpKind k) { return opKinds()[static_cast<size_t>(k)]; }
+const char* opKindName(OpKind k) { return opKindInfo(k).name; }
+
+std::optional<OpKind> parseOpKind(std::string_view name) {
+  for (const OpKindInfo& i : opKinds())
+    if (name == i.name)
+      return i.kind;
+  return std::nullopt;
+}
+
+Vertex Graph::addOp(Op op, const std::vector<Vertex>& operands) {
+  Vertex v = boost::add_vertex(std::move(op), g_);
+  for (size_t i = 0; i < operands.size(); ++i)
+    boost::add_edge(operands[i], v, Operand{static_cast<unsigned>(i)}, g_);
+  return v;
+}
+
+void Graph::connect(Vertex producer, Vertex consumer, unsigned index) {
+  boost::add_edge(producer, consumer, Operand{index}, g_);
+}
+
+std::vector<Vertex> Graph::operands(Vertex v) const {
+  std::vector<std::pair<unsigned, Vertex>> ins;
+  for (auto [it, end] = boost::in_edges(v, g_); it != end; ++it)
+    ins.emplace_back(g_[*it].index, boost::source(*it, g_));
+  std::sort(ins.begin(), ins.end());
+  std::vector<Vertex> out;
+  for (auto& p : ins)
+    out.push_back(p.second);
+  return out;
+}
+
+std::vector<Vertex> Graph::users(Vertex v) const {
+  std::set<Vertex> us;
+  for (auto [it, end] = boost::out_edges(v, g_); it != end; ++it)
+    us.insert(boost::target(*it, g_));
+  return {us.begin(), us.end()};
+}
+
+size_t Graph::useCount(Vertex v) const {
+  return boost::out_degree(v, g_) +
+         static_cast<size_t>(std::count(outputs_.begin(), outputs_.end(), v));
+}
+
+bool Graph::isOutput(Vertex v) const {
+  return std::find(outputs_.begin(), outputs_.end(), v) != outputs_.end();
+}
+
+std::optional<Vertex> Graph::find(std::string_view name) const {
+  for (Vertex v : vertices())
+    if (g_[v].name == name)
+      return v;
+  return std::nullopt;
+}
+
+std::vector<Vertex> Graph::vertices() const {
+  std::vector<Vertex> vs;
+  for (auto [it, end] = boost::vertices(g_); it != end; ++it)
+    vs.push_back(*it);
+  return vs;
+}
+
+const ActivationSet& ActivationSet::builtin() {
+  static const ActivationSet set = [] {
+    ActivationSet s;
+    for (const char* n : {"gelu", "gelu_erf", "silu", "relu"})
+      s.add(n);
+    return s;
+  }();
+  return set;
+}
+
+bool ActivationSet::contains(std::string_view name) const {
+  return std::find(names_.begin(), names_.end(), name) != names_.end();
+}
+
+namespace {
+
+std::string opRef(const Op& op) { return std::string(opKindName(op.kind)) + " %" + op.name; }
+
+std::string operandRef(const std::vector<OperandInfo>& ops, size_t i) {
+  return "operand " + std::to_string(i) + " (%" + ops[i].name + ": " + ops[i].type.str() + ")";
+}
+
+} // namespace
+
+std::optional<TensorDesc> inferType(const Op& op, const std::vector<OperandInfo>& in,
+                                    TypeError& err, const ActivationSet& acts) {
+  const OpKindInfo& info = opKindInfo(op.kind);
+  const int n = static_cast<int>(in.size());
+  if (n < info.minOperands || (info.maxOperands >= 0 && n > info.maxOperands)) {
+    err = {-1, opRef(op) + " takes " +
+                   (info.minOperands == info.maxOperands
+                        ? std::to_string(info.minOperands)
+                        : "at least " + std::to_string(info.minOperands)) +
+                   " operand" + (info.minOperands == 1 ? "" : "s") + " but was given " +
+                   std::to_string(n)};
+    return std::nullopt;
+  }
+  auto fail = [&](int operand, std::string msg) -> std::optional<TensorDesc> {
+    err = {operand, opRef(op) + ": " + std::move(msg)};
+    return std::nullopt;
+  };
+  // Every operand of an op shares the dtype of operand 0.
+  for (int i = 1; i < n; ++i)
+    if (in[static_cast<size_t>(i)].type.dtype != in[0].type.dtype)
+      return fail(i, operandRef(in, static_cast<size_t>(i)) + " has dtype " +
+                         dtypeName(in[static_cast<size_t>(i)].type.dtype) + "; expected " +
+                         dtypeName(in[0].type.dtype) + " like operand 0");
+  auto requireRank = [&](size_t i, int rank) {
+    return in[i].type.rank() == rank;
+  };
+  switch (op.kind) {
+  case OpKind::Input: {
+    if (op.type.rank() < 1 || op.type.rank() > 2)
+      return fail(-1, "tensors must be 1-D or 2-D, got rank " + std::to_string(op.type.rank()));
+    for (int64_t d : op.type.shape)
+      if (d < 1)
+        return fail(-1, "dimension " + std::to_string(d) + " must be at least 1");
+    return op.type;
+  }
+  case OpKind::Gemm: {
+    if (!requireRank(0, 2))
+      return fail(0, operandRef(in, 0) + " must be 2-D [M, K]");
+    if (!requireRank(1, 2))
+      return fail(1, operandRef(in, 1) + " must be 2-D " +
+                         std::string(op.transposeB ? "[N, K]" : "[K, N]"));
+    int64_t m = in[0].type.shape[0], k = in[0].type.shape[1];
+    int64_t kb = in[1].type.shape[op.transposeB ? 1 : 0];
+    int64_t nn = in[1].type.shape[op.transposeB ? 0 : 1];
+    if (k != kb)
+      return fail(1, operandRef(in, 1) + " has K = " + std::to_string(kb) + "; expected K = " +
+                         std::to_string(k) + " to match operand 0" +
+                         (op.transposeB ? " (B is transposed: [N, K])" : ""));
+    return TensorDesc{{m, nn}, in[0].type.dtype};
+  }
+  case OpKind::BiasAdd: {
+    if (!requireRank(0, 2))
+      return fail(0, operandRef(in, 0) + " must be 2-D [M, N]");
+    int64_t cols = in[0].type.shape[1];
+    if (in[1].type.shape != std::vector<int64_t>{cols})
+      return fail(1, operandRef(in, 1) + " must have shape [" + std::to_string(cols) +
+                         "] to match the columns of operand 0");
+    return in[0].type;
+  }
+  case OpKind::Activation:
+    if (op.fn.empty())
+      return fail(-1, "missing activation function name (fn)");
+    if (!acts.contains(op.fn))
+      return fail(-1, "unknown activation '" + op.fn + "'");
+    return in[0].type;
+  case OpKind::Add:
+  case OpKind::Mul:
+    if (in[1].type.shape != in[0].type.shape)
+      return fail(1, operandRef(in, 1) + " must have the shape of operand 0, " +
+                         in[0].type.shapeStr());
+    return in[0].type;
+  case OpKind::LayerNorm:
+  case OpKind::RmsNorm: {
+    if (!requireRank(0, 2))
+      return fail(0, operandRef(in, 0) + " must be 2-D [M, N]");
+    if (!(op.eps > 0))
+      return fail(-1, "eps must be positive");
+    int64_t cols = in[0].type.shape[1];
+    for (size_t i = 1; i < in.size(); ++i)
+      if (in[i].type.shape != std::vector<int64_t>{cols})
+        return fail(static_cast<int>(i), operandRef(in, i) + " must have shape [" +
+                                             std::to_string(cols) +
+                                             "] to match the rows of operand 0");
+    return in[0].type;
+  }
+  case OpKind::Fused:
+    if (op.fused.pattern.empty())
+      return fail(-1, "fused op without a pattern");
+    return op.type;
+  }
+  return fail(-1, "unhandled op kind");
+}
+
+std::optional<std::vector<Vertex>> topologicalOrder(const Graph& g, std::vector<Vertex>* cycle) {
+  std::vector<Vertex> rev;
+  try {
+    boost::topological_sort(g.impl(), std::back_inserter(rev));
+  } catch (const boost::not_a_dag&) {
+    if (cycle) {
+      // Kahn's algorithm: what is never freed lies on or behind a cycle.
+      cycle->clear();
+      std::vector<size_t> indeg(g.size());
+      for (Vertex v : g.vertices())
+        indeg[v] = boost::in_degree(v, g.impl());
+      std::vector<Vertex> ready;
+      for (Vertex v : g.vertices())
+        if (!indeg[v])
+          ready.push_back(v);
+      while (!ready.empty()) {
+        Vertex v = ready.back();
+        ready.pop_back();
+        for (auto [it, end] = boost::out_edges(v, g.impl()); it != end; ++it)
+          if (--indeg[boost::target(*it, g.impl())] == 0)
+            ready.push_back(boost::target(*it, g.impl()));
+      }
+      for (Vertex v : g.vertices())
+        if (indeg[v])
+          cycle->push_back(v);
+    }
+    return std::nullopt;
+  }
+  std::reverse(rev.begin(), rev.end());
+  return rev;
+}
+
+static std::vector<std::string> checkGraph(Graph& g, const ActivationSet& acts, bool update) {
+  std::vector<std::string> problems;
+  std::set<std::string> names;
+  for (Vertex v : g.vertices()) {
+    const Op& op = g.op(v);
+    if (op.name.empty())
+      problems.push_back("op #" + std::to_string(v) + " (" + opKindName(op.kind) +
+                         ") has no name");
+    else if (!names.insert(op.name).second)
+      problems.push_back("value %" + op.name + " is defined more than once");
+    // Operand indices must be exactly 0..n-1.
+    std::vector<unsigned> idx;
+    for (auto [it, end] = boost::in_edges(v, g.impl()); it != end; ++it)
+      idx.push_back(g.impl()[*it].index);
+    std::sort(idx.begin(), idx.end());
+    for (size_t i = 0; i < idx.size(); ++i)
+      if (idx[i] != i) {
+        problems.push_back(opRef(op) + ": operand indices are not 0.." +
+                           std::to_string(idx.size() - 1));
+        break;
+      }
+  }
+  if (g.outputs().empty())
+    problems.push_back("graph " + g.name() + " has no outputs");
+  std::vector<Vertex> cycle;
+  auto order = topologicalOrder(g, &cycle);
+  if (!order) {
+    std::string s = "graph " + g.name() + " has a cycle through";
+    for (Vertex v : cycle)
+      s += " %" + g.op(v).name;
+    problems.push_back(s);
+    return problems;
+  }
+  std::vector<bool> bad(g.size(), false);
+  for (Vertex v : *order) {
+    std::vector<OperandInfo> ins;
+    bool skip = false;
+    for (Vertex u : g.operands(v)) {
+      ins.push_back({g.op(u).name, g.op(u).type});
+      skip = skip || bad[u];
+    }
+    if (skip) { // an earlier problem already explains this one
+      bad[v] = true;
+      continue;
+    }
+    TypeError err;
+    auto t = inferType(g.op(v), ins, err, acts);
+    if (!t) {
+      problems.push_back(err.message);
+      bad[v] = true;
+    } else if (update) {
+      g.op(v).type = *t;
+    } else if (*t != g.op(v).type) {
+      problems.push_back(opRef(g.op(v)) + ": recorded type " + g.op(v).type.str() +
+                         " differs from inferred type " + t->str());
+    }
+  }
+  return problems;
+}
+
+std::vector<std::string> validate(const Graph& g, const ActivationSet& acts) {
+  return checkGraph(const_cast<Graph&>(g), acts, /*update=*/false);
+}
+
+std::vector<std::string> inferTypes(Graph& g, const ActivationSet& acts) {
+  return checkGraph(g, acts, /*update=*/true);
+}
+
+std::string attrString(const Op& op) {
+  std::vector<std::string> attrs;
+  switch (op.kind) {
+  case OpKind::Gemm:
+    if (op.transposeB)
+      attrs.push_back("transpose_b = true");
+    break;
+  case OpKind::Activation:
+    attrs.push_back("fn = " + op.fn);
+    for (auto& [k, v] : op.params)
+      attrs.push_back(k + " = " + formatDouble(v));
+    break;
+  case OpKind::LayerNorm:
+  case OpKind::RmsNorm:
+    attrs.push_back("eps = " + formatDouble(op.eps));
+    break;
+  case OpKind::Fused: {
+    attrs.push_back("pattern = " + op.fused.pattern);
+    if (!op.fused.family.empty())
+      attrs.push_back("family = " + op.fused.family);
+    std::string chain;
+    for (const EpilogueStep& s : op.fused.epilogue) {
+      if (!chain.empty())
+        chain += ", ";
+      chain += s.kind;
+      if (!s.fn.empty())
+        chain += " " + s.fn;
+      if (s.operand >= 0)
+        chain += " $" + std::to_string(s.operand);
+    }
+    if (!chain.empty())
+      attrs.push_back("epilogue = \"" + chain + "\"");
+    if (op.transposeB)
+      attrs.push_back("transpose_b = true");
+    if (op.eps != 1e-5)
+      attrs.push_back("eps = " + formatDouble(op.eps));
+    break;
+  }
+  default:
+    break;
+  }
+  if (attrs.empty())
+    return "";
+  std::string s = "{";
+  for (size_t i = 0; i < attrs.size(); ++i)
+    s += (i ? ", " : "") + attrs[i];
+  return s + "}";
+}
+
+namespace {
+
+std::string dotEscape(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    if (c == '"' || c == '\\')
+      o += '\\';
+    o += c;
+  }
+  return o;
+}
+
+} // namespace
+
+void writeDot(const Graph& g, std::ostream& os) {
+  const GraphImpl& gi = g.impl();
+  auto vertexWriter = [&](std::ostream& out, Vertex v) {
+    const Op& op = gi[v];
+    std::string label = "%" + op.name + " = " + opKindName(op.kind);
+    std::string attrs = attrString(op);
+    if (!attrs.empty())
+      label += "\\n" + dotEscape(attrs);
+    label += "\\n" + op.type.str();
+    const char* shape = op.kind == OpKind::Input ? "ellipse" : "box";
+    const char* fill = op.kind == OpKind::Fused ? "lightblue"
+                       : op.kind == OpKind::Input ? "lightgray"
+                                                  : "white";
+    out << "[label=\"" << label << "\", shape=" << shape << ", style=filled, fillcolor=" << fill
+        << (g.isOutput(v) ? ", peripheries=2" : "") << "]";
+  };
+  auto edgeWriter = [&](std::ostream& out, GraphImpl::edge_descriptor e) {
+    out << "[label=\"" << gi[boost::source(e, gi)].type.shapeStr() << " #" << gi[e].index
+        << "\"]";
+  };
+  auto graphWriter = [&](std::ostream& out) {
+    out << "label=\"" << dotEscape(g.name()) << "\";\nrankdir=TB;\nnode [fontname=\"monospace\"];\n";
+  };
+  boost::write_graphviz(os, gi, vertexWriter, edgeWriter, graphWriter);
+}
+
+} // namespace fpat::ir

@@ -1,0 +1,158 @@
+// The dataflow IR: ops are vertices of a bidirectional Boost.Graph, edges carry operand indices.
+#pragma once
+
+#include "ir/Types.h"
+#include "support/Diagnostics.h"
+
+#include <boost/graph/adjacency_list.hpp>
+
+#include <map>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+namespace fpat::ir {
+
+enum class OpKind { Input, Gemm, BiasAdd, Activation, Add, Mul, LayerNorm, RmsNorm, Fused };
+
+/// The op registry: name and operand count of every kind (`maxOperands < 0`: variadic).
+struct OpKindInfo {
+  OpKind kind;
+  const char* name;
+  int minOperands;
+  int maxOperands;
+};
+const std::vector<OpKindInfo>& opKinds();
+const OpKindInfo& opKindInfo(OpKind k);
+const char* opKindName(OpKind k);
+std::optional<OpKind> parseOpKind(std::string_view name);
+
+/// One step of a fused op's epilogue chain, applied to the accumulator in order.
+struct EpilogueStep {
+  std::string kind;    // "bias", "activation", "residual", "mul", "scale"
+  std::string fn;      // activation name for kind == "activation"
+  int operand = -1;    // fused-op operand it reads, or -1
+  bool operator==(const EpilogueStep&) const = default;
+};
+
+/// Attributes of a fused op, filled in by the rewriter.
+struct FusedAttrs {
+  std::string pattern;      // fusion pattern name
+  std::string family;       // kernel family that implements it
+  std::vector<EpilogueStep> epilogue;
+  bool operator==(const FusedAttrs&) const = default;
+};
+
+struct Op {
+  OpKind kind = OpKind::Input;
+  std::string name;                   // value name, without '%'
+  TensorDesc type;                    // result type (inferred; given for inputs)
+  bool transposeB = false;            // gemm: B is stored [N, K]
+  std::string fn;                     // activation name
+  std::map<std::string, double> params; // activation parameters (e.g. a leaky-ReLU slope)
+  double eps = 1e-5;                  // layernorm / rmsnorm
+  FusedAttrs fused;                   // fused ops only
+  SourceLoc loc;                      // where it was defined, when it came from text
+};
+
+struct Operand {
+  unsigned index = 0;
+};
+
+using GraphImpl = boost::adjacency_list<boost::vecS, boost::vecS, boost::bidirectionalS, Op, Operand>;
+using Vertex = GraphImpl::vertex_descriptor;
+
+/// Thin, value-semantic wrapper around the Boost graph that keeps the graph's name and its
+/// ordered list of outputs. Vertices are numbered in creation order, which keeps every
+/// traversal deterministic.
+class Graph {
+public:
+  explicit Graph(std::string name = "g") : name_(std::move(name)) {}
+
+  const std::string& name() const { return name_; }
+  void setName(std::string n) { name_ = std::move(n); }
+
+  /// Adds an op whose operands are `operands[i]` (operand index i). No checks are made here;
+  /// `inferTypes`/`validate` do that.
+  Vertex addOp(Op op, const std::vector<Vertex>& operands);
+  /// Adds a raw edge `producer -> consumer` as operand `index` (used to build broken graphs in
+  /// tests, e.g. cycles).
+  void connect(Vertex producer, Vertex consumer, unsigned index);
+
+  size_t size() const { return boost::num_vertices(g_); }
+  const Op& op(Vertex v) const { return g_[v]; }
+  Op& op(Vertex v) { return g_[v]; }
+  /// Operands of `v` ordered by operand index.
+  std::vector<Vertex> operands(Vertex v) const;
+  /// Distinct consumers of `v`, in vertex order.
+  std::vector<Vertex> users(Vertex v) const;
+  /// Number of uses: operand slots reading `v` plus graph outputs naming it.
+  size_t useCount(Vertex v) const;
+
+  void addOutput(Vertex v) { outputs_.push_back(v); }
+  const std::vector<Vertex>& outputs() const { return outputs_; }
+  bool isOutput(Vertex v) const;
+  std::optional<Vertex> find(std::string_view name) const;
+  std::vector<Vertex> vertices() const;
+
+  const GraphImpl& impl() const { return g_; }
+  GraphImpl& impl() { return g_; }
+
+private:
+  std::string name_;
+  GraphImpl g_;
+  std::vector<Vertex> outputs_;
+};
+
+/// Operand name and type, as type inference sees them.
+struct OperandInfo {
+  std::string name;
+  TensorDesc type;
+};
+
+/// Why an op's operands do not fit it. `operand` is the offending operand index, or -1.
+struct TypeError {
+  int operand = -1;
+  std::string message;
+};
+
+/// Set of activation names the IR accepts (built-ins plus those defined in `.fpat`).
+class ActivationSet {
+public:
+  static const ActivationSet& builtin();
+  void add(std::string name) { names_.push_back(std::move(name)); }
+  bool contains(std::string_view name) const;
+  const std::vector<std::string>& names() const { return names_; }
+
+private:
+  std::vector<std::string> names_;
+};
+
+/// Result type of `op` applied to `operands`, or the reason it is ill-typed. Messages name the
+/// op, the operand and expected vs actual.
+std::optional<TensorDesc> inferType(const Op& op, const std::vector<OperandInfo>& operands,
+                                    TypeError& err,
+                                    const ActivationSet& acts = ActivationSet::builtin());
+
+/// Topological order of all ops (operands before users). On a cycle, returns nullopt and
+/// fills `cycle` with the ops that lie on one.
+std::optional<std::vector<Vertex>> topologicalOrder(const Graph& g,
+                                                    std::vector<Vertex>* cycle = nullptr);
+
+/// Checks the whole graph: arity, operand indices, acyclicity, inferred vs recorded types,
+/// names, outputs. Returns one message per problem; empty means valid.
+std::vector<std::string> validate(const Graph& g,
+                                  const ActivationSet& acts = ActivationSet::builtin());
+
+/// Re-infers every op's result type in topological order (inputs keep theirs). Returns the
+/// problems found, as `validate` does.
+std::vector<std::string> inferTypes(Graph& g, const ActivationSet& acts = ActivationSet::builtin());
+
+/// Graphviz rendering: ops as nodes (kind, name, attributes), tensor shapes on edges.
+void writeDot(const Graph& g, std::ostream& os);
+
+/// One-line description of an op's attributes (`{eps = 1e-05}`, `{fn = gelu}`), or "".
+std::string attrString(const Op& op);
+
+} // namespace fpat::ir

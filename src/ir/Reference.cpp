@@ -1,0 +1,231 @@
+#include "ir/Reference.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <random>
+
+namespace fpat::ir {
+
+double geluTanh(double x) {
+  const double k = std::sqrt(2.0 / M_PI);
+  return 0.5 * x * (1.0 + std::tanh(k * (x + 0.044715 * x * x * x)));
+}
+double geluErf(double x) { return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0))); }
+double silu(double x) { return x / (1.0 + std::exp(-x)); }
+double relu(double x) { return x > 0 ? x : 0.0; }
+
+const ActivationLibrary& ActivationLibrary::builtin() {
+  static const ActivationLibrary lib = [] {
+    ActivationLibrary l;
+    l.add("gelu", [](double x, const auto&) { return geluTanh(x); });
+    l.add("gelu_erf", [](double x, const auto&) { return geluErf(x); });
+    l.add("silu", [](double x, const auto&) { return silu(x); });
+    l.add("relu", [](double x, const auto&) { return relu(x); });
+    return l;
+  }();
+  return lib;
+}
+
+const ActivationFn* ActivationLibrary::find(const std::string& name) const {
+  auto it = fns_.find(name);
+  return it == fns_.end() ? nullptr : &it->second;
+}
+
+ActivationSet ActivationLibrary::names() const {
+  ActivationSet s;
+  for (auto& [name, fn] : fns_)
+    s.add(name);
+  return s;
+}
+
+static float store(double v, DType t) {
+  return t == DType::F16 ? roundToHalf(v) : static_cast<float>(v);
+}
+
+Tensor randomTensor(const TensorDesc& desc, uint64_t seed, double lo, double hi) {
+  // splitmix-seeded mt19937_64 with our own scaling keeps values identical across
+  // standard libraries (uniform_real_distribution is implementation-defined).
+  std::mt19937_64 rng(seed * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull);
+  Tensor t{desc, std::vector<float>(static_cast<size_t>(desc.numel()))};
+  for (float& x : t.data) {
+    double u = static_cast<double>(rng() >> 11) * 0x1.0p-53;
+    x = store(lo + (hi - lo) * u, desc.dtype);
+  }
+  return t;
+}
+
+std::map<std::string, Tensor> randomInputs(const Graph& g, uint64_t seed) {
+  std::map<std::string, Tensor> in;
+  uint64_t k = 0;
+  for (Vertex v : g.vertices()) {
+    const Op& op = g.op(v);
+    if (op.kind != OpKind::Input)
+      continue;
+    // Weights (B operands of a gemm) get variance 1/K, as in Xavier/LeCun initialisation,
+    // so activations keep their scale through stacked gemms and stay far from f16 overflow.
+    double range = 1.0;
+    for (Vertex u : g.users(v)) {
+      auto ins = g.operands(u);
+      if (g.op(u).kind == OpKind::Gemm && ins.size() == 2 && ins[1] == v && ins[0] != v) {
+        const TensorDesc& a = g.op(ins[0]).type;
+        if (a.rank() == 2)
+          range = std::min(range, std::sqrt(3.0 / static_cast<double>(a.shape[1])));
+      }
+    }
+    in[op.name] = randomTensor(op.type, seed + 1000003 * ++k, -range, range);
+  }
+  return in;
+}
+
+namespace {
+
+void gemm(const Tensor& a, const Tensor& b, bool transB, Tensor& c) {
+  const size_t m = static_cast<size_t>(c.desc.shape[0]);
+  const size_t n = static_cast<size_t>(c.desc.shape[1]);
+  const size_t k = static_cast<size_t>(a.desc.shape[1]);
+  std::vector<double> acc(n);
+  std::vector<double> arow(k);
+  for (size_t i = 0; i < m; ++i) {
+    for (size_t p = 0; p < k; ++p)
+      arow[p] = a.data[i * k + p];
+    if (transB) {
+      for (size_t j = 0; j < n; ++j) {
+        const float* brow = &b.data[j * k];
+        double s = 0;
+        for (size_t p = 0; p < k; ++p)
+          s += arow[p] * brow[p];
+        acc[j] = s;
+      }
+    } else {
+      std::fill(acc.begin(), acc.end(), 0.0);
+      for (size_t p = 0; p < k; ++p) {
+        const double av = arow[p];
+        const float* brow = &b.data[p * n];
+        for (size_t j = 0; j < n; ++j)
+          acc[j] += av * brow[j];
+      }
+    }
+    for (size_t j = 0; j < n; ++j)
+      c.data[i * n + j] = store(acc[j], c.desc.dtype);
+  }
+}
+
+void norm(const Tensor& x, const Tensor& gamma, const Tensor* beta, double eps, bool rms,
+          Tensor& y) {
+  const size_t m = static_cast<size_t>(x.desc.shape[0]);
+  const size_t n = static_cast<size_t>(x.desc.shape[1]);
+  for (size_t i = 0; i < m; ++i) {
+    const float* row = &x.data[i * n];
+    double mean = 0;
+    if (!rms) {
+      for (size_t j = 0; j < n; ++j)
+        mean += row[j];
+      mean /= static_cast<double>(n);
+    }
+    double var = 0;
+    for (size_t j = 0; j < n; ++j)
+      var += (row[j] - mean) * (row[j] - mean);
+    var /= static_cast<double>(n);
+    const double inv = 1.0 / std::sqrt(var + eps);
+    for (size_t j = 0; j < n; ++j) {
+      double v = (row[j] - mean) * inv * gamma.data[j];
+      if (beta)
+        v += beta->data[j];
+      y.data[i * n + j] = store(v, y.desc.dtype);
+    }
+  }
+}
+
+} // namespace
+
+std::vector<Tensor> evaluate(const Graph& g, const std::map<std::string, Tensor>& inputs,
+                             const ActivationLibrary& acts) {
+  auto order = topologicalOrder(g);
+  if (!order)
+    throw ReferenceError("graph " + g.name() + " has a cycle");
+  std::vector<Tensor> vals(g.size());
+  for (Vertex v : *order) {
+    const Op& op = g.op(v);
+    std::vector<Vertex> ops = g.operands(v);
+    auto in = [&](size_t i) -> const Tensor& { return vals[ops.at(i)]; };
+    Tensor out{op.type, std::vector<float>(static_cast<size_t>(op.type.numel()))};
+    const DType dt = op.type.dtype;
+    switch (op.kind) {
+    case OpKind::Input: {
+      auto it = inputs.find(op.name);
+      if (it == inputs.end())
+        throw ReferenceError("no value given for input %" + op.name);
+      if (it->second.desc != op.type || it->second.data.size() != out.data.size())
+        throw ReferenceError("input %" + op.name + " is " + it->second.desc.str() +
+                             "; expected " + op.type.str());
+      out.data = it->second.data;
+      break;
+    }
+    case OpKind::Gemm:
+      gemm(in(0), in(1), op.transposeB, out);
+      break;
+    case OpKind::BiasAdd: {
+      const size_t n = static_cast<size_t>(op.type.shape[1]);
+      for (size_t i = 0; i < out.data.size(); ++i)
+        out.data[i] = store(double(in(0).data[i]) + double(in(1).data[i % n]), dt);
+      break;
+    }
+    case OpKind::Activation: {
+      const ActivationFn* fn = acts.find(op.fn);
+      if (!fn)
+        throw ReferenceError("the reference has no activation '" + op.fn + "'");
+      for (size_t i = 0; i < out.data.size(); ++i)
+        out.data[i] = store((*fn)(in(0).data[i], op.params), dt);
+      break;
+    }
+    case OpKind::Add:
+      for (size_t i = 0; i < out.data.size(); ++i)
+        out.data[i] = store(double(in(0).data[i]) + double(in(1).data[i]), dt);
+      break;
+    case OpKind::Mul:
+      for (size_t i = 0; i < out.data.size(); ++i)
+        out.data[i] = store(double(in(0).data[i]) * double(in(1).data[i]), dt);
+      break;
+    case OpKind::LayerNorm:
+      norm(in(0), in(1), &in(2), op.eps, /*rms=*/false, out);
+      break;
+    case OpKind::RmsNorm:
+      norm(in(0), in(1), nullptr, op.eps, /*rms=*/true, out);
+      break;
+    case OpKind::Fused:
+      throw ReferenceError("the reference evaluates unfused graphs; %" + op.name +
+                           " is a fused op");
+    }
+    vals[v] = std::move(out);
+  }
+  return vals;
+}
+
+TensorStats stats(const Tensor& t) {
+  TensorStats s;
+  s.min = std::numeric_limits<double>::infinity();
+  s.max = -s.min;
+  double sum = 0, sq = 0;
+  size_t n = 0;
+  for (float x : t.data) {
+    if (!std::isfinite(x)) {
+      ++s.nonFinite;
+      continue;
+    }
+    s.min = std::min(s.min, double(x));
+    s.max = std::max(s.max, double(x));
+    sum += x;
+    sq += double(x) * x;
+    ++n;
+  }
+  if (n) {
+    s.mean = sum / static_cast<double>(n);
+    s.rms = std::sqrt(sq / static_cast<double>(n));
+  } else {
+    s.min = s.max = 0;
+  }
+  return s;
+}
+
+} // namespace fpat::ir

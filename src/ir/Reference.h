@@ -1,0 +1,64 @@
+// The CPU reference interpreter: the oracle every GPU result is validated against.
+#pragma once
+
+#include "ir/Graph.h"
+
+#include <functional>
+#include <map>
+
+namespace fpat::ir {
+
+/// A host tensor. Values are held as float; f16 tensors hold only values representable in
+/// binary16 (storage semantics), f32 tensors any float.
+struct Tensor {
+  TensorDesc desc;
+  std::vector<float> data;
+};
+
+/// Scalar activation: x and the op's parameters to f(x), evaluated in double.
+using ActivationFn = std::function<double(double, const std::map<std::string, double>&)>;
+
+/// The activation functions the reference knows, by name. `.fpat` bodies are added here by the
+/// pattern library, so the reference evaluates user-defined activations too.
+class ActivationLibrary {
+public:
+  /// gelu (tanh approximation), gelu_erf, silu, relu.
+  static const ActivationLibrary& builtin();
+  void add(const std::string& name, ActivationFn fn) { fns_[name] = std::move(fn); }
+  const ActivationFn* find(const std::string& name) const;
+  ActivationSet names() const;
+
+private:
+  std::map<std::string, ActivationFn> fns_;
+};
+
+/// The built-in activations as plain functions, for tests and for other oracles.
+double geluTanh(double x);
+double geluErf(double x);
+double silu(double x);
+double relu(double x);
+
+/// Deterministic uniform values in [lo, hi), rounded to the tensor's dtype.
+Tensor randomTensor(const TensorDesc& desc, uint64_t seed, double lo = -1.0, double hi = 1.0);
+/// One random tensor per input op, seeded by `seed` and the input's position in the graph.
+std::map<std::string, Tensor> randomInputs(const Graph& g, uint64_t seed);
+
+class ReferenceError : public std::runtime_error {
+public:
+  using std::runtime_error::runtime_error;
+};
+
+/// Evaluates every op of a valid graph; the result is indexed by vertex. Arithmetic is done in
+/// double (GEMM accumulation included) and each result is rounded to its dtype. Throws
+/// ReferenceError for a missing or mis-shaped input or an unknown activation.
+std::vector<Tensor> evaluate(const Graph& g, const std::map<std::string, Tensor>& inputs,
+                             const ActivationLibrary& acts = ActivationLibrary::builtin());
+
+/// Summary statistics of a tensor, for printing.
+struct TensorStats {
+  double min = 0, max = 0, mean = 0, rms = 0;
+  size_t nonFinite = 0;
+};
+TensorStats stats(const Tensor& t);
+
+} // namespace fpat::ir

@@ -1,0 +1,39 @@
+// Tensor descriptions and fp16 conversions shared by every phase.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace fpat::ir {
+
+enum class DType { F16, F32 };
+
+const char* dtypeName(DType t);
+std::optional<DType> parseDType(std::string_view s);
+inline size_t dtypeSize(DType t) { return t == DType::F16 ? 2 : 4; }
+
+/// Shape (1-D or 2-D, row-major) and element type of a value.
+struct TensorDesc {
+  std::vector<int64_t> shape;
+  DType dtype = DType::F16;
+
+  int rank() const { return static_cast<int>(shape.size()); }
+  int64_t numel() const;
+  /// `f16[1024, 4096]`
+  std::string str() const;
+  /// `[1024, 4096]`
+  std::string shapeStr() const;
+  bool operator==(const TensorDesc& o) const { return shape == o.shape && dtype == o.dtype; }
+  bool operator!=(const TensorDesc& o) const { return !(*this == o); }
+};
+
+/// IEEE binary16 conversions with round-to-nearest-even; the reference interpreter uses them
+/// to give f16 tensors exactly the storage semantics of the GPU.
+uint16_t doubleToHalfBits(double d);
+float halfBitsToFloat(uint16_t h);
+inline float roundToHalf(double d) { return halfBitsToFloat(doubleToHalfBits(d)); }
+
+} // namespace fpat::ir

@@ -1,0 +1,436 @@
+// Turns the ANTLR parse tree of a .fgraph file into IR. ANTLR types stay in this file.
+#include "ir/text/Text.h"
+
+#include "FGraphBaseVisitor.h"
+#include "FGraphLexer.h"
+#include "FGraphParser.h"
+
+#include <antlr4-runtime.h>
+
+#include <map>
+#include <set>
+#include <sstream>
+
+namespace fpat::ir {
+namespace {
+
+using namespace fpat_fgraph;
+
+SourceLoc tokenLoc(int fileId, const antlr4::Token* t) {
+  SourceLoc loc;
+  if (!t)
+    return loc;
+  loc.file = fileId;
+  loc.line = static_cast<int>(t->getLine());
+  loc.col = static_cast<int>(t->getCharPositionInLine()) + 1;
+  size_t start = t->getStartIndex(), stop = t->getStopIndex();
+  loc.len = t->getType() == antlr4::Token::EOF || stop < start ? 1 : static_cast<int>(stop - start + 1);
+  return loc;
+}
+
+std::string cleanAntlrMessage(std::string msg) {
+  for (std::string from : {"<EOF>"}) {
+    size_t p;
+    while ((p = msg.find(from)) != std::string::npos)
+      msg.replace(p, from.size(), "end of file");
+  }
+  return msg;
+}
+
+/// Routes lexer and parser errors into the diagnostic engine.
+class ErrorListener : public antlr4::BaseErrorListener {
+public:
+  ErrorListener(int fileId, DiagEngine& diags) : fileId_(fileId), diags_(diags) {}
+  void syntaxError(antlr4::Recognizer*, antlr4::Token* offending, size_t line, size_t col,
+                   const std::string& msg, std::exception_ptr) override {
+    SourceLoc loc;
+    if (offending) {
+      loc = tokenLoc(fileId_, offending);
+    } else {
+      loc.file = fileId_;
+      loc.line = static_cast<int>(line);
+      loc.col = static_cast<int>(col) + 1;
+    }
+    if (offending && offending->getType() == FGraphLexer::BAD_CHAR)
+      diags_.error(loc, "unexpected character '" + offending->getText() + "'");
+    else
+      diags_.error(loc, "syntax error: " + cleanAntlrMessage(msg));
+  }
+
+private:
+  int fileId_;
+  DiagEngine& diags_;
+};
+
+bool subtreeHasErrors(antlr4::tree::ParseTree* t) {
+  if (dynamic_cast<antlr4::tree::ErrorNode*>(t))
+    return true;
+  if (auto* ctx = dynamic_cast<antlr4::ParserRuleContext*>(t))
+    if (ctx->exception)
+      return true;
+  for (auto* c : t->children)
+    if (subtreeHasErrors(c))
+      return true;
+  return false;
+}
+
+/// The one visitor that builds the IR: name resolution, attributes and type inference, with
+/// every problem reported at its token.
+class IrBuilder : public FGraphBaseVisitor {
+public:
+  IrBuilder(int fileId, DiagEngine& diags, const ActivationSet& acts)
+      : fileId_(fileId), diags_(diags), acts_(acts) {}
+
+  Graph graph;
+
+  antlrcpp::Any visitGraphDecl(FGraphParser::GraphDeclContext* ctx) override {
+    if (ctx->name)
+      graph.setName(ctx->name->getText());
+    for (auto* s : ctx->stmt()) {
+      if (diags_.limitReached())
+        break;
+      if (subtreeHasErrors(s)) {
+        // Values defined by a broken statement are known but untyped: no cascades.
+        if (auto* d = s->defStmt(); d && d->VALUE())
+          poisoned_.insert(valueName(d->VALUE()));
+        continue;
+      }
+      visit(s);
+    }
+    if (graph.outputs().empty() && !sawOutput_)
+      diags_.error(tokenLoc(fileId_, ctx->name ? ctx->name : ctx->getStart()),
+                   "graph '" + graph.name() + "' has no outputs; add 'output %value'");
+    return nullptr;
+  }
+
+  antlrcpp::Any visitDefStmt(FGraphParser::DefStmtContext* ctx) override {
+    const std::string name = valueName(ctx->VALUE());
+    const SourceLoc nameLoc = tokenLoc(fileId_, ctx->VALUE()->getSymbol());
+    const SourceLoc opLoc = tokenLoc(fileId_, ctx->op);
+    bool ok = true;
+    if (auto it = defs_.find(name); it != defs_.end()) {
+      diags_.error(nameLoc, "redefinition of value '%" + name + "'");
+      diags_.note(graph.op(it->second).loc, "previous definition is here");
+      return nullptr; // keep the first definition
+    }
+    Op op;
+    op.name = name;
+    op.loc = nameLoc;
+    auto kind = parseOpKind(ctx->op->getText());
+    if (!kind) {
+      diags_.error(opLoc, "unknown op '" + ctx->op->getText() + "'");
+      poisoned_.insert(name);
+      return nullptr;
+    }
+    op.kind = *kind;
+
+    std::vector<Vertex> operands;
+    std::vector<OperandInfo> infos;
+    std::vector<SourceLoc> operandLocs;
+    if (auto* list = ctx->operandList()) {
+      for (auto* tok : list->VALUE()) {
+        std::string u = valueName(tok);
+        operandLocs.push_back(tokenLoc(fileId_, tok->getSymbol()));
+        auto it = defs_.find(u);
+        if (it == defs_.end()) {
+          if (!poisoned_.count(u)) {
+            diags_.error(operandLocs.back(), "use of undefined value '%" + u + "'");
+            if (u == name)
+              diags_.note(nameLoc, "a value cannot be used in its own definition");
+          }
+          ok = false;
+          continue;
+        }
+        operands.push_back(it->second);
+        infos.push_back({u, graph.op(it->second).type});
+      }
+    }
+
+    if (auto* attrs = ctx->attrDict())
+      ok = applyAttrs(op, attrs) && ok;
+
+    std::optional<TensorDesc> annotated;
+    if (auto* tt = ctx->tensorType()) {
+      annotated = parseTensorType(tt);
+      if (!annotated)
+        ok = false;
+    }
+    if (op.kind == OpKind::Input) {
+      if (!ctx->tensorType()) {
+        diags_.error(opLoc, "input '%" + name + "' needs a type, e.g. '%" + name +
+                                " = input : f16[1024, 4096]'");
+        ok = false;
+      } else if (annotated) {
+        op.type = *annotated;
+      }
+    }
+    if (op.kind == OpKind::Activation && op.fn.empty()) {
+      diags_.error(opLoc, "activation '%" + name + "' needs a function: {fn = gelu}");
+      ok = false;
+    }
+    if (!ok) {
+      poisoned_.insert(name);
+      return nullptr;
+    }
+
+    TypeError err;
+    auto type = inferType(op, infos, err, acts_);
+    if (!type) {
+      SourceLoc at = err.operand >= 0 && static_cast<size_t>(err.operand) < operandLocs.size()
+                         ? operandLocs[static_cast<size_t>(err.operand)]
+                         : opLoc;
+      diags_.error(at, err.message);
+      if (err.operand >= 0 && static_cast<size_t>(err.operand) < operands.size())
+        diags_.note(graph.op(operands[static_cast<size_t>(err.operand)]).loc,
+                    "'%" + infos[static_cast<size_t>(err.operand)].name + "' is defined here");
+      poisoned_.insert(name);
+      return nullptr;
+    }
+    if (annotated && *annotated != *type) {
+      diags_.error(tokenLoc(fileId_, ctx->tensorType()->dtype),
+                   "type annotation " + annotated->str() + " does not match the inferred type " +
+                       type->str() + " of '%" + name + "'");
+      poisoned_.insert(name);
+      return nullptr;
+    }
+    op.type = *type;
+    defs_[name] = graph.addOp(std::move(op), operands);
+    return nullptr;
+  }
+
+  antlrcpp::Any visitOutputStmt(FGraphParser::OutputStmtContext* ctx) override {
+    sawOutput_ = true;
+    for (auto* tok : ctx->VALUE()) {
+      std::string u = valueName(tok);
+      auto it = defs_.find(u);
+      if (it == defs_.end()) {
+        if (!poisoned_.count(u))
+          diags_.error(tokenLoc(fileId_, tok->getSymbol()), "use of undefined value '%" + u + "'");
+        continue;
+      }
+      if (graph.isOutput(it->second)) {
+        diags_.warning(tokenLoc(fileId_, tok->getSymbol()),
+                       "value '%" + u + "' is already an output");
+        continue;
+      }
+      graph.addOutput(it->second);
+    }
+    return nullptr;
+  }
+
+private:
+  static std::string valueName(antlr4::tree::TerminalNode* n) { return n->getText().substr(1); }
+
+  std::optional<TensorDesc> parseTensorType(FGraphParser::TensorTypeContext* tt) {
+    TensorDesc t;
+    auto dt = parseDType(tt->dtype->getText());
+    if (!dt) {
+      diags_.error(tokenLoc(fileId_, tt->dtype),
+                   "unknown dtype '" + tt->dtype->getText() + "'; expected f16 or f32");
+      return std::nullopt;
+    }
+    t.dtype = *dt;
+    for (auto* d : tt->INT()) {
+      const std::string s = d->getText();
+      // 2^40 elements per dimension is far beyond any device; it also keeps numel() exact.
+      if (s.size() > 12 || std::stoll(s) > (int64_t{1} << 40) || std::stoll(s) < 1) {
+        diags_.error(tokenLoc(fileId_, d->getSymbol()),
+                     "dimension " + s + " is out of range (1 to 2^40)");
+        return std::nullopt;
+      }
+      t.shape.push_back(std::stoll(s));
+    }
+    if (t.rank() > 2) {
+      diags_.error(tokenLoc(fileId_, tt->INT(2)->getSymbol()),
+                   "tensors are 1-D or 2-D; this type has rank " + std::to_string(t.rank()));
+      return std::nullopt;
+    }
+    return t;
+  }
+
+  struct AttrVal {
+    enum Kind { Number, Ident, String, Bool, None } kind = None;
+    double num = 0;
+    std::string str;
+    bool b = false;
+  };
+
+  AttrVal attrValue(FGraphParser::AttrContext* a) {
+    AttrVal v;
+    auto* av = a->attrValue();
+    if (!av)
+      return v;
+    if (auto* n = av->number()) {
+      v.kind = AttrVal::Number;
+      std::string s = n->getText();
+      v.num = std::strtod(s.c_str(), nullptr);
+    } else if (av->IDENT()) {
+      v.kind = AttrVal::Ident;
+      v.str = av->IDENT()->getText();
+    } else if (av->STRING()) {
+      v.kind = AttrVal::String;
+      std::string s = av->STRING()->getText();
+      v.str = s.substr(1, s.size() - 2);
+    } else {
+      v.kind = AttrVal::Bool;
+      v.b = av->getText() == "true";
+    }
+    return v;
+  }
+
+  bool applyAttrs(Op& op, FGraphParser::AttrDictContext* dict) {
+    bool ok = true;
+    std::map<std::string, SourceLoc> seen;
+    for (auto* a : dict->attr()) {
+      const std::string key = a->key->getText();
+      const SourceLoc loc = tokenLoc(fileId_, a->key);
+      if (auto it = seen.find(key); it != seen.end()) {
+        diags_.error(loc, "attribute '" + key + "' is given twice");
+        diags_.note(it->second, "first given here");
+        ok = false;
+        continue;
+      }
+      seen[key] = loc;
+      AttrVal v = attrValue(a);
+      auto expect = [&](AttrVal::Kind k, const char* what) {
+        bool match = v.kind == k || (k == AttrVal::Ident && v.kind == AttrVal::String) ||
+                     (k == AttrVal::Bool && v.kind == AttrVal::None);
+        if (!match) {
+          diags_.error(loc, "attribute '" + key + "' of " + opKindName(op.kind) + " takes " + what);
+          ok = false;
+        }
+        return match;
+      };
+      switch (op.kind) {
+      case OpKind::Gemm:
+        if (key == "transpose_b") {
+          if (expect(AttrVal::Bool, "true or false"))
+            op.transposeB = v.kind == AttrVal::None || v.b;
+          continue;
+        }
+        break;
+      case OpKind::Activation:
+        if (key == "fn") {
+          if (expect(AttrVal::Ident, "an activation name"))
+            op.fn = v.str;
+          continue;
+        }
+        if (expect(AttrVal::Number, "a number"))
+          op.params[key] = v.num;
+        continue;
+      case OpKind::LayerNorm:
+      case OpKind::RmsNorm:
+        if (key == "eps") {
+          if (expect(AttrVal::Number, "a number"))
+            op.eps = v.num;
+          continue;
+        }
+        break;
+      case OpKind::Fused:
+        if (key == "pattern" || key == "family") {
+          if (expect(AttrVal::Ident, "a name"))
+            (key == "pattern" ? op.fused.pattern : op.fused.family) = v.str;
+          continue;
+        }
+        if (key == "epilogue") {
+          if (expect(AttrVal::String, "a string such as \"bias $2, activation gelu\""))
+            ok = parseEpilogue(v.str, op.fused.epilogue, loc) && ok;
+          continue;
+        }
+        if (key == "transpose_b") {
+          if (expect(AttrVal::Bool, "true or false"))
+            op.transposeB = v.kind == AttrVal::None || v.b;
+          continue;
+        }
+        if (key == "eps") {
+          if (expect(AttrVal::Number, "a number"))
+            op.eps = v.num;
+          continue;
+        }
+        break;
+      default:
+        break;
+      }
+      diags_.error(loc, "unknown attribute '" + key + "' for " + opKindName(op.kind));
+      ok = false;
+    }
+    return ok;
+  }
+
+  bool parseEpilogue(const std::string& s, std::vector<EpilogueStep>& out, SourceLoc loc) {
+    size_t start = 0;
+    while (start <= s.size()) {
+      size_t comma = s.find(',', start);
+      std::string part = s.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+      EpilogueStep step;
+      std::istringstream words(part);
+      std::string w;
+      while (words >> w) {
+        if (step.kind.empty())
+          step.kind = w;
+        else if (w[0] == '$' && w.size() > 1 && w.size() < 6 &&
+                 w.find_first_not_of("0123456789", 1) == std::string::npos)
+          step.operand = std::stoi(w.substr(1));
+        else if (step.fn.empty())
+          step.fn = w;
+        else {
+          diags_.error(loc, "malformed epilogue step '" + part + "'");
+          return false;
+        }
+      }
+      if (step.kind.empty()) {
+        diags_.error(loc, "empty epilogue step in \"" + s + "\"");
+        return false;
+      }
+      out.push_back(step);
+      if (comma == std::string::npos)
+        break;
+      start = comma + 1;
+    }
+    return true;
+  }
+
+  int fileId_;
+  DiagEngine& diags_;
+  const ActivationSet& acts_;
+  std::map<std::string, Vertex> defs_;
+  std::set<std::string> poisoned_;
+  bool sawOutput_ = false;
+};
+
+} // namespace
+
+std::optional<Graph> parseGraph(int fileId, DiagEngine& diags, const ActivationSet& acts) {
+  const SourceFile& src = diags.sources().file(fileId);
+  const int errorsBefore = diags.errorCount();
+  size_t bad = 0;
+  if (!validateUtf8(src.text, &bad)) {
+    diags.error(diags.sources().locForOffset(fileId, bad),
+                "invalid UTF-8 byte; .fgraph files are UTF-8 text");
+    return std::nullopt;
+  }
+  antlr4::ANTLRInputStream input(src.text);
+  FGraphLexer lexer(&input);
+  ErrorListener listener(fileId, diags);
+  lexer.removeErrorListeners();
+  lexer.addErrorListener(&listener);
+  antlr4::CommonTokenStream tokens(&lexer);
+  FGraphParser parser(&tokens);
+  parser.removeErrorListeners();
+  parser.addErrorListener(&listener);
+  FGraphParser::FileContext* tree = parser.file();
+  IrBuilder builder(fileId, diags, acts);
+  if (tree->graphDecl() && !diags.limitReached())
+    builder.visitGraphDecl(tree->graphDecl());
+  if (diags.errorCount() > errorsBefore)
+    return std::nullopt;
+  // The builder checked each op; this catches anything a later change might let through.
+  auto problems = validate(builder.graph, acts);
+  for (const std::string& p : problems)
+    diags.error(SourceLoc{fileId, 1, 1, 1}, "internal: " + p);
+  if (!problems.empty())
+    return std::nullopt;
+  return std::move(builder.graph);
+}
+
+} // namespace fpat::ir

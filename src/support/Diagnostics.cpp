@@ -1,0 +1,222 @@
+#include "support/Diagnostics.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+namespace fpat {
+
+int SourceManager::addBuffer(std::string name, std::string text) {
+  SourceFile f;
+  f.name = std::move(name);
+  f.text = std::move(text);
+  f.lineStarts.push_back(0);
+  for (size_t i = 0; i < f.text.size(); ++i)
+    if (f.text[i] == '\n')
+      f.lineStarts.push_back(i + 1);
+  files_.push_back(std::move(f));
+  return static_cast<int>(files_.size()) - 1;
+}
+
+std::string_view SourceManager::lineText(int fileId, int line) const {
+  if (fileId < 0 || fileId >= numFiles() || line < 1)
+    return {};
+  const SourceFile& f = file(fileId);
+  if (static_cast<size_t>(line) > f.lineStarts.size())
+    return {};
+  size_t begin = f.lineStarts[static_cast<size_t>(line) - 1];
+  size_t end = f.text.find('\n', begin);
+  if (end == std::string::npos)
+    end = f.text.size();
+  std::string_view sv(f.text);
+  sv = sv.substr(begin, end - begin);
+  if (!sv.empty() && sv.back() == '\r')
+    sv.remove_suffix(1);
+  return sv;
+}
+
+SourceLoc SourceManager::locForOffset(int fileId, size_t offset, int len) const {
+  const SourceFile& f = file(fileId);
+  auto it = std::upper_bound(f.lineStarts.begin(), f.lineStarts.end(), offset);
+  size_t lineIdx = static_cast<size_t>(it - f.lineStarts.begin()) - 1;
+  SourceLoc loc;
+  loc.file = fileId;
+  loc.line = static_cast<int>(lineIdx) + 1;
+  loc.col = static_cast<int>(offset - f.lineStarts[lineIdx]) + 1;
+  loc.len = len;
+  return loc;
+}
+
+const char* severityName(Severity s) {
+  switch (s) {
+  case Severity::Error:
+    return "error";
+  case Severity::Warning:
+    return "warning";
+  case Severity::Note:
+    return "note";
+  }
+  return "error";
+}
+
+void DiagEngine::report(Severity sev, SourceLoc loc, std::string message) {
+  if (sev == Severity::Warning && werror_)
+    sev = Severity::Error;
+  if (sev == Severity::Error && limitReached()) {
+    if (!limitNoted_) {
+      limitNoted_ = true;
+      if (out_) {
+        flush();
+        *out_ << "fatal: too many errors emitted, stopping now (limit " << errorLimit_ << ")\n";
+      }
+    }
+    return;
+  }
+  flush();
+  Diagnostic d;
+  d.severity = sev;
+  d.loc = loc;
+  d.message = std::move(message);
+  diags_.push_back(std::move(d));
+  if (sev == Severity::Error)
+    ++errors_;
+  else
+    ++warnings_;
+}
+
+void DiagEngine::note(SourceLoc loc, std::string message) {
+  if (diags_.empty() || printed_ == diags_.size())
+    return; // dropped together with its (suppressed or printed) parent
+  diags_.back().notes.push_back({loc, std::move(message)});
+}
+
+void DiagEngine::flush() {
+  for (; printed_ < diags_.size(); ++printed_)
+    if (out_)
+      *out_ << render(diags_[printed_]);
+  if (out_)
+    out_->flush();
+}
+
+std::string DiagEngine::renderOne(Severity sev, const SourceLoc& loc,
+                                  const std::string& msg) const {
+  std::ostringstream os;
+  if (loc.file >= 0 && loc.file < sm_.numFiles()) {
+    os << sm_.file(loc.file).name;
+    if (loc.line > 0)
+      os << ':' << loc.line << ':' << loc.col;
+    os << ": ";
+  }
+  os << severityName(sev) << ": " << msg << '\n';
+  if (loc.valid()) {
+    std::string_view line = sm_.lineText(loc.file, loc.line);
+    std::string shown;
+    std::string caret;
+    // Tabs are kept so the caret lines up; other control bytes are shown as '?'.
+    for (size_t i = 0; i < line.size() && i < 400; ++i) {
+      unsigned char c = static_cast<unsigned char>(line[i]);
+      shown += (c < 0x20 && c != '\t') || c == 0x7f ? '?' : static_cast<char>(c);
+    }
+    if (line.size() > 400)
+      shown += "...";
+    size_t col = static_cast<size_t>(loc.col - 1);
+    for (size_t i = 0; i < col && i < shown.size(); ++i)
+      caret += shown[i] == '\t' ? '\t' : ' ';
+    if (col > shown.size())
+      caret.append(col - shown.size(), ' ');
+    caret += '^';
+    size_t avail = col < shown.size() ? shown.size() - col : 0;
+    size_t tildes = loc.len > 1 ? std::min<size_t>(static_cast<size_t>(loc.len) - 1,
+                                                  avail > 0 ? avail - 1 : 0)
+                                : 0;
+    caret.append(tildes, '~');
+    os << shown << '\n' << caret << '\n';
+  }
+  return os.str();
+}
+
+std::string DiagEngine::render(const Diagnostic& d) const {
+  std::string s = renderOne(d.severity, d.loc, d.message);
+  for (const DiagNote& n : d.notes)
+    s += renderOne(Severity::Note, n.loc, n.message);
+  return s;
+}
+
+bool validateUtf8(std::string_view s, size_t* badOffset) {
+  size_t i = 0;
+  while (i < s.size()) {
+    unsigned char c = static_cast<unsigned char>(s[i]);
+    size_t n;
+    uint32_t cp;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    } else if ((c & 0xE0) == 0xC0) {
+      n = 1;
+      cp = c & 0x1F;
+    } else if ((c & 0xF0) == 0xE0) {
+      n = 2;
+      cp = c & 0x0F;
+    } else if ((c & 0xF8) == 0xF0) {
+      n = 3;
+      cp = c & 0x07;
+    } else {
+      if (badOffset)
+        *badOffset = i;
+      return false;
+    }
+    for (size_t k = 1; k <= n; ++k) {
+      if (i + k >= s.size() || (static_cast<unsigned char>(s[i + k]) & 0xC0) != 0x80) {
+        if (badOffset)
+          *badOffset = i;
+        return false;
+      }
+      cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3F);
+    }
+    // Reject overlong forms, surrogates and out-of-range code points.
+    static const uint32_t minCp[] = {0, 0x80, 0x800, 0x10000};
+    if (cp < minCp[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) {
+      if (badOffset)
+        *badOffset = i;
+      return false;
+    }
+    i += n + 1;
+  }
+  return true;
+}
+
+std::string formatDouble(double v) {
+  if (std::isnan(v))
+    return "nan";
+  if (std::isinf(v))
+    return v < 0 ? "-inf" : "inf";
+  char buf[64];
+  for (int prec = 1; prec <= 17; ++prec) {
+    std::snprintf(buf, sizeof buf, "%.*g", prec, v);
+    if (std::strtod(buf, nullptr) == v)
+      break;
+  }
+  std::string s = buf;
+  // Keep a marker that this is a floating-point literal.
+  if (s.find_first_of(".eEn") == std::string::npos)
+    s += ".0";
+  return s;
+}
+
+bool readFile(const std::string& path, std::string& out) {
+  out.clear();
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    return false;
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  if (in.bad())
+    return false;
+  out = ss.str();
+  return true;
+}
+
+} // namespace fpat

@@ -1,0 +1,34 @@
+// fpatc: the graph compiler driver. All the work is in the driver library.
+#include "driver/Driver.h"
+
+#include <CLI/CLI.hpp>
+
+#include <iostream>
+
+int main(int argc, char** argv) {
+  fpat::FpatcOptions opts;
+  CLI::App app{"fpatc " FPAT_VERSION " - fuse, generate, compile, run and validate an fpat graph"};
+  app.add_option("graph", opts.input, "the .fgraph file")->required();
+  app.add_option("--seed", opts.seed, "seed of the random inputs")->capture_default_str();
+  app.add_option("--out-dir", opts.outDir, "directory for generated files")->capture_default_str();
+  app.add_option("--emit", opts.emit, "print one stage and stop")
+      ->check(CLI::IsMember({"fgraph", "dot"}));
+  app.add_flag("!--no-reference", opts.reference, "skip the CPU reference evaluation");
+  app.add_flag("!--no-graphviz", opts.graphviz, "do not write .dot/.svg");
+  app.add_flag("--verify-diagnostics", opts.verifyDiagnostics,
+               "check the file's expected-error comments instead of printing diagnostics");
+  app.add_option("--error-limit", opts.errorLimit, "stop after this many errors (0: no limit)")
+      ->capture_default_str();
+  app.set_version_flag("--version", "fpatc " FPAT_VERSION);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  try {
+    return fpat::runFpatc(opts, std::cout, std::cerr);
+  } catch (const std::exception& e) {
+    std::cerr << "fpatc: internal error: " << e.what() << '\n';
+    return 70;
+  }
+}

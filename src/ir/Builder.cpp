@@ -3,7 +3,10 @@
 namespace fpat::ir {
 
 Value GraphBuilder::append(Op op, const std::vector<Value>& operands, const std::string& name) {
-  op.name = name.empty() ? "t" + std::to_string(nextId_++) : name;
+  // (Appending rather than "t" + to_string() dodges a g++ 12 -Wrestrict false positive.)
+  op.name = name;
+  if (op.name.empty())
+    op.name.append("t").append(std::to_string(nextId_++));
   if (g_.find(op.name))
     throw BuildError("value %" + op.name + " is defined more than once");
   std::vector<OperandInfo> ins;

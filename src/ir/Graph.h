@@ -27,6 +27,7 @@ const std::vector<OpKindInfo>& opKinds();
 const OpKindInfo& opKindInfo(OpKind k);
 const char* opKindName(OpKind k);
 std::optional<OpKind> parseOpKind(std::string_view name);
+inline std::ostream& operator<<(std::ostream& os, OpKind k) { return os << opKindName(k); }
 
 /// One step of a fused op's epilogue chain, applied to the accumulator in order.
 struct EpilogueStep {

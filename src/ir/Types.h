@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <ostream>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -32,6 +33,9 @@ struct TensorDesc {
 
 /// IEEE binary16 conversions with round-to-nearest-even; the reference interpreter uses them
 /// to give f16 tensors exactly the storage semantics of the GPU.
+inline std::ostream& operator<<(std::ostream& os, const TensorDesc& t) { return os << t.str(); }
+inline std::ostream& operator<<(std::ostream& os, DType t) { return os << dtypeName(t); }
+
 uint16_t doubleToHalfBits(double d);
 float halfBitsToFloat(uint16_t h);
 inline float roundToHalf(double d) { return halfBitsToFloat(doubleToHalfBits(d)); }

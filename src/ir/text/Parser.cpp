@@ -7,6 +7,7 @@
 
 #include <antlr4-runtime.h>
 
+#include <cctype>
 #include <map>
 #include <set>
 #include <sstream>
@@ -28,13 +29,29 @@ SourceLoc tokenLoc(int fileId, const antlr4::Token* t) {
   return loc;
 }
 
-std::string cleanAntlrMessage(std::string msg) {
-  for (std::string from : {"<EOF>"}) {
-    size_t p;
-    while ((p = msg.find(from)) != std::string::npos)
-      msg.replace(p, from.size(), "end of file");
+/// ANTLR names tokens by their grammar names; say what they are instead.
+std::string cleanAntlrMessage(const std::string& msg) {
+  static const std::map<std::string, std::string> names = {
+      {"<EOF>", "end of file"}, {"VALUE", "a %value"},  {"IDENT", "a name"},
+      {"INT", "an integer"},    {"FLOAT", "a number"}, {"STRING", "a string"}};
+  std::string out;
+  for (size_t i = 0; i < msg.size();) {
+    bool replaced = false;
+    for (auto& [from, to] : names) {
+      bool wordStart = i == 0 || !std::isalnum(static_cast<unsigned char>(msg[i - 1]));
+      size_t end = i + from.size();
+      bool wordEnd = end >= msg.size() || !std::isalnum(static_cast<unsigned char>(msg[end]));
+      if (wordStart && wordEnd && msg.compare(i, from.size(), from) == 0) {
+        out += to;
+        i = end;
+        replaced = true;
+        break;
+      }
+    }
+    if (!replaced)
+      out += msg[i++];
   }
-  return msg;
+  return out;
 }
 
 /// Routes lexer and parser errors into the diagnostic engine.
@@ -97,7 +114,8 @@ public:
       }
       visit(s);
     }
-    if (graph.outputs().empty() && !sawOutput_)
+    // A missing output is likely inside a broken statement: say nothing then.
+    if (graph.outputs().empty() && !sawOutput_ && !subtreeHasErrors(ctx))
       diags_.error(tokenLoc(fileId_, ctx->name ? ctx->name : ctx->getStart()),
                    "graph '" + graph.name() + "' has no outputs; add 'output %value'");
     return nullptr;
@@ -155,10 +173,12 @@ public:
       if (!annotated)
         ok = false;
     }
-    if (op.kind == OpKind::Input) {
+    // Inputs and fused ops carry their type; everything else has it inferred.
+    if (op.kind == OpKind::Input || op.kind == OpKind::Fused) {
       if (!ctx->tensorType()) {
-        diags_.error(opLoc, "input '%" + name + "' needs a type, e.g. '%" + name +
-                                " = input : f16[1024, 4096]'");
+        diags_.error(opLoc, std::string(opKindName(op.kind)) + " '%" + name +
+                                "' needs a type, e.g. '%" + name + " = " + opKindName(op.kind) +
+                                (op.kind == OpKind::Fused ? " ..." : "") + " : f16[1024, 4096]'");
         ok = false;
       } else if (annotated) {
         op.type = *annotated;

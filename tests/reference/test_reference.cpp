@@ -1,0 +1,181 @@
+// The CPU reference interpreter against hand-computed values and identities.
+#define BOOST_TEST_MODULE reference
+#include "ir/Builder.h"
+#include "ir/Reference.h"
+
+#include <boost/test/unit_test.hpp>
+
+#include <cmath>
+
+using namespace fpat::ir;
+
+namespace {
+Tensor make(std::vector<int64_t> shape, std::vector<float> data, DType dt = DType::F32) {
+  return Tensor{{std::move(shape), dt}, std::move(data)};
+}
+} // namespace
+
+BOOST_AUTO_TEST_CASE(activations_match_hand_computed_values) {
+  BOOST_TEST(relu(-3.0) == 0.0);
+  BOOST_TEST(relu(2.5) == 2.5);
+  BOOST_TEST(silu(0.0) == 0.0);
+  BOOST_TEST(std::abs(silu(1.0) - 0.7310585786300049) < 1e-15);
+  BOOST_TEST(std::abs(geluErf(1.0) - 0.8413447460685429) < 1e-15);
+  BOOST_TEST(std::abs(geluTanh(1.0) - 0.8411919906082768) < 1e-15);
+  // The tanh approximation stays within 5e-4 of exact GeLU (the seed reported 4.73e-4).
+  double worst = 0;
+  for (double x = -6; x <= 6; x += 1.0 / 64)
+    worst = std::max(worst, std::abs(geluTanh(x) - geluErf(x)));
+  BOOST_TEST(worst < 5e-4);
+  BOOST_TEST(worst > 1e-4);
+}
+
+BOOST_AUTO_TEST_CASE(small_graph_by_hand) {
+  // y = relu([[1,2],[3,4]] * [[1,-1],[0,1]] + [0.5, -10])
+  GraphBuilder b("hand", ActivationSet::builtin());
+  Value x = b.input("x", {2, 2}, DType::F32);
+  Value w = b.input("w", {2, 2}, DType::F32);
+  Value c = b.input("c", {2}, DType::F32);
+  Value y = b.activation(b.bias(b.gemm(x, w), c), "relu", "y");
+  b.output(y);
+  Graph g = b.build();
+  auto vals = evaluate(g, {{"x", make({2, 2}, {1, 2, 3, 4})},
+                           {"w", make({2, 2}, {1, -1, 0, 1})},
+                           {"c", make({2}, {0.5f, -10})}});
+  // x*w = [[1, 1], [3, 1]]; + c = [[1.5, -9], [3.5, -9]]; relu -> [[1.5, 0], [3.5, 0]]
+  BOOST_TEST(vals[y.v].data == (std::vector<float>{1.5f, 0, 3.5f, 0}));
+}
+
+BOOST_AUTO_TEST_CASE(gemm_matches_naive_triple_loop_both_layouts) {
+  const int64_t m = 17, k = 100, n = 33;
+  GraphBuilder b("mm");
+  Value a = b.input("a", {m, k}, DType::F32);
+  Value w = b.input("w", {k, n}, DType::F32);
+  Value wt = b.input("wt", {n, k}, DType::F32);
+  Value c = b.gemm(a, w, false, "c");
+  Value ct = b.gemm(a, wt, true, "ct");
+  b.output(c).output(ct);
+  Graph g = b.build();
+  auto in = randomInputs(g, 7);
+  auto vals = evaluate(g, in);
+  const auto &A = in["a"].data, &W = in["w"].data, &WT = in["wt"].data;
+  double worst = 0, worstT = 0;
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double s = 0, st = 0;
+      for (int64_t p = 0; p < k; ++p) {
+        s += double(A[i * k + p]) * W[p * n + j];
+        st += double(A[i * k + p]) * WT[j * k + p];
+      }
+      worst = std::max(worst, std::abs(vals[c.v].data[i * n + j] - s));
+      worstT = std::max(worstT, std::abs(vals[ct.v].data[i * n + j] - st));
+    }
+  BOOST_TEST(worst < 1e-5); // only the final rounding to f32 differs
+  BOOST_TEST(worstT < 1e-5);
+}
+
+BOOST_AUTO_TEST_CASE(f16_results_are_rounded_to_half) {
+  GraphBuilder b("h");
+  Value x = b.input("x", {1, 3});
+  Value y = b.add(x, x, "y");
+  b.output(y);
+  Graph g = b.build();
+  // 1 + 2^-11 is not representable in f16; x + x = 2 + 2^-10 rounds to even = 2.
+  auto vals = evaluate(g, {{"x", make({1, 3}, {0.1f, 1.0f, 1000.0f}, DType::F16)}});
+  BOOST_TEST(vals[y.v].data[1] == 2.0f);
+  BOOST_TEST(vals[y.v].data[2] == 2000.0f);
+  BOOST_TEST(vals[y.v].data[0] == roundToHalf(2.0 * 0.1f));
+  auto in = randomInputs(g, 3);
+  for (float v : in["x"].data)
+    BOOST_TEST(v == roundToHalf(v));
+}
+
+BOOST_AUTO_TEST_CASE(layernorm_rows_have_zero_mean_and_unit_variance) {
+  const int64_t m = 5, n = 64;
+  GraphBuilder b("ln");
+  Value x = b.input("x", {m, n}, DType::F32);
+  Value gamma = b.input("g", {n}, DType::F32);
+  Value beta = b.input("b", {n}, DType::F32);
+  Value y = b.layernorm(x, gamma, beta, 1e-12, "y");
+  b.output(y);
+  Graph g = b.build();
+  auto in = randomInputs(g, 11);
+  in["g"] = make({n}, std::vector<float>(n, 1.0f));
+  in["b"] = make({n}, std::vector<float>(n, 0.0f));
+  auto vals = evaluate(g, in);
+  for (int64_t i = 0; i < m; ++i) {
+    double mean = 0, var = 0;
+    for (int64_t j = 0; j < n; ++j)
+      mean += vals[y.v].data[i * n + j];
+    mean /= n;
+    for (int64_t j = 0; j < n; ++j)
+      var += std::pow(vals[y.v].data[i * n + j] - mean, 2);
+    var /= n;
+    BOOST_TEST(std::abs(mean) < 1e-6);
+    BOOST_TEST(std::abs(var - 1.0) < 1e-5);
+  }
+  // gamma and beta scale and shift each column.
+  in["g"] = make({n}, std::vector<float>(n, 2.0f));
+  in["b"] = make({n}, std::vector<float>(n, 3.0f));
+  auto scaled = evaluate(g, in);
+  for (size_t i = 0; i < scaled[y.v].data.size(); ++i)
+    BOOST_TEST(std::abs(scaled[y.v].data[i] - (2 * vals[y.v].data[i] + 3)) < 1e-5);
+}
+
+BOOST_AUTO_TEST_CASE(rmsnorm_of_a_constant_row) {
+  // rmsnorm(c, c, ..., c) = c / sqrt(c^2 + eps) * gamma = sign(c) * gamma (eps -> 0)
+  GraphBuilder b("rms");
+  Value x = b.input("x", {2, 8}, DType::F32);
+  Value gamma = b.input("g", {8}, DType::F32);
+  Value y = b.rmsnorm(x, gamma, 1e-6, "y");
+  b.output(y);
+  Graph g = b.build();
+  std::vector<float> xs(16, 3.0f);
+  std::fill(xs.begin() + 8, xs.end(), -0.5f);
+  std::vector<float> gs = {1, 2, 3, 4, 5, 6, 7, 8};
+  auto vals = evaluate(g, {{"x", make({2, 8}, xs)}, {"g", make({8}, gs)}});
+  for (int j = 0; j < 8; ++j) {
+    BOOST_TEST(std::abs(vals[y.v].data[j] - 3.0 / std::sqrt(9.0 + 1e-6) * gs[j]) < 1e-6);
+    BOOST_TEST(std::abs(vals[y.v].data[8 + j] + 0.5 / std::sqrt(0.25 + 1e-6) * gs[j]) < 1e-6);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(random_inputs_are_deterministic_and_weights_scaled) {
+  GraphBuilder b("r");
+  Value x = b.input("x", {4, 300});
+  Value w = b.input("w", {300, 4});
+  b.output(b.gemm(x, w));
+  Graph g = b.build();
+  auto a = randomInputs(g, 5), c = randomInputs(g, 5), d = randomInputs(g, 6);
+  BOOST_TEST(a["x"].data == c["x"].data);
+  BOOST_TEST(a["x"].data != d["x"].data);
+  double limit = std::sqrt(3.0 / 300) + 1e-3;
+  for (float v : a["w"].data)
+    BOOST_TEST(std::abs(v) <= limit);
+}
+
+BOOST_AUTO_TEST_CASE(missing_or_misshapen_inputs_are_errors) {
+  GraphBuilder b("e");
+  Value x = b.input("x", {2, 2});
+  b.output(b.activation(x, "silu"));
+  Graph g = b.build();
+  BOOST_CHECK_THROW(evaluate(g, {}), ReferenceError);
+  BOOST_CHECK_THROW(evaluate(g, {{"x", make({2, 3}, std::vector<float>(6), DType::F16)}}),
+                    ReferenceError);
+}
+
+BOOST_AUTO_TEST_CASE(user_activations_are_evaluated) {
+  ActivationLibrary lib = ActivationLibrary::builtin();
+  lib.add("leaky", [](double x, const std::map<std::string, double>& p) {
+    return x > 0 ? x : p.at("alpha") * x;
+  });
+  ActivationSet names = lib.names();
+  GraphBuilder b("u", names);
+  Value x = b.input("x", {1, 2}, DType::F32);
+  Value y = b.activation(x, "leaky", "y");
+  b.output(y);
+  Graph g = b.build();
+  g.op(y.v).params["alpha"] = 0.25;
+  auto vals = evaluate(g, {{"x", make({1, 2}, {-4, 4})}}, lib);
+  BOOST_TEST(vals[y.v].data == (std::vector<float>{-1, 4}));
+}

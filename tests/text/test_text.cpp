@@ -1,0 +1,183 @@
+// The .fgraph text form: round trips, diagnostics and robustness against hostile input.
+#define BOOST_TEST_MODULE text
+#include "ir/Builder.h"
+#include "ir/text/Text.h"
+
+#include <boost/test/unit_test.hpp>
+
+#include <filesystem>
+#include <random>
+
+using namespace fpat;
+using namespace fpat::ir;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Parsed {
+  std::optional<Graph> graph;
+  std::vector<Diagnostic> diags;
+};
+
+Parsed parse(const std::string& text, const std::string& name = "t.fgraph") {
+  SourceManager sm;
+  int f = sm.addBuffer(name, text);
+  DiagEngine d(sm);
+  Parsed p;
+  p.graph = parseGraph(f, d);
+  p.diags = d.diagnostics();
+  return p;
+}
+
+/// Structural equality: same ops (kind, name, type, attributes) with the same operands.
+void requireSameGraph(const Graph& a, const Graph& b) {
+  BOOST_TEST_REQUIRE(a.name() == b.name());
+  BOOST_TEST_REQUIRE(a.size() == b.size());
+  for (Vertex v : a.vertices()) {
+    const Op &x = a.op(v), &y = b.op(v);
+    BOOST_TEST(x.name == y.name);
+    BOOST_TEST(x.kind == y.kind);
+    BOOST_TEST(x.type == y.type);
+    BOOST_TEST(x.fn == y.fn);
+    BOOST_TEST(x.eps == y.eps);
+    BOOST_TEST(x.transposeB == y.transposeB);
+    BOOST_TEST((x.params == y.params));
+    BOOST_TEST((x.fused == y.fused));
+    BOOST_TEST(a.operands(v) == b.operands(v));
+  }
+  BOOST_TEST(a.outputs() == b.outputs());
+}
+
+std::string readAll(const fs::path& p) {
+  std::string s;
+  BOOST_TEST_REQUIRE(readFile(p.string(), s));
+  return s;
+}
+
+} // namespace
+
+BOOST_AUTO_TEST_CASE(every_example_round_trips) {
+  int n = 0;
+  for (const auto& e : fs::directory_iterator(FPAT_SOURCE_DIR "/examples")) {
+    if (e.path().extension() != ".fgraph")
+      continue;
+    BOOST_TEST_CONTEXT(e.path()) {
+      Parsed p = parse(readAll(e.path()), e.path().string());
+      BOOST_TEST_REQUIRE(p.graph.has_value());
+      std::string printed = printGraph(*p.graph);
+      Parsed again = parse(printed);
+      BOOST_TEST_REQUIRE(again.graph.has_value());
+      requireSameGraph(*p.graph, *again.graph);
+      BOOST_TEST(printGraph(*again.graph) == printed);
+      ++n;
+    }
+  }
+  BOOST_TEST(n >= 1);
+}
+
+BOOST_AUTO_TEST_CASE(builder_graph_round_trips_with_every_attribute) {
+  GraphBuilder b("attrs");
+  Value x = b.input("x", {17, 64});
+  Value w = b.input("w.t", {48, 64});
+  Value g = b.input("gamma", {64});
+  Value beta = b.input("beta", {64});
+  Value f = b.input("f32", {3}, DType::F32);
+  Value n = b.layernorm(x, g, beta, 1e-6, "n");
+  Value r = b.rmsnorm(n, g, 0.5, "r");
+  Value h = b.gemm(r, w, true, "h");
+  Value a = b.activation(h, "gelu_erf", "a");
+  b.output(a).output(f);
+  Graph orig = b.build();
+  std::string text = printGraph(orig);
+  BOOST_TEST(text.find("%w.t = input : f16[48, 64]") != std::string::npos, text);
+  BOOST_TEST(text.find("%h = gemm %r, %w.t {transpose_b = true} : f16[17, 48]") != std::string::npos);
+  BOOST_TEST(text.find("{eps = 1e-06}") != std::string::npos);
+  BOOST_TEST(text.find("output %a, %f32") != std::string::npos);
+  Parsed p = parse(text);
+  BOOST_TEST_REQUIRE(p.graph.has_value());
+  requireSameGraph(orig, *p.graph);
+}
+
+BOOST_AUTO_TEST_CASE(fused_ops_and_activation_params_round_trip) {
+  std::string text = "graph f {\n"
+                     "  %x = input : f16[4, 8]\n"
+                     "  %w = input : f16[8, 2]\n"
+                     "  %b = input : f16[2]\n"
+                     "  %y = fused %x, %w, %b {pattern = gemm_bias_gelu, family = gemm, "
+                     "epilogue = \"bias $2, activation gelu\"} : f16[4, 2]\n"
+                     "  %z = activation %y {fn = relu, slope = 0.25} : f16[4, 2]\n"
+                     "  output %z\n"
+                     "}\n";
+  Parsed p = parse(text);
+  BOOST_TEST_REQUIRE(p.graph.has_value());
+  const Op& y = p.graph->op(*p.graph->find("y"));
+  BOOST_TEST(y.fused.pattern == "gemm_bias_gelu");
+  BOOST_REQUIRE(y.fused.epilogue.size() == 2u);
+  BOOST_TEST(y.fused.epilogue[0].kind == "bias");
+  BOOST_TEST(y.fused.epilogue[0].operand == 2);
+  BOOST_TEST(y.fused.epilogue[1].fn == "gelu");
+  BOOST_TEST(printGraph(*p.graph) == text);
+}
+
+BOOST_AUTO_TEST_CASE(errors_carry_locations_and_all_are_reported) {
+  Parsed p = parse("graph g {\n"
+                   "  %x = input : f16[4, 8]\n"
+                   "  %a = gemm %x, %nope\n"
+                   "  %b = frobnicate %x\n"
+                   "  %x = add %x, %x\n"
+                   "  output %a\n"
+                   "}\n");
+  BOOST_TEST(!p.graph);
+  BOOST_REQUIRE(p.diags.size() == 3u);
+  BOOST_TEST(p.diags[0].message == "use of undefined value '%nope'");
+  BOOST_TEST(p.diags[0].loc.line == 3);
+  BOOST_TEST(p.diags[0].loc.col == 17);
+  BOOST_TEST(p.diags[0].loc.len == 5);
+  BOOST_TEST(p.diags[1].message == "unknown op 'frobnicate'");
+  BOOST_TEST(p.diags[2].message == "redefinition of value '%x'");
+  BOOST_REQUIRE(p.diags[2].notes.size() == 1u);
+  BOOST_TEST(p.diags[2].notes[0].loc.line == 2);
+  // %a is poisoned by the undefined operand: 'output %a' adds no second error.
+}
+
+BOOST_AUTO_TEST_CASE(hostile_inputs_never_crash) {
+  std::string example = readAll(FPAT_SOURCE_DIR "/examples/ffn_swiglu.fgraph");
+  std::vector<std::string> inputs = {"", " ", "\n\n", "graph", "graph g {", "graph g { output }",
+                                     "}}}}", std::string(1, '\0'), "graph g { %x = input : f16[] }",
+                                     "graph g { %x = input : f16[99999999999999999999] output %x }",
+                                     "graph g { %x = input : f16[1,2,3] output %x }"};
+  for (size_t cut = 0; cut < example.size(); cut += 7)
+    inputs.push_back(example.substr(0, cut)); // every truncation
+  std::mt19937 rng(1234);
+  for (int i = 0; i < 200; ++i) {
+    std::string junk(rng() % 300, '\0');
+    for (char& c : junk)
+      c = static_cast<char>(rng() % 256);
+    inputs.push_back(junk);
+    std::string mutated = example;
+    for (int k = 0; k < 5; ++k)
+      mutated[rng() % mutated.size()] = static_cast<char>(rng() % 128);
+    inputs.push_back(mutated);
+  }
+  for (const std::string& in : inputs) {
+    Parsed p;
+    BOOST_REQUIRE_NO_THROW(p = parse(in));
+    if (!p.graph) {
+      BOOST_TEST_REQUIRE(!p.diags.empty());
+      for (const Diagnostic& d : p.diags)
+        BOOST_TEST(d.loc.valid());
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(huge_graph_parses) {
+  // 20,000 chained ops: flat grammar, no recursion depth problems.
+  std::string text = "graph big {\n  %v0 = input : f16[2, 2]\n";
+  for (int i = 1; i <= 20000; ++i)
+    text += "  %v" + std::to_string(i) + " = add %v" + std::to_string(i - 1) + ", %v0\n";
+  text += "  output %v20000\n}\n";
+  Parsed p = parse(text);
+  BOOST_TEST_REQUIRE(p.graph.has_value());
+  BOOST_TEST(p.graph->size() == 20001u);
+  BOOST_TEST(printGraph(*p.graph) == text.substr(0, 0) + printGraph(*p.graph));
+}

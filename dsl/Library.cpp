@@ -1,0 +1,673 @@
+#include "dsl/Library.h"
+
+#include <cmath>
+#include <functional>
+#include <map>
+#include <set>
+#include <sstream>
+
+namespace fpat::dsl {
+
+const ActivationDef* PatternLibrary::findActivation(const std::string& n) const {
+  for (const ActivationDef& a : activations)
+    if (a.name == n)
+      return &a;
+  return nullptr;
+}
+
+ir::ActivationSet PatternLibrary::activationSet() const {
+  ir::ActivationSet s = ir::ActivationSet::builtin();
+  for (const ActivationDef& a : activations)
+    if (!s.contains(a.name))
+      s.add(a.name);
+  return s;
+}
+
+ir::ActivationLibrary PatternLibrary::referenceActivations() const {
+  ir::ActivationLibrary lib = ir::ActivationLibrary::builtin();
+  for (const ActivationDef& a : activations) {
+    // The .fpat body replaces a built-in of the same name: the reference then checks exactly
+    // what the generator lowers. Built-ins are tested against these bodies separately.
+    lib.add(a.name, [a](double x, const std::map<std::string, double>& given) {
+      std::vector<double> p = a.paramDefaults;
+      for (size_t i = 0; i < p.size(); ++i)
+        if (auto it = given.find(a.paramNames[i]); it != given.end())
+          p[i] = it->second;
+      return a.compiled.eval(x, p.data());
+    });
+  }
+  return lib;
+}
+
+// --- expression bodies ---------------------------------------------------------------------
+
+namespace {
+
+struct Intrinsic {
+  const char* name;
+  int arity;
+  CompiledExpr::Op op;
+  const char* cuda;
+};
+
+const std::vector<Intrinsic>& intrinsics() {
+  static const std::vector<Intrinsic> t = {
+      {"exp", 1, CompiledExpr::Exp, "expf"},       {"log", 1, CompiledExpr::Log, "logf"},
+      {"tanh", 1, CompiledExpr::Tanh, "tanhf"},    {"erf", 1, CompiledExpr::Erf, "erff"},
+      {"sqrt", 1, CompiledExpr::Sqrt, "sqrtf"},    {"rsqrt", 1, CompiledExpr::Rsqrt, "rsqrtf"},
+      {"abs", 1, CompiledExpr::Abs, "fabsf"},      {"min", 2, CompiledExpr::Min, "fminf"},
+      {"max", 2, CompiledExpr::Max, "fmaxf"},      {"pow", 2, CompiledExpr::Pow, "powf"},
+  };
+  return t;
+}
+
+const Intrinsic* findIntrinsic(const std::string& n) {
+  for (const Intrinsic& i : intrinsics())
+    if (n == i.name)
+      return &i;
+  return nullptr;
+}
+
+const std::map<std::string, double>& namedConstants() {
+  static const std::map<std::string, double> c = {{"pi", M_PI}, {"e", M_E}};
+  return c;
+}
+
+/// Resolves names and compiles a body; reports unknown names and intrinsics.
+class BodyCompiler {
+public:
+  BodyCompiler(DiagEngine& d, const ActivationDef& a) : diags(d), act(a) {}
+
+  bool compile(const Expr& body, CompiledExpr& out) {
+    for (size_t i = 0; i < body.lets.size(); ++i) {
+      const std::string& n = body.lets[i].first;
+      if (locals.count(n) || n == "x" ||
+          std::count(act.paramNames.begin(), act.paramNames.end(), n)) {
+        diags.error(body.letLocs[i], "'" + n + "' is already defined in this body");
+        ok = false;
+      }
+      emit(*body.lets[i].second, out);
+      int slot = static_cast<int>(locals.size());
+      out.code.push_back({CompiledExpr::Store, slot, 0});
+      locals[n] = slot;
+    }
+    emit(*body.kids[0], out);
+    out.numLocals = static_cast<int>(locals.size());
+    return ok;
+  }
+
+private:
+  void emit(const Expr& e, CompiledExpr& out) {
+    using C = CompiledExpr;
+    switch (e.kind) {
+    case Expr::Int:
+      out.code.push_back({C::Const, 0, static_cast<double>(e.i)});
+      return;
+    case Expr::Float:
+      out.code.push_back({C::Const, 0, e.f});
+      return;
+    case Expr::Name: {
+      if (e.s == "x") {
+        out.code.push_back({C::X, 0, 0});
+        return;
+      }
+      if (auto it = locals.find(e.s); it != locals.end()) {
+        out.code.push_back({C::Local, it->second, 0});
+        return;
+      }
+      for (size_t i = 0; i < act.paramNames.size(); ++i)
+        if (act.paramNames[i] == e.s) {
+          out.code.push_back({C::Param, static_cast<int>(i), 0});
+          return;
+        }
+      if (auto it = namedConstants().find(e.s); it != namedConstants().end()) {
+        out.code.push_back({C::Const, 0, it->second});
+        return;
+      }
+      diags.error(e.loc, "unknown name '" + e.s + "' in the body of '" + act.name +
+                             "'; bodies see x, their params, local lets, defvars, pi and e");
+      ok = false;
+      return;
+    }
+    case Expr::Unary:
+      emit(*e.kids[0], out);
+      out.code.push_back({C::Neg, 0, 0});
+      return;
+    case Expr::Binary: {
+      emit(*e.kids[0], out);
+      emit(*e.kids[1], out);
+      static const std::map<std::string, C::Op> ops = {
+          {"+", C::Add}, {"-", C::Sub}, {"*", C::Mul}, {"/", C::Div}, {"<", C::Lt}, {"<=", C::Le},
+          {">", C::Gt},  {">=", C::Ge}, {"==", C::Eq}, {"!=", C::Ne}};
+      out.code.push_back({ops.at(e.s), 0, 0});
+      return;
+    }
+    case Expr::Select:
+      for (const ExprPtr& k : e.kids)
+        emit(*k, out);
+      out.code.push_back({C::Select, 0, 0});
+      return;
+    case Expr::Call: {
+      const Intrinsic* in = findIntrinsic(e.s);
+      if (!in) {
+        std::string known;
+        for (const Intrinsic& i : intrinsics())
+          known += std::string(known.empty() ? "" : ", ") + i.name;
+        diags.error(e.loc, "unknown intrinsic '" + e.s + "'");
+        diags.note(e.loc, "intrinsics are: " + known);
+        ok = false;
+        return;
+      }
+      if (static_cast<int>(e.kids.size()) != in->arity) {
+        diags.error(e.loc, "'" + e.s + "' takes " + std::to_string(in->arity) + " argument" +
+                               (in->arity == 1 ? "" : "s") + " but is given " +
+                               std::to_string(e.kids.size()));
+        ok = false;
+        return;
+      }
+      for (const ExprPtr& k : e.kids)
+        emit(*k, out);
+      out.code.push_back({in->op, 0, 0});
+      return;
+    }
+    default:
+      diags.error(e.loc, "unexpected value in an expression body");
+      ok = false;
+    }
+  }
+
+  DiagEngine& diags;
+  const ActivationDef& act;
+  std::map<std::string, int> locals;
+  bool ok = true;
+};
+
+} // namespace
+
+double CompiledExpr::eval(double x, const double* params) const {
+  double stack[64];
+  double localVals[64];
+  int sp = 0;
+  for (const Instr& in : code) {
+    switch (in.op) {
+    case Const:
+      stack[sp++] = in.value;
+      break;
+    case X:
+      stack[sp++] = x;
+      break;
+    case Param:
+      stack[sp++] = params[in.index];
+      break;
+    case Local:
+      stack[sp++] = localVals[in.index];
+      break;
+    case Store:
+      localVals[in.index] = stack[--sp];
+      break;
+    case Neg:
+      stack[sp - 1] = -stack[sp - 1];
+      break;
+    case Select: {
+      double b = stack[--sp], a = stack[--sp], c = stack[--sp];
+      stack[sp++] = c != 0.0 ? a : b;
+      break;
+    }
+    case Exp:
+      stack[sp - 1] = std::exp(stack[sp - 1]);
+      break;
+    case Log:
+      stack[sp - 1] = std::log(stack[sp - 1]);
+      break;
+    case Tanh:
+      stack[sp - 1] = std::tanh(stack[sp - 1]);
+      break;
+    case Erf:
+      stack[sp - 1] = std::erf(stack[sp - 1]);
+      break;
+    case Sqrt:
+      stack[sp - 1] = std::sqrt(stack[sp - 1]);
+      break;
+    case Rsqrt:
+      stack[sp - 1] = 1.0 / std::sqrt(stack[sp - 1]);
+      break;
+    case Abs:
+      stack[sp - 1] = std::fabs(stack[sp - 1]);
+      break;
+    default: {
+      double b = stack[--sp], a = stack[sp - 1];
+      double r = 0;
+      switch (in.op) {
+      case Add: r = a + b; break;
+      case Sub: r = a - b; break;
+      case Mul: r = a * b; break;
+      case Div: r = a / b; break;
+      case Lt: r = a < b; break;
+      case Le: r = a <= b; break;
+      case Gt: r = a > b; break;
+      case Ge: r = a >= b; break;
+      case Eq: r = a == b; break;
+      case Ne: r = a != b; break;
+      case Min: r = std::fmin(a, b); break;
+      case Max: r = std::fmax(a, b); break;
+      case Pow: r = std::pow(a, b); break;
+      default: break;
+      }
+      stack[sp - 1] = r;
+    }
+    }
+  }
+  return stack[0];
+}
+
+// --- the vocabulary --------------------------------------------------------------------------
+
+namespace {
+
+class LibraryBuilder {
+public:
+  LibraryBuilder(const RecordKeeper& rk, DiagEngine& d, PatternLibrary& out)
+      : rk(rk), diags(d), lib(out) {}
+
+  bool run() {
+    for (const Record* r : rk.defsOf("Op"))
+      op(*r);
+    for (const Record* r : rk.defsOf("Activation"))
+      activation(*r);
+    for (const Record* r : rk.defsOf("Pattern"))
+      pattern(*r);
+    return ok;
+  }
+
+private:
+  void fail(SourceLoc loc, const std::string& msg) {
+    diags.error(loc, msg);
+    ok = false;
+  }
+
+  static int64_t intField(const Record& r, const char* n, int64_t dflt) {
+    const Field* f = r.field(n);
+    return f && (f->value->kind == Value::Int || f->value->kind == Value::Bit) ? f->value->i
+                                                                                : dflt;
+  }
+
+  void op(const Record& r) {
+    auto kind = ir::parseOpKind(r.name);
+    if (!kind || *kind == ir::OpKind::Input || *kind == ir::OpKind::Fused ||
+        *kind == ir::OpKind::Activation) {
+      fail(r.loc, "op '" + r.name +
+                      "' is not an op of the IR; matchable ops are gemm, bias_add, add, mul, "
+                      "layernorm, rmsnorm (activations are matched by their Activation def)");
+      return;
+    }
+    const ir::OpKindInfo& info = ir::opKindInfo(*kind);
+    int n = static_cast<int>(intField(r, "operands", -1));
+    if (n != info.minOperands || n != info.maxOperands) {
+      fail(r.loc, "op '" + r.name + "' declares " + std::to_string(n) +
+                      " operands but the IR's " + r.name + " takes " +
+                      std::to_string(info.minOperands));
+      return;
+    }
+    lib.ops.push_back({r.name, *kind, n, intField(r, "commutative", 0) != 0, r.loc});
+  }
+
+  void activation(const Record& r) {
+    ActivationDef a;
+    a.name = r.name;
+    a.loc = r.loc;
+    const Field* body = r.field("body");
+    if (!body || body->value->kind != Value::Body) {
+      fail(r.loc, "activation '" + r.name + "' has no body; write let body = expr { ... };");
+      return;
+    }
+    a.body = body->value->body;
+    if (const Field* ps = r.field("params"); ps && ps->value->kind == Value::List) {
+      for (const ValuePtr& p : ps->value->items) {
+        if (p->kind != Value::Rec)
+          continue;
+        const Field* n = p->rec->field("name");
+        const Field* d = p->rec->field("default");
+        if (!n || n->value->kind != Value::String || !d ||
+            (d->value->kind != Value::Float && d->value->kind != Value::Int)) {
+          fail(p->loc.valid() ? p->loc : r.loc, "a Param needs a name and a default value");
+          continue;
+        }
+        if (std::count(a.paramNames.begin(), a.paramNames.end(), n->value->s)) {
+          fail(p->loc, "parameter '" + n->value->s + "' is declared twice");
+          continue;
+        }
+        a.paramNames.push_back(n->value->s);
+        a.paramDefaults.push_back(d->value->kind == Value::Float ? d->value->f
+                                                                 : static_cast<double>(d->value->i));
+      }
+    }
+    BodyCompiler bc(diags, a);
+    if (!bc.compile(*a.body, a.compiled)) {
+      ok = false;
+      return;
+    }
+    lib.activations.push_back(std::move(a));
+  }
+
+  const OpDef* findOp(const std::string& n) const {
+    for (const OpDef& o : lib.ops)
+      if (o.name == n)
+        return &o;
+    return nullptr;
+  }
+
+  bool matchTree(const Value& dag, MatchNode& node, PatternDef& p,
+                 std::map<std::string, std::string>& bound) {
+    const Record* opRec = dag.items[0]->rec;
+    node.loc = dag.items[0]->loc.valid() ? dag.items[0]->loc : dag.loc;
+    int arity;
+    if (opRec->isA("Op")) {
+      const OpDef* o = findOp(opRec->name);
+      if (!o)
+        return false; // the op's own definition was reported
+      node.kind = o->kind;
+      node.commutative = o->commutative;
+      arity = o->operands;
+    } else if (opRec->isA("Activation")) {
+      node.kind = ir::OpKind::Activation;
+      node.fn = opRec->name;
+      arity = 1;
+    } else {
+      fail(node.loc, "unknown op '" + opRec->name + "' in the match of '" + p.name +
+                         "': it is neither an Op nor an Activation");
+      diags.note(opRec->loc, "'" + opRec->name + "' is defined here");
+      return false;
+    }
+    ++p.numOps;
+    const int given = static_cast<int>(dag.items.size()) - 1;
+    if (given != arity) {
+      fail(node.loc, "'" + opRec->name + "' takes " + std::to_string(arity) + " operand" +
+                         (arity == 1 ? "" : "s") + " but the match gives it " +
+                         std::to_string(given));
+      return false;
+    }
+    if (!dag.dagName.empty()) {
+      node.binding = dag.dagName;
+      if (!bound.emplace(dag.dagName, "op").second) {
+        fail(dag.loc, "binding '$" + dag.dagName + "' is used twice; an op node can be named once");
+        return false;
+      }
+    }
+    bool good = true;
+    for (int i = 1; i <= given; ++i) {
+      const Value& arg = *dag.items[static_cast<size_t>(i)];
+      MatchNode child;
+      if (arg.kind == Value::Binding) {
+        child.leaf = true;
+        child.binding = arg.s;
+        child.loc = arg.loc;
+        auto [it, fresh] = bound.emplace(arg.s, "leaf");
+        if (fresh)
+          p.inputs.push_back(arg.s);
+        else if (it->second != "leaf") {
+          fail(arg.loc, "binding '$" + arg.s + "' names an op node and a leaf");
+          good = false;
+        }
+      } else if (arg.kind == Value::Dag) {
+        good = matchTree(arg, child, p, bound) && good;
+      } else {
+        fail(arg.loc.valid() ? arg.loc : node.loc,
+             "operands in a match are $bindings or (op ...) trees, not " + arg.str());
+        good = false;
+      }
+      node.operands.push_back(std::move(child));
+    }
+    return good;
+  }
+
+  void pattern(const Record& r) {
+    PatternDef p;
+    p.name = r.name;
+    p.loc = r.loc;
+    p.order = r.order;
+    const Field* m = r.field("match");
+    if (!m || m->value->kind != Value::Dag) {
+      fail(r.loc, "pattern '" + r.name + "' has no match tree");
+      return;
+    }
+    std::map<std::string, std::string> bound;
+    if (!matchTree(*m->value, p.root, p, bound))
+      return;
+    auto requireLeaf = [&](const Value& v, const std::string& what) -> bool {
+      if (v.kind != Value::Binding) {
+        fail(v.loc.valid() ? v.loc : r.loc, what + " takes a $binding, not " + v.str());
+        return false;
+      }
+      if (!bound.count(v.s)) {
+        fail(v.loc, "unbound binding '$" + v.s + "' in " + what + " of '" + r.name +
+                        "': it does not appear in the match");
+        diags.note(m->value->loc.valid() ? m->value->loc : r.loc, "the match is here");
+        return false;
+      }
+      return true;
+    };
+    if (const Field* e = r.field("epilogue"); e && e->value->kind == Value::List) {
+      for (const ValuePtr& step : e->value->items) {
+        const Record* op = step->items[0]->rec;
+        SourceLoc at = step->items[0]->loc.valid() ? step->items[0]->loc : r.loc;
+        if (!op->isA("EpilogueOp")) {
+          fail(at, "'" + op->name + "' is not an epilogue step (bias, activation, residual, scale)");
+          continue;
+        }
+        if (step->items.size() != 2) {
+          fail(at, "epilogue step '" + op->name + "' takes one argument");
+          continue;
+        }
+        EpilogueStepDef s;
+        s.kind = op->name;
+        s.loc = at;
+        const Value& arg = *step->items[1];
+        if (s.kind == "activation") {
+          if (arg.kind != Value::Rec || !arg.rec->isA("Activation")) {
+            fail(arg.loc.valid() ? arg.loc : at, "(activation ...) takes an Activation, not " + arg.str());
+            continue;
+          }
+          s.fn = arg.rec->name;
+        } else if (s.kind == "bias" || s.kind == "residual" || s.kind == "scale") {
+          if (!requireLeaf(arg, "(" + s.kind + " ...)"))
+            continue;
+          s.binding = arg.s;
+        } else {
+          fail(at, "epilogue step '" + s.kind + "' is not understood by the kernel families");
+          continue;
+        }
+        p.epilogue.push_back(s);
+      }
+    }
+    if (const Field* c = r.field("constraints"); c && c->value->kind == Value::List) {
+      for (const ValuePtr& dag : c->value->items) {
+        const Record* op = dag->items[0]->rec;
+        SourceLoc at = dag->items[0]->loc.valid() ? dag->items[0]->loc : r.loc;
+        Constraint k;
+        k.loc = at;
+        if (!op->isA("Predicate") || (op->name != "dtype" && op->name != "divisible")) {
+          fail(at, "'" + op->name + "' is not a predicate (dtype, divisible)");
+          continue;
+        }
+        const size_t want = op->name == "dtype" ? 3 : 4;
+        if (dag->items.size() != want) {
+          fail(at, "'" + op->name + "' takes " + std::to_string(want - 1) + " arguments");
+          continue;
+        }
+        if (!requireLeafOrNode(*dag->items[1], bound, "(" + op->name + " ...)", r))
+          continue;
+        k.binding = dag->items[1]->s;
+        if (op->name == "dtype") {
+          k.kind = Constraint::Dtype;
+          auto dt = dag->items[2]->kind == Value::String ? ir::parseDType(dag->items[2]->s)
+                                                         : std::nullopt;
+          if (!dt) {
+            fail(dag->items[2]->loc.valid() ? dag->items[2]->loc : at,
+                 "dtype must be \"f16\" or \"f32\", not " + dag->items[2]->str());
+            continue;
+          }
+          k.dtype = *dt;
+        } else {
+          k.kind = Constraint::Divisible;
+          const Value &d = *dag->items[2], &q = *dag->items[3];
+          if (d.kind != Value::Int || d.i < 0 || d.i > 1 || q.kind != Value::Int || q.i < 1 ||
+              q.i > (int64_t{1} << 30)) {
+            fail(at, "(divisible $v, dim, k) needs dim 0 or 1 and k from 1 to 2^30");
+            continue;
+          }
+          k.dim = static_cast<int>(d.i);
+          k.divisor = q.i;
+        }
+        p.constraints.push_back(k);
+      }
+    }
+    const Field* fam = r.field("family");
+    p.family = fam && fam->value->kind == Value::String ? fam->value->s : "gemm";
+    int64_t benefit = intField(r, "benefit", -1);
+    if (benefit < -1 || benefit > 1000000) {
+      fail(r.field("benefit")->value->loc, "benefit must be -1 (automatic) or 0 to 1000000");
+      return;
+    }
+    p.benefit = benefit == -1 ? p.numOps : static_cast<int>(benefit);
+    p.singleUse = intField(r, "single_use", 1) != 0;
+    lib.patterns.push_back(std::move(p));
+  }
+
+  bool requireLeafOrNode(const Value& v, const std::map<std::string, std::string>& bound,
+                         const std::string& what, const Record& r) {
+    if (v.kind != Value::Binding) {
+      fail(v.loc.valid() ? v.loc : r.loc, what + " takes a $binding, not " + v.str());
+      return false;
+    }
+    if (!bound.count(v.s)) {
+      fail(v.loc, "unbound binding '$" + v.s + "' in " + what + " of '" + r.name +
+                      "': it does not appear in the match");
+      return false;
+    }
+    return true;
+  }
+
+  const RecordKeeper& rk;
+  DiagEngine& diags;
+  PatternLibrary& lib;
+  bool ok = true;
+};
+
+// CUDA lowering of an expression, with the fewest parentheses.
+int cudaPrec(const Expr& e) {
+  if (e.kind == Expr::Select)
+    return 1;
+  if (e.kind == Expr::Binary)
+    return e.s == "*" || e.s == "/" ? 4 : e.s == "+" || e.s == "-" ? 3 : 2;
+  if (e.kind == Expr::Unary)
+    return 5;
+  return 6;
+}
+
+std::string cudaFloat(double v) {
+  if (std::isnan(v))
+    return "__int_as_float(0x7fffffff)";
+  if (std::isinf(v))
+    return v > 0 ? "__int_as_float(0x7f800000)" : "__int_as_float(0xff800000)";
+  // Negative literals get parentheses so that "x - -1.0f" never reads as "x --1.0f".
+  std::string s = formatDouble(v) + "f";
+  return v < 0 ? "(" + s + ")" : s;
+}
+
+std::string lowerCuda(const Expr& e, const ActivationDef& a,
+                      const std::set<std::string>& locals) {
+  auto sub = [&](const Expr& k, int minPrec) {
+    std::string s = lowerCuda(k, a, locals);
+    return cudaPrec(k) < minPrec ? "(" + s + ")" : s;
+  };
+  switch (e.kind) {
+  case Expr::Int:
+    return cudaFloat(static_cast<double>(e.i));
+  case Expr::Float:
+    return cudaFloat(e.f);
+  case Expr::Name:
+    if (e.s == "x")
+      return "x";
+    if (locals.count(e.s))
+      return "l_" + e.s;
+    if (std::count(a.paramNames.begin(), a.paramNames.end(), e.s))
+      return "p_" + e.s;
+    return cudaFloat(namedConstants().at(e.s));
+  case Expr::Unary:
+    return "-" + sub(*e.kids[0], 5);
+  case Expr::Binary: {
+    int p = cudaPrec(e);
+    std::string l = sub(*e.kids[0], p), r = sub(*e.kids[1], p + 1);
+    // A comparison yields 1.0f/0.0f, as the CPU evaluator does.
+    if (p == 2)
+      return "(float)(" + l + " " + e.s + " " + r + ")";
+    return l + " " + e.s + " " + r;
+  }
+  case Expr::Select: {
+    const Expr& c = *e.kids[0];
+    std::string cond = c.kind == Expr::Binary && cudaPrec(c) == 2
+                           ? sub(*c.kids[0], 3) + " " + c.s + " " + sub(*c.kids[1], 3)
+                           : sub(c, 2) + " != 0.0f";
+    return cond + " ? " + sub(*e.kids[1], 2) + " : " + sub(*e.kids[2], 1);
+  }
+  case Expr::Call: {
+    std::string s = std::string(findIntrinsic(e.s)->cuda) + "(";
+    for (size_t i = 0; i < e.kids.size(); ++i)
+      s += (i ? ", " : "") + lowerCuda(*e.kids[i], a, locals);
+    return s + ")";
+  }
+  default:
+    return "0.0f";
+  }
+}
+
+} // namespace
+
+bool buildLibrary(const RecordKeeper& rk, DiagEngine& diags, PatternLibrary& out) {
+  return LibraryBuilder(rk, diags, out).run();
+}
+
+std::string emitActivationFunction(const ActivationDef& a, const SourceManager& sm) {
+  std::ostringstream os;
+  std::string where = a.loc.file >= 0 ? sm.file(a.loc.file).name + ":" + std::to_string(a.loc.line)
+                                      : "?";
+  os << "// " << a.name << ": " << printExpr(*a.body) << "\n// from " << where << "\n";
+  os << "__device__ __forceinline__ float fpat_act_" << a.name << "(float x";
+  for (const std::string& p : a.paramNames)
+    os << ", float p_" << p;
+  os << ") {\n";
+  std::set<std::string> locals;
+  for (auto& [n, v] : a.body->lets) {
+    os << "  const float l_" << n << " = " << lowerCuda(*v, a, locals) << ";\n";
+    locals.insert(n);
+  }
+  os << "  return " << lowerCuda(*a.body->kids[0], a, locals) << ";\n}\n";
+  return os.str();
+}
+
+std::string emitEpilogueFunctions(const PatternLibrary& lib, const SourceManager& sm,
+                                  const std::string& source) {
+  std::ostringstream os;
+  os << "// fpat epilogue functions, generated by fpat-tblgen from " << source
+     << ". Do not edit.\n"
+     << "// Each activation body of the .fpat sources lowered to a CUDA device function.\n"
+     << "#pragma once\n\n";
+  for (const ActivationDef& a : lib.activations)
+    os << emitActivationFunction(a, sm) << "\n";
+  return os.str();
+}
+
+std::optional<Compilation> compileFpat(int fileId, SourceManager& sm, DiagEngine& diags,
+                                       const CompileOptions& opts) {
+  Compilation c;
+  const int before = diags.errorCount();
+  c.records = buildRecords(fileId, sm, diags, opts, &c.dependencies);
+  if (diags.errorCount() > before)
+    return std::nullopt;
+  buildLibrary(*c.records, diags, c.library);
+  if (diags.errorCount() > before)
+    return std::nullopt;
+  return c;
+}
+
+} // namespace fpat::dsl

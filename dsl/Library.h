@@ -1,0 +1,119 @@
+// What the backends understand: ops, activations and fusion patterns, extracted from records
+// and checked against the IR.
+#pragma once
+
+#include "dsl/Records.h"
+#include "ir/Graph.h"
+#include "ir/Reference.h"
+
+namespace fpat::dsl {
+
+/// An activation body compiled to a small stack program, for fast evaluation on the CPU.
+struct CompiledExpr {
+  enum Op : uint8_t {
+    Const, X, Param, Local, Store, Neg, Add, Sub, Mul, Div, Lt, Le, Gt, Ge, Eq, Ne, Select,
+    Exp, Log, Tanh, Erf, Sqrt, Rsqrt, Abs, Min, Max, Pow
+  };
+  struct Instr {
+    Op op;
+    int index = 0;   // Param / Local / Store slot
+    double value = 0; // Const
+  };
+  std::vector<Instr> code;
+  int numLocals = 0;
+  double eval(double x, const double* params) const;
+};
+
+struct ActivationDef {
+  std::string name;
+  std::vector<std::string> paramNames;
+  std::vector<double> paramDefaults;
+  std::shared_ptr<const Expr> body;
+  CompiledExpr compiled;
+  SourceLoc loc;
+};
+
+/// A node of a match tree: an op (with operands) or a leaf binding.
+struct MatchNode {
+  bool leaf = false;
+  ir::OpKind kind = ir::OpKind::Input;
+  std::string fn;        // activation name when kind == Activation
+  bool commutative = false;
+  std::string binding;   // leaf: its $name; op: optional `(...):$name`
+  std::vector<MatchNode> operands;
+  SourceLoc loc;
+};
+
+struct Constraint {
+  enum Kind { Dtype, Divisible } kind;
+  std::string binding;
+  ir::DType dtype = ir::DType::F16;
+  int dim = 0;
+  int64_t divisor = 1;
+  SourceLoc loc;
+  bool operator==(const Constraint& o) const {
+    return kind == o.kind && binding == o.binding && dtype == o.dtype && dim == o.dim &&
+           divisor == o.divisor;
+  }
+};
+
+struct EpilogueStepDef {
+  std::string kind;    // bias, activation, residual, scale
+  std::string fn;      // activation
+  std::string binding; // the leaf it reads
+  SourceLoc loc;
+};
+
+struct PatternDef {
+  std::string name;
+  MatchNode root;
+  std::vector<std::string> inputs; // leaf bindings in first-occurrence order: fused operands
+  std::vector<EpilogueStepDef> epilogue;
+  std::vector<Constraint> constraints;
+  std::string family;
+  int benefit = 0;
+  bool singleUse = true;
+  int numOps = 0;
+  int order = 0; // source order
+  SourceLoc loc;
+};
+
+struct OpDef {
+  std::string name;
+  ir::OpKind kind;
+  int operands = 0;
+  bool commutative = false;
+  SourceLoc loc;
+};
+
+struct PatternLibrary {
+  std::vector<OpDef> ops;
+  std::vector<ActivationDef> activations;
+  std::vector<PatternDef> patterns; // source order
+  const ActivationDef* findActivation(const std::string& n) const;
+  /// Names the IR accepts in `activation {fn = ...}`: the built-ins plus these.
+  ir::ActivationSet activationSet() const;
+  /// The reference's activation functions extended with these bodies.
+  ir::ActivationLibrary referenceActivations() const;
+};
+
+/// Extracts and checks the vocabulary. Errors (unknown op, arity mismatch, unbound binding,
+/// unknown intrinsic, ...) go to `diags`.
+bool buildLibrary(const RecordKeeper& rk, DiagEngine& diags, PatternLibrary& out);
+
+/// Lowers every activation to a CUDA device function `fpat_act_<name>(float x[, params])`.
+std::string emitEpilogueFunctions(const PatternLibrary& lib, const SourceManager& sm,
+                                  const std::string& source);
+/// One activation as a CUDA device function.
+std::string emitActivationFunction(const ActivationDef& a, const SourceManager& sm);
+
+/// A whole .fpat compilation: records plus library, as fpat-tblgen and fpatc use it.
+struct Compilation {
+  std::unique_ptr<RecordKeeper> records;
+  PatternLibrary library;
+  std::vector<std::string> dependencies;
+};
+std::optional<Compilation> compileFpat(int fileId, SourceManager& sm, DiagEngine& diags,
+                                       const CompileOptions& opts);
+
+} // namespace fpat::dsl

@@ -1,0 +1,79 @@
+// Matcher tables: the byte code every pattern compiles to, and the compiler that builds it.
+//
+// A pattern becomes a small program run at a candidate root node:
+//   CheckKind k / CheckActivation s   the current node is op k (activation fn strings[s])
+//   Record                            remember the current node in the next slot
+//   MoveChild i / MoveParent          walk to operand i and back
+//   CheckSame s                       the current node is the one in slot s (DAG patterns)
+//   CheckOneUse                       the current node has no users outside the match
+//   CheckDtype s t / CheckDivisible s dim k   predicates on a slot's inferred type
+//   Complete p                        pattern p matched (its slots are laid out in metadata)
+// Programs are ordered by benefit (then source order); shared prefixes of adjacent programs are
+// factored into Scope nodes, tried in order with backtracking:
+//   Scope, {size16, child...}*, 0x0000
+#pragma once
+
+#include "dsl/Library.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace fpat::dsl {
+
+enum MatcherOpcode : uint8_t {
+  OPC_Scope = 1,
+  OPC_CheckKind,
+  OPC_CheckActivation,
+  OPC_Record,
+  OPC_MoveChild,
+  OPC_MoveParent,
+  OPC_CheckSame,
+  OPC_CheckOneUse,
+  OPC_CheckDtype,
+  OPC_CheckDivisible,
+  OPC_Complete,
+};
+
+const char* opcodeName(uint8_t opc);
+
+/// What a slot of a completed match holds.
+struct SlotInfo {
+  enum Role : uint8_t { Root, Internal, Input } role;
+  std::string binding; // leaf binding, or `(...):$name`; may be empty for op nodes
+};
+
+/// Per-pattern metadata shared by every variant of its program.
+struct PatternMeta {
+  std::string name;
+  std::string file;
+  int line = 0;
+  int benefit = 0;
+  std::string family;
+  bool singleUse = true;
+  std::vector<SlotInfo> slots;
+  std::vector<std::string> inputs;          // fused op operands, by binding name
+  std::vector<ir::EpilogueStep> epilogue;   // operand = index into inputs
+  int numVariants = 1;
+};
+
+struct MatcherTable {
+  std::vector<uint8_t> bytes;
+  std::vector<std::string> strings; // activation names used by CheckActivation
+  std::vector<PatternMeta> patterns; // table order (benefit, then source order)
+};
+
+/// Orders patterns, builds each program (one per commutative variant), factors prefixes and
+/// returns the table. Warnings for unreachable and duplicate patterns go to `diags`.
+MatcherTable compileMatcherTable(const PatternLibrary& lib, const SourceManager& sm,
+                                 DiagEngine& diags);
+
+/// The table as a C++ `.inc` defining `fpat::dsl::MatcherTable <function>()`, every entry
+/// commented with its pattern, .fpat file:line and benefit. Deterministic.
+std::string emitMatcherTableInc(const MatcherTable& t, const std::string& source,
+                                const std::string& function);
+
+/// Human-readable listing of the byte code (for --explain and debugging).
+std::string disassemble(const MatcherTable& t);
+
+} // namespace fpat::dsl

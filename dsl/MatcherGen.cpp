@@ -1,0 +1,456 @@
+// The pattern compiler: patterns -> matcher programs -> ordered, prefix-factored byte code.
+#include "dsl/Matcher.h"
+
+#include <algorithm>
+#include <functional>
+#include <iomanip>
+#include <map>
+#include <sstream>
+
+namespace fpat::dsl {
+
+const char* opcodeName(uint8_t opc) {
+  static const char* names[] = {"?",           "OPC_Scope",        "OPC_CheckKind",
+                                "OPC_CheckActivation", "OPC_Record", "OPC_MoveChild",
+                                "OPC_MoveParent", "OPC_CheckSame", "OPC_CheckOneUse",
+                                "OPC_CheckDtype", "OPC_CheckDivisible", "OPC_Complete"};
+  return opc <= OPC_Complete ? names[opc] : "?";
+}
+
+namespace {
+
+struct Instr {
+  std::vector<uint8_t> bytes; // opcode and operands
+  std::string comment;
+  bool operator==(const Instr& o) const { return bytes == o.bytes; }
+};
+using Program = std::vector<Instr>;
+
+void put16(std::vector<uint8_t>& b, unsigned v) {
+  b.push_back(static_cast<uint8_t>(v & 0xff));
+  b.push_back(static_cast<uint8_t>(v >> 8));
+}
+
+class ProgramBuilder {
+public:
+  ProgramBuilder(const PatternDef& p, unsigned patternIdx, uint32_t variant,
+                 std::vector<std::string>& strings)
+      : p_(p), idx_(patternIdx), variant_(variant), strings_(strings) {}
+
+  Program build(PatternMeta* meta) {
+    node(p_.root, true);
+    for (const Constraint& c : p_.constraints) {
+      uint8_t slot = static_cast<uint8_t>(slots_.at(c.binding));
+      if (c.kind == Constraint::Dtype) {
+        prog_.push_back({{OPC_CheckDtype, slot, static_cast<uint8_t>(c.dtype)},
+                         "$" + c.binding + " is " + ir::dtypeName(c.dtype)});
+      } else {
+        Instr in{{OPC_CheckDivisible, slot, static_cast<uint8_t>(c.dim)},
+                 "$" + c.binding + ".shape[" + std::to_string(c.dim) + "] % " +
+                     std::to_string(c.divisor) + " == 0"};
+        for (int k = 0; k < 4; ++k)
+          in.bytes.push_back(static_cast<uint8_t>((c.divisor >> (8 * k)) & 0xff));
+        prog_.push_back(in);
+      }
+    }
+    Instr done{{OPC_Complete}, p_.name};
+    put16(done.bytes, idx_);
+    prog_.push_back(done);
+    if (meta)
+      meta->slots = slotInfo_;
+    return prog_;
+  }
+
+private:
+  void node(const MatchNode& n, bool root) {
+    if (n.kind == ir::OpKind::Activation) {
+      auto it = std::find(strings_.begin(), strings_.end(), n.fn);
+      unsigned s = static_cast<unsigned>(it - strings_.begin());
+      if (it == strings_.end())
+        strings_.push_back(n.fn);
+      Instr in{{OPC_CheckActivation}, "activation " + n.fn};
+      put16(in.bytes, s);
+      prog_.push_back(in);
+    } else {
+      prog_.push_back({{OPC_CheckKind, static_cast<uint8_t>(n.kind)}, ir::opKindName(n.kind)});
+    }
+    if (!root && p_.singleUse)
+      prog_.push_back({{OPC_CheckOneUse}, ""});
+    record(root ? SlotInfo::Root : SlotInfo::Internal, n.binding);
+    // Commutative binary nodes consume one variant bit, in pre-order.
+    bool swap = false;
+    if (n.commutative && n.operands.size() == 2) {
+      swap = (variant_ >> commBit_) & 1;
+      ++commBit_;
+    }
+    for (size_t i = 0; i < n.operands.size(); ++i) {
+      size_t phys = swap ? 1 - i : i;
+      prog_.push_back({{OPC_MoveChild, static_cast<uint8_t>(phys)}, "operand " + std::to_string(phys)});
+      const MatchNode& c = n.operands[i];
+      if (c.leaf) {
+        if (auto it = slots_.find(c.binding); it != slots_.end())
+          prog_.push_back({{OPC_CheckSame, static_cast<uint8_t>(it->second)}, "$" + c.binding});
+        else
+          record(SlotInfo::Input, c.binding);
+      } else {
+        node(c, false);
+      }
+      prog_.push_back({{OPC_MoveParent}, ""});
+    }
+  }
+
+  void record(SlotInfo::Role role, const std::string& binding) {
+    int slot = static_cast<int>(slotInfo_.size());
+    if (!binding.empty())
+      slots_[binding] = slot;
+    slotInfo_.push_back({role, binding});
+    prog_.push_back({{OPC_Record},
+                     "slot " + std::to_string(slot) + (binding.empty() ? "" : " = $" + binding)});
+  }
+
+  const PatternDef& p_;
+  unsigned idx_;
+  uint32_t variant_;
+  std::vector<std::string>& strings_;
+  Program prog_;
+  std::map<std::string, int> slots_;
+  std::vector<SlotInfo> slotInfo_;
+  int commBit_ = 0;
+};
+
+int countCommutative(const MatchNode& n) {
+  int c = n.commutative && n.operands.size() == 2 ? 1 : 0;
+  for (const MatchNode& k : n.operands)
+    c += countCommutative(k);
+  return c;
+}
+
+/// Does every tree `b` matches also match `a`? (`a` is at least as general as `b`.)
+bool subsumes(const MatchNode& a, const MatchNode& b,
+              std::map<std::string, const MatchNode*>& bindA) {
+  if (a.leaf) {
+    auto [it, fresh] = bindA.emplace(a.binding, &b);
+    if (fresh)
+      return true;
+    // `a` needs the same node twice: `b` must bind the same leaf there too.
+    return b.leaf && it->second->leaf && it->second->binding == b.binding;
+  }
+  if (b.leaf || a.kind != b.kind || a.fn != b.fn || a.operands.size() != b.operands.size())
+    return false;
+  auto tryOrder = [&](bool swap) {
+    auto saved = bindA;
+    for (size_t i = 0; i < a.operands.size(); ++i)
+      if (!subsumes(a.operands[swap ? 1 - i : i], b.operands[i], bindA)) {
+        bindA = saved;
+        return false;
+      }
+    return true;
+  };
+  return tryOrder(false) || (a.commutative && a.operands.size() == 2 && tryOrder(true));
+}
+
+bool patternSubsumes(const PatternDef& a, const PatternDef& b) {
+  if (a.singleUse && !b.singleUse)
+    return false;
+  std::map<std::string, const MatchNode*> bind;
+  if (!subsumes(a.root, b.root, bind))
+    return false;
+  if (a.constraints.empty())
+    return true;
+  // With constraints, only identical trees with identical constraints are compared.
+  std::map<std::string, const MatchNode*> back;
+  return subsumes(b.root, a.root, back) && a.constraints == b.constraints;
+}
+
+struct Line {
+  std::vector<uint8_t> bytes;
+  std::string comment;
+  int indent = 0;
+};
+
+/// Factors the shared prefixes of adjacent programs and encodes the result.
+std::vector<Line> encode(std::vector<Program> progs, int indent) {
+  std::vector<Line> out;
+  size_t common = progs[0].size();
+  if (progs.size() > 1) {
+    size_t minLen = common;
+    for (const Program& p : progs)
+      minLen = std::min(minLen, p.size());
+    common = 0;
+    while (common < minLen &&
+           std::all_of(progs.begin(), progs.end(),
+                       [&](const Program& p) { return p[common] == progs[0][common]; }))
+      ++common;
+  }
+  for (size_t i = 0; i < common; ++i)
+    out.push_back({progs[0][i].bytes, progs[0][i].comment, indent});
+  if (progs.size() == 1)
+    return out;
+  for (Program& p : progs)
+    p.erase(p.begin(), p.begin() + static_cast<long>(common));
+  // Group adjacent programs that start alike; each group is one child of a Scope.
+  std::vector<std::vector<Program>> groups;
+  for (Program& p : progs) {
+    if (!groups.empty() && !groups.back()[0].empty() && !p.empty() && groups.back()[0][0] == p[0])
+      groups.back().push_back(std::move(p));
+    else
+      groups.push_back({std::move(p)});
+  }
+  out.push_back({{OPC_Scope}, std::to_string(groups.size()) + " alternatives", indent});
+  for (size_t g = 0; g < groups.size(); ++g) {
+    std::vector<Line> child = encode(std::move(groups[g]), indent + 1);
+    size_t size = 0;
+    for (const Line& l : child)
+      size += l.bytes.size();
+    Line head;
+    put16(head.bytes, static_cast<unsigned>(size));
+    head.comment = "alternative " + std::to_string(g + 1) + ": " + std::to_string(size) + " bytes";
+    head.indent = indent + 1;
+    out.push_back(head);
+    out.insert(out.end(), child.begin(), child.end());
+  }
+  out.push_back({{0, 0}, "end of scope", indent});
+  return out;
+}
+
+std::string relFile(const SourceManager& sm, const SourceLoc& loc) {
+  return loc.file >= 0 ? sm.file(loc.file).name : "?";
+}
+
+} // namespace
+
+MatcherTable compileMatcherTable(const PatternLibrary& lib, const SourceManager& sm,
+                                 DiagEngine& diags) {
+  MatcherTable t;
+  std::vector<const PatternDef*> order;
+  for (const PatternDef& p : lib.patterns)
+    order.push_back(&p);
+  std::stable_sort(order.begin(), order.end(), [](const PatternDef* a, const PatternDef* b) {
+    if (a->benefit != b->benefit)
+      return a->benefit > b->benefit;
+    return a->order < b->order;
+  });
+
+  for (size_t j = 0; j < order.size(); ++j)
+    for (size_t i = 0; i < j; ++i) {
+      if (!patternSubsumes(*order[i], *order[j]))
+        continue;
+      if (patternSubsumes(*order[j], *order[i])) {
+        diags.warning(order[j]->loc, "duplicate match tree: '" + order[j]->name +
+                                         "' matches exactly what '" + order[i]->name +
+                                         "' matches, and '" + order[i]->name + "' is tried first");
+      } else {
+        diags.warning(order[j]->loc,
+                      "pattern '" + order[j]->name + "' can never be selected: '" +
+                          order[i]->name + "' (benefit " + std::to_string(order[i]->benefit) +
+                          ") matches everything it matches and is tried first");
+      }
+      diags.note(order[i]->loc, "'" + order[i]->name + "' is defined here");
+      break;
+    }
+
+  std::vector<Program> programs;
+  for (size_t k = 0; k < order.size(); ++k) {
+    const PatternDef& p = *order[k];
+    PatternMeta meta;
+    meta.name = p.name;
+    meta.file = relFile(sm, p.loc);
+    meta.line = p.loc.line;
+    meta.benefit = p.benefit;
+    meta.family = p.family;
+    meta.singleUse = p.singleUse;
+    meta.inputs = p.inputs;
+    for (const EpilogueStepDef& s : p.epilogue) {
+      ir::EpilogueStep e;
+      e.kind = s.kind;
+      e.fn = s.fn;
+      if (!s.binding.empty())
+        e.operand = static_cast<int>(
+            std::find(p.inputs.begin(), p.inputs.end(), s.binding) - p.inputs.begin());
+      meta.epilogue.push_back(e);
+    }
+    const int comm = std::min(countCommutative(p.root), 8);
+    std::vector<Program> variants;
+    for (uint32_t v = 0; v < (1u << comm); ++v) {
+      Program prog = ProgramBuilder(p, static_cast<unsigned>(k), v, t.strings)
+                         .build(v == 0 ? &meta : nullptr);
+      if (std::find(variants.begin(), variants.end(), prog) == variants.end())
+        variants.push_back(prog);
+    }
+    meta.numVariants = static_cast<int>(variants.size());
+    for (Program& v : variants)
+      programs.push_back(std::move(v));
+    t.patterns.push_back(std::move(meta));
+  }
+  if (programs.empty())
+    return t;
+  for (const Line& l : encode(std::move(programs), 0))
+    t.bytes.insert(t.bytes.end(), l.bytes.begin(), l.bytes.end());
+  return t;
+}
+
+namespace {
+
+/// Walks encoded bytes and renders one line per instruction.
+void listing(const MatcherTable& t, std::ostream& os, bool asCpp) {
+  // `slot` follows Record instructions along the current path, so the listing can say which
+  // slot each one fills; every alternative of a scope starts from the same count.
+  std::function<size_t(size_t, size_t, int, int)> walk = [&](size_t pos, size_t end, int indent,
+                                                           int slot) {
+    while (pos < end) {
+      const uint8_t opc = t.bytes[pos];
+      std::string pad(static_cast<size_t>(2 * indent), ' ');
+      auto line = [&](size_t len, const std::string& comment) {
+        os << "  /*" << std::setw(5) << pos << "*/ " << pad;
+        if (asCpp) {
+          os << opcodeName(t.bytes[pos]);
+          for (size_t k = 1; k < len; ++k)
+            os << ", " << unsigned(t.bytes[pos + k]);
+          os << ",";
+        } else {
+          os << opcodeName(t.bytes[pos]) + 4;
+          for (size_t k = 1; k < len; ++k)
+            os << " " << unsigned(t.bytes[pos + k]);
+        }
+        if (!comment.empty())
+          os << (asCpp ? " // " : "  ; ") << comment;
+        os << "\n";
+        pos += len;
+      };
+      auto u16 = [&](size_t at) { return unsigned(t.bytes[at]) | unsigned(t.bytes[at + 1]) << 8; };
+      switch (opc) {
+      case OPC_Scope: {
+        line(1, "");
+        int alt = 1;
+        while (true) {
+          unsigned size = u16(pos);
+          os << "  /*" << std::setw(5) << pos << "*/ " << pad << "  ";
+          if (asCpp)
+            os << unsigned(t.bytes[pos]) << ", " << unsigned(t.bytes[pos + 1]) << ",";
+          else
+            os << "size " << size;
+          os << (asCpp ? " // " : "  ; ")
+             << (size ? "alternative " + std::to_string(alt++) + ", " + std::to_string(size) + " bytes"
+                      : std::string("end of scope"))
+             << "\n";
+          pos += 2;
+          if (!size)
+            break;
+          walk(pos, pos + size, indent + 2, slot);
+          pos += size;
+        }
+        break;
+      }
+      case OPC_CheckKind:
+        line(2, ir::opKindName(static_cast<ir::OpKind>(t.bytes[pos + 1])));
+        break;
+      case OPC_CheckActivation:
+        line(3, "activation " + t.strings.at(u16(pos + 1)));
+        break;
+      case OPC_Record:
+        line(1, "slot " + std::to_string(slot++));
+        break;
+      case OPC_MoveParent:
+      case OPC_CheckOneUse:
+        line(1, "");
+        break;
+      case OPC_MoveChild:
+        line(2, "");
+        break;
+      case OPC_CheckSame:
+        line(2, "same node as slot " + std::to_string(t.bytes[pos + 1]));
+        break;
+      case OPC_CheckDtype:
+        line(3, ir::dtypeName(static_cast<ir::DType>(t.bytes[pos + 2])));
+        break;
+      case OPC_CheckDivisible:
+        line(7, "");
+        break;
+      case OPC_Complete: {
+        const PatternMeta& m = t.patterns.at(u16(pos + 1));
+        line(3, m.name + ": " + m.file + ":" + std::to_string(m.line) + ", benefit " +
+                    std::to_string(m.benefit));
+        break;
+      }
+      default:
+        line(1, "invalid opcode");
+        return end;
+      }
+    }
+    return pos;
+  };
+  walk(0, t.bytes.size(), 0, 0);
+}
+
+std::string cppString(const std::string& s) {
+  std::string o = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\')
+      o += '\\';
+    o += c;
+  }
+  return o + "\"";
+}
+
+} // namespace
+
+std::string disassemble(const MatcherTable& t) {
+  std::ostringstream os;
+  listing(t, os, false);
+  return os.str();
+}
+
+std::string emitMatcherTableInc(const MatcherTable& t, const std::string& source,
+                                const std::string& function) {
+  std::ostringstream os;
+  size_t programs = 0;
+  for (const PatternMeta& p : t.patterns)
+    programs += static_cast<size_t>(p.numVariants);
+  os << "// fpat matcher table, generated by fpat-tblgen from " << source << ". Do not edit.\n"
+     << "// " << t.patterns.size() << " patterns, " << programs << " programs, " << t.bytes.size()
+     << " bytes. Patterns are tried in this order:\n";
+  for (size_t i = 0; i < t.patterns.size(); ++i) {
+    const PatternMeta& p = t.patterns[i];
+    os << "//   " << i << ". " << p.name << "  (" << p.file << ":" << p.line << ", benefit "
+       << p.benefit << ", " << p.numVariants << " program" << (p.numVariants == 1 ? "" : "s")
+       << ")\n";
+  }
+  os << "\nfpat::dsl::MatcherTable " << function << "() {\n"
+     << "  using namespace fpat::dsl;\n"
+     << "  MatcherTable t;\n"
+     << "  t.bytes = {\n";
+  listing(t, os, true);
+  os << "  };\n  t.strings = {";
+  for (size_t i = 0; i < t.strings.size(); ++i)
+    os << (i ? ", " : "") << cppString(t.strings[i]);
+  os << "};\n  t.patterns.resize(" << t.patterns.size() << ");\n";
+  for (size_t i = 0; i < t.patterns.size(); ++i) {
+    const PatternMeta& p = t.patterns[i];
+    os << "  { // " << p.name << ": " << p.file << ":" << p.line << ", benefit " << p.benefit
+       << "\n    PatternMeta& p = t.patterns[" << i << "];\n"
+       << "    p.name = " << cppString(p.name) << ";\n"
+       << "    p.file = " << cppString(p.file) << ";\n"
+       << "    p.line = " << p.line << ";\n"
+       << "    p.benefit = " << p.benefit << ";\n"
+       << "    p.family = " << cppString(p.family) << ";\n"
+       << "    p.singleUse = " << (p.singleUse ? "true" : "false") << ";\n"
+       << "    p.numVariants = " << p.numVariants << ";\n"
+       << "    p.slots = {";
+    static const char* roles[] = {"SlotInfo::Root", "SlotInfo::Internal", "SlotInfo::Input"};
+    for (size_t k = 0; k < p.slots.size(); ++k)
+      os << (k ? ", " : "") << "{" << roles[p.slots[k].role] << ", " << cppString(p.slots[k].binding)
+         << "}";
+    os << "};\n    p.inputs = {";
+    for (size_t k = 0; k < p.inputs.size(); ++k)
+      os << (k ? ", " : "") << cppString(p.inputs[k]);
+    os << "};\n    p.epilogue = {";
+    for (size_t k = 0; k < p.epilogue.size(); ++k)
+      os << (k ? ", " : "") << "{" << cppString(p.epilogue[k].kind) << ", "
+         << cppString(p.epilogue[k].fn) << ", " << p.epilogue[k].operand << "}";
+    os << "};\n  }\n";
+  }
+  os << "  return t;\n}\n";
+  return os.str();
+}
+
+} // namespace fpat::dsl

@@ -1,0 +1,99 @@
+// The record model of .fpat (TableGen's: classes, defs, typed fields, values) and the sema
+// that builds it from the AST.
+#pragma once
+
+#include "dsl/AST.h"
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace fpat::dsl {
+
+struct Record;
+
+struct Type {
+  enum Kind { Int, Float, String, Bit, Dag, Expr, List, Class } kind = Int;
+  std::shared_ptr<Type> elem;    // List
+  const Record* cls = nullptr;   // Class
+  std::string str() const;
+};
+
+struct Value;
+using ValuePtr = std::shared_ptr<const Value>;
+
+struct Value {
+  enum Kind { Unset, Int, Float, String, Bit, List, Rec, Dag, Binding, Body } kind = Unset;
+  int64_t i = 0;
+  double f = 0;
+  std::string s;                 // String text, Binding name
+  std::vector<ValuePtr> items;   // List items; Dag: items[0] is the operator, then the args
+  const Record* rec = nullptr;   // Rec
+  std::string dagName;           // Dag: `(...):$name`
+  std::shared_ptr<const dsl::Expr> body; // Body: names of template args already substituted
+  SourceLoc loc;
+
+  std::string str() const;
+};
+
+struct Field {
+  std::string name;
+  Type type;
+  ValuePtr value;
+  SourceLoc loc;
+};
+
+struct Record {
+  std::string name;
+  SourceLoc loc;
+  bool isClass = false;
+  bool anonymous = false;
+  int order = 0;                          // definition order
+  std::vector<Field> fields;
+  std::vector<const Record*> supers;      // every superclass, in the order first reached
+  const Stmt* decl = nullptr;             // class only
+
+  const Field* field(const std::string& n) const;
+  Field* field(const std::string& n);
+  bool isA(const std::string& className) const;
+  bool isA(const Record* cls) const;
+};
+
+/// Every class and def of a compilation, plus the ASTs they came from.
+class RecordKeeper {
+public:
+  const Record* findClass(const std::string& n) const;
+  const Record* findDef(const std::string& n) const;
+  /// Defs in definition order (anonymous instances excluded).
+  const std::vector<const Record*>& defs() const { return defOrder_; }
+  const std::vector<const Record*>& classes() const { return classOrder_; }
+  /// Defs deriving from `className`, in definition order.
+  std::vector<const Record*> defsOf(const std::string& className) const;
+
+private:
+  friend class Sema;
+  std::map<std::string, std::unique_ptr<Record>> classes_, defs_;
+  std::vector<std::unique_ptr<Record>> anonymous_;
+  std::vector<const Record*> defOrder_, classOrder_;
+  std::vector<std::unique_ptr<File>> files_;
+};
+
+struct CompileOptions {
+  std::vector<std::string> includeDirs;
+};
+
+/// Parses `fileId` (and its includes, read through `diags.sources()`) and builds the records.
+/// Every problem is reported to `diags`; the result is usable only without errors.
+/// `dependencies` receives every file read, the main one first.
+std::unique_ptr<RecordKeeper> buildRecords(int fileId, SourceManager& sm, DiagEngine& diags,
+                                           const CompileOptions& opts,
+                                           std::vector<std::string>* dependencies = nullptr);
+
+/// TableGen-style dump of all classes and defs.
+std::string printRecords(const RecordKeeper& rk);
+
+/// Expression printing with the fewest parentheses, shared by printers and generators.
+std::string printExpr(const Expr& e);
+
+} // namespace fpat::dsl

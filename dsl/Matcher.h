@@ -73,6 +73,17 @@ MatcherTable compileMatcherTable(const PatternLibrary& lib, const SourceManager&
 std::string emitMatcherTableInc(const MatcherTable& t, const std::string& source,
                                 const std::string& function);
 
+/// Length in bytes of the instruction at `pos` (Scope: 1, its children follow).
+size_t instructionLength(const std::vector<uint8_t>& bytes, size_t pos);
+
+/// The linear programs of a table, in table order: the inverse of prefix factoring.
+std::vector<std::vector<uint8_t>> flattenPrograms(const MatcherTable& t);
+
+/// Merges two tables into one, re-ordered by benefit (ties: `a` before `b`) and re-factored.
+/// Returns false when a pattern name appears in both, naming it in `clash`.
+bool mergeMatcherTables(const MatcherTable& a, const MatcherTable& b, MatcherTable& out,
+                        std::string& clash);
+
 /// Human-readable listing of the byte code (for --explain and debugging).
 std::string disassemble(const MatcherTable& t);
 

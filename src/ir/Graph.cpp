@@ -230,6 +230,15 @@ std::optional<std::vector<Vertex>> topologicalOrder(const Graph& g, std::vector<
   return rev;
 }
 
+std::optional<std::vector<Vertex>> stableOrder(const Graph& g) {
+  std::vector<Vertex> order = g.vertices();
+  for (Vertex v : order)
+    for (Vertex u : g.operands(v))
+      if (u >= v)
+        return topologicalOrder(g);
+  return order;
+}
+
 static std::vector<std::string> checkGraph(Graph& g, const ActivationSet& acts, bool update) {
   std::vector<std::string> problems;
   std::set<std::string> names;

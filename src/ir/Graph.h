@@ -141,6 +141,10 @@ std::optional<TensorDesc> inferType(const Op& op, const std::vector<OperandInfo>
 std::optional<std::vector<Vertex>> topologicalOrder(const Graph& g,
                                                     std::vector<Vertex>* cycle = nullptr);
 
+/// A topological order that is stable for printing and rewriting: creation order when that
+/// is already topological (always, for parsed and built graphs), else `topologicalOrder`.
+std::optional<std::vector<Vertex>> stableOrder(const Graph& g);
+
 /// Checks the whole graph: arity, operand indices, acyclicity, inferred vs recorded types,
 /// names, outputs. Returns one message per problem; empty means valid.
 std::vector<std::string> validate(const Graph& g,

@@ -7,17 +7,8 @@ namespace fpat::ir {
 std::string printGraph(const Graph& g) {
   std::ostringstream os;
   os << "graph " << g.name() << " {\n";
-  // Creation order is a valid topological order for anything built by the builder or
-  // parser; fall back to a sort for graphs assembled by hand.
-  std::vector<Vertex> order = g.vertices();
-  if (auto topo = topologicalOrder(g)) {
-    bool creationOk = true;
-    for (Vertex v : order)
-      for (Vertex u : g.operands(v))
-        creationOk = creationOk && u < v;
-    if (!creationOk)
-      order = *topo;
-  }
+  // Graphs with a cycle are printed in creation order; the validator reports the cycle.
+  std::vector<Vertex> order = stableOrder(g).value_or(g.vertices());
   for (Vertex v : order) {
     const Op& op = g.op(v);
     os << "  %" << op.name << " = " << opKindName(op.kind);

@@ -1,0 +1,328 @@
+#include "match/Match.h"
+
+#include <algorithm>
+#include <map>
+#include <sstream>
+#include <stdexcept>
+
+namespace fpat::match {
+
+using namespace fpat::dsl;
+using ir::Graph;
+using ir::Vertex;
+
+bool mergeTables(const MatcherTable& a, const MatcherTable& b, MatcherTable& out,
+                 std::string& clash) {
+  return mergeMatcherTables(a, b, out, clash);
+}
+
+namespace {
+
+unsigned u16(const std::vector<uint8_t>& b, size_t at) {
+  return unsigned(b[at]) | unsigned(b[at + 1]) << 8;
+}
+
+/// Interprets matcher byte code at one root. With `why`, the first failing check is described.
+class Interpreter {
+public:
+  Interpreter(const Graph& g, const MatcherTable& t, const MatchOptions& opts,
+              const std::vector<int>& claimedBy)
+      : g_(g), t_(t), opts_(opts), claimedBy_(claimedBy) {}
+
+  /// Runs bytes [pos, end) from `root`; on success fills `m`.
+  bool run(const std::vector<uint8_t>& bytes, Vertex root, Match& m, std::string* why) {
+    State s;
+    s.cur = root;
+    return exec(bytes, 0, bytes.size(), s, m, why);
+  }
+
+private:
+  struct State {
+    Vertex cur;
+    std::vector<Vertex> stack;
+    std::vector<Vertex> slots;
+  };
+
+  std::string ref(Vertex v) const { return "%" + g_.op(v).name; }
+  std::string what(Vertex v) const {
+    const ir::Op& op = g_.op(v);
+    return op.kind == ir::OpKind::Activation ? "activation " + op.fn : ir::opKindName(op.kind);
+  }
+
+  bool fail(std::string* why, std::string msg) {
+    if (why && why->empty())
+      *why = std::move(msg);
+    return false;
+  }
+
+  bool exec(const std::vector<uint8_t>& b, size_t pos, size_t end, State s, Match& m,
+            std::string* why) {
+    while (pos < end) {
+      const uint8_t opc = b[pos];
+      switch (opc) {
+      case OPC_Scope: {
+        ++pos;
+        while (unsigned size = u16(b, pos)) {
+          pos += 2;
+          if (exec(b, pos, pos + size, s, m, why))
+            return true;
+          pos += size;
+        }
+        return false;
+      }
+      case OPC_CheckKind: {
+        auto k = static_cast<ir::OpKind>(b[pos + 1]);
+        if (g_.op(s.cur).kind != k)
+          return fail(why, ref(s.cur) + " is " + what(s.cur) + "; the pattern needs " +
+                               ir::opKindName(k));
+        break;
+      }
+      case OPC_CheckActivation: {
+        const std::string& fn = t_.strings.at(u16(b, pos + 1));
+        const ir::Op& op = g_.op(s.cur);
+        if (op.kind != ir::OpKind::Activation || op.fn != fn)
+          return fail(why, ref(s.cur) + " is " + what(s.cur) + "; the pattern needs activation " +
+                               fn);
+        break;
+      }
+      case OPC_Record:
+        s.slots.push_back(s.cur);
+        break;
+      case OPC_MoveChild: {
+        std::vector<Vertex> ops = g_.operands(s.cur);
+        if (b[pos + 1] >= ops.size())
+          return fail(why, ref(s.cur) + " has no operand " + std::to_string(b[pos + 1]));
+        s.stack.push_back(s.cur);
+        s.cur = ops[b[pos + 1]];
+        break;
+      }
+      case OPC_MoveParent:
+        s.cur = s.stack.back();
+        s.stack.pop_back();
+        break;
+      case OPC_CheckSame: {
+        Vertex other = s.slots.at(b[pos + 1]);
+        if (other != s.cur)
+          return fail(why, ref(s.cur) + " and " + ref(other) +
+                               " are different values; the pattern needs the same one twice");
+        break;
+      }
+      case OPC_CheckOneUse: {
+        size_t uses = g_.useCount(s.cur);
+        if (uses != 1)
+          return fail(why, ref(s.cur) + " has " + std::to_string(uses) +
+                               " users; the pattern requires one");
+        break;
+      }
+      case OPC_CheckDtype: {
+        Vertex v = s.slots.at(b[pos + 1]);
+        auto dt = static_cast<ir::DType>(b[pos + 2]);
+        if (g_.op(v).type.dtype != dt)
+          return fail(why, ref(v) + " is " + ir::dtypeName(g_.op(v).type.dtype) +
+                               "; the pattern requires " + ir::dtypeName(dt));
+        break;
+      }
+      case OPC_CheckDivisible: {
+        Vertex v = s.slots.at(b[pos + 1]);
+        int dim = b[pos + 2];
+        int64_t k = 0;
+        for (int i = 0; i < 4; ++i)
+          k |= int64_t{b[pos + 3 + static_cast<size_t>(i)]} << (8 * i);
+        const ir::TensorDesc& t = g_.op(v).type;
+        if (dim >= t.rank() || t.shape[static_cast<size_t>(dim)] % k != 0)
+          return fail(why, ref(v) + " has shape " + t.shapeStr() + "; the pattern requires dim " +
+                               std::to_string(dim) + " divisible by " + std::to_string(k));
+        break;
+      }
+      case OPC_Complete: {
+        size_t p = u16(b, pos + 1);
+        const PatternMeta& meta = t_.patterns.at(p);
+        if (opts_.disabled.count(meta.name))
+          return fail(why, "disabled by --disable-pattern");
+        if (!opts_.only.empty() && !opts_.only.count(meta.name))
+          return fail(why, "not selected by --only-pattern");
+        for (size_t k = 0; k < s.slots.size(); ++k) {
+          if (meta.slots[k].role == SlotInfo::Input)
+            continue;
+          if (int c = claimedBy_[s.slots[k]]; c >= 0)
+            return fail(why, ref(s.slots[k]) + " is already fused (into the op at %" +
+                                 g_.op(static_cast<Vertex>(c)).name + ")");
+        }
+        m.pattern = p;
+        m.slots = s.slots;
+        return true;
+      }
+      default:
+        return fail(why, "corrupt matcher table (opcode " + std::to_string(opc) + ")");
+      }
+      pos += instructionLength(b, pos);
+    }
+    return false;
+  }
+
+  const Graph& g_;
+  const MatcherTable& t_;
+  const MatchOptions& opts_;
+  const std::vector<int>& claimedBy_;
+};
+
+/// Per-pattern programs, for --explain (the factored table answers only "which first").
+std::vector<std::vector<std::vector<uint8_t>>> programsByPattern(const MatcherTable& t) {
+  std::vector<std::vector<std::vector<uint8_t>>> out(t.patterns.size());
+  for (auto& p : flattenPrograms(t))
+    out[u16(p, p.size() - 2)].push_back(std::move(p));
+  return out;
+}
+
+} // namespace
+
+MatchResult findMatches(const Graph& g, const MatcherTable& table, const MatchOptions& opts) {
+  MatchResult r;
+  auto order = ir::stableOrder(g);
+  if (!order || table.bytes.empty())
+    return r;
+  // claimedBy[v]: root of the match that fused v, or -1.
+  std::vector<int> claimedBy(g.size(), -1);
+  Interpreter interp(g, table, opts, claimedBy);
+  auto perPattern = opts.explain ? programsByPattern(table)
+                                 : std::vector<std::vector<std::vector<uint8_t>>>{};
+  for (auto it = order->rbegin(); it != order->rend(); ++it) {
+    const Vertex root = *it;
+    if (claimedBy[root] >= 0 || g.op(root).kind == ir::OpKind::Input)
+      continue;
+    Match m;
+    bool found = interp.run(table.bytes, root, m, nullptr);
+    if (opts.explain) {
+      // Every pattern up to the chosen one, with the first check it failed.
+      for (size_t p = 0; p < table.patterns.size(); ++p) {
+        std::string why;
+        Match dummy;
+        bool ok = false;
+        for (const auto& prog : perPattern[p]) {
+          std::string w;
+          if (interp.run(prog, root, dummy, &w)) {
+            ok = true;
+            break;
+          }
+          if (why.empty())
+            why = w;
+        }
+        r.attempts.push_back({root, table.patterns[p].name, ok ? "" : why});
+        if (found && p == m.pattern)
+          break;
+      }
+    }
+    if (!found)
+      continue;
+    const PatternMeta& meta = table.patterns[m.pattern];
+    for (size_t k = 0; k < m.slots.size(); ++k)
+      if (meta.slots[k].role != SlotInfo::Input)
+        claimedBy[m.slots[k]] = static_cast<int>(root);
+    r.matches.push_back(std::move(m));
+  }
+  return r;
+}
+
+Graph rewrite(const Graph& g, const MatcherTable& table, const std::vector<Match>& matches) {
+  std::map<Vertex, const Match*> byRoot;
+  std::vector<bool> removed(g.size(), false);
+  for (const Match& m : matches) {
+    byRoot[m.slots[0]] = &m;
+    const PatternMeta& meta = table.patterns[m.pattern];
+    // Internal nodes whose every user is inside the match disappear; others stay (their
+    // value is recomputed inside the fused op and still needed outside it).
+    std::vector<Vertex> inside;
+    for (size_t k = 0; k < m.slots.size(); ++k)
+      if (meta.slots[k].role != SlotInfo::Input)
+        inside.push_back(m.slots[k]);
+    for (size_t k = 1; k < m.slots.size(); ++k) {
+      if (meta.slots[k].role != SlotInfo::Internal)
+        continue;
+      Vertex v = m.slots[k];
+      bool allInside = !g.isOutput(v);
+      for (Vertex u : g.users(v))
+        allInside = allInside && std::count(inside.begin(), inside.end(), u);
+      removed[v] = allInside;
+    }
+  }
+  Graph out(g.name());
+  std::vector<Vertex> map(g.size());
+  auto order = ir::stableOrder(g);
+  if (!order)
+    throw std::invalid_argument("rewrite: graph " + g.name() + " has a cycle");
+  for (Vertex v : *order) {
+    if (removed[v])
+      continue;
+    auto it = byRoot.find(v);
+    if (it == byRoot.end()) {
+      std::vector<Vertex> ops;
+      for (Vertex u : g.operands(v))
+        ops.push_back(map[u]);
+      map[v] = out.addOp(g.op(v), ops);
+      continue;
+    }
+    const Match& m = *it->second;
+    const PatternMeta& meta = table.patterns[m.pattern];
+    ir::Op f;
+    f.kind = ir::OpKind::Fused;
+    f.name = g.op(v).name;
+    f.type = g.op(v).type;
+    f.loc = g.op(v).loc;
+    f.fused.pattern = meta.name;
+    f.fused.family = meta.family;
+    f.fused.epilogue = meta.epilogue;
+    // Attributes of the matched ops travel with the fused op.
+    for (size_t k = 0; k < m.slots.size(); ++k) {
+      if (meta.slots[k].role == SlotInfo::Input)
+        continue;
+      const ir::Op& op = g.op(m.slots[k]);
+      if (op.kind == ir::OpKind::Gemm)
+        f.transposeB = op.transposeB;
+      if (op.kind == ir::OpKind::LayerNorm || op.kind == ir::OpKind::RmsNorm)
+        f.eps = op.eps;
+      for (auto& [name, val] : op.params)
+        f.params[name] = val;
+    }
+    std::vector<Vertex> ops;
+    for (const std::string& input : meta.inputs)
+      for (size_t k = 0; k < m.slots.size(); ++k)
+        if (meta.slots[k].role == SlotInfo::Input && meta.slots[k].binding == input) {
+          ops.push_back(map[m.slots[k]]);
+          break;
+        }
+    map[v] = out.addOp(std::move(f), ops);
+  }
+  for (Vertex o : g.outputs())
+    out.addOutput(map[o]);
+  return out;
+}
+
+std::string explain(const Graph& g, const MatcherTable& table, const MatchResult& r) {
+  std::ostringstream os;
+  Vertex last = static_cast<Vertex>(-1);
+  for (const Attempt& a : r.attempts) {
+    if (a.root != last) {
+      os << "  at %" << g.op(a.root).name << " (" << ir::opKindName(g.op(a.root).kind)
+         << (g.op(a.root).kind == ir::OpKind::Activation ? " " + g.op(a.root).fn : "") << "):\n";
+      last = a.root;
+    }
+    os << "    " << a.pattern << ": " << (a.failure.empty() ? "matched" : a.failure) << "\n";
+  }
+  os << "chosen fusions (" << r.matches.size() << "):\n";
+  for (const Match& m : r.matches) {
+    const PatternMeta& meta = table.patterns[m.pattern];
+    os << "  " << meta.name << " at %" << g.op(m.slots[0]).name << " (" << meta.file << ":"
+       << meta.line << ", benefit " << meta.benefit << "): fuses";
+    for (size_t k = 0; k < m.slots.size(); ++k)
+      if (meta.slots[k].role != SlotInfo::Input)
+        os << " %" << g.op(m.slots[k]).name;
+    os << "; inputs";
+    for (size_t k = 0; k < m.slots.size(); ++k)
+      if (meta.slots[k].role == SlotInfo::Input)
+        os << " $" << meta.slots[k].binding << "=%" << g.op(m.slots[k]).name;
+    os << "\n";
+  }
+  return os.str();
+}
+
+} // namespace fpat::match

@@ -1,0 +1,60 @@
+// The matcher runtime: runs a matcher table over the IR, selects matches, rewrites the graph
+// into fused ops, and explains its decisions.
+#pragma once
+
+#include "dsl/Matcher.h"
+#include "ir/Graph.h"
+
+#include <set>
+#include <string>
+#include <vector>
+
+namespace fpat::match {
+
+/// The table generated from patterns/ at build time.
+const dsl::MatcherTable& builtinTable();
+
+/// One selected match: pattern index into the table and the node recorded in each slot.
+struct Match {
+  size_t pattern = 0;
+  std::vector<ir::Vertex> slots;
+};
+
+struct MatchOptions {
+  std::set<std::string> disabled; // --disable-pattern
+  std::set<std::string> only;     // --only-pattern (empty: all)
+  bool explain = false;
+};
+
+/// For --explain: one pattern tried at one root, and why it failed ("" if it matched).
+struct Attempt {
+  ir::Vertex root;
+  std::string pattern;
+  std::string failure;
+};
+
+struct MatchResult {
+  std::vector<Match> matches;   // in selection order
+  std::vector<Attempt> attempts; // only with explain
+};
+
+/// Tries every node as a root, in reverse topological order, and every pattern in table order;
+/// the first pattern that matches and whose nodes are not fused yet is selected.
+MatchResult findMatches(const ir::Graph& g, const dsl::MatcherTable& table,
+                        const MatchOptions& opts = {});
+
+/// Replaces each match by one fused op (named after its root, so users and outputs keep their
+/// references). Internal nodes with users outside the match (patterns with single_use = false)
+/// stay in the graph as well. The result is validated.
+ir::Graph rewrite(const ir::Graph& g, const dsl::MatcherTable& table,
+                  const std::vector<Match>& matches);
+
+/// Merges two tables (built-in first at equal benefit). A pattern name present in both is an
+/// error: returns false and names it in `clash`.
+bool mergeTables(const dsl::MatcherTable& a, const dsl::MatcherTable& b, dsl::MatcherTable& out,
+                 std::string& clash);
+
+/// The explanation printed by `fpatc --explain`.
+std::string explain(const ir::Graph& g, const dsl::MatcherTable& table, const MatchResult& r);
+
+} // namespace fpat::match

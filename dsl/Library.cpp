@@ -593,8 +593,11 @@ std::string lowerCuda(const Expr& e, const ActivationDef& a,
     if (std::count(a.paramNames.begin(), a.paramNames.end(), e.s))
       return "p_" + e.s;
     return cudaFloat(namedConstants().at(e.s));
-  case Expr::Unary:
-    return "-" + sub(*e.kids[0], 5);
+  case Expr::Unary: {
+    std::string operand = sub(*e.kids[0], 5);
+    // "--x" would be a decrement in C.
+    return operand[0] == '-' ? "-(" + operand + ")" : "-" + operand;
+  }
   case Expr::Binary: {
     int p = cudaPrec(e);
     std::string l = sub(*e.kids[0], p), r = sub(*e.kids[1], p + 1);

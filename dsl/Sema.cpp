@@ -126,8 +126,10 @@ std::string printExpr(const Expr& e) {
     return formatDouble(e.f);
   case Expr::Name:
     return e.s;
-  case Expr::Unary:
-    return "-" + sub(*e.kids[0], 5);
+  case Expr::Unary: {
+    std::string operand = sub(*e.kids[0], 5);
+    return operand[0] == '-' ? "-(" + operand + ")" : "-" + operand;
+  }
   case Expr::Binary: {
     int p = precedence(e);
     // Left-associative: the right operand needs parentheses at equal precedence.
@@ -281,7 +283,7 @@ private:
           for (size_t k = i + 1; k < includeStack_.size(); ++k)
             diags_.note(includeLocs_[k - 1], "'" + sm_.file(includeStack_[k].fileId).name +
                                                  "' included from here");
-          diags_.note(s.loc, "which includes '" + c.string() + "' again here");
+          diags_.note(s.loc, "which includes '" + c.lexically_normal().string() + "' again here");
           return;
         }
       if (!included_.insert(canon).second)

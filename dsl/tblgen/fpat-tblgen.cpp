@@ -10,7 +10,8 @@ int main(int argc, char** argv) {
   TblgenOptions opts;
   CLI::App app{"fpat-tblgen " FPAT_VERSION " - compile .fpat fusion patterns"};
   app.add_option("input", opts.input, "the .fpat file")->required();
-  app.add_option("-I", opts.includeDirs, "directory searched by include \"...\"");
+  app.add_option("-I", opts.includeDirs, "directory searched by include \"...\"")
+      ->allow_extra_args(false);
   app.add_option("-o", opts.output, "output file (default: stdout)");
   app.add_option("-d", opts.depfile, "write a make-style depfile of every file read");
   app.add_flag("--write-if-changed", opts.writeIfChanged, "leave outputs untouched when equal");

@@ -10,11 +10,15 @@ int main(int argc, char** argv) {
   CLI::App app{"fpatc " FPAT_VERSION " - fuse, generate, compile, run and validate an fpat graph"};
   app.add_option("graph", opts.input, "the .fgraph file")->required();
   app.add_option("--patterns", opts.patternFiles,
-                 "a .fpat file of extra activations and patterns (repeatable)");
-  app.add_option("-I", opts.includeDirs, "include directory for --patterns files");
+                 "a .fpat file of extra activations and patterns (repeatable)")
+      ->allow_extra_args(false);
+  app.add_option("-I", opts.includeDirs, "include directory for --patterns files")
+      ->allow_extra_args(false);
   app.add_flag("--explain", opts.explain, "say, for every root, which patterns failed and why");
-  app.add_option("--disable-pattern", opts.disabled, "never use this pattern (repeatable)");
-  app.add_option("--only-pattern", opts.only, "use only these patterns (repeatable)");
+  app.add_option("--disable-pattern", opts.disabled, "never use this pattern (repeatable)")
+      ->allow_extra_args(false);
+  app.add_option("--only-pattern", opts.only, "use only these patterns (repeatable)")
+      ->allow_extra_args(false);
   app.add_flag("!--no-fuse", opts.fuse, "skip fusion");
   app.add_option("--seed", opts.seed, "seed of the random inputs")->capture_default_str();
   app.add_option("--out-dir", opts.outDir, "directory for generated files")->capture_default_str();

@@ -1,0 +1,299 @@
+// The .fpat front end, the pattern library, the matcher table compiler and fpat-tblgen.
+#define BOOST_TEST_MODULE dsl
+#include "dsl/Matcher.h"
+#include "dsl/Tblgen.h"
+
+#include <boost/test/unit_test.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+using namespace fpat;
+using namespace fpat::dsl;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kPatterns = FPAT_SOURCE_DIR "/patterns";
+
+struct Compiled {
+  SourceManager sm;
+  std::unique_ptr<DiagEngine> diags;
+  std::optional<Compilation> c;
+  std::string errors() const {
+    std::string s;
+    for (const Diagnostic& d : diags->diagnostics())
+      s += diags->render(d);
+    return s;
+  }
+};
+
+std::unique_ptr<Compiled> compile(const std::string& text, const std::string& name = "t.fpat") {
+  auto r = std::make_unique<Compiled>();
+  int id = r->sm.addBuffer(name, text);
+  r->diags = std::make_unique<DiagEngine>(r->sm);
+  CompileOptions opts;
+  opts.includeDirs = {kPatterns};
+  r->c = compileFpat(id, r->sm, *r->diags, opts);
+  return r;
+}
+
+std::unique_ptr<Compiled> compileBuiltin() {
+  std::string text;
+  BOOST_TEST_REQUIRE(readFile(kPatterns + "/all.fpat", text));
+  return compile(text, kPatterns + "/all.fpat");
+}
+
+double evalBody(const std::string& body, double x, std::vector<double> params = {}) {
+  auto r = compile("include \"fpat.fpat\"\ndef f : Activation { " + body + " }\n");
+  BOOST_TEST_REQUIRE(r->c.has_value(), r->errors());
+  const ActivationDef* a = r->c->library.findActivation("f");
+  BOOST_TEST_REQUIRE(a != nullptr);
+  if (params.empty())
+    params = a->paramDefaults;
+  return a->compiled.eval(x, params.data());
+}
+
+} // namespace
+
+BOOST_AUTO_TEST_CASE(builtin_patterns_are_the_seeds_nine) {
+  auto r = compileBuiltin();
+  BOOST_TEST_REQUIRE(r->c.has_value(), r->errors());
+  std::vector<std::string> names;
+  for (const PatternDef& p : r->c->library.patterns)
+    names.push_back(p.name);
+  std::vector<std::string> want = {"gemm_bias_gelu", "gemm_gelu",  "gemm_bias_silu",
+                                   "gemm_silu",      "gemm_bias_relu", "gemm_bias",
+                                   "gemm_bias_residual", "layernorm_gemm", "rmsnorm_gemm"};
+  BOOST_TEST(names == want, boost::test_tools::per_element());
+  BOOST_TEST(r->diags->diagnostics().empty(), r->errors());
+}
+
+BOOST_AUTO_TEST_CASE(fpat_activation_bodies_agree_with_the_cpp_reference) {
+  auto r = compileBuiltin();
+  BOOST_TEST_REQUIRE(r->c.has_value());
+  const std::map<std::string, double (*)(double)> cpp = {
+      {"gelu", ir::geluTanh}, {"gelu_erf", ir::geluErf}, {"silu", ir::silu}, {"relu", ir::relu}};
+  for (auto& [name, fn] : cpp) {
+    const ActivationDef* a = r->c->library.findActivation(name);
+    BOOST_TEST_REQUIRE(a != nullptr, name);
+    double worst = 0;
+    for (double x = -8; x <= 8; x += 1.0 / 256)
+      worst = std::max(worst, std::abs(a->compiled.eval(x, nullptr) - fn(x)));
+    BOOST_TEST(worst <= 1e-6, name << ": worst difference " << worst);
+  }
+  // And the reference library built from the bodies evaluates them with parameters.
+  ir::ActivationLibrary lib = r->c->library.referenceActivations();
+  const ir::ActivationFn* leaky = lib.find("leaky_relu");
+  BOOST_TEST_REQUIRE(leaky != nullptr);
+  BOOST_TEST((*leaky)(-2.0, {}) == -0.02);
+  BOOST_TEST((*leaky)(-2.0, {{"slope", 0.5}}) == -1.0);
+  BOOST_TEST((*leaky)(3.0, {}) == 3.0);
+}
+
+BOOST_AUTO_TEST_CASE(expression_semantics) {
+  BOOST_TEST(evalBody("let body = expr { 2 + 3 * 4 };", 0) == 14);
+  BOOST_TEST(evalBody("let body = expr { (2 + 3) * 4 };", 0) == 20);
+  BOOST_TEST(evalBody("let body = expr { 10 - 4 - 3 };", 0) == 3);
+  BOOST_TEST(evalBody("let body = expr { 8 / 4 / 2 };", 0) == 1);
+  BOOST_TEST(evalBody("let body = expr { -x * 2 };", 3) == -6);
+  BOOST_TEST(evalBody("let body = expr { x > 1 ? 10 : 20 };", 2) == 10);
+  BOOST_TEST(evalBody("let body = expr { x > 1 ? 10 : x < 0 ? 30 : 20 };", -1) == 30);
+  BOOST_TEST(evalBody("let body = expr { (x <= 2) + (x >= 2) + (x == 2) + (x != 2) };", 2) == 3);
+  BOOST_TEST(evalBody("let body = expr { let a = x * 2; let b = a + 1; a * b };", 3) == 42);
+  BOOST_TEST(evalBody("let body = expr { min(x, 1) + max(x, 1) + abs(-x) + pow(x, 2) };", 3) ==
+             1 + 3 + 3 + 9);
+  BOOST_TEST(std::abs(evalBody("let body = expr { rsqrt(x) + sqrt(x) + log(exp(x)) };", 4) -
+                      (0.5 + 2 + 4)) < 1e-12);
+  BOOST_TEST(std::abs(evalBody("let body = expr { pi + e };", 0) - (M_PI + M_E)) < 1e-12);
+  BOOST_TEST(evalBody("let params = [Param<\"k\", 3>]; let body = expr { k * x };", 2) == 6);
+  BOOST_TEST(evalBody("let params = [Param<\"k\", 3>]; let body = expr { k * x };", 2, {5}) == 10);
+}
+
+BOOST_AUTO_TEST_CASE(template_arguments_reach_expression_bodies) {
+  auto r = compile("include \"fpat.fpat\"\n"
+                   "class Scaled<float s> : Activation { let body = expr { s * x }; }\n"
+                   "defvar two = 2;\n"
+                   "def double : Scaled<two>;\n"
+                   "def half : Scaled<0.5>;\n");
+  BOOST_TEST_REQUIRE(r->c.has_value(), r->errors());
+  BOOST_TEST(r->c->library.findActivation("double")->compiled.eval(3, nullptr) == 6);
+  BOOST_TEST(r->c->library.findActivation("half")->compiled.eval(3, nullptr) == 1.5);
+}
+
+BOOST_AUTO_TEST_CASE(printed_bodies_parse_back_identically) {
+  auto r = compileBuiltin();
+  BOOST_TEST_REQUIRE(r->c.has_value());
+  for (const ActivationDef& a : r->c->library.activations) {
+    std::string printed = printExpr(*a.body);
+    std::string params;
+    for (size_t i = 0; i < a.paramNames.size(); ++i)
+      params += std::string(i ? ", " : "") + "Param<\"" + a.paramNames[i] + "\", 1.0>";
+    auto again = compile("include \"fpat.fpat\"\ndef f : Activation { let params = [" + params +
+                         "]; let body = " + printed + "; }\n");
+    BOOST_TEST_REQUIRE(again->c.has_value(), again->errors());
+    BOOST_TEST(printExpr(*again->c->library.findActivation("f")->body) == printed);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(cuda_lowering_is_readable_and_complete) {
+  auto r = compileBuiltin();
+  BOOST_TEST_REQUIRE(r->c.has_value());
+  std::string relu = emitActivationFunction(*r->c->library.findActivation("relu"), r->sm);
+  BOOST_TEST(relu.find("__device__ __forceinline__ float fpat_act_relu(float x) {\n"
+                       "  return fmaxf(x, 0.0f);\n}") != std::string::npos,
+             relu);
+  std::string leaky = emitActivationFunction(*r->c->library.findActivation("leaky_relu"), r->sm);
+  BOOST_TEST(leaky.find("fpat_act_leaky_relu(float x, float p_slope)") != std::string::npos);
+  BOOST_TEST(leaky.find("return x > 0.0f ? x : p_slope * x;") != std::string::npos, leaky);
+  BOOST_TEST(leaky.find("activations.fpat:") != std::string::npos);
+  auto neg = compile("include \"fpat.fpat\"\ndef f : Activation { let body = expr { let t = x - -1.5; "
+                     "t * - -2 }; }\n");
+  BOOST_TEST_REQUIRE(neg->c.has_value(), neg->errors());
+  std::string f = emitActivationFunction(*neg->c->library.findActivation("f"), neg->sm);
+  BOOST_TEST(f.find("const float l_t = x - -1.5f;") != std::string::npos, f);
+  BOOST_TEST(f.find("return l_t * -(-2.0f);") != std::string::npos, f);
+  BOOST_TEST(neg->c->library.findActivation("f")->compiled.eval(1.0, nullptr) == 5.0);
+}
+
+BOOST_AUTO_TEST_CASE(pattern_library_fields) {
+  auto r = compileBuiltin();
+  BOOST_TEST_REQUIRE(r->c.has_value());
+  const auto& ps = r->c->library.patterns;
+  auto find = [&](const std::string& n) -> const PatternDef& {
+    for (const PatternDef& p : ps)
+      if (p.name == n)
+        return p;
+    BOOST_FAIL("no pattern " + n);
+    return ps[0];
+  };
+  const PatternDef& gbg = find("gemm_bias_gelu");
+  BOOST_TEST(gbg.benefit == 3);
+  BOOST_TEST(gbg.numOps == 3);
+  BOOST_TEST(gbg.inputs == (std::vector<std::string>{"a", "w", "b"}));
+  BOOST_REQUIRE(gbg.epilogue.size() == 2u);
+  BOOST_TEST(gbg.epilogue[1].fn == "gelu");
+  BOOST_TEST(find("layernorm_gemm").family == "norm_gemm");
+  BOOST_TEST(find("layernorm_gemm").inputs == (std::vector<std::string>{"x", "gamma", "beta", "w"}));
+  BOOST_TEST(find("gemm_bias_residual").root.commutative);
+}
+
+BOOST_AUTO_TEST_CASE(table_order_variants_and_round_trip) {
+  auto r = compileBuiltin();
+  BOOST_TEST_REQUIRE(r->c.has_value());
+  MatcherTable t = compileMatcherTable(r->c->library, r->sm, *r->diags);
+  BOOST_TEST(r->diags->warningCount() == 0);
+  BOOST_REQUIRE(t.patterns.size() == 9u);
+  // Benefit first, then source order.
+  for (size_t i = 1; i < t.patterns.size(); ++i)
+    BOOST_TEST(t.patterns[i - 1].benefit >= t.patterns[i].benefit);
+  BOOST_TEST(t.patterns[0].name == "gemm_bias_gelu");
+  BOOST_TEST(t.patterns[3].name == "gemm_bias_residual");
+  BOOST_TEST(t.patterns[3].numVariants == 2); // add is commutative
+  // Flattening the factored table gives one program per variant, in pattern order.
+  auto progs = flattenPrograms(t);
+  BOOST_TEST(progs.size() == 10u);
+  // Merging with an empty table changes nothing.
+  MatcherTable merged;
+  std::string clash;
+  BOOST_TEST(mergeMatcherTables(t, MatcherTable{}, merged, clash));
+  BOOST_TEST(merged.bytes == t.bytes);
+  BOOST_TEST(!mergeMatcherTables(t, t, merged, clash));
+  BOOST_TEST(clash == "gemm_bias_gelu");
+}
+
+BOOST_AUTO_TEST_CASE(merged_tables_order_user_patterns_by_benefit) {
+  auto b = compileBuiltin();
+  BOOST_TEST_REQUIRE(b->c.has_value());
+  MatcherTable builtin = compileMatcherTable(b->c->library, b->sm, *b->diags);
+  auto u = compile("include \"activations.fpat\"\n"
+                   "def top : Pattern<(gelu (gemm $a, $w))> { let benefit = 9; }\n"
+                   "def tie : Pattern<(relu (gemm $a, $w))> { let benefit = 2; }\n");
+  BOOST_TEST_REQUIRE(u->c.has_value(), u->errors());
+  PatternLibrary mine;
+  for (const PatternDef& p : u->c->library.patterns)
+    if (p.name == "top" || p.name == "tie")
+      mine.patterns.push_back(p);
+  MatcherTable user = compileMatcherTable(mine, u->sm, *u->diags);
+  MatcherTable merged;
+  std::string clash;
+  BOOST_TEST_REQUIRE(mergeMatcherTables(builtin, user, merged, clash));
+  std::vector<std::string> order;
+  for (const PatternMeta& p : merged.patterns)
+    order.push_back(p.name);
+  BOOST_TEST(order.front() == "top");
+  // Ties keep built-ins first: "tie" (benefit 2) comes after every built-in of benefit 2.
+  BOOST_TEST(order.back() == "tie");
+  BOOST_TEST(flattenPrograms(merged).size() == 12u);
+}
+
+BOOST_AUTO_TEST_CASE(hostile_inputs_are_diagnosed_not_crashed_on) {
+  std::vector<std::string> inputs = {
+      "", "def", "class C<", std::string(100000, '('), std::string(5000, '['),
+      "def a : Activation { let body = expr { " + std::string(3000, '-') + "x }; }",
+      "def a { int x = " + std::string(20000, '1') + "; }", "\xff\xfe\x01",
+      "include \"fpat.fpat\"\nclass A : A;",
+      "class A; class B : A; " + [] {
+        std::string s;
+        for (int i = 0; i < 300; ++i)
+          s += "class C" + std::to_string(i + 1) + " : " + (i ? "C" + std::to_string(i) : "B") + ";";
+        return s + "def d : C300;";
+      }()};
+  std::string longSum = "include \"fpat.fpat\"\ndef a : Activation { let body = expr { x";
+  for (int i = 0; i < 3000; ++i)
+    longSum += " + x";
+  inputs.push_back(longSum + " }; }\n");
+  for (const std::string& in : inputs) {
+    std::unique_ptr<Compiled> r;
+    BOOST_REQUIRE_NO_THROW(r = compile(in));
+    if (!r->c)
+      BOOST_TEST(r->diags->hasErrors());
+  }
+  // The long sum is legal and evaluates correctly.
+  auto r = compile(longSum + " }; }\n");
+  BOOST_TEST_REQUIRE(r->c.has_value(), r->errors());
+  BOOST_TEST(r->c->library.findActivation("a")->compiled.eval(1.0, nullptr) == 3001.0);
+}
+
+BOOST_AUTO_TEST_CASE(tblgen_depfile_and_write_if_changed) {
+  fs::path dir = fs::temp_directory_path() / ("fpat-tblgen-test-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  TblgenOptions o;
+  o.input = kPatterns + "/all.fpat";
+  o.action = TblgenOptions::GenMatcherTable;
+  o.output = (dir / "t.inc").string();
+  o.depfile = (dir / "t.inc.d").string();
+  o.writeIfChanged = true;
+  std::ostringstream out, err;
+  BOOST_TEST_REQUIRE(runTblgen(o, out, err) == 0, err.str());
+  std::string dep;
+  BOOST_TEST_REQUIRE(readFile(o.depfile, dep));
+  for (const char* f : {"all.fpat", "gemm.fpat", "activations.fpat", "fpat.fpat"})
+    BOOST_TEST(dep.find(f) != std::string::npos, dep);
+  BOOST_TEST(dep.rfind(o.output + ":", 0) == 0u);
+  auto before = fs::last_write_time(o.output);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  BOOST_TEST_REQUIRE(runTblgen(o, out, err) == 0);
+  BOOST_TEST((fs::last_write_time(o.output) == before)); // unchanged output left alone
+  o.writeIfChanged = false;
+  BOOST_TEST_REQUIRE(runTblgen(o, out, err) == 0);
+  BOOST_TEST((fs::last_write_time(o.output) != before));
+  fs::remove_all(dir);
+}
+
+BOOST_AUTO_TEST_CASE(tblgen_reports_errors_with_exit_code_1) {
+  fs::path f = fs::temp_directory_path() / ("fpat-bad-" + std::to_string(::getpid()) + ".fpat");
+  std::ofstream(f) << "def x : Nope;\ndef y : AlsoNope;\n";
+  TblgenOptions o;
+  o.input = f.string();
+  std::ostringstream out, err;
+  BOOST_TEST(runTblgen(o, out, err) == 1);
+  BOOST_TEST(err.str().find(":1:9: error: unknown class 'Nope'") != std::string::npos, err.str());
+  BOOST_TEST(err.str().find(":2:9: error: unknown class 'AlsoNope'") != std::string::npos);
+  BOOST_TEST(err.str().find("2 errors generated.") != std::string::npos);
+  fs::remove(f);
+}

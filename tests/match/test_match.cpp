@@ -1,0 +1,307 @@
+// The matcher runtime: matching, priority, multi-use intermediates, commutativity, predicates,
+// DAG patterns, rewriting, user tables, explain.
+#define BOOST_TEST_MODULE match
+#include "ir/Reference.h"
+#include "ir/text/Text.h"
+#include "match/Match.h"
+
+#include <boost/test/unit_test.hpp>
+
+#include <cmath>
+
+using namespace fpat;
+using namespace fpat::match;
+using ir::Graph;
+
+namespace {
+
+const std::string kPatterns = FPAT_SOURCE_DIR "/patterns";
+
+/// Compiles a .fpat file in-process into a table (and keeps its library).
+struct Patterns {
+  SourceManager sm;
+  std::unique_ptr<DiagEngine> diags;
+  std::optional<dsl::Compilation> c;
+  dsl::MatcherTable table;
+};
+
+std::unique_ptr<Patterns> compilePatterns(const std::string& path, bool onlyThisFile = false) {
+  auto p = std::make_unique<Patterns>();
+  std::string text;
+  BOOST_TEST_REQUIRE(readFile(path, text));
+  int id = p->sm.addBuffer(path, text);
+  p->diags = std::make_unique<DiagEngine>(p->sm);
+  dsl::CompileOptions o;
+  o.includeDirs = {kPatterns};
+  p->c = dsl::compileFpat(id, p->sm, *p->diags, o);
+  BOOST_TEST_REQUIRE(p->c.has_value());
+  dsl::PatternLibrary lib;
+  for (const dsl::PatternDef& d : p->c->library.patterns)
+    if (!onlyThisFile || d.loc.file == id)
+      lib.patterns.push_back(d);
+  p->table = dsl::compileMatcherTable(lib, p->sm, *p->diags);
+  return p;
+}
+
+Graph parse(const std::string& text) {
+  SourceManager sm;
+  int f = sm.addBuffer("t.fgraph", text);
+  std::ostringstream err;
+  DiagEngine d(sm, &err);
+  ir::ActivationSet acts = ir::ActivationSet::builtin();
+  auto g = ir::parseGraph(f, d, acts);
+  BOOST_TEST_REQUIRE(g.has_value(), err.str());
+  return *g;
+}
+
+std::vector<std::string> chosen(const Graph& g, const dsl::MatcherTable& t,
+                                const MatchOptions& o = {}) {
+  std::vector<std::string> out;
+  for (const Match& m : findMatches(g, t, o).matches)
+    out.push_back(t.patterns[m.pattern].name + "@" + g.op(m.slots[0]).name);
+  return out;
+}
+
+const char* kSeed = R"(graph example {
+  %x = input : f16[1024, 4096]
+  %w = input : f16[4096, 4096]
+  %bias = input : f16[4096]
+  %y = gemm %x, %w
+  %y2 = bias_add %y, %bias
+  %y3 = activation %y2 {fn = gelu}
+  output %y3
+})";
+
+std::string readText(const std::string& p) {
+  std::string s;
+  BOOST_TEST_REQUIRE(readFile(p, s));
+  return s;
+}
+
+} // namespace
+
+BOOST_AUTO_TEST_CASE(seed_example_becomes_one_gemm_bias_gelu) {
+  Graph g = parse(kSeed);
+  MatchResult r = findMatches(g, builtinTable());
+  BOOST_REQUIRE(r.matches.size() == 1u);
+  Graph f = rewrite(g, builtinTable(), r.matches);
+  BOOST_TEST(ir::validate(f).empty());
+  BOOST_TEST(f.size() == 4u); // three inputs and the fused op
+  const ir::Op& op = f.op(*f.find("y3"));
+  BOOST_TEST(op.kind == ir::OpKind::Fused);
+  BOOST_TEST(op.fused.pattern == "gemm_bias_gelu");
+  BOOST_TEST(op.type.str() == "f16[1024, 4096]");
+  std::vector<std::string> ins;
+  for (ir::Vertex u : f.operands(*f.find("y3")))
+    ins.push_back(f.op(u).name);
+  BOOST_TEST(ins == (std::vector<std::string>{"x", "w", "bias"}));
+}
+
+BOOST_AUTO_TEST_CASE(ffn_block_fuses_gate_and_down_projection) {
+  Graph g = parse(readText(FPAT_SOURCE_DIR "/examples/ffn_swiglu.fgraph"));
+  BOOST_TEST(chosen(g, builtinTable()) ==
+             (std::vector<std::string>{"gemm_bias_residual@y", "gemm_silu@act"}));
+}
+
+BOOST_AUTO_TEST_CASE(priority_prefers_the_larger_pattern) {
+  Graph g = parse(kSeed);
+  // With gemm_bias_gelu gone, gemm_gelu cannot match (bias in between): gemm_bias wins.
+  MatchOptions o;
+  o.disabled = {"gemm_bias_gelu"};
+  BOOST_TEST(chosen(g, builtinTable(), o) == (std::vector<std::string>{"gemm_bias@y2"}));
+  o.disabled.clear();
+  o.only = {"gemm_bias"};
+  BOOST_TEST(chosen(g, builtinTable(), o) == (std::vector<std::string>{"gemm_bias@y2"}));
+}
+
+BOOST_AUTO_TEST_CASE(multi_use_intermediates_block_fusion) {
+  Graph g = parse(R"(graph g {
+    %x = input : f16[16, 32]
+    %w = input : f16[32, 64]
+    %h = gemm %x, %w
+    %a = activation %h {fn = gelu}
+    %s = add %a, %h
+    output %s
+  })");
+  MatchOptions o;
+  o.explain = true;
+  MatchResult r = findMatches(g, builtinTable(), o);
+  BOOST_TEST(r.matches.empty());
+  bool explained = false;
+  for (const Attempt& a : r.attempts)
+    explained = explained || (a.pattern == "gemm_gelu" &&
+                              a.failure == "%h has 2 users; the pattern requires one");
+  BOOST_TEST(explained, explain(g, builtinTable(), r));
+  // A graph output is a use too.
+  Graph o2 = parse(R"(graph g {
+    %x = input : f16[16, 32]
+    %w = input : f16[32, 64]
+    %h = gemm %x, %w
+    %a = activation %h {fn = gelu}
+    output %a, %h
+  })");
+  BOOST_TEST(findMatches(o2, builtinTable()).matches.empty());
+}
+
+BOOST_AUTO_TEST_CASE(opting_out_of_single_use_keeps_the_shared_value) {
+  auto p = compilePatterns(FPAT_SOURCE_DIR "/tests/patterns/swiglu.fpat", true);
+  Graph g = parse(R"(graph g {
+    %x = input : f16[16, 32]
+    %w = input : f16[32, 64]
+    %h = gemm %x, %w
+    %a = activation %h {fn = gelu}
+    %s = add %a, %h
+    output %s
+  })");
+  auto r = findMatches(g, p->table);
+  BOOST_REQUIRE(r.matches.size() == 1u);
+  Graph f = rewrite(g, p->table, r.matches);
+  BOOST_TEST(ir::validate(f).empty());
+  BOOST_TEST(f.find("h").has_value()); // %h is still needed by %s
+  BOOST_TEST(f.op(*f.find("a")).kind == ir::OpKind::Fused);
+}
+
+BOOST_AUTO_TEST_CASE(commutative_operands_match_in_either_order) {
+  const char* tmpl = R"(graph g {
+    %x = input : f16[16, 32]
+    %w = input : f16[32, 64]
+    %b = input : f16[64]
+    %r = input : f16[16, 64]
+    %h = gemm %x, %w
+    %hb = bias_add %h, %b
+    %y = add %OPS
+    output %y
+  })";
+  for (const char* ops : {"%hb, %r", "%r, %hb"}) {
+    std::string text = tmpl;
+    text.replace(text.find("%OPS"), 4, ops);
+    Graph g = parse(text);
+    auto r = findMatches(g, builtinTable());
+    BOOST_REQUIRE(r.matches.size() == 1u);
+    BOOST_TEST(builtinTable().patterns[r.matches[0].pattern].name == "gemm_bias_residual");
+    Graph f = rewrite(g, builtinTable(), r.matches);
+    // The fused op's operands follow the pattern ($a, $w, $b, $r) whatever the source order.
+    std::vector<std::string> ins;
+    for (ir::Vertex u : f.operands(*f.find("y")))
+      ins.push_back(f.op(u).name);
+    BOOST_TEST(ins == (std::vector<std::string>{"x", "w", "b", "r"}));
+  }
+}
+
+BOOST_AUTO_TEST_CASE(shape_and_dtype_predicates) {
+  auto p = compilePatterns(FPAT_SOURCE_DIR "/tests/patterns/swiglu.fpat", true);
+  auto graphWithN = [](int n, const char* dt) {
+    std::string N = std::to_string(n);
+    return parse(std::string("graph g {\n %x = input : ") + dt + "[8, 16]\n %w = input : " + dt +
+                 "[16, " + N + "]\n %b = input : " + dt + "[" + N +
+                 "]\n %h = gemm %x, %w\n %y = bias_add %h, %b\n output %y\n}");
+  };
+  BOOST_TEST(chosen(graphWithN(128, "f16"), p->table) ==
+             (std::vector<std::string>{"gemm_bias_aligned@y"}));
+  BOOST_TEST(chosen(graphWithN(100, "f16"), p->table).empty());
+  BOOST_TEST(chosen(graphWithN(128, "f32"), p->table).empty());
+  MatchOptions o;
+  o.explain = true;
+  Graph g = graphWithN(100, "f16");
+  auto r = findMatches(g, p->table, o);
+  BOOST_REQUIRE(!r.attempts.empty());
+  BOOST_TEST(r.attempts[0].failure ==
+             "%w has shape [16, 100]; the pattern requires dim 1 divisible by 64");
+}
+
+BOOST_AUTO_TEST_CASE(dag_patterns_check_node_identity) {
+  auto p = compilePatterns(FPAT_SOURCE_DIR "/tests/patterns/swiglu.fpat", true);
+  const char* shared = R"(graph g {
+    %x = input : f16[8, 16]
+    %x2 = input : f16[8, 16]
+    %wg = input : f16[16, 32]
+    %wu = input : f16[16, 32]
+    %g = gemm %x, %wg
+    %s = activation %g {fn = silu}
+    %u = gemm %XU, %wu
+    %h = mul %s, %u
+    output %h
+  })";
+  std::string same = shared, other = shared;
+  same.replace(same.find("%XU"), 3, "%x");
+  other.replace(other.find("%XU"), 3, "%x2");
+  Graph g = parse(same);
+  BOOST_TEST(chosen(g, p->table) == (std::vector<std::string>{"swiglu_gate_up@h"}));
+  auto r = findMatches(g, p->table);
+  Graph f = rewrite(g, p->table, r.matches);
+  BOOST_TEST(f.size() == 5u); // four inputs and the fused op
+  std::vector<std::string> ins;
+  for (ir::Vertex u : f.operands(*f.find("h")))
+    ins.push_back(f.op(u).name);
+  BOOST_TEST(ins == (std::vector<std::string>{"x", "wg", "wu"}));
+
+  Graph g2 = parse(other);
+  MatchOptions o;
+  o.explain = true;
+  auto r2 = findMatches(g2, p->table, o);
+  BOOST_TEST(r2.matches.empty());
+  bool explained = false;
+  for (const Attempt& a : r2.attempts)
+    explained = explained ||
+                (a.pattern == "swiglu_gate_up" &&
+                 a.failure == "%x2 and %x are different values; the pattern needs the same one twice");
+  BOOST_TEST(explained, explain(g2, p->table, r2));
+}
+
+BOOST_AUTO_TEST_CASE(a_node_is_fused_at_most_once) {
+  // %h feeds two activations: neither can take it (two users), and once %g1 is fused, a
+  // pattern rooted lower cannot claim its nodes again.
+  Graph g = parse(R"(graph g {
+    %x = input : f16[8, 16]
+    %w = input : f16[16, 32]
+    %b = input : f16[32]
+    %h = gemm %x, %w
+    %hb = bias_add %h, %b
+    %g1 = activation %hb {fn = gelu}
+    output %g1
+  })");
+  auto r = findMatches(g, builtinTable());
+  BOOST_REQUIRE(r.matches.size() == 1u);
+  std::set<ir::Vertex> seen;
+  for (const Match& m : r.matches)
+    for (ir::Vertex v : m.slots)
+      if (g.op(v).kind != ir::OpKind::Input)
+        BOOST_TEST(seen.insert(v).second);
+}
+
+BOOST_AUTO_TEST_CASE(runtime_table_equals_the_generated_one) {
+  auto p = compilePatterns(kPatterns + "/all.fpat");
+  BOOST_TEST(p->table.bytes == builtinTable().bytes);
+  BOOST_TEST(p->table.strings == builtinTable().strings);
+  BOOST_REQUIRE(p->table.patterns.size() == builtinTable().patterns.size());
+  for (size_t i = 0; i < p->table.patterns.size(); ++i) {
+    BOOST_TEST(p->table.patterns[i].name == builtinTable().patterns[i].name);
+    BOOST_TEST(p->table.patterns[i].inputs == builtinTable().patterns[i].inputs);
+    BOOST_TEST((p->table.patterns[i].epilogue == builtinTable().patterns[i].epilogue));
+  }
+  for (const char* f : {"/examples/ffn_swiglu.fgraph", "/examples/transformer_mlp.fgraph"}) {
+    Graph g = parse(readText(std::string(FPAT_SOURCE_DIR) + f));
+    BOOST_TEST(chosen(g, p->table) == chosen(g, builtinTable()), f);
+  }
+  Graph s = parse(kSeed);
+  BOOST_TEST(chosen(s, p->table) == chosen(s, builtinTable()));
+}
+
+BOOST_AUTO_TEST_CASE(rewrite_is_deterministic_and_preserves_semantics) {
+  Graph g = parse(readText(FPAT_SOURCE_DIR "/examples/transformer_mlp.fgraph"));
+  Graph a = rewrite(g, builtinTable(), findMatches(g, builtinTable()).matches);
+  Graph b = rewrite(g, builtinTable(), findMatches(g, builtinTable()).matches);
+  BOOST_TEST(ir::printGraph(a) == ir::printGraph(b));
+  BOOST_TEST(ir::validate(a).empty());
+  auto in = ir::randomInputs(g, 3);
+  auto want = ir::evaluate(g, in);
+  auto got = ir::evaluate(a, in);
+  for (size_t i = 0; i < g.outputs().size(); ++i) {
+    const auto& w = want[g.outputs()[i]].data;
+    const auto& v = got[a.outputs()[i]].data;
+    double worst = 0, scale = ir::stats(want[g.outputs()[i]]).rms;
+    for (size_t k = 0; k < w.size(); ++k)
+      worst = std::max(worst, std::abs(double(w[k]) - v[k]) / std::max(std::abs(double(w[k])), scale));
+    BOOST_TEST(worst < 2e-2);
+  }
+}

@@ -327,6 +327,8 @@ std::string attrString(const Op& op) {
     attrs.push_back("pattern = " + op.fused.pattern);
     if (!op.fused.family.empty())
       attrs.push_back("family = " + op.fused.family);
+    if (!op.fused.norm.empty())
+      attrs.push_back("norm = " + op.fused.norm);
     std::string chain;
     for (const EpilogueStep& s : op.fused.epilogue) {
       if (!chain.empty())

@@ -37,10 +37,13 @@ struct EpilogueStep {
   bool operator==(const EpilogueStep&) const = default;
 };
 
-/// Attributes of a fused op, filled in by the rewriter.
+/// Attributes of a fused op, filled in by the rewriter. Operands are in kernel order: the main
+/// computation's operands first (gemm: A, B; norm_gemm: x, gamma[, beta], B), then those of
+/// the epilogue steps, in step order.
 struct FusedAttrs {
   std::string pattern;      // fusion pattern name
   std::string family;       // kernel family that implements it
+  std::string norm;         // norm_gemm: "layernorm" or "rmsnorm"
   std::vector<EpilogueStep> epilogue;
   bool operator==(const FusedAttrs&) const = default;
 };

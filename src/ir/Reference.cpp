@@ -156,7 +156,9 @@ void evalFused(const Op& op, const std::vector<Vertex>& ops, const std::vector<T
     a = &in(0);
     b = &in(1);
   } else if (f.family == "norm_gemm") {
-    const bool layer = ops.size() == 4;
+    const bool layer = f.norm == "layernorm";
+    if (!layer && f.norm != "rmsnorm")
+      throw ReferenceError("fused op %" + op.name + " of family norm_gemm has no norm kind");
     const Tensor& x = in(0);
     normed = Tensor{x.desc, std::vector<float>(x.data.size())};
     norm(x, in(1), layer ? &in(2) : nullptr, op.eps, /*rms=*/!layer, normed);

@@ -174,6 +174,33 @@ std::vector<std::vector<std::vector<uint8_t>>> programsByPattern(const MatcherTa
   return out;
 }
 
+/// The main computation's operands of a match, in kernel order, for the gemm and norm_gemm
+/// families (empty for other families: the pattern's order is kept). Sets `fused.norm`.
+std::vector<Vertex> mainOperands(const Graph& g, const Match& m, const PatternMeta& meta,
+                                 ir::FusedAttrs& fused) {
+  std::vector<Vertex> gemms;
+  for (size_t k = 0; k < m.slots.size(); ++k)
+    if (meta.slots[k].role != SlotInfo::Input && g.op(m.slots[k]).kind == ir::OpKind::Gemm)
+      gemms.push_back(m.slots[k]);
+  if (gemms.size() != 1 || (meta.family != "gemm" && meta.family != "norm_gemm"))
+    return {};
+  std::vector<Vertex> ab = g.operands(gemms[0]);
+  const ir::Op& a = g.op(ab[0]);
+  bool absorbedA = false; // is the gemm's A operand computed inside the match?
+  for (size_t k = 0; k < m.slots.size(); ++k)
+    absorbedA = absorbedA || (m.slots[k] == ab[0] && meta.slots[k].role != SlotInfo::Input);
+  if (meta.family == "norm_gemm" && absorbedA &&
+      (a.kind == ir::OpKind::LayerNorm || a.kind == ir::OpKind::RmsNorm)) {
+    fused.norm = a.kind == ir::OpKind::LayerNorm ? "layernorm" : "rmsnorm";
+    std::vector<Vertex> out = g.operands(ab[0]);
+    out.push_back(ab[1]);
+    return out;
+  }
+  if (meta.family == "gemm" && !absorbedA)
+    return ab;
+  return {};
+}
+
 } // namespace
 
 MatchResult findMatches(const Graph& g, const MatcherTable& table, const MatchOptions& opts) {
@@ -283,13 +310,30 @@ Graph rewrite(const Graph& g, const MatcherTable& table, const std::vector<Match
       for (auto& [name, val] : op.params)
         f.params[name] = val;
     }
-    std::vector<Vertex> ops;
-    for (const std::string& input : meta.inputs)
+    // Operands in kernel order (see ir::FusedAttrs): main computation, then epilogue steps,
+    // then any other input of the pattern.
+    auto bound = [&](const std::string& binding) {
       for (size_t k = 0; k < m.slots.size(); ++k)
-        if (meta.slots[k].role == SlotInfo::Input && meta.slots[k].binding == input) {
-          ops.push_back(map[m.slots[k]]);
-          break;
-        }
+        if (meta.slots[k].role == SlotInfo::Input && meta.slots[k].binding == binding)
+          return m.slots[k];
+      throw std::logic_error("pattern " + meta.name + " has no input $" + binding);
+    };
+    std::vector<Vertex> kernelOrder = mainOperands(g, m, meta, f.fused);
+    std::vector<Vertex> epilogueOps;
+    for (ir::EpilogueStep& s : f.fused.epilogue)
+      if (s.operand >= 0) {
+        epilogueOps.push_back(bound(meta.inputs[static_cast<size_t>(s.operand)]));
+        s.operand = static_cast<int>(kernelOrder.size() + epilogueOps.size() - 1);
+      }
+    kernelOrder.insert(kernelOrder.end(), epilogueOps.begin(), epilogueOps.end());
+    for (const std::string& input : meta.inputs) {
+      Vertex u = bound(input);
+      if (std::find(kernelOrder.begin(), kernelOrder.end(), u) == kernelOrder.end())
+        kernelOrder.push_back(u);
+    }
+    std::vector<Vertex> ops;
+    for (Vertex u : kernelOrder)
+      ops.push_back(map[u]);
     map[v] = out.addOp(std::move(f), ops);
   }
   for (Vertex o : g.outputs())

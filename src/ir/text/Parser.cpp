@@ -347,9 +347,11 @@ private:
         }
         break;
       case OpKind::Fused:
-        if (key == "pattern" || key == "family") {
+        if (key == "pattern" || key == "family" || key == "norm") {
           if (expect(AttrVal::Ident, "a name"))
-            (key == "pattern" ? op.fused.pattern : op.fused.family) = v.str;
+            (key == "pattern" ? op.fused.pattern
+             : key == "family" ? op.fused.family
+                               : op.fused.norm) = v.str;
           continue;
         }
         if (key == "epilogue") {

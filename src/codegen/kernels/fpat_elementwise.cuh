@@ -1,0 +1,54 @@
+// Kernel family "elementwise": out[i] = F(inputs at i) over an [M, N] (or [N]) tensor, 8
+// elements per thread per step. Full-size inputs and the output move in 16-byte vectors when
+// the element count is a multiple of 8 (buffers are 16-byte aligned); [N] vectors broadcast over
+// rows are read element by element (they stay in cache).
+//
+// F provides:   static constexpr int kInputs;  static constexpr int kKind[kInputs];
+//               __device__ float operator()(const float* in, const FpatKernelArgs&) const;
+#pragma once
+
+#include "fpat_common.cuh"
+
+namespace fpat {
+
+template <class F>
+__device__ __forceinline__ void elementwise(const FpatKernelArgs& a) {
+  const int64_t n = a.M * a.N;
+  const bool vec = (n % 8) == 0;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x * 8;
+  const F f;
+  for (int64_t base = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * 8;
+       base < n; base += step) {
+    float in[F::kInputs][8];
+    for (int k = 0; k < F::kInputs; ++k) {
+      if (F::kKind[k] == FPAT_IN_FULL && vec) {
+        Half8 v;
+        v.u = *reinterpret_cast<const uint4*>(static_cast<const __half*>(a.in[k]) + base);
+        for (int e = 0; e < 8; ++e)
+          in[k][e] = __half2float(v.h[e]);
+      } else {
+        for (int e = 0; e < 8; ++e) {
+          const int64_t i = base + e;
+          in[k][e] = i < n ? ldh(a.in[k], F::kKind[k] == FPAT_IN_FULL ? i : i % a.N) : 0.0f;
+        }
+      }
+    }
+    Half8 out;
+    for (int e = 0; e < 8; ++e) {
+      float x[F::kInputs > 0 ? F::kInputs : 1];
+      for (int k = 0; k < F::kInputs; ++k)
+        x[k] = in[k][e];
+      out.h[e] = __float2half(f(x, a));
+    }
+    __half* o = static_cast<__half*>(a.out);
+    if (vec) {
+      *reinterpret_cast<uint4*>(o + base) = out.u;
+    } else {
+      for (int e = 0; e < 8; ++e)
+        if (base + e < n)
+          o[base + e] = out.h[e];
+    }
+  }
+}
+
+} // namespace fpat

@@ -1,0 +1,297 @@
+// Kernel family "gemm": C[M,N] = epilogue(A[M,K] * B) on tensor cores through WMMA
+// (f16 in, f32 accumulate), for any M, N, K >= 1.
+//
+//   B is [K, N] row-major, or [N, K] when TRANS_B (a "B^T" weight layout).
+//   NORM != 0 makes this the second half of "norm_gemm": rows of A are normalised while they
+//   are loaded (LayerNorm: NORM 1, RMSNorm: NORM 2) with per-row statistics computed by
+//   fpat_row_stats (fpat_rowwise.cuh), and gamma/beta from the argument block.
+//
+// Structure (CUTLASS names): a CTA computes a BM x BN tile of C with (BM/WM) x (BN/WN) warps,
+// each warp a WM x WN tile made of 16x16 WMMA fragments. K is walked in BK steps through a
+// STAGES-deep ring of shared-memory tiles (sA, sB). On sm_80+ aligned tiles are copied with
+// cp.async (zero-filling out-of-range rows/columns); otherwise, and for normalised A, tiles go
+// through registers: loaded before the current stage's MMAs, stored after them.
+// VEC says that 16-byte chunks of A and B rows are aligned and either fully in or out of range
+// (K % 8 == 0, and N % 8 == 0 unless TRANS_B); without it every element is bounds-checked.
+// The epilogue stages each accumulator fragment through a per-warp 16x16 f32 scratch, so each
+// lane applies the epilogue to 8 consecutive columns and stores them with one 16-byte write.
+#pragma once
+
+#include "fpat_common.cuh"
+
+#include <mma.h>
+#include <type_traits>
+
+namespace fpat {
+
+template <int BM_, int BN_, int BK_, int WM_, int WN_, int STAGES_>
+struct GemmTile {
+  static constexpr int BM = BM_, BN = BN_, BK = BK_, WM = WM_, WN = WN_, STAGES = STAGES_;
+  static constexpr int WARPS_M = BM / WM, WARPS_N = BN / WN;
+  static constexpr int THREADS = 32 * WARPS_M * WARPS_N;
+  static constexpr int FM = WM / 16, FN = WN / 16; // fragments per warp
+  static constexpr int PAD = 8;                    // halves of padding per smem row (banks)
+  static_assert(BM % WM == 0 && BN % WN == 0, "warp tiles must divide the CTA tile");
+  static_assert(WM % 16 == 0 && WN % 16 == 0 && BK % 16 == 0, "WMMA works on 16x16x16");
+  static_assert(STAGES >= 2, "the pipeline needs at least two stages");
+};
+
+/// Shared memory (bytes) a configuration needs; the host sets it as the dynamic size.
+template <class T, bool TRANS_B>
+constexpr int gemmSmemBytes() {
+  int a = T::BM * (T::BK + T::PAD);
+  int b = TRANS_B ? T::BN * (T::BK + T::PAD) : T::BK * (T::BN + T::PAD);
+  int pipe = T::STAGES * (a + b) * 2;
+  int epi = T::WARPS_M * T::WARPS_N * 16 * 20 * 4;
+  return pipe > epi ? pipe : epi;
+}
+
+namespace detail {
+
+/// Normalises 8 consecutive A values of row `r` starting at column `k` (NORM 1 or 2).
+template <int NORM>
+__device__ __forceinline__ void normalise8(float* v, int64_t r, int64_t k, int64_t K,
+                                           const FpatKernelArgs& a) {
+  const float mean = NORM == 1 ? static_cast<const float*>(a.scratch[0])[r] : 0.0f;
+  const float rstd = static_cast<const float*>(a.scratch[1])[r];
+  for (int e = 0; e < 8; ++e) {
+    if (k + e >= K) {
+      v[e] = 0.0f;
+      continue;
+    }
+    float y = (v[e] - mean) * rstd * ldh(a.in[1], k + e);
+    if (NORM == 1)
+      y += ldh(a.in[2], k + e);
+    v[e] = y;
+  }
+}
+
+} // namespace detail
+
+template <class T, bool TRANS_B, bool VEC, int NORM, class Epilogue>
+__device__ __forceinline__ void gemm(const FpatKernelArgs& args) {
+  using namespace nvcuda;
+  constexpr int BM = T::BM, BN = T::BN, BK = T::BK, S = T::STAGES;
+  constexpr int LDA = BK + T::PAD;                    // sA row stride (halves)
+  constexpr int LDB = TRANS_B ? BK + T::PAD : BN + T::PAD;
+  constexpr int A_STAGE = BM * LDA;
+  constexpr int B_STAGE = TRANS_B ? BN * LDB : BK * LDB;
+  // 16-byte chunks per tile and per thread.
+  constexpr int A_CHUNKS = BM * BK / 8, B_CHUNKS = BK * BN / 8;
+  constexpr int A_ITERS = (A_CHUNKS + T::THREADS - 1) / T::THREADS;
+  constexpr int B_ITERS = (B_CHUNKS + T::THREADS - 1) / T::THREADS;
+#if FPAT_HAS_CP_ASYNC
+  constexpr bool ASYNC_A = VEC && NORM == 0, ASYNC_B = VEC;
+#else
+  constexpr bool ASYNC_A = false, ASYNC_B = false;
+#endif
+
+  extern __shared__ __align__(16) unsigned char smem[];
+  __half* sA = reinterpret_cast<__half*>(smem);       // [S][BM][LDA]
+  __half* sB = sA + S * A_STAGE;                       // [S][BK][LDB] or [S][BN][LDB]
+
+  // The first input of a plain gemm is A; norm_gemm puts gamma (and beta) before B.
+  const __half* A = static_cast<const __half*>(args.in[0]);
+  const __half* B = static_cast<const __half*>(args.in[NORM == 0 ? 1 : NORM == 1 ? 3 : 2]);
+  const int64_t M = args.M, N = args.N, K = args.K;
+  const int64_t row0 = static_cast<int64_t>(blockIdx.y) * BM;
+  const int64_t col0 = static_cast<int64_t>(blockIdx.x) * BN;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int warpM = warp / T::WARPS_N, warpN = warp % T::WARPS_N;
+  const int KT = static_cast<int>((K + BK - 1) / BK);
+
+  // Register staging for the non-async paths.
+  Half8 ra[A_ITERS], rb[B_ITERS];
+
+  // --- tile loaders: chunk c of a tile is (row c / (cols/8), 8 columns at (c % (cols/8))*8) --
+  auto aChunk = [&](int c, int& r, int& k) { r = c / (BK / 8); k = (c % (BK / 8)) * 8; };
+  auto bChunk = [&](int c, int& r, int& x) {
+    constexpr int per = (TRANS_B ? BK : BN) / 8;
+    r = c / per;
+    x = (c % per) * 8;
+  };
+
+  auto loadA = [&](int kt, int stage, bool toRegs) {
+    for (int i = 0; i < A_ITERS; ++i) {
+      int c = tid + i * T::THREADS;
+      if (c >= A_CHUNKS)
+        break;
+      int r, k;
+      aChunk(c, r, k);
+      const int64_t gr = row0 + r, gk = static_cast<int64_t>(kt) * BK + k;
+      __half* dst = sA + stage * A_STAGE + r * LDA + k;
+      if (ASYNC_A && !toRegs) {
+        bool in = gr < M && gk < K;
+        cp_async_16(dst, in ? A + gr * K + gk : A, in ? 16 : 0);
+        continue;
+      }
+      Half8 v;
+      if (VEC) {
+        v.u = gr < M && gk < K ? *reinterpret_cast<const uint4*>(A + gr * K + gk) : make_uint4(0, 0, 0, 0);
+      } else {
+        for (int e = 0; e < 8; ++e)
+          v.h[e] = gr < M && gk + e < K ? A[gr * K + gk + e] : __float2half(0.0f);
+      }
+      if (NORM != 0 && gr < M) {
+        float f[8];
+        for (int e = 0; e < 8; ++e)
+          f[e] = __half2float(v.h[e]);
+        detail::normalise8<NORM>(f, gr, gk, K, args);
+        for (int e = 0; e < 8; ++e)
+          v.h[e] = __float2half(f[e]);
+      }
+      if (toRegs)
+        ra[i] = v;
+      else
+        *reinterpret_cast<uint4*>(dst) = v.u;
+    }
+  };
+  auto storeA = [&](int stage) {
+    for (int i = 0; i < A_ITERS; ++i) {
+      int c = tid + i * T::THREADS;
+      if (c >= A_CHUNKS)
+        break;
+      int r, k;
+      aChunk(c, r, k);
+      *reinterpret_cast<uint4*>(sA + stage * A_STAGE + r * LDA + k) = ra[i].u;
+    }
+  };
+  auto loadB = [&](int kt, int stage, bool toRegs) {
+    for (int i = 0; i < B_ITERS; ++i) {
+      int c = tid + i * T::THREADS;
+      if (c >= B_CHUNKS)
+        break;
+      int r, x;
+      bChunk(c, r, x);
+      // TRANS_B: r indexes N and x indexes K; otherwise r indexes K and x indexes N.
+      const int64_t gk = static_cast<int64_t>(kt) * BK + (TRANS_B ? x : r);
+      const int64_t gn = col0 + (TRANS_B ? r : x);
+      const int64_t ld = TRANS_B ? K : N;
+      const __half* src = TRANS_B ? B + gn * ld + gk : B + gk * ld + gn;
+      __half* dst = sB + stage * B_STAGE + r * LDB + x;
+      const bool inRow = TRANS_B ? gn < N : gk < K;
+      if (ASYNC_B && !toRegs) {
+        bool in = inRow && (TRANS_B ? gk < K : gn < N);
+        cp_async_16(dst, in ? src : B, in ? 16 : 0);
+        continue;
+      }
+      Half8 v;
+      if (VEC) {
+        bool in = inRow && (TRANS_B ? gk < K : gn < N);
+        v.u = in ? *reinterpret_cast<const uint4*>(src) : make_uint4(0, 0, 0, 0);
+      } else {
+        for (int e = 0; e < 8; ++e) {
+          bool in = inRow && (TRANS_B ? gk + e < K : gn + e < N);
+          v.h[e] = in ? src[e] : __float2half(0.0f);
+        }
+      }
+      if (toRegs)
+        rb[i] = v;
+      else
+        *reinterpret_cast<uint4*>(dst) = v.u;
+    }
+  };
+  auto storeB = [&](int stage) {
+    for (int i = 0; i < B_ITERS; ++i) {
+      int c = tid + i * T::THREADS;
+      if (c >= B_CHUNKS)
+        break;
+      int r, x;
+      bChunk(c, r, x);
+      *reinterpret_cast<uint4*>(sB + stage * B_STAGE + r * LDB + x) = rb[i].u;
+    }
+  };
+
+  using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major>;
+  using LayoutB = typename std::conditional<TRANS_B, wmma::col_major, wmma::row_major>::type;
+  using FragB = wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, LayoutB>;
+  using FragC = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
+  FragC acc[T::FM][T::FN];
+  for (int i = 0; i < T::FM; ++i)
+    for (int j = 0; j < T::FN; ++j)
+      wmma::fill_fragment(acc[i][j], 0.0f);
+
+  auto compute = [&](int stage) {
+    const __half* a = sA + stage * A_STAGE + warpM * T::WM * LDA;
+    const __half* b = sB + stage * B_STAGE;
+    for (int kk = 0; kk < BK; kk += 16) {
+      FragA fa[T::FM];
+      FragB fb[T::FN];
+      for (int i = 0; i < T::FM; ++i)
+        wmma::load_matrix_sync(fa[i], a + i * 16 * LDA + kk, LDA);
+      for (int j = 0; j < T::FN; ++j) {
+        const int n = warpN * T::WN + j * 16;
+        wmma::load_matrix_sync(fb[j], TRANS_B ? b + n * LDB + kk : b + kk * LDB + n, LDB);
+      }
+      for (int i = 0; i < T::FM; ++i)
+        for (int j = 0; j < T::FN; ++j)
+          wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+    }
+  };
+
+  // --- main loop: S-1 tiles in flight ahead of the one being multiplied ---------------------
+  for (int s = 0; s < S - 1; ++s) {
+    if (s < KT) {
+      loadA(s, s, false);
+      loadB(s, s, false);
+    }
+    cp_async_commit();
+  }
+  for (int kt = 0; kt < KT; ++kt) {
+    cp_async_wait<S - 2>();
+    __syncthreads();
+    const int next = kt + S - 1, nextStage = next % S;
+    const bool more = next < KT;
+    if (more) {
+      loadA(next, nextStage, !ASYNC_A);
+      loadB(next, nextStage, !ASYNC_B);
+    }
+    cp_async_commit();
+    compute(kt % S);
+    if (more) {
+      if (!ASYNC_A)
+        storeA(nextStage);
+      if (!ASYNC_B)
+        storeB(nextStage);
+    }
+  }
+  cp_async_wait<0>();
+  __syncthreads();
+
+  // --- epilogue: fragment -> per-warp scratch -> 8 columns per lane -> 16-byte store --------
+  float* scratch = reinterpret_cast<float*>(smem) + warp * 16 * 20;
+  __half* C = static_cast<__half*>(args.out);
+  const bool vecC = (N % 8) == 0;
+  const Epilogue epi;
+  for (int i = 0; i < T::FM; ++i)
+    for (int j = 0; j < T::FN; ++j) {
+      wmma::store_matrix_sync(scratch, acc[i][j], 20, wmma::mem_row_major);
+      __syncwarp();
+      const int r = lane / 2, c = (lane % 2) * 8;
+      const int64_t gr = row0 + warpM * T::WM + i * 16 + r;
+      const int64_t gc = col0 + warpN * T::WN + j * 16 + c;
+      if (gr < M) {
+        Half8 out;
+        for (int e = 0; e < 8; ++e)
+          out.h[e] = __float2half(gc + e < N ? epi(scratch[r * 20 + c + e], gr, gc + e, args) : 0.0f);
+        if (vecC && gc + 8 <= N) {
+          *reinterpret_cast<uint4*>(C + gr * N + gc) = out.u;
+        } else {
+          for (int e = 0; e < 8; ++e)
+            if (gc + e < N)
+              C[gr * N + gc + e] = out.h[e];
+        }
+      }
+      __syncwarp();
+    }
+}
+
+/// The identity epilogue (plain GEMM).
+struct NoEpilogue {
+  __device__ __forceinline__ float operator()(float acc, int64_t, int64_t,
+                                              const FpatKernelArgs&) const {
+    return acc;
+  }
+};
+
+} // namespace fpat

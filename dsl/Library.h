@@ -31,6 +31,7 @@ struct ActivationDef {
   std::shared_ptr<const Expr> body;
   CompiledExpr compiled;
   SourceLoc loc;
+  std::string where; // "file:line" of the def, for generated comments
 };
 
 /// A node of a match tree: an op (with operands) or a leaf binding.
@@ -102,10 +103,9 @@ struct PatternLibrary {
 bool buildLibrary(const RecordKeeper& rk, DiagEngine& diags, PatternLibrary& out);
 
 /// Lowers every activation to a CUDA device function `fpat_act_<name>(float x[, params])`.
-std::string emitEpilogueFunctions(const PatternLibrary& lib, const SourceManager& sm,
-                                  const std::string& source);
+std::string emitEpilogueFunctions(const PatternLibrary& lib, const std::string& source);
 /// One activation as a CUDA device function.
-std::string emitActivationFunction(const ActivationDef& a, const SourceManager& sm);
+std::string emitActivationFunction(const ActivationDef& a);
 
 /// A whole .fpat compilation: records plus library, as fpat-tblgen and fpatc use it.
 struct Compilation {

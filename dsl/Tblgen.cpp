@@ -166,7 +166,7 @@ int runTblgen(const TblgenOptions& opts, std::ostream& out, std::ostream& err) {
     result = emitMatcherTableInc(table, opts.input, opts.tableFunction);
     break;
   case TblgenOptions::GenEpilogues:
-    result = emitEpilogueFunctions(c->library, sm, opts.input);
+    result = emitEpilogueFunctions(c->library, opts.input);
     break;
   case TblgenOptions::PrintTable:
     result = disassemble(table);

@@ -19,7 +19,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (c) {
     fpat::dsl::MatcherTable t = fpat::dsl::compileMatcherTable(c->library, sm, diags);
     (void)fpat::dsl::emitMatcherTableInc(t, "fuzz", "f");
-    (void)fpat::dsl::emitEpilogueFunctions(c->library, sm, "fuzz");
+    (void)fpat::dsl::emitEpilogueFunctions(c->library, "fuzz");
     (void)fpat::dsl::printRecords(*c->records);
     for (const auto& a : c->library.activations)
       (void)a.compiled.eval(0.5, a.paramDefaults.data());

@@ -1,13 +1,16 @@
 #include "driver/Driver.h"
 
+#include "codegen/Codegen.h"
 #include "dsl/Library.h"
 #include "ir/Reference.h"
+#include "runtime/Pipeline.h"
 #include "ir/text/Text.h"
 #include "match/Match.h"
 #include "support/Process.h"
 #include "support/Verify.h"
 
 #include <chrono>
+#include <set>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -105,6 +108,7 @@ std::optional<dsl::Compilation> compilePatterns(const std::string& path, SourceM
 /// Everything the pattern side contributes to a run.
 struct Patterns {
   dsl::MatcherTable table;
+  dsl::PatternLibrary library;  // activation bodies, for codegen
   ir::ActivationSet activations;
   ir::ActivationLibrary reference;
   size_t userPatterns = 0;
@@ -170,30 +174,120 @@ bool loadPatterns(const FpatcOptions& opts, SourceManager& sm, DiagEngine& diags
   }
   p.activations = lib.activationSet();
   p.reference = lib.referenceActivations();
+  p.library = std::move(lib);
   return true;
 }
 
-struct Comparison {
-  double maxAbs = 0, maxRel = 0;
-  size_t nonFinite = 0;
-};
-
-/// Errors of `got` against `want`. Relative errors are taken against max(|want|, rms(want)),
-/// so that elements near zero do not turn rounding noise into huge ratios.
-Comparison compare(const ir::Tensor& got, const ir::Tensor& want) {
-  Comparison c;
-  const double rms = std::max(ir::stats(want).rms, 1e-30);
-  for (size_t i = 0; i < want.data.size(); ++i) {
-    double g = got.data[i], w = want.data[i];
-    if (!std::isfinite(g) || !std::isfinite(w)) {
-      ++c.nonFinite;
-      continue;
+/// Codegen, nvcc, execution and validation. Returns the exit code contribution.
+int gpuStages(const FpatcOptions& opts, const ir::Graph& fused, const Patterns& pats,
+              const std::map<std::string, ir::Tensor>* inputs,
+              const std::vector<ir::Tensor>* reference, const ir::Graph& original,
+              std::ostream& out, std::ostream& err) {
+  std::string why;
+  cuda::Driver* drv = opts.run && opts.emit.empty() ? cuda::Driver::get(&why) : nullptr;
+  const int arch = opts.arch ? opts.arch : drv ? drv->device().arch : 90;
+  runtime::BuildOptions bopts;
+  bopts.arch = arch;
+  bopts.sms = drv ? drv->device().sms : 132;
+  bopts.cacheDir = opts.cacheDir;
+  bopts.jobs = opts.jobs;
+  bopts.ptx = opts.ptx;
+  for (const dsl::PatternMeta& m : pats.table.patterns)
+    bopts.patternSources[m.name] = m.file + ":" + std::to_string(m.line);
+  if (opts.emit == "cuda") {
+    codegen::CodegenOptions copts;
+    copts.arch = arch;
+    copts.sources = bopts.patternSources;
+    std::error_code ec;
+    fs::create_directories(opts.outDir, ec);
+    std::set<std::string> written;
+    try {
+      for (ir::Vertex v : fused.vertices()) {
+        codegen::KernelUnit u = codegen::generate(fused, v, pats.library, copts);
+        if (u.launches.empty() || !written.insert(u.name).second)
+          continue;
+        const fs::path file = fs::path(opts.outDir) / (u.name + ".cu");
+        std::ofstream(file) << u.source;
+        out << file.string() << "\n";
+      }
+    } catch (const codegen::CodegenError& e) {
+      err << "fpatc: error: " << e.what() << "\n";
+      return 1;
     }
-    double d = std::fabs(g - w);
-    c.maxAbs = std::max(c.maxAbs, d);
-    c.maxRel = std::max(c.maxRel, d / std::max(std::fabs(w), rms));
+    for (auto& [name, text] : codegen::kernelHeaders())
+      std::ofstream(fs::path(opts.outDir) / std::string(name)) << text;
+    return 0;
   }
-  return c;
+  runtime::BuildResult built = runtime::buildKernels(fused, pats.library, bopts);
+  runtime::CompiledGraph& cg = built.graph;
+  size_t kernels = 0;
+  for (const codegen::KernelUnit& u : cg.units)
+    kernels += u.launches.empty() ? 0 : 1;
+  out << "== codegen: " << kernels << " kernel" << (kernels == 1 ? "" : "s") << " for sm_" << arch
+      << (opts.arch || drv ? "" : " (no GPU here; pass --arch to choose)") << "\n";
+  for (const codegen::KernelUnit& u : cg.units)
+    if (!u.launches.empty())
+      out << "  " << u.what << ": " << u.name
+          << (u.family == "gemm" || u.family == "norm_gemm" ? " (config " + u.tile.str() +
+                                                                  ": heuristic)"
+                                                            : "")
+          << "\n";
+  if (!built.error.empty() && built.kernels.empty()) {
+    err << "fpatc: error: " << built.error << (built.error.back() == '\n' ? "" : "\n");
+    return 1;
+  }
+  const int failed = static_cast<int>(built.kernels.size()) - built.compiled - built.cached;
+  out << "== nvcc: " << built.compiled << " compiled, " << built.cached << " from the cache ("
+      << (opts.cacheDir.empty() ? runtime::defaultCacheDir() : opts.cacheDir) << "), "
+      << fixed(built.seconds, 1) << " s" << (failed ? ", " + std::to_string(failed) + " FAILED" : "")
+      << "\n";
+  if (failed) {
+    err << "fpatc: error: " << built.error;
+    return 1;
+  }
+  if (!opts.run) {
+    out << "== run: skipped (--no-run)\n";
+    return 0;
+  }
+  if (!drv) {
+    out << "== run: skipped: " << why << "; the kernels were compiled but not executed\n";
+    return opts.requireGpu ? 77 : 0;
+  }
+  const cuda::DeviceInfo& dev = drv->device();
+  if (dev.arch != arch) {
+    out << "== run: skipped: kernels are for sm_" << arch << " but the GPU is sm_" << dev.arch
+        << "\n";
+    return 0;
+  }
+  runtime::RunResult rr;
+  try {
+    runtime::Executor ex(*drv, cg);
+    rr = ex.run(*inputs);
+  } catch (const std::exception& e) {
+    err << "fpatc: error: GPU execution failed: " << e.what() << "\n";
+    return 1;
+  }
+  out << "== run: " << dev.name << " (sm_" << dev.arch << ", " << dev.sms << " SMs): "
+      << rr.launches << " launches, " << fixed(rr.milliseconds, 3) << " ms, device memory "
+      << fixed(static_cast<double>(rr.deviceBytes) / (1 << 20), 1) << " MiB (one buffer per value: "
+      << fixed(static_cast<double>(rr.naiveBytes) / (1 << 20), 1) << " MiB)\n";
+  if (!reference) {
+    out << "== validate: skipped (--no-reference)\n";
+    return 0;
+  }
+  out << "== validate: GPU vs CPU reference (pass: all finite, rel err <= "
+      << sci(runtime::kRelTolerance) << ")\n";
+  int rc = 0;
+  for (size_t i = 0; i < original.outputs().size(); ++i) {
+    const ir::Tensor& want = (*reference)[original.outputs()[i]];
+    runtime::Agreement c = runtime::compareToReference(rr.outputs[i], want);
+    out << "  %" << original.op(original.outputs()[i]).name << " " << want.desc.str()
+        << ": max abs err " << sci(c.maxAbs) << ", max rel err " << sci(c.maxRel)
+        << (c.nonFinite ? ", " + std::to_string(c.nonFinite) + " non-finite" : "") << " -> "
+        << (c.pass ? "PASS" : "FAIL") << "\n";
+    rc = c.pass ? rc : 1;
+  }
+  return rc;
 }
 
 } // namespace
@@ -278,6 +372,8 @@ int runFpatc(const FpatcOptions& opts, std::ostream& out, std::ostream& err) {
     out << ir::printGraph(fused);
     return 0;
   }
+  if (opts.emit == "cuda")
+    return gpuStages(opts, fused, pats, nullptr, nullptr, *g, out, err);
 
   out << "== graph" << (opts.fuse ? " before fusion" : "") << "\n" << ir::printGraph(*g);
   if (opts.fuse) {
@@ -297,10 +393,11 @@ int runFpatc(const FpatcOptions& opts, std::ostream& out, std::ostream& err) {
   }
 
   int rc = 0;
+  auto inputs = ir::randomInputs(*g, opts.seed);
+  std::vector<ir::Tensor> vals;
   if (opts.reference) {
     auto t0 = std::chrono::steady_clock::now();
-    auto inputs = ir::randomInputs(*g, opts.seed);
-    std::vector<ir::Tensor> vals = ir::evaluate(*g, inputs, pats.reference);
+    vals = ir::evaluate(*g, inputs, pats.reference);
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     out << "== reference: CPU, seeded random inputs (seed " << opts.seed << "), " << fixed(secs, 2)
         << " s\n";
@@ -318,14 +415,16 @@ int runFpatc(const FpatcOptions& opts, std::ostream& out, std::ostream& err) {
       for (size_t i = 0; i < g->outputs().size(); ++i) {
         const ir::Tensor& want = vals[g->outputs()[i]];
         const ir::Tensor& got = fv[fused.outputs()[i]];
-        Comparison c = compare(got, want);
-        const bool pass = c.nonFinite == 0 && c.maxRel <= 2e-2;
+        runtime::Agreement c = runtime::compareToReference(got, want);
+        const bool pass = c.pass;
         out << "    %" << g->op(g->outputs()[i]).name << ": max abs err " << sci(c.maxAbs)
             << ", max rel err " << sci(c.maxRel) << " -> " << (pass ? "PASS" : "FAIL") << "\n";
         rc = pass ? rc : 1;
       }
     }
   }
+  if (opts.compile)
+    rc |= gpuStages(opts, fused, pats, &inputs, opts.reference ? &vals : nullptr, *g, out, err);
   if (opts.graphviz) {
     out << "== graphviz\n";
     if (int r = writeGraphviz(*g, g->name(), opts, out, err))

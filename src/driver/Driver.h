@@ -13,7 +13,7 @@ struct FpatcOptions {
   std::string input;                     // .fgraph file
   uint64_t seed = 1;                     // seed of the random inputs
   std::string outDir = "fpat-out";       // where .dot/.svg (and later kernels) go
-  std::string emit;                      // print one stage and stop: fgraph, fused, table
+  std::string emit;                      // stop after a stage: fgraph, fused, table, cuda
   bool reference = true;                 // evaluate on the CPU reference
   bool graphviz = true;                  // write .dot (and .svg when dot is installed)
   bool fuse = true;                      // run the matcher and rewrite
@@ -22,6 +22,13 @@ struct FpatcOptions {
   std::vector<std::string> includeDirs;  // for their includes (the built-in dir is added)
   std::set<std::string> disabled;        // --disable-pattern
   std::set<std::string> only;            // --only-pattern
+  int arch = 0;                          // sm_XX to compile for; 0: the device's, else 90
+  bool compile = true;                   // generate and compile kernels (needs nvcc)
+  bool run = true;                       // execute on the GPU when there is one
+  bool requireGpu = false;               // exit 77 (skipped) when there is no GPU
+  bool ptx = false;                      // keep PTX next to each cubin
+  int jobs = 0;                          // parallel nvcc processes (0: one per core)
+  std::string cacheDir;                  // kernel cache ("" : $FPAT_CACHE_DIR or ~/.cache/fpat)
   bool verifyDiagnostics = false;        // golden mode: check expected-* comments
   int errorLimit = 50;                   // 0 = unlimited
 };

@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <random>
+#include <thread>
 
 namespace fpat::ir {
 
@@ -11,9 +13,15 @@ double geluTanh(double x) {
   const double k = std::sqrt(2.0 / M_PI);
   return 0.5 * x * (1.0 + std::tanh(k * (x + 0.044715 * x * x * x)));
 }
-double geluErf(double x) { return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0))); }
-double silu(double x) { return x / (1.0 + std::exp(-x)); }
-double relu(double x) { return x > 0 ? x : 0.0; }
+double geluErf(double x) {
+  return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0)));
+}
+double silu(double x) {
+  return x / (1.0 + std::exp(-x));
+}
+double relu(double x) {
+  return x > 0 ? x : 0.0;
+}
 
 const ActivationLibrary& ActivationLibrary::builtin() {
   static const ActivationLibrary lib = [] {
@@ -80,35 +88,53 @@ std::map<std::string, Tensor> randomInputs(const Graph& g, uint64_t seed) {
 
 namespace {
 
+/// Runs fn(begin, end) over [0, n) split across the machine's cores. Each index is computed
+/// by exactly one thread in the same way, so results do not depend on the thread count.
+void parallelRows(size_t n, const std::function<void(size_t, size_t)>& fn) {
+  size_t threads = std::max(1u, std::thread::hardware_concurrency());
+  threads = std::min(threads, std::max<size_t>(1, n / 8));
+  if (threads <= 1) {
+    fn(0, n);
+    return;
+  }
+  std::vector<std::thread> pool;
+  for (size_t t = 0; t < threads; ++t)
+    pool.emplace_back(fn, n * t / threads, n * (t + 1) / threads);
+  for (std::thread& th : pool)
+    th.join();
+}
+
 void gemm(const Tensor& a, const Tensor& b, bool transB, Tensor& c) {
   const size_t m = static_cast<size_t>(c.desc.shape[0]);
   const size_t n = static_cast<size_t>(c.desc.shape[1]);
   const size_t k = static_cast<size_t>(a.desc.shape[1]);
-  std::vector<double> acc(n);
-  std::vector<double> arow(k);
-  for (size_t i = 0; i < m; ++i) {
-    for (size_t p = 0; p < k; ++p)
-      arow[p] = a.data[i * k + p];
-    if (transB) {
-      for (size_t j = 0; j < n; ++j) {
-        const float* brow = &b.data[j * k];
-        double s = 0;
-        for (size_t p = 0; p < k; ++p)
-          s += arow[p] * brow[p];
-        acc[j] = s;
+  parallelRows(m, [&](size_t rowBegin, size_t rowEnd) {
+    std::vector<double> acc(n);
+    std::vector<double> arow(k);
+    for (size_t i = rowBegin; i < rowEnd; ++i) {
+      for (size_t p = 0; p < k; ++p)
+        arow[p] = a.data[i * k + p];
+      if (transB) {
+        for (size_t j = 0; j < n; ++j) {
+          const float* brow = &b.data[j * k];
+          double s = 0;
+          for (size_t p = 0; p < k; ++p)
+            s += arow[p] * brow[p];
+          acc[j] = s;
+        }
+      } else {
+        std::fill(acc.begin(), acc.end(), 0.0);
+        for (size_t p = 0; p < k; ++p) {
+          const double av = arow[p];
+          const float* brow = &b.data[p * n];
+          for (size_t j = 0; j < n; ++j)
+            acc[j] += av * brow[j];
+        }
       }
-    } else {
-      std::fill(acc.begin(), acc.end(), 0.0);
-      for (size_t p = 0; p < k; ++p) {
-        const double av = arow[p];
-        const float* brow = &b.data[p * n];
-        for (size_t j = 0; j < n; ++j)
-          acc[j] += av * brow[j];
-      }
+      for (size_t j = 0; j < n; ++j)
+        c.data[i * n + j] = store(acc[j], c.desc.dtype);
     }
-    for (size_t j = 0; j < n; ++j)
-      c.data[i * n + j] = store(acc[j], c.desc.dtype);
-  }
+  });
 }
 
 void norm(const Tensor& x, const Tensor& gamma, const Tensor* beta, double eps, bool rms,
@@ -172,12 +198,14 @@ void evalFused(const Op& op, const std::vector<Vertex>& ops, const std::vector<T
   const size_t n = static_cast<size_t>(out.desc.shape[1]);
   const size_t k = static_cast<size_t>(a->desc.shape[1]);
   std::vector<double> acc(m * n, 0.0);
-  for (size_t i = 0; i < m; ++i)
-    for (size_t p = 0; p < k; ++p) {
-      const double av = a->data[i * k + p];
-      for (size_t j = 0; j < n; ++j)
-        acc[i * n + j] += av * (op.transposeB ? b->data[j * k + p] : b->data[p * n + j]);
-    }
+  parallelRows(m, [&](size_t rowBegin, size_t rowEnd) {
+    for (size_t i = rowBegin; i < rowEnd; ++i)
+      for (size_t p = 0; p < k; ++p) {
+        const double av = a->data[i * k + p];
+        for (size_t j = 0; j < n; ++j)
+          acc[i * n + j] += av * (op.transposeB ? b->data[j * k + p] : b->data[p * n + j]);
+      }
+  });
   for (const EpilogueStep& s : f.epilogue) {
     if (s.kind == "activation") {
       const ActivationFn* fn = acts.find(s.fn);
@@ -223,8 +251,8 @@ std::vector<Tensor> evaluate(const Graph& g, const std::map<std::string, Tensor>
       if (it == inputs.end())
         throw ReferenceError("no value given for input %" + op.name);
       if (it->second.desc != op.type || it->second.data.size() != out.data.size())
-        throw ReferenceError("input %" + op.name + " is " + it->second.desc.str() +
-                             "; expected " + op.type.str());
+        throw ReferenceError("input %" + op.name + " is " + it->second.desc.str() + "; expected " +
+                             op.type.str());
       out.data = it->second.data;
       break;
     }

@@ -23,7 +23,16 @@ int main(int argc, char** argv) {
   app.add_option("--seed", opts.seed, "seed of the random inputs")->capture_default_str();
   app.add_option("--out-dir", opts.outDir, "directory for generated files")->capture_default_str();
   app.add_option("--emit", opts.emit, "print one stage and stop")
-      ->check(CLI::IsMember({"fgraph", "fused", "table"}));
+      ->check(CLI::IsMember({"fgraph", "fused", "table", "cuda"}));
+  std::string arch;
+  app.add_option("--arch", arch, "compile for sm_ARCH, e.g. sm_90 or 90 (default: the GPU's)");
+  app.add_flag("!--no-compile", opts.compile, "stop before code generation");
+  app.add_flag("!--no-run", opts.run, "stop after compiling the kernels");
+  app.add_flag("--require-gpu", opts.requireGpu,
+               "exit with 77 (a skipped test for ctest) when there is no GPU to run on");
+  app.add_flag("--ptx", opts.ptx, "keep PTX next to each cubin in the cache");
+  app.add_option("-j,--jobs", opts.jobs, "parallel nvcc processes (default: one per core)");
+  app.add_option("--cache-dir", opts.cacheDir, "kernel cache (default: $FPAT_CACHE_DIR or ~/.cache/fpat)");
   app.add_flag("!--no-reference", opts.reference, "skip the CPU reference evaluation");
   app.add_flag("!--no-graphviz", opts.graphviz, "do not write .dot/.svg");
   app.add_flag("--verify-diagnostics", opts.verifyDiagnostics,
@@ -35,6 +44,15 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
+  }
+  if (!arch.empty()) {
+    std::string digits = arch.rfind("sm_", 0) == 0 ? arch.substr(3) : arch;
+    if (digits.empty() || digits.size() > 3 ||
+        digits.find_first_not_of("0123456789") != std::string::npos || std::stoi(digits) < 75) {
+      std::cerr << "fpatc: error: --arch " << arch << ": expected sm_75 or newer, e.g. sm_90\n";
+      return 2;
+    }
+    opts.arch = std::stoi(digits);
   }
   try {
     return fpat::runFpatc(opts, std::cout, std::cerr);

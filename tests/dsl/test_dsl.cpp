@@ -143,18 +143,18 @@ BOOST_AUTO_TEST_CASE(printed_bodies_parse_back_identically) {
 BOOST_AUTO_TEST_CASE(cuda_lowering_is_readable_and_complete) {
   auto r = compileBuiltin();
   BOOST_TEST_REQUIRE(r->c.has_value());
-  std::string relu = emitActivationFunction(*r->c->library.findActivation("relu"), r->sm);
+  std::string relu = emitActivationFunction(*r->c->library.findActivation("relu"));
   BOOST_TEST(relu.find("__device__ __forceinline__ float fpat_act_relu(float x) {\n"
                        "  return fmaxf(x, 0.0f);\n}") != std::string::npos,
              relu);
-  std::string leaky = emitActivationFunction(*r->c->library.findActivation("leaky_relu"), r->sm);
+  std::string leaky = emitActivationFunction(*r->c->library.findActivation("leaky_relu"));
   BOOST_TEST(leaky.find("fpat_act_leaky_relu(float x, float p_slope)") != std::string::npos);
   BOOST_TEST(leaky.find("return x > 0.0f ? x : p_slope * x;") != std::string::npos, leaky);
   BOOST_TEST(leaky.find("activations.fpat:") != std::string::npos);
   auto neg = compile("include \"fpat.fpat\"\ndef f : Activation { let body = expr { let t = x - -1.5; "
                      "t * - -2 }; }\n");
   BOOST_TEST_REQUIRE(neg->c.has_value(), neg->errors());
-  std::string f = emitActivationFunction(*neg->c->library.findActivation("f"), neg->sm);
+  std::string f = emitActivationFunction(*neg->c->library.findActivation("f"));
   BOOST_TEST(f.find("const float l_t = x - -1.5f;") != std::string::npos, f);
   BOOST_TEST(f.find("return l_t * -(-2.0f);") != std::string::npos, f);
   BOOST_TEST(neg->c->library.findActivation("f")->compiled.eval(1.0, nullptr) == 5.0);

@@ -3,7 +3,8 @@
 // the element count is a multiple of 8 (buffers are 16-byte aligned); [N] vectors broadcast over
 // rows are read element by element (they stay in cache).
 //
-// F provides:   static constexpr int kInputs;  static constexpr int kKind[kInputs];
+// F provides:   static constexpr int kInputs;
+//               __host__ __device__ static constexpr int kind(int input); // FPAT_IN_*
 //               __device__ float operator()(const float* in, const FpatKernelArgs&) const;
 #pragma once
 
@@ -20,22 +21,27 @@ __device__ __forceinline__ void elementwise(const FpatKernelArgs& a) {
   for (int64_t base = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * 8;
        base < n; base += step) {
     float in[F::kInputs][8];
+    #pragma unroll
     for (int k = 0; k < F::kInputs; ++k) {
-      if (F::kKind[k] == FPAT_IN_FULL && vec) {
+      if (F::kind(k) == FPAT_IN_FULL && vec) {
         Half8 v;
         v.u = *reinterpret_cast<const uint4*>(static_cast<const __half*>(a.in[k]) + base);
+        #pragma unroll
         for (int e = 0; e < 8; ++e)
           in[k][e] = __half2float(v.h[e]);
       } else {
+        #pragma unroll
         for (int e = 0; e < 8; ++e) {
           const int64_t i = base + e;
-          in[k][e] = i < n ? ldh(a.in[k], F::kKind[k] == FPAT_IN_FULL ? i : i % a.N) : 0.0f;
+          in[k][e] = i < n ? ldh(a.in[k], F::kind(k) == FPAT_IN_FULL ? i : i % a.N) : 0.0f;
         }
       }
     }
     Half8 out;
+    #pragma unroll
     for (int e = 0; e < 8; ++e) {
       float x[F::kInputs > 0 ? F::kInputs : 1];
+      #pragma unroll
       for (int k = 0; k < F::kInputs; ++k)
         x[k] = in[k][e];
       out.h[e] = __float2half(f(x, a));
@@ -44,6 +50,7 @@ __device__ __forceinline__ void elementwise(const FpatKernelArgs& a) {
     if (vec) {
       *reinterpret_cast<uint4*>(o + base) = out.u;
     } else {
+      #pragma unroll
       for (int e = 0; e < 8; ++e)
         if (base + e < n)
           o[base + e] = out.h[e];

@@ -54,6 +54,7 @@ __device__ __forceinline__ void normalise8(float* v, int64_t r, int64_t k, int64
                                            const FpatKernelArgs& a) {
   const float mean = NORM == 1 ? static_cast<const float*>(a.scratch[0])[r] : 0.0f;
   const float rstd = static_cast<const float*>(a.scratch[1])[r];
+  #pragma unroll
   for (int e = 0; e < 8; ++e) {
     if (k + e >= K) {
       v[e] = 0.0f;
@@ -112,6 +113,7 @@ __device__ __forceinline__ void gemm(const FpatKernelArgs& args) {
   };
 
   auto loadA = [&](int kt, int stage, bool toRegs) {
+    #pragma unroll
     for (int i = 0; i < A_ITERS; ++i) {
       int c = tid + i * T::THREADS;
       if (c >= A_CHUNKS)
@@ -129,14 +131,17 @@ __device__ __forceinline__ void gemm(const FpatKernelArgs& args) {
       if (VEC) {
         v.u = gr < M && gk < K ? *reinterpret_cast<const uint4*>(A + gr * K + gk) : make_uint4(0, 0, 0, 0);
       } else {
+        #pragma unroll
         for (int e = 0; e < 8; ++e)
           v.h[e] = gr < M && gk + e < K ? A[gr * K + gk + e] : __float2half(0.0f);
       }
       if (NORM != 0 && gr < M) {
         float f[8];
+        #pragma unroll
         for (int e = 0; e < 8; ++e)
           f[e] = __half2float(v.h[e]);
         detail::normalise8<NORM>(f, gr, gk, K, args);
+        #pragma unroll
         for (int e = 0; e < 8; ++e)
           v.h[e] = __float2half(f[e]);
       }
@@ -147,6 +152,7 @@ __device__ __forceinline__ void gemm(const FpatKernelArgs& args) {
     }
   };
   auto storeA = [&](int stage) {
+    #pragma unroll
     for (int i = 0; i < A_ITERS; ++i) {
       int c = tid + i * T::THREADS;
       if (c >= A_CHUNKS)
@@ -157,6 +163,7 @@ __device__ __forceinline__ void gemm(const FpatKernelArgs& args) {
     }
   };
   auto loadB = [&](int kt, int stage, bool toRegs) {
+    #pragma unroll
     for (int i = 0; i < B_ITERS; ++i) {
       int c = tid + i * T::THREADS;
       if (c >= B_CHUNKS)
@@ -180,6 +187,7 @@ __device__ __forceinline__ void gemm(const FpatKernelArgs& args) {
         bool in = inRow && (TRANS_B ? gk < K : gn < N);
         v.u = in ? *reinterpret_cast<const uint4*>(src) : make_uint4(0, 0, 0, 0);
       } else {
+        #pragma unroll
         for (int e = 0; e < 8; ++e) {
           bool in = inRow && (TRANS_B ? gk + e < K : gn + e < N);
           v.h[e] = in ? src[e] : __float2half(0.0f);
@@ -192,6 +200,7 @@ __device__ __forceinline__ void gemm(const FpatKernelArgs& args) {
     }
   };
   auto storeB = [&](int stage) {
+    #pragma unroll
     for (int i = 0; i < B_ITERS; ++i) {
       int c = tid + i * T::THREADS;
       if (c >= B_CHUNKS)
@@ -207,29 +216,37 @@ __device__ __forceinline__ void gemm(const FpatKernelArgs& args) {
   using FragB = wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, LayoutB>;
   using FragC = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
   FragC acc[T::FM][T::FN];
+  #pragma unroll
   for (int i = 0; i < T::FM; ++i)
+    #pragma unroll
     for (int j = 0; j < T::FN; ++j)
       wmma::fill_fragment(acc[i][j], 0.0f);
 
   auto compute = [&](int stage) {
     const __half* a = sA + stage * A_STAGE + warpM * T::WM * LDA;
     const __half* b = sB + stage * B_STAGE;
+    #pragma unroll
     for (int kk = 0; kk < BK; kk += 16) {
       FragA fa[T::FM];
       FragB fb[T::FN];
+      #pragma unroll
       for (int i = 0; i < T::FM; ++i)
         wmma::load_matrix_sync(fa[i], a + i * 16 * LDA + kk, LDA);
+      #pragma unroll
       for (int j = 0; j < T::FN; ++j) {
         const int n = warpN * T::WN + j * 16;
         wmma::load_matrix_sync(fb[j], TRANS_B ? b + n * LDB + kk : b + kk * LDB + n, LDB);
       }
+      #pragma unroll
       for (int i = 0; i < T::FM; ++i)
+        #pragma unroll
         for (int j = 0; j < T::FN; ++j)
           wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
     }
   };
 
   // --- main loop: S-1 tiles in flight ahead of the one being multiplied ---------------------
+  #pragma unroll
   for (int s = 0; s < S - 1; ++s) {
     if (s < KT) {
       loadA(s, s, false);
@@ -263,7 +280,9 @@ __device__ __forceinline__ void gemm(const FpatKernelArgs& args) {
   __half* C = static_cast<__half*>(args.out);
   const bool vecC = (N % 8) == 0;
   const Epilogue epi;
+  #pragma unroll
   for (int i = 0; i < T::FM; ++i)
+    #pragma unroll
     for (int j = 0; j < T::FN; ++j) {
       wmma::store_matrix_sync(scratch, acc[i][j], 20, wmma::mem_row_major);
       __syncwarp();
@@ -272,11 +291,13 @@ __device__ __forceinline__ void gemm(const FpatKernelArgs& args) {
       const int64_t gc = col0 + warpN * T::WN + j * 16 + c;
       if (gr < M) {
         Half8 out;
+        #pragma unroll
         for (int e = 0; e < 8; ++e)
           out.h[e] = __float2half(gc + e < N ? epi(scratch[r * 20 + c + e], gr, gc + e, args) : 0.0f);
         if (vecC && gc + 8 <= N) {
           *reinterpret_cast<uint4*>(C + gr * N + gc) = out.u;
         } else {
+          #pragma unroll
           for (int e = 0; e < 8; ++e)
             if (gc + e < N)
               C[gr * N + gc + e] = out.h[e];

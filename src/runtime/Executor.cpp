@@ -1,0 +1,207 @@
+#include "runtime/Executor.h"
+
+#include "support/Diagnostics.h"
+
+#include <algorithm>
+#include <cstring>
+#include <set>
+
+namespace fpat::runtime {
+
+namespace {
+size_t roundUp(size_t b) { return (b + 255) / 256 * 256; }
+size_t bytesOf(const ir::Op& op) { return static_cast<size_t>(op.type.numel()) * 2; }
+} // namespace
+
+BufferPlan planBuffers(const ir::Graph& g) {
+  BufferPlan p;
+  p.slotOf.assign(g.size(), -1);
+  auto order = ir::stableOrder(g);
+  if (!order)
+    throw std::invalid_argument("graph " + g.name() + " has a cycle");
+  std::vector<size_t> pos(g.size());
+  for (size_t i = 0; i < order->size(); ++i)
+    pos[(*order)[i]] = i;
+  std::vector<size_t> lastUse(g.size(), 0);
+  for (ir::Vertex v : g.vertices())
+    for (ir::Vertex u : g.users(v))
+      lastUse[v] = std::max(lastUse[v], pos[u]);
+  auto pinned = [&](ir::Vertex v) {
+    return g.op(v).kind == ir::OpKind::Input || g.isOutput(v);
+  };
+  std::multiset<std::pair<size_t, int>> free; // (bytes, slot), best fit by size
+  for (size_t i = 0; i < order->size(); ++i) {
+    const ir::Vertex v = (*order)[i];
+    const size_t need = roundUp(bytesOf(g.op(v)));
+    p.naiveBytes += need;
+    auto it = pinned(v) ? free.end() : free.lower_bound({need, -1});
+    if (it != free.end()) {
+      p.slotOf[v] = it->second;
+      free.erase(it);
+    } else {
+      p.slotOf[v] = static_cast<int>(p.slotBytes.size());
+      p.slotBytes.push_back(need);
+    }
+    // Operands whose last user is this op give their buffer back.
+    std::set<ir::Vertex> seen;
+    for (ir::Vertex u : g.operands(v))
+      if (seen.insert(u).second && lastUse[u] == i && !pinned(u))
+        free.insert({p.slotBytes[static_cast<size_t>(p.slotOf[u])], p.slotOf[u]});
+    // A value nobody reads (and not an output) is released at once.
+    if (g.users(v).empty() && !pinned(v))
+      free.insert({p.slotBytes[static_cast<size_t>(p.slotOf[v])], p.slotOf[v]});
+  }
+  for (size_t b : p.slotBytes)
+    p.plannedBytes += b;
+  return p;
+}
+
+Executor::Executor(cuda::Driver& drv, const CompiledGraph& cg) : drv_(drv), cg_(cg) {
+  const ir::Graph& g = cg.graph;
+  plan_ = planBuffers(g);
+  for (size_t b : plan_.slotBytes)
+    slots_.push_back(drv_.alloc(b));
+  std::map<std::string, cuda::CUmodule> loaded;
+  auto order = *ir::stableOrder(g);
+  for (ir::Vertex v : order) {
+    const codegen::KernelUnit& u = cg.units[v];
+    if (u.launches.empty())
+      continue;
+    auto it = loaded.find(u.name);
+    if (it == loaded.end()) {
+      auto path = cg.cubins.find(u.name);
+      std::string image;
+      if (path == cg.cubins.end() || !readFile(path->second, image))
+        throw cuda::CudaError("no cubin for kernel " + u.name);
+      it = loaded.emplace(u.name, drv_.loadModule(image)).first;
+      modules_.push_back(it->second);
+    }
+    FpatKernelArgs a;
+    std::memset(&a, 0, sizeof a);
+    a.out = reinterpret_cast<void*>(slots_[static_cast<size_t>(plan_.slotOf[v])]);
+    std::vector<ir::Vertex> ins = g.operands(v);
+    if (ins.size() > FPAT_MAX_INPUTS)
+      throw cuda::CudaError("%" + g.op(v).name + " has more than 8 operands");
+    for (size_t i = 0; i < ins.size(); ++i)
+      a.in[i] = reinterpret_cast<void*>(slots_[static_cast<size_t>(plan_.slotOf[ins[i]])]);
+    a.M = u.M;
+    a.N = u.N;
+    a.K = u.K;
+    a.eps = u.eps;
+    for (size_t i = 0; i < u.params.size() && i < FPAT_MAX_PARAMS; ++i)
+      a.params[i] = u.params[i];
+    if (u.needsRowStats) {
+      for (int s = 0; s < 2; ++s) {
+        scratch_.push_back(drv_.alloc(static_cast<size_t>(u.M) * sizeof(float)));
+        a.scratch[s] = reinterpret_cast<void*>(scratch_.back());
+      }
+    }
+    for (const codegen::Launch& l : u.launches) {
+      cuda::CUfunction f = drv_.function(it->second, l.entry);
+      if (l.smemBytes > drv_.device().smemOptin)
+        throw cuda::CudaError(l.entry + " needs " + std::to_string(l.smemBytes) +
+                              " bytes of shared memory; the device allows " +
+                              std::to_string(drv_.device().smemOptin));
+      if (l.smemBytes > 48 * 1024)
+        drv_.setMaxDynamicSmem(f, l.smemBytes);
+      launches_.push_back({v, f, l, a});
+    }
+  }
+}
+
+Executor::~Executor() {
+  // Errors while tearing down cannot be reported; the context dies with the process anyway.
+  try {
+    for (cuda::CUdeviceptr p : slots_)
+      drv_.free(p);
+    for (cuda::CUdeviceptr p : scratch_)
+      drv_.free(p);
+    for (cuda::CUmodule m : modules_)
+      drv_.unloadModule(m);
+  } catch (...) {
+  }
+}
+
+void Executor::launchAll(bool poison) {
+  const int sms = std::max(1, drv_.device().sms);
+  ir::Vertex poisoned = static_cast<ir::Vertex>(-1);
+  for (Bound& b : launches_) {
+    const codegen::KernelUnit& u = cg_.units[b.v];
+    if (poison && poisoned != b.v) {
+      drv_.fill16(reinterpret_cast<cuda::CUdeviceptr>(b.args.out), 0x7fff,
+                  static_cast<size_t>(cg_.graph.op(b.v).type.numel()));
+      poisoned = b.v;
+    }
+    unsigned gx = 1, gy = 1;
+    switch (b.launch.grid) {
+    case codegen::Launch::GemmTiles:
+      gx = static_cast<unsigned>((u.N + u.tile.bn - 1) / u.tile.bn);
+      gy = static_cast<unsigned>((u.M + u.tile.bm - 1) / u.tile.bm);
+      break;
+    case codegen::Launch::Rows:
+      gx = static_cast<unsigned>((u.M + 7) / 8);
+      break;
+    case codegen::Launch::Elements: {
+      int64_t chunks = (u.M * u.N + 7) / 8;
+      gx = static_cast<unsigned>(std::max<int64_t>(
+          1, std::min<int64_t>((chunks + b.launch.threads - 1) / b.launch.threads, sms * 32)));
+      break;
+    }
+    }
+    drv_.launch(b.fn, gx, gy, 1, static_cast<unsigned>(b.launch.threads), b.launch.smemBytes,
+                &b.args, sizeof b.args);
+  }
+}
+
+RunResult Executor::run(const std::map<std::string, ir::Tensor>& inputs, bool poison) {
+  const ir::Graph& g = cg_.graph;
+  RunResult r;
+  r.deviceBytes = plan_.plannedBytes;
+  r.naiveBytes = plan_.naiveBytes;
+  std::vector<uint16_t> bits;
+  for (ir::Vertex v : g.vertices()) {
+    const ir::Op& op = g.op(v);
+    if (op.kind != ir::OpKind::Input)
+      continue;
+    auto it = inputs.find(op.name);
+    if (it == inputs.end() || it->second.desc != op.type)
+      throw cuda::CudaError("no " + op.type.str() + " value given for input %" + op.name);
+    bits.resize(it->second.data.size());
+    for (size_t i = 0; i < bits.size(); ++i)
+      bits[i] = ir::doubleToHalfBits(it->second.data[i]);
+    drv_.copyToDevice(slots_[static_cast<size_t>(plan_.slotOf[v])], bits.data(), bits.size() * 2);
+  }
+  cuda::CUevent start = drv_.createEvent(), stop = drv_.createEvent();
+  drv_.record(start);
+  launchAll(poison);
+  drv_.record(stop);
+  drv_.synchronize();
+  r.milliseconds = drv_.elapsedMs(start, stop);
+  drv_.destroyEvent(start);
+  drv_.destroyEvent(stop);
+  r.launches = static_cast<int>(launches_.size());
+  for (ir::Vertex v : g.outputs()) {
+    const ir::Op& op = g.op(v);
+    ir::Tensor t{op.type, std::vector<float>(static_cast<size_t>(op.type.numel()))};
+    bits.resize(t.data.size());
+    drv_.copyToHost(bits.data(), slots_[static_cast<size_t>(plan_.slotOf[v])], bits.size() * 2);
+    for (size_t i = 0; i < bits.size(); ++i)
+      t.data[i] = ir::halfBitsToFloat(bits[i]);
+    r.outputs.push_back(std::move(t));
+  }
+  return r;
+}
+
+float Executor::relaunch(int repetitions) {
+  cuda::CUevent start = drv_.createEvent(), stop = drv_.createEvent();
+  drv_.record(start);
+  for (int i = 0; i < repetitions; ++i)
+    launchAll(false);
+  drv_.record(stop);
+  float ms = drv_.elapsedMs(start, stop);
+  drv_.destroyEvent(start);
+  drv_.destroyEvent(stop);
+  return ms / static_cast<float>(std::max(1, repetitions));
+}
+
+} // namespace fpat::runtime

@@ -1,0 +1,75 @@
+// Running a fused graph on the GPU: modules loaded from cubins, buffers planned by liveness,
+// kernels launched in topological order, outputs copied back.
+#pragma once
+
+#include "codegen/Codegen.h"
+#include "codegen/kernels/fpat_abi.h"
+#include "ir/Reference.h"
+#include "runtime/Cuda.h"
+#include "runtime/Nvcc.h"
+
+#include <map>
+#include <string>
+#include <vector>
+
+namespace fpat::runtime {
+
+/// A graph with a generated and compiled kernel for each of its ops.
+struct CompiledGraph {
+  ir::Graph graph;                              // the (fused) graph
+  std::vector<codegen::KernelUnit> units;       // by vertex; inputs have no launches
+  std::map<std::string, std::string> cubins;    // unit name -> cubin path
+};
+
+struct BufferPlan {
+  std::vector<int> slotOf;           // by vertex: buffer slot, -1 for none
+  std::vector<size_t> slotBytes;     // by slot
+  size_t plannedBytes = 0;           // sum of slot sizes
+  size_t naiveBytes = 0;             // one buffer per value
+};
+
+/// Liveness-based plan: a value's buffer returns to the pool after its last user; inputs and
+/// graph outputs keep theirs. Sizes are rounded to 256 bytes (the alignment of every slot).
+BufferPlan planBuffers(const ir::Graph& g);
+
+struct RunResult {
+  std::vector<ir::Tensor> outputs; // in graph output order
+  float milliseconds = 0;          // GPU time of all launches (CUDA events)
+  int launches = 0;
+  size_t deviceBytes = 0;
+  size_t naiveBytes = 0;
+};
+
+class Executor {
+public:
+  Executor(cuda::Driver& drv, const CompiledGraph& cg);
+  ~Executor();
+  Executor(const Executor&) = delete;
+  Executor& operator=(const Executor&) = delete;
+
+  /// Uploads the inputs, runs every kernel, downloads the outputs. With `poison`, every buffer
+  /// is filled with f16 NaN before the kernel that writes it, so an unwritten element shows.
+  RunResult run(const std::map<std::string, ir::Tensor>& inputs, bool poison = true);
+
+  /// Runs the launches again without uploading or downloading (for timing): returns GPU ms.
+  float relaunch(int repetitions);
+
+private:
+  struct Bound {
+    ir::Vertex v;
+    cuda::CUfunction fn;
+    codegen::Launch launch;
+    FpatKernelArgs args;
+  };
+  void launchAll(bool poison);
+
+  cuda::Driver& drv_;
+  const CompiledGraph& cg_;
+  BufferPlan plan_;
+  std::vector<cuda::CUmodule> modules_;
+  std::vector<cuda::CUdeviceptr> slots_;
+  std::vector<cuda::CUdeviceptr> scratch_;
+  std::vector<Bound> launches_;
+};
+
+} // namespace fpat::runtime

@@ -1,0 +1,82 @@
+#include "runtime/Pipeline.h"
+
+#include <chrono>
+#include <cmath>
+
+namespace fpat::runtime {
+
+BuildResult buildKernels(const ir::Graph& fused, const dsl::PatternLibrary& lib,
+                         const BuildOptions& o) {
+  BuildResult r;
+  r.graph.graph = fused;
+  codegen::CodegenOptions copts;
+  copts.arch = o.arch;
+  copts.sms = o.sms;
+  copts.tile = o.tile;
+  copts.sources = o.patternSources;
+  try {
+    for (ir::Vertex v : fused.vertices())
+      r.graph.units.push_back(codegen::generate(fused, v, lib, copts));
+  } catch (const codegen::CodegenError& e) {
+    r.error = e.what();
+    return r;
+  }
+  NvccOptions n;
+  n.arch = o.arch;
+  n.cacheDir = o.cacheDir;
+  n.jobs = o.jobs;
+  n.ptx = o.ptx;
+  auto t0 = std::chrono::steady_clock::now();
+  try {
+    r.kernels = compileAll(r.graph.units, n);
+  } catch (const std::runtime_error& e) {
+    r.error = e.what();
+    return r;
+  }
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (const CompiledKernel& k : r.kernels) {
+    if (!k.error.empty()) {
+      r.error += k.error;
+      continue;
+    }
+    (k.cached ? r.cached : r.compiled) += 1;
+    r.graph.cubins[k.name] = k.cubinPath;
+  }
+  return r;
+}
+
+// The tolerance: the reference keeps f16 storage between unfused ops while fused kernels keep
+// f32 inside, so results differ by a few f16 ulps (2^-11 = 4.9e-4 relative each), and f32
+// accumulation in a different order adds ~sqrt(K) * 6e-8. 1e-2 leaves room for both; a wrong
+// element (missed tile, wrong operand, stale buffer) is off by about the values themselves.
+// Relative errors are taken against max(|ref|, rms(ref)) so that elements near zero do not
+// turn rounding noise into large ratios.
+Agreement compareToReference(const ir::Tensor& got, const ir::Tensor& want, double tolerance) {
+  Agreement a;
+  if (got.data.size() != want.data.size()) {
+    a.nonFinite = want.data.size();
+    return a;
+  }
+  double sq = 0;
+  size_t n = 0;
+  for (float w : want.data)
+    if (std::isfinite(w)) {
+      sq += double(w) * w;
+      ++n;
+    }
+  const double rms = std::max(n ? std::sqrt(sq / static_cast<double>(n)) : 0.0, 1e-30);
+  for (size_t i = 0; i < want.data.size(); ++i) {
+    const double g = got.data[i], w = want.data[i];
+    if (!std::isfinite(g) || !std::isfinite(w)) {
+      ++a.nonFinite; // NaN never passes, on either side
+      continue;
+    }
+    const double d = std::fabs(g - w);
+    a.maxAbs = std::max(a.maxAbs, d);
+    a.maxRel = std::max(a.maxRel, d / std::max(std::fabs(w), rms));
+  }
+  a.pass = a.nonFinite == 0 && a.maxRel <= tolerance;
+  return a;
+}
+
+} // namespace fpat::runtime

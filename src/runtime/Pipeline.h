@@ -1,0 +1,45 @@
+// The GPU half of the pipeline as plain functions: generate and compile every kernel of a fused
+// graph, run it, validate outputs. fpatc, the examples and the GPU tests all go through here.
+#pragma once
+
+#include "runtime/Executor.h"
+
+namespace fpat::runtime {
+
+struct BuildOptions {
+  int arch = 90;
+  int sms = 132;
+  std::string cacheDir;                                // "" : default cache
+  int jobs = 0;
+  bool ptx = false;
+  const codegen::TileConfig* tile = nullptr;           // force one GEMM configuration
+  std::map<std::string, std::string> patternSources;   // pattern -> "file:line"
+};
+
+struct BuildResult {
+  CompiledGraph graph;
+  std::vector<CompiledKernel> kernels;                 // one per distinct unit
+  std::string error;                                   // codegen or nvcc failure, or ""
+  int compiled = 0, cached = 0;
+  double seconds = 0;
+};
+
+/// Generates and compiles a kernel for every op of `fused`.
+BuildResult buildKernels(const ir::Graph& fused, const dsl::PatternLibrary& lib,
+                         const BuildOptions& o);
+
+/// Agreement of a GPU result with the CPU reference.
+struct Agreement {
+  double maxAbs = 0;
+  double maxRel = 0;        // relative to max(|ref|, rms(ref))
+  size_t nonFinite = 0;     // elements where either side is NaN or infinite
+  bool pass = false;
+};
+
+/// The tolerance fpat validates GPU results with; see Pipeline.cpp for the reasoning.
+constexpr double kRelTolerance = 1e-2;
+
+Agreement compareToReference(const ir::Tensor& got, const ir::Tensor& want,
+                             double tolerance = kRelTolerance);
+
+} // namespace fpat::runtime

@@ -1,0 +1,101 @@
+// Graphs and pattern libraries shared by the codegen and GPU suites: one graph per built-in
+// pattern and per fallback kernel, at a given (M, N, K).
+#pragma once
+
+#include "dsl/Library.h"
+#include "ir/Builder.h"
+#include "match/Match.h"
+
+#include <boost/test/unit_test.hpp>
+
+#include <string>
+#include <vector>
+
+namespace fpat::testing {
+
+struct Shape {
+  int64_t m, n, k;
+  std::string str() const {
+    return std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k);
+  }
+};
+
+/// The built-in library (activation bodies), compiled from patterns/ once.
+inline const dsl::PatternLibrary& builtinLibrary() {
+  static SourceManager sm;
+  static DiagEngine diags(sm);
+  static const dsl::PatternLibrary lib = [] {
+    std::string path = std::string(FPAT_SOURCE_DIR) + "/patterns/all.fpat", text;
+    readFile(path, text);
+    int id = sm.addBuffer(path, text);
+    auto c = dsl::compileFpat(id, sm, diags, dsl::CompileOptions{});
+    if (!c)
+      throw std::runtime_error("the built-in patterns do not compile");
+    return c->library;
+  }();
+  return lib;
+}
+
+/// Names of the graphs `caseGraph` builds: the nine patterns, then the fallback kernels.
+inline std::vector<std::string> caseNames() {
+  return {"gemm_bias_gelu", "gemm_bias_silu", "gemm_bias_relu", "gemm_bias",
+          "gemm_bias_residual", "gemm_gelu", "gemm_silu", "layernorm_gemm", "rmsnorm_gemm",
+          "gemm", "gemm_bt", "bias_add", "activation_gelu_erf", "activation_leaky_relu", "add",
+          "mul", "layernorm", "rmsnorm"};
+}
+
+/// A graph that the built-in table fuses into exactly the pattern `name` (or, for fallbacks,
+/// an unfusable graph whose only op is of that kind). x: [M, K], weights: [K, N].
+inline ir::Graph caseGraph(const std::string& name, Shape s) {
+  ir::ActivationSet acts = builtinLibrary().activationSet();
+  ir::GraphBuilder b(name, acts);
+  auto x = b.input("x", {s.m, s.k});
+  auto w = [&] { return b.input("w", {s.k, s.n}); };
+  auto bias = [&] { return b.input("b", {s.n}); };
+  if (name == "gemm_bias_gelu" || name == "gemm_bias_silu" || name == "gemm_bias_relu") {
+    b.output(b.activation(b.bias(b.gemm(x, w()), bias()), name.substr(10), "y"));
+  } else if (name == "gemm_bias") {
+    b.output(b.bias(b.gemm(x, w()), bias(), "y"));
+  } else if (name == "gemm_bias_residual") {
+    auto r = b.input("r", {s.m, s.n});
+    b.output(b.add(r, b.bias(b.gemm(x, w()), bias()), "y")); // residual first: commutativity
+  } else if (name == "gemm_gelu" || name == "gemm_silu") {
+    b.output(b.activation(b.gemm(x, w()), name.substr(5), "y"));
+  } else if (name == "layernorm_gemm") {
+    auto g = b.input("g", {s.k}), be = b.input("be", {s.k});
+    b.output(b.gemm(b.layernorm(x, g, be, 1e-5), w(), false, "y"));
+  } else if (name == "rmsnorm_gemm") {
+    auto g = b.input("g", {s.k});
+    b.output(b.gemm(b.rmsnorm(x, g, 1e-6), w(), false, "y"));
+  } else if (name == "gemm") {
+    b.output(b.gemm(x, w(), false, "y"));
+  } else if (name == "gemm_bt") {
+    b.output(b.gemm(x, b.input("wt", {s.n, s.k}), true, "y"));
+  } else if (name == "bias_add") {
+    b.output(b.bias(b.input("h", {s.m, s.n}), bias(), "y"));
+  } else if (name == "activation_gelu_erf" || name == "activation_leaky_relu") {
+    b.output(b.activation(b.input("h", {s.m, s.n}), name.substr(11), "y"));
+  } else if (name == "add" || name == "mul") {
+    auto p = b.input("p", {s.m, s.n}), q = b.input("q", {s.m, s.n});
+    b.output(name == "add" ? b.add(p, q, "y") : b.mul(p, q, "y"));
+  } else if (name == "layernorm") {
+    b.output(b.layernorm(b.input("h", {s.m, s.n}), b.input("g", {s.n}), b.input("be", {s.n}),
+                         1e-5, "y"));
+  } else if (name == "rmsnorm") {
+    b.output(b.rmsnorm(b.input("h", {s.m, s.n}), b.input("g", {s.n}), 1e-6, "y"));
+  } else {
+    throw std::invalid_argument("no test graph " + name);
+  }
+  ir::Graph g = b.build();
+  if (name == "activation_leaky_relu")
+    g.op(*g.find("y")).params["slope"] = 0.2;
+  return g;
+}
+
+/// `g` fused with the built-in table.
+inline ir::Graph fuse(const ir::Graph& g) {
+  return match::rewrite(g, match::builtinTable(),
+                        match::findMatches(g, match::builtinTable()).matches);
+}
+
+} // namespace fpat::testing

@@ -1,0 +1,178 @@
+// The GPU suite: each of the nine patterns and each fallback kernel, run on the GPU at aligned
+// and ragged shapes and compared with the CPU reference. Without a GPU the whole suite exits
+// with 77, which ctest reports as skipped. FPAT_GPU_QUICK=1 keeps to small shapes (for
+// compute-sanitizer, which slows kernels down a hundredfold).
+#define BOOST_TEST_MODULE gpu
+#include "../common/TestGraphs.h"
+
+#include "ir/Reference.h"
+#include "ir/text/Text.h"
+#include "runtime/Pipeline.h"
+
+#include <boost/test/unit_test.hpp>
+
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+
+using namespace fpat;
+using namespace fpat::testing;
+
+namespace {
+
+cuda::Driver* gpu() { return cuda::Driver::get(nullptr); }
+
+bool quick() {
+  const char* q = std::getenv("FPAT_GPU_QUICK");
+  return q && *q && std::string(q) != "0";
+}
+
+/// M, N, K drawn from {1, 17, 64, 100, 1000, 4096}: aligned, ragged and degenerate mixes.
+std::vector<Shape> shapes() {
+  if (quick())
+    return {{64, 64, 64}, {17, 100, 40}, {1, 17, 64}, {100, 64, 17}};
+  return {{64, 64, 64},    {1000, 4096, 64}, {4096, 64, 1000}, {17, 100, 1000},
+          {100, 1000, 17}, {1, 17, 4096},    {1, 1, 1},        {4096, 1000, 100}};
+}
+
+std::string cacheDir() {
+  if (const char* d = std::getenv("FPAT_CACHE_DIR"); d && *d)
+    return d;
+  return (std::filesystem::temp_directory_path() / "fpat-gpu-test-cache").string();
+}
+
+runtime::BuildOptions buildOptions() {
+  runtime::BuildOptions o;
+  o.arch = gpu()->device().arch;
+  o.sms = gpu()->device().sms;
+  o.cacheDir = cacheDir();
+  return o;
+}
+
+/// Without a GPU the suite ends here with 77 (ctest: skipped). Otherwise every kernel of every
+/// case is compiled up front, in parallel, so the cases find them cached.
+struct GpuSetup {
+  GpuSetup() {
+    std::string why;
+    if (!cuda::Driver::get(&why)) {
+      std::cout << "GPU suite skipped: " << why << std::endl;
+      std::exit(77);
+    }
+    std::vector<codegen::KernelUnit> units;
+    codegen::CodegenOptions c;
+    c.arch = gpu()->device().arch;
+    c.sms = gpu()->device().sms;
+    for (const std::string& name : caseNames())
+      for (Shape s : shapes()) {
+        ir::Graph f = fuse(caseGraph(name, s));
+        for (ir::Vertex v : f.vertices())
+          units.push_back(codegen::generate(f, v, builtinLibrary(), c));
+      }
+    runtime::NvccOptions n;
+    n.arch = c.arch;
+    n.cacheDir = cacheDir();
+    for (const runtime::CompiledKernel& k : runtime::compileAll(units, n))
+      if (!k.error.empty())
+        std::cerr << k.error;
+  }
+};
+BOOST_TEST_GLOBAL_FIXTURE(GpuSetup);
+
+void runCase(const std::string& name, Shape s, uint64_t seed) {
+  BOOST_TEST_CONTEXT(name << " at M x N x K = " << s.str()) {
+    ir::Graph g = caseGraph(name, s);
+    ir::Graph f = fuse(g);
+    runtime::BuildResult b = runtime::buildKernels(f, builtinLibrary(), buildOptions());
+    BOOST_TEST_REQUIRE(b.error.empty(), b.error);
+    auto inputs = ir::randomInputs(g, seed);
+    auto want = ir::evaluate(g, inputs, builtinLibrary().referenceActivations());
+    runtime::Executor ex(*gpu(), b.graph);
+    runtime::RunResult r = ex.run(inputs, /*poison=*/true);
+    BOOST_TEST_REQUIRE(r.outputs.size() == g.outputs().size());
+    for (size_t i = 0; i < g.outputs().size(); ++i) {
+      runtime::Agreement a = runtime::compareToReference(r.outputs[i], want[g.outputs()[i]]);
+      BOOST_TEST(a.pass, "max abs err " << a.maxAbs << ", max rel err " << a.maxRel
+                                        << ", non-finite " << a.nonFinite);
+    }
+  }
+}
+
+} // namespace
+
+BOOST_AUTO_TEST_CASE(device_is_described) {
+  const cuda::DeviceInfo& d = gpu()->device();
+  BOOST_TEST_MESSAGE("device: " << d.name << ", sm_" << d.arch << ", " << d.sms << " SMs, "
+                                << d.smemOptin << " bytes of opt-in shared memory");
+  BOOST_TEST(d.arch >= 75);
+  BOOST_TEST(d.sms > 0);
+}
+
+// One test case per pattern and per fallback kernel; each runs every shape.
+#define FPAT_GPU_CASE(id)                                                                        \
+  BOOST_AUTO_TEST_CASE(id) {                                                                     \
+    uint64_t seed = 1;                                                                           \
+    for (Shape s : shapes())                                                                     \
+      runCase(#id, s, seed++);                                                                   \
+  }
+FPAT_GPU_CASE(gemm_bias_gelu)
+FPAT_GPU_CASE(gemm_bias_silu)
+FPAT_GPU_CASE(gemm_bias_relu)
+FPAT_GPU_CASE(gemm_bias)
+FPAT_GPU_CASE(gemm_bias_residual)
+FPAT_GPU_CASE(gemm_gelu)
+FPAT_GPU_CASE(gemm_silu)
+FPAT_GPU_CASE(layernorm_gemm)
+FPAT_GPU_CASE(rmsnorm_gemm)
+FPAT_GPU_CASE(gemm)
+FPAT_GPU_CASE(gemm_bt)
+FPAT_GPU_CASE(bias_add)
+FPAT_GPU_CASE(activation_gelu_erf)
+FPAT_GPU_CASE(activation_leaky_relu)
+FPAT_GPU_CASE(add)
+FPAT_GPU_CASE(mul)
+FPAT_GPU_CASE(layernorm)
+FPAT_GPU_CASE(rmsnorm)
+
+BOOST_AUTO_TEST_CASE(poisoned_outputs_catch_unwritten_elements) {
+  // A kernel that writes nothing must fail validation: run a gemm whose launch grid is empty by
+  // handing the executor a unit with M = 0 rows to cover.
+  ir::Graph g = caseGraph("gemm", {64, 64, 64});
+  runtime::BuildResult b = runtime::buildKernels(fuse(g), builtinLibrary(), buildOptions());
+  BOOST_TEST_REQUIRE(b.error.empty(), b.error);
+  for (codegen::KernelUnit& u : b.graph.units)
+    if (!u.launches.empty())
+      u.M = 0;
+  auto inputs = ir::randomInputs(g, 3);
+  auto want = ir::evaluate(g, inputs);
+  runtime::Executor ex(*gpu(), b.graph);
+  runtime::RunResult r = ex.run(inputs, true);
+  runtime::Agreement a = runtime::compareToReference(r.outputs[0], want[g.outputs()[0]]);
+  BOOST_TEST(!a.pass);
+  BOOST_TEST(a.nonFinite == static_cast<size_t>(64 * 64));
+}
+
+BOOST_AUTO_TEST_CASE(whole_graphs_run) {
+  for (const char* file : {"/examples/ffn_swiglu.fgraph", "/examples/transformer_mlp.fgraph"}) {
+    BOOST_TEST_CONTEXT(file) {
+      SourceManager sm;
+      std::string text;
+      BOOST_TEST_REQUIRE(readFile(std::string(FPAT_SOURCE_DIR) + file, text));
+      DiagEngine d(sm);
+      auto g = ir::parseGraph(sm.addBuffer(file, text), d, builtinLibrary().activationSet());
+      BOOST_TEST_REQUIRE(g.has_value());
+      ir::Graph f = fuse(*g);
+      runtime::BuildResult b = runtime::buildKernels(f, builtinLibrary(), buildOptions());
+      BOOST_TEST_REQUIRE(b.error.empty(), b.error);
+      auto inputs = ir::randomInputs(*g, 7);
+      auto want = ir::evaluate(*g, inputs, builtinLibrary().referenceActivations());
+      runtime::Executor ex(*gpu(), b.graph);
+      runtime::RunResult r = ex.run(inputs);
+      BOOST_TEST(r.deviceBytes <= r.naiveBytes);
+      for (size_t i = 0; i < g->outputs().size(); ++i) {
+        runtime::Agreement a = runtime::compareToReference(r.outputs[i], want[g->outputs()[i]]);
+        BOOST_TEST(a.pass, "output " << i << ": max rel err " << a.maxRel << ", non-finite "
+                                     << a.nonFinite);
+      }
+    }
+  }
+}

@@ -4,6 +4,7 @@
 #include "dsl/Library.h"
 #include "ir/Reference.h"
 #include "runtime/Pipeline.h"
+#include "tune/Tuner.h"
 #include "ir/text/Text.h"
 #include "match/Match.h"
 #include "support/Process.h"
@@ -194,15 +195,70 @@ int gpuStages(const FpatcOptions& opts, const ir::Graph& fused, const Patterns& 
   bopts.ptx = opts.ptx;
   for (const dsl::PatternMeta& m : pats.table.patterns)
     bopts.patternSources[m.name] = m.file + ":" + std::to_string(m.line);
+
+  // GEMM configurations: tuned now (fpatc tune), from the tuning cache, or the heuristic.
+  std::map<ir::Vertex, tune::Choice> choices;
+  {
+    tune::TuningCache cache(opts.tuneCache);
+    const std::string nvccVer = runtime::nvccVersion(runtime::findNvcc({}));
+    std::vector<ir::Vertex> ops;
+    for (ir::Vertex v : fused.vertices())
+      if (tune::tunable(fused, v))
+        ops.push_back(v);
+    if (opts.tune && !drv)
+      out << "== tune: skipped: " << why << "; the heuristic picks every configuration\n";
+    if (opts.tune && drv) {
+      out << "== tune: " << ops.size() << " op" << (ops.size() == 1 ? "" : "s") << " on "
+          << drv->device().name << ", results in " << cache.path() << "\n";
+      auto t0 = std::chrono::steady_clock::now();
+      tune::TuneOptions topts;
+      topts.retune = opts.retune;
+      topts.cacheDir = opts.cacheDir;
+      topts.jobs = opts.jobs;
+      for (size_t i = 0; i < ops.size(); ++i) {
+        const ir::Op& op = fused.op(ops[i]);
+        out << "  [" << i + 1 << "/" << ops.size() << "] %" << op.name << " "
+            << (op.kind == ir::OpKind::Fused ? op.fused.pattern : "gemm") << " "
+            << op.type.shapeStr() << ": " << std::flush;
+        try {
+          tune::Choice c = tune::tune(*drv, fused, ops[i], pats.library, cache, topts);
+          choices[ops[i]] = c;
+          double spent = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          out << (c.source == "cache" ? "cached " : "best ") << c.config.str() << " "
+              << fixed(c.ms, 4) << " ms (heuristic " << fixed(c.heuristicMs, 4) << " ms)";
+          if (c.source == "tuned")
+            out << ", " << c.tried << " configs tried, " << c.rejected << " rejected";
+          out << "; " << fixed(spent, 1) << " s so far, about "
+              << fixed(spent / static_cast<double>(i + 1) * static_cast<double>(ops.size() - i - 1), 0)
+              << " s left\n";
+        } catch (const std::exception& e) {
+          out << "failed\n";
+          err << "fpatc: error: tuning %" << op.name << ": " << e.what() << "\n";
+          return 1;
+        }
+      }
+    }
+    for (ir::Vertex v : ops)
+      if (!choices.count(v))
+        choices[v] = tune::choose(fused, v, pats.library, cache, arch, bopts.sms, nvccVer,
+                                  opts.retune);
+    for (const std::string& w : cache.takeWarnings())
+      err << "fpatc: warning: " << w << "\n";
+    for (auto& [v, c] : choices)
+      bopts.tiles[v] = c.config;
+  }
   if (opts.emit == "cuda") {
     codegen::CodegenOptions copts;
     copts.arch = arch;
+    copts.sms = bopts.sms;
     copts.sources = bopts.patternSources;
     std::error_code ec;
     fs::create_directories(opts.outDir, ec);
     std::set<std::string> written;
     try {
       for (ir::Vertex v : fused.vertices()) {
+        auto tile = bopts.tiles.find(v);
+        copts.tile = tile == bopts.tiles.end() ? nullptr : &tile->second;
         codegen::KernelUnit u = codegen::generate(fused, v, pats.library, copts);
         if (u.launches.empty() || !written.insert(u.name).second)
           continue;
@@ -225,13 +281,15 @@ int gpuStages(const FpatcOptions& opts, const ir::Graph& fused, const Patterns& 
     kernels += u.launches.empty() ? 0 : 1;
   out << "== codegen: " << kernels << " kernel" << (kernels == 1 ? "" : "s") << " for sm_" << arch
       << (opts.arch || drv ? "" : " (no GPU here; pass --arch to choose)") << "\n";
-  for (const codegen::KernelUnit& u : cg.units)
-    if (!u.launches.empty())
-      out << "  " << u.what << ": " << u.name
-          << (u.family == "gemm" || u.family == "norm_gemm" ? " (config " + u.tile.str() +
-                                                                  ": heuristic)"
-                                                            : "")
-          << "\n";
+  for (ir::Vertex v : fused.vertices()) {
+    const codegen::KernelUnit& u = cg.units[v];
+    if (u.launches.empty())
+      continue;
+    out << "  " << u.what << ": " << u.name;
+    if (auto c = choices.find(v); c != choices.end())
+      out << " (config " << u.tile.str() << ": " << c->second.source << ")";
+    out << "\n";
+  }
   if (!built.error.empty() && built.kernels.empty()) {
     err << "fpatc: error: " << built.error << (built.error.back() == '\n' ? "" : "\n");
     return 1;

@@ -26,6 +26,9 @@ struct FpatcOptions {
   bool compile = true;                   // generate and compile kernels (needs nvcc)
   bool run = true;                       // execute on the GPU when there is one
   bool requireGpu = false;               // exit 77 (skipped) when there is no GPU
+  bool tune = false;                     // `fpatc tune`: measure configurations first
+  bool retune = false;                   // ignore cached tuning results
+  std::string tuneCache;                 // "" : $FPAT_TUNE_CACHE or <cache dir>/tuning.json
   bool ptx = false;                      // keep PTX next to each cubin
   int jobs = 0;                          // parallel nvcc processes (0: one per core)
   std::string cacheDir;                  // kernel cache ("" : $FPAT_CACHE_DIR or ~/.cache/fpat)

@@ -59,8 +59,10 @@ BufferPlan planBuffers(const ir::Graph& g) {
 Executor::Executor(cuda::Driver& drv, const CompiledGraph& cg) : drv_(drv), cg_(cg) {
   const ir::Graph& g = cg.graph;
   plan_ = planBuffers(g);
+  slotSets_.emplace_back();
   for (size_t b : plan_.slotBytes)
-    slots_.push_back(drv_.alloc(b));
+    slotSets_[0].push_back(drv_.alloc(b));
+  const std::vector<cuda::CUdeviceptr>& slots0 = slotSets_[0];
   std::map<std::string, cuda::CUmodule> loaded;
   auto order = *ir::stableOrder(g);
   for (ir::Vertex v : order) {
@@ -78,12 +80,12 @@ Executor::Executor(cuda::Driver& drv, const CompiledGraph& cg) : drv_(drv), cg_(
     }
     FpatKernelArgs a;
     std::memset(&a, 0, sizeof a);
-    a.out = reinterpret_cast<void*>(slots_[static_cast<size_t>(plan_.slotOf[v])]);
+    a.out = reinterpret_cast<void*>(slots0[static_cast<size_t>(plan_.slotOf[v])]);
     std::vector<ir::Vertex> ins = g.operands(v);
     if (ins.size() > FPAT_MAX_INPUTS)
       throw cuda::CudaError("%" + g.op(v).name + " has more than 8 operands");
     for (size_t i = 0; i < ins.size(); ++i)
-      a.in[i] = reinterpret_cast<void*>(slots_[static_cast<size_t>(plan_.slotOf[ins[i]])]);
+      a.in[i] = reinterpret_cast<void*>(slots0[static_cast<size_t>(plan_.slotOf[ins[i]])]);
     a.M = u.M;
     a.N = u.N;
     a.K = u.K;
@@ -104,7 +106,10 @@ Executor::Executor(cuda::Driver& drv, const CompiledGraph& cg) : drv_(drv), cg_(
                               std::to_string(drv_.device().smemOptin));
       if (l.smemBytes > 48 * 1024)
         drv_.setMaxDynamicSmem(f, l.smemBytes);
-      launches_.push_back({v, f, l, a});
+      std::vector<int> inSlots;
+      for (ir::Vertex in : ins)
+        inSlots.push_back(plan_.slotOf[in]);
+      launches_.push_back({v, f, l, a, plan_.slotOf[v], inSlots});
     }
   }
 }
@@ -112,8 +117,9 @@ Executor::Executor(cuda::Driver& drv, const CompiledGraph& cg) : drv_(drv), cg_(
 Executor::~Executor() {
   // Errors while tearing down cannot be reported; the context dies with the process anyway.
   try {
-    for (cuda::CUdeviceptr p : slots_)
-      drv_.free(p);
+    for (const auto& set : slotSets_)
+      for (cuda::CUdeviceptr p : set)
+        drv_.free(p);
     for (cuda::CUdeviceptr p : scratch_)
       drv_.free(p);
     for (cuda::CUmodule m : modules_)
@@ -122,13 +128,18 @@ Executor::~Executor() {
   }
 }
 
-void Executor::launchAll(bool poison) {
+void Executor::launchAll(bool poison, size_t set) {
   const int sms = std::max(1, drv_.device().sms);
+  const std::vector<cuda::CUdeviceptr>& slots = slotSets_.at(set);
   ir::Vertex poisoned = static_cast<ir::Vertex>(-1);
   for (Bound& b : launches_) {
     const codegen::KernelUnit& u = cg_.units[b.v];
+    FpatKernelArgs args = b.args;
+    args.out = reinterpret_cast<void*>(slots[static_cast<size_t>(b.outSlot)]);
+    for (size_t i = 0; i < b.inSlots.size(); ++i)
+      args.in[i] = reinterpret_cast<void*>(slots[static_cast<size_t>(b.inSlots[i])]);
     if (poison && poisoned != b.v) {
-      drv_.fill16(reinterpret_cast<cuda::CUdeviceptr>(b.args.out), 0x7fff,
+      drv_.fill16(reinterpret_cast<cuda::CUdeviceptr>(args.out), 0x7fff,
                   static_cast<size_t>(cg_.graph.op(b.v).type.numel()));
       poisoned = b.v;
     }
@@ -148,29 +159,47 @@ void Executor::launchAll(bool poison) {
       break;
     }
     }
+    if (gx == 0 || gy == 0)
+      throw cuda::CudaError("%" + cg_.graph.op(b.v).name + ": empty launch grid");
     drv_.launch(b.fn, gx, gy, 1, static_cast<unsigned>(b.launch.threads), b.launch.smemBytes,
-                &b.args, sizeof b.args);
+                &args, sizeof args);
   }
 }
 
 RunResult Executor::run(const std::map<std::string, ir::Tensor>& inputs, bool poison) {
-  const ir::Graph& g = cg_.graph;
-  RunResult r;
-  r.deviceBytes = plan_.plannedBytes;
-  r.naiveBytes = plan_.naiveBytes;
-  std::vector<uint16_t> bits;
-  for (ir::Vertex v : g.vertices()) {
-    const ir::Op& op = g.op(v);
+  std::map<std::string, std::vector<uint16_t>> bits;
+  for (ir::Vertex v : cg_.graph.vertices()) {
+    const ir::Op& op = cg_.graph.op(v);
     if (op.kind != ir::OpKind::Input)
       continue;
     auto it = inputs.find(op.name);
     if (it == inputs.end() || it->second.desc != op.type)
       throw cuda::CudaError("no " + op.type.str() + " value given for input %" + op.name);
-    bits.resize(it->second.data.size());
-    for (size_t i = 0; i < bits.size(); ++i)
-      bits[i] = ir::doubleToHalfBits(it->second.data[i]);
-    drv_.copyToDevice(slots_[static_cast<size_t>(plan_.slotOf[v])], bits.data(), bits.size() * 2);
+    std::vector<uint16_t>& b = bits[op.name];
+    b.resize(it->second.data.size());
+    for (size_t i = 0; i < b.size(); ++i)
+      b[i] = ir::doubleToHalfBits(it->second.data[i]);
   }
+  return runBits(bits, poison);
+}
+
+RunResult Executor::runBits(const std::map<std::string, std::vector<uint16_t>>& inputs,
+                            bool poison) {
+  const ir::Graph& g = cg_.graph;
+  RunResult r;
+  r.deviceBytes = plan_.plannedBytes;
+  r.naiveBytes = plan_.naiveBytes;
+  for (ir::Vertex v : g.vertices()) {
+    const ir::Op& op = g.op(v);
+    if (op.kind != ir::OpKind::Input)
+      continue;
+    auto it = inputs.find(op.name);
+    if (it == inputs.end() || it->second.size() != static_cast<size_t>(op.type.numel()))
+      throw cuda::CudaError("no " + op.type.str() + " value given for input %" + op.name);
+    drv_.copyToDevice(slotSets_[0][static_cast<size_t>(plan_.slotOf[v])], it->second.data(),
+                      it->second.size() * 2);
+  }
+  std::vector<uint16_t> bits;
   cuda::CUevent start = drv_.createEvent(), stop = drv_.createEvent();
   drv_.record(start);
   launchAll(poison);
@@ -184,7 +213,8 @@ RunResult Executor::run(const std::map<std::string, ir::Tensor>& inputs, bool po
     const ir::Op& op = g.op(v);
     ir::Tensor t{op.type, std::vector<float>(static_cast<size_t>(op.type.numel()))};
     bits.resize(t.data.size());
-    drv_.copyToHost(bits.data(), slots_[static_cast<size_t>(plan_.slotOf[v])], bits.size() * 2);
+    drv_.copyToHost(bits.data(), slotSets_[0][static_cast<size_t>(plan_.slotOf[v])],
+                    bits.size() * 2);
     for (size_t i = 0; i < bits.size(); ++i)
       t.data[i] = ir::halfBitsToFloat(bits[i]);
     r.outputs.push_back(std::move(t));
@@ -192,16 +222,49 @@ RunResult Executor::run(const std::map<std::string, ir::Tensor>& inputs, bool po
   return r;
 }
 
-float Executor::relaunch(int repetitions) {
-  cuda::CUevent start = drv_.createEvent(), stop = drv_.createEvent();
-  drv_.record(start);
-  for (int i = 0; i < repetitions; ++i)
-    launchAll(false);
-  drv_.record(stop);
-  float ms = drv_.elapsedMs(start, stop);
-  drv_.destroyEvent(start);
-  drv_.destroyEvent(stop);
-  return ms / static_cast<float>(std::max(1, repetitions));
+std::vector<float> Executor::time(int warmup, int reps, size_t minWorkingSet) {
+  const size_t perSet = std::max<size_t>(plan_.plannedBytes, 1);
+  const size_t want = std::min<size_t>(32, (minWorkingSet + perSet - 1) / perSet);
+  while (slotSets_.size() < std::max<size_t>(want, 1)) {
+    std::vector<cuda::CUdeviceptr> set;
+    for (size_t s = 0; s < plan_.slotBytes.size(); ++s) {
+      set.push_back(drv_.alloc(plan_.slotBytes[s]));
+      drv_.copyOnDevice(set.back(), slotSets_[0][s], plan_.slotBytes[s]);
+    }
+    slotSets_.push_back(std::move(set));
+  }
+  for (int i = 0; i < warmup; ++i)
+    launchAll(false, static_cast<size_t>(i) % slotSets_.size());
+  std::vector<cuda::CUevent> ev;
+  for (int i = 0; i <= reps; ++i)
+    ev.push_back(drv_.createEvent());
+  drv_.record(ev[0]);
+  for (int i = 0; i < reps; ++i) {
+    launchAll(false, static_cast<size_t>(i + warmup) % slotSets_.size());
+    drv_.record(ev[static_cast<size_t>(i) + 1]);
+  }
+  std::vector<float> ms;
+  for (int i = 0; i < reps; ++i)
+    ms.push_back(drv_.elapsedMs(ev[static_cast<size_t>(i)], ev[static_cast<size_t>(i) + 1]));
+  for (cuda::CUevent e : ev)
+    drv_.destroyEvent(e);
+  return ms;
+}
+
+std::pair<int, int> Executor::registersAndLocalBytes() {
+  int regs = 0, local = 0;
+  for (const Bound& b : launches_) {
+    regs = std::max(regs, drv_.funcAttribute(b.fn, cuda::Driver::kFuncNumRegs));
+    local = std::max(local, drv_.funcAttribute(b.fn, cuda::Driver::kFuncLocalBytes));
+  }
+  return {regs, local};
+}
+
+cuda::CUdeviceptr Executor::devicePointer(ir::Vertex v) const {
+  int slot = plan_.slotOf.at(v);
+  if (slot < 0)
+    throw cuda::CudaError("%" + cg_.graph.op(v).name + " has no buffer");
+  return slotSets_[0][static_cast<size_t>(slot)];
 }
 
 } // namespace fpat::runtime

@@ -50,9 +50,26 @@ public:
   /// Uploads the inputs, runs every kernel, downloads the outputs. With `poison`, every buffer
   /// is filled with f16 NaN before the kernel that writes it, so an unwritten element shows.
   RunResult run(const std::map<std::string, ir::Tensor>& inputs, bool poison = true);
+  /// The same with inputs already in f16 bits (converting large tensors once saves time when
+  /// the same inputs feed many executors, as in tuning).
+  RunResult runBits(const std::map<std::string, std::vector<uint16_t>>& inputs, bool poison = true);
 
-  /// Runs the launches again without uploading or downloading (for timing): returns GPU ms.
-  float relaunch(int repetitions);
+  /// The largest register count per thread and local memory (spill) bytes of its kernels.
+  std::pair<int, int> registersAndLocalBytes();
+
+  /// Times the whole graph: `warmup` untimed runs, then `reps` runs timed one by one with CUDA
+  /// events (milliseconds each). Inputs are rotated over enough copies of all buffers that the
+  /// data touched in a row of runs exceeds `minWorkingSet` bytes (pass twice the L2 size), so
+  /// no run finds its inputs in cache from the run before. Call after run().
+  std::vector<float> time(int warmup, int reps, size_t minWorkingSet);
+
+  /// Device address of op `v`'s buffer (rotation 0), for code outside fpat that produces an
+  /// input or consumes an output in place (the cuBLAS reference of the benchmarks).
+  cuda::CUdeviceptr devicePointer(ir::Vertex v) const;
+
+  /// Launches every kernel once on rotation `set` without synchronising.
+  void launchAll(bool poison, size_t set = 0);
+  size_t rotations() const { return slotSets_.size(); }
 
 private:
   struct Bound {
@@ -60,14 +77,15 @@ private:
     cuda::CUfunction fn;
     codegen::Launch launch;
     FpatKernelArgs args;
+    int outSlot;
+    std::vector<int> inSlots;
   };
-  void launchAll(bool poison);
 
   cuda::Driver& drv_;
   const CompiledGraph& cg_;
   BufferPlan plan_;
   std::vector<cuda::CUmodule> modules_;
-  std::vector<cuda::CUdeviceptr> slots_;
+  std::vector<std::vector<cuda::CUdeviceptr>> slotSets_; // [rotation][slot]
   std::vector<cuda::CUdeviceptr> scratch_;
   std::vector<Bound> launches_;
 };

@@ -15,8 +15,11 @@ BuildResult buildKernels(const ir::Graph& fused, const dsl::PatternLibrary& lib,
   copts.tile = o.tile;
   copts.sources = o.patternSources;
   try {
-    for (ir::Vertex v : fused.vertices())
+    for (ir::Vertex v : fused.vertices()) {
+      auto it = o.tiles.find(v);
+      copts.tile = it != o.tiles.end() ? &it->second : o.tile;
       r.graph.units.push_back(codegen::generate(fused, v, lib, copts));
+    }
   } catch (const codegen::CodegenError& e) {
     r.error = e.what();
     return r;

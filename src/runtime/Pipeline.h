@@ -13,6 +13,7 @@ struct BuildOptions {
   int jobs = 0;
   bool ptx = false;
   const codegen::TileConfig* tile = nullptr;           // force one GEMM configuration
+  std::map<ir::Vertex, codegen::TileConfig> tiles;     // per-op configurations (tuner, cache)
   std::map<std::string, std::string> patternSources;   // pattern -> "file:line"
 };
 

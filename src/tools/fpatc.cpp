@@ -4,10 +4,21 @@
 #include <CLI/CLI.hpp>
 
 #include <iostream>
+#include <string>
+#include <vector>
 
 int main(int argc, char** argv) {
   fpat::FpatcOptions opts;
-  CLI::App app{"fpatc " FPAT_VERSION " - fuse, generate, compile, run and validate an fpat graph"};
+  // `fpatc tune GRAPH [options]` is `fpatc GRAPH --tune [options]`.
+  std::vector<char*> args(argv, argv + argc);
+  if (args.size() > 1 && std::string(args[1]) == "tune") {
+    opts.tune = true;
+    args.erase(args.begin() + 1);
+  }
+  argc = static_cast<int>(args.size());
+  argv = args.data();
+  CLI::App app{"fpatc " FPAT_VERSION " - fuse, generate, compile, run and validate an fpat graph\n"
+               "usage: fpatc [tune] GRAPH [options]"};
   app.add_option("graph", opts.input, "the .fgraph file")->required();
   app.add_option("--patterns", opts.patternFiles,
                  "a .fpat file of extra activations and patterns (repeatable)")
@@ -30,6 +41,10 @@ int main(int argc, char** argv) {
   app.add_flag("!--no-run", opts.run, "stop after compiling the kernels");
   app.add_flag("--require-gpu", opts.requireGpu,
                "exit with 77 (a skipped test for ctest) when there is no GPU to run on");
+  app.add_flag("--tune", opts.tune, "measure GEMM configurations on the GPU first (= fpatc tune)");
+  app.add_flag("--retune", opts.retune, "ignore cached tuning results (also: FPAT_RETUNE=1)");
+  app.add_option("--tune-cache", opts.tuneCache,
+                 "tuning cache file (default: $FPAT_TUNE_CACHE or <cache dir>/tuning.json)");
   app.add_flag("--ptx", opts.ptx, "keep PTX next to each cubin in the cache");
   app.add_option("-j,--jobs", opts.jobs, "parallel nvcc processes (default: one per core)");
   app.add_option("--cache-dir", opts.cacheDir, "kernel cache (default: $FPAT_CACHE_DIR or ~/.cache/fpat)");

@@ -1,12 +1,10 @@
-// Graphs and pattern libraries shared by the codegen and GPU suites: one graph per built-in
+// Graphs and pattern libraries shared by the codegen and GPU suites and the benchmarks: one graph per built-in
 // pattern and per fallback kernel, at a given (M, N, K).
 #pragma once
 
 #include "dsl/Library.h"
 #include "ir/Builder.h"
 #include "match/Match.h"
-
-#include <boost/test/unit_test.hpp>
 
 #include <string>
 #include <vector>

@@ -1,0 +1,251 @@
+#include "tune/Tune.h"
+
+#include "runtime/Nvcc.h"
+#include "support/Diagnostics.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <fcntl.h>
+#include <filesystem>
+#include <sys/file.h>
+#include <unistd.h>
+
+namespace fpat::tune {
+namespace fs = std::filesystem;
+using codegen::TileConfig;
+
+DeviceLimits DeviceLimits::from(const cuda::DeviceInfo& d) {
+  DeviceLimits l;
+  l.arch = d.arch;
+  l.sms = d.sms;
+  l.smemOptin = d.smemOptin;
+  l.maxThreadsPerBlock = d.maxThreadsPerBlock;
+  l.regsPerBlock = d.regsPerBlock;
+  l.l2Bytes = d.l2Bytes;
+  return l;
+}
+
+DeviceLimits DeviceLimits::fromJson(const std::string& text) {
+  nlohmann::json j = nlohmann::json::parse(text); // throws on bad JSON
+  DeviceLimits l;
+  l.arch = j.at("arch").get<int>();
+  l.sms = j.at("sms").get<int>();
+  l.smemOptin = j.at("smem_optin").get<int>();
+  l.maxThreadsPerBlock = j.at("max_threads_per_block").get<int>();
+  l.regsPerBlock = j.at("regs_per_block").get<int>();
+  l.l2Bytes = j.at("l2_bytes").get<int>();
+  return l;
+}
+
+std::string staticReject(const TileConfig& t, bool transB, const DeviceLimits& d) {
+  if (t.bm % t.wm || t.bn % t.wn || t.wm % 16 || t.wn % 16 || t.bk % 16)
+    return "tiles do not divide into 16x16 WMMA fragments";
+  const int threads = t.threads();
+  if (threads < 64 || threads > std::min(512, d.maxThreadsPerBlock))
+    return std::to_string(threads) + " threads per block (64 to 512 allowed)";
+  if ((t.wm / 16) * (t.wn / 16) > 8)
+    return "warp tile of " + std::to_string((t.wm / 16) * (t.wn / 16)) +
+           " accumulator fragments (8 at most: more spill)";
+  if (d.arch < 80 && t.stages > 2)
+    return "more than 2 stages needs cp.async (sm_80)";
+  const int smem = codegen::gemmSmemBytes(t, transB);
+  if (smem > d.smemOptin)
+    return std::to_string(smem) + " bytes of shared memory (the device allows " +
+           std::to_string(d.smemOptin) + ")";
+  return "";
+}
+
+std::string compiledReject(const TileConfig& t, int regsPerThread, int localBytes,
+                           const DeviceLimits& d) {
+  if (localBytes > 0)
+    return "spills (" + std::to_string(localBytes) + " bytes of local memory per thread)";
+  if (regsPerThread * t.threads() > d.regsPerBlock)
+    return std::to_string(regsPerThread * t.threads()) + " registers per block (the device has " +
+           std::to_string(d.regsPerBlock) + ")";
+  return "";
+}
+
+std::vector<TileConfig> fullSpace() {
+  std::vector<TileConfig> out;
+  for (int bm : {64, 128, 256})
+    for (int bn : {64, 128, 256})
+      for (int bk : {32, 64})
+        for (int wm : {32, 64})
+          for (int wn : {32, 64})
+            for (int stages : {2, 3, 4})
+              out.push_back({bm, bn, bk, wm, wn, stages});
+  return out;
+}
+
+std::vector<TileConfig> searchSpace(const DeviceLimits& d, bool transB, int64_t m, int64_t n,
+                                    size_t limit) {
+  auto fitsProblem = [&](const TileConfig& t) {
+    // A tile more than twice the problem in a dimension only computes padding.
+    return t.bm <= std::max<int64_t>(64, 2 * m) && t.bn <= std::max<int64_t>(64, 2 * n);
+  };
+  const TileConfig heuristic = codegen::defaultTile(m, n, d.arch, d.sms);
+  std::vector<TileConfig> ok;
+  for (const TileConfig& t : fullSpace())
+    if (staticReject(t, transB, d).empty() && fitsProblem(t) && !(t == heuristic))
+      ok.push_back(t);
+  // Rank by how well the grid fills the GPU (fewest idle CTA slots in the last wave, with
+  // about two CTAs per SM), then by larger tiles (more reuse per byte loaded).
+  auto score = [&](const TileConfig& t) {
+    const double tiles = static_cast<double>((m + t.bm - 1) / t.bm) *
+                         static_cast<double>((n + t.bn - 1) / t.bn);
+    const double slots = 2.0 * d.sms;
+    const double waves = std::ceil(tiles / slots);
+    const double fill = tiles / (waves * slots);
+    return fill + 0.05 * std::log2(static_cast<double>(t.bm) * t.bn) + 0.01 * t.stages;
+  };
+  std::stable_sort(ok.begin(), ok.end(),
+                   [&](const TileConfig& a, const TileConfig& b) { return score(a) > score(b); });
+  std::vector<TileConfig> out = {heuristic};
+  for (const TileConfig& t : ok)
+    if (out.size() < limit)
+      out.push_back(t);
+  return out;
+}
+
+std::string Key::str() const {
+  return signature + "|" + std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) +
+         "|" + dtype + "|sm_" + std::to_string(arch) + "|tpl " + templateVersion + "|" +
+         nvccVersion;
+}
+
+bool retuneFromEnvironment() {
+  const char* e = std::getenv("FPAT_RETUNE");
+  return e && *e && std::string(e) != "0";
+}
+
+namespace {
+
+/// An flock()ed lock file next to the cache: shared for reading, exclusive for writing.
+class FileLock {
+public:
+  FileLock(const std::string& path, bool exclusive) {
+    fd_ = ::open((path + ".lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd_ >= 0)
+      while (::flock(fd_, exclusive ? LOCK_EX : LOCK_SH) != 0 && errno == EINTR) {
+      }
+  }
+  ~FileLock() {
+    if (fd_ >= 0) {
+      ::flock(fd_, LOCK_UN);
+      ::close(fd_);
+    }
+  }
+  FileLock(const FileLock&) = delete;
+  FileLock& operator=(const FileLock&) = delete;
+
+private:
+  int fd_ = -1;
+};
+
+nlohmann::json emptyCache() {
+  return nlohmann::json{{"schema", TuningCache::kSchema}, {"entries", nlohmann::json::object()}};
+}
+
+/// Reads the cache file; a missing file is empty, an unreadable one is moved aside (the caller
+/// holds the exclusive lock when `repair` is set).
+nlohmann::json readCache(const std::string& path, bool repair, std::vector<std::string>& warnings) {
+  std::string text;
+  std::error_code ec;
+  if (!fs::exists(path, ec) || !readFile(path, text))
+    return emptyCache();
+  std::string problem;
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+    if (!j.is_object() || !j.contains("schema") || !j.contains("entries") ||
+        !j["entries"].is_object())
+      problem = "not an fpat tuning cache";
+    else if (j["schema"] != TuningCache::kSchema)
+      problem = "schema " + j["schema"].dump() + " (this fpat writes " +
+                std::to_string(TuningCache::kSchema) + ")";
+  } catch (const nlohmann::json::exception& e) {
+    problem = std::string("corrupt JSON (") + e.what() + ")";
+  }
+  if (problem.empty())
+    return j;
+  std::string aside;
+  if (repair) {
+    aside = path + ".bad-" + std::to_string(::getpid()) + "-" +
+            std::to_string(std::chrono::system_clock::now().time_since_epoch().count());
+    fs::rename(path, aside, ec);
+  }
+  warnings.push_back("tuning cache '" + path + "' is unusable: " + problem +
+                     (repair ? "; moved to '" + aside + "' and rebuilt" : "; ignored"));
+  return emptyCache();
+}
+
+nlohmann::json configJson(const TileConfig& t) {
+  return {{"bm", t.bm}, {"bn", t.bn}, {"bk", t.bk}, {"wm", t.wm}, {"wn", t.wn}, {"stages", t.stages}};
+}
+
+} // namespace
+
+TuningCache::TuningCache(std::string path) : path_(std::move(path)) {
+  if (path_.empty()) {
+    const char* e = std::getenv("FPAT_TUNE_CACHE");
+    path_ = e && *e ? e : (fs::path(runtime::defaultCacheDir()) / "tuning.json").string();
+  }
+  std::error_code ec;
+  fs::create_directories(fs::path(path_).parent_path(), ec);
+}
+
+std::optional<Entry> TuningCache::lookup(const Key& k) {
+  nlohmann::json j;
+  std::vector<std::string> problems;
+  {
+    FileLock lock(path_, false);
+    j = readCache(path_, false, problems);
+  }
+  if (!problems.empty()) {
+    // Repair under the exclusive lock; another process may have done it meanwhile.
+    FileLock lock(path_, true);
+    j = readCache(path_, true, warnings_);
+  }
+  auto it = j["entries"].find(k.str());
+  if (it == j["entries"].end())
+    return std::nullopt;
+  try {
+    const auto& c = (*it)["config"];
+    Entry e;
+    e.config = {c.at("bm"), c.at("bn"), c.at("bk"), c.at("wm"), c.at("wn"), c.at("stages")};
+    e.ms = it->value("ms", 0.0);
+    e.heuristicMs = it->value("heuristic_ms", 0.0);
+    e.candidates = it->value("candidates", 0);
+    return e;
+  } catch (const nlohmann::json::exception&) {
+    warnings_.push_back("tuning cache entry '" + k.str() + "' is malformed; ignored");
+    return std::nullopt;
+  }
+}
+
+void TuningCache::store(const Key& k, const Entry& e) {
+  FileLock lock(path_, true);
+  nlohmann::json j = readCache(path_, true, warnings_);
+  j["entries"][k.str()] = {{"config", configJson(e.config)},
+                           {"config_name", e.config.str()},
+                           {"ms", e.ms},
+                           {"heuristic_ms", e.heuristicMs},
+                           {"candidates", e.candidates}};
+  runtime::writeFileAtomic(path_, j.dump(1) + "\n");
+}
+
+size_t TuningCache::size() {
+  FileLock lock(path_, true);
+  return readCache(path_, true, warnings_)["entries"].size();
+}
+
+std::vector<std::string> TuningCache::takeWarnings() {
+  std::vector<std::string> w;
+  w.swap(warnings_);
+  return w;
+}
+
+} // namespace fpat::tune

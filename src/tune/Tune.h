@@ -1,0 +1,82 @@
+// The autotuner: a search space from the GEMM template's tunables, pruned by the device's
+// limits; candidates compiled in parallel, timed with CUDA events, checked for correctness;
+// results kept in a persistent JSON cache.
+#pragma once
+
+#include "codegen/Codegen.h"
+#include "runtime/Cuda.h"
+
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+namespace fpat::tune {
+
+/// What limits a configuration, read from the device or from a recorded description (tests).
+struct DeviceLimits {
+  int arch = 90;
+  int sms = 132;
+  int smemOptin = 232448;
+  int maxThreadsPerBlock = 1024;
+  int regsPerBlock = 65536;
+  int l2Bytes = 60 * 1024 * 1024;
+  static DeviceLimits from(const cuda::DeviceInfo& d);
+  /// Reads `{"arch": 90, "sms": 132, ...}`; throws std::runtime_error on bad input.
+  static DeviceLimits fromJson(const std::string& text);
+};
+
+/// Why a configuration is not tried, or "" when it fits the device.
+std::string staticReject(const codegen::TileConfig& t, bool transB, const DeviceLimits& d);
+/// After compiling: registers and spills (local memory) of the kernel.
+std::string compiledReject(const codegen::TileConfig& t, int regsPerThread, int localBytes,
+                           const DeviceLimits& d);
+
+/// Every configuration the template declares (CTA tile, warp tile, BK, stages), before pruning.
+std::vector<codegen::TileConfig> fullSpace();
+/// The configurations worth timing for an M x N problem on this device: those that fit, with
+/// tiles no larger than the problem needs, at most `limit` of them, the heuristic first.
+std::vector<codegen::TileConfig> searchSpace(const DeviceLimits& d, bool transB, int64_t m,
+                                             int64_t n, size_t limit = 24);
+
+/// Identifies one tuning problem.
+struct Key {
+  std::string signature;       // the kernel without its configuration (pattern, epilogue, ...)
+  int64_t m = 0, n = 0, k = 0;
+  std::string dtype = "f16";
+  int arch = 90;
+  std::string templateVersion; // hash of the kernel headers
+  std::string nvccVersion;
+  std::string str() const;
+};
+
+struct Entry {
+  codegen::TileConfig config;
+  double ms = 0;           // median time of the winner
+  double heuristicMs = 0;  // median time of the heuristic default, measured alongside
+  int candidates = 0;
+};
+
+/// The persistent cache: one JSON file, read and written under an exclusive lock, replaced
+/// atomically. A corrupt or truncated file is reported, moved aside and rebuilt.
+class TuningCache {
+public:
+  static constexpr int kSchema = 1;
+  /// `path` "" -> $FPAT_TUNE_CACHE, else <kernel cache dir>/tuning.json.
+  explicit TuningCache(std::string path = "");
+  const std::string& path() const { return path_; }
+  std::optional<Entry> lookup(const Key& k);
+  void store(const Key& k, const Entry& e);
+  size_t size();
+  /// Problems met while reading (a corrupt file moved aside), for the user to see.
+  std::vector<std::string> takeWarnings();
+
+private:
+  std::string path_;
+  std::vector<std::string> warnings_;
+};
+
+/// True when $FPAT_RETUNE asks to ignore cached results.
+bool retuneFromEnvironment();
+
+} // namespace fpat::tune

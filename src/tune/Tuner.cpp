@@ -1,0 +1,222 @@
+#include "tune/Tuner.h"
+
+#include "ir/Reference.h"
+#include "runtime/Executor.h"
+#include "runtime/Pipeline.h"
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+namespace fpat::tune {
+using codegen::TileConfig;
+
+bool tunable(const ir::Graph& g, ir::Vertex v) {
+  const ir::Op& op = g.op(v);
+  return op.kind == ir::OpKind::Gemm ||
+         (op.kind == ir::OpKind::Fused &&
+          (op.fused.family == "gemm" || op.fused.family == "norm_gemm"));
+}
+
+Key keyFor(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibrary& lib, int arch,
+           const std::string& nvccVersion) {
+  codegen::CodegenOptions o;
+  o.arch = arch;
+  codegen::KernelUnit u = codegen::generate(g, v, lib, o);
+  const ir::Op& op = g.op(v);
+  Key k;
+  k.signature = u.family + ":" + (op.kind == ir::OpKind::Fused ? op.fused.pattern : "gemm");
+  for (const ir::EpilogueStep& s : op.fused.epilogue)
+    k.signature += "," + s.kind + (s.fn.empty() ? "" : " " + s.fn);
+  if (!op.fused.norm.empty())
+    k.signature += ":" + op.fused.norm;
+  k.signature += std::string(u.transB ? ":bt" : "") + (u.vec ? ":vec" : ":any");
+  k.m = u.M;
+  k.n = u.N;
+  k.k = u.K;
+  k.arch = arch;
+  k.templateVersion = codegen::kernelHeadersHash().substr(0, 16);
+  k.nvccVersion = nvccVersion;
+  return k;
+}
+
+Choice choose(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibrary& lib,
+              TuningCache& cache, int arch, int sms, const std::string& nvccVersion,
+              bool retune) {
+  Choice c;
+  const ir::Op& op = g.op(v);
+  if (!retune && !retuneFromEnvironment())
+    if (auto e = cache.lookup(keyFor(g, v, lib, arch, nvccVersion))) {
+      c.config = e->config;
+      c.source = "cache";
+      c.ms = e->ms;
+      c.heuristicMs = e->heuristicMs;
+      return c;
+    }
+  c.config = codegen::defaultTile(op.type.shape[0], op.type.shape[1], arch, sms);
+  c.source = "heuristic";
+  return c;
+}
+
+namespace {
+
+/// Op `v` alone: one input per operand (named after the operand), the op, its output. With
+/// `rows`, operands that run along the output's rows (A and residual/scale tensors) keep only
+/// those rows, for a cheap CPU reference of some output rows.
+ir::Graph isolate(const ir::Graph& g, ir::Vertex v, int64_t rows = 0) {
+  const ir::Op& op = g.op(v);
+  std::set<int> rowWise = {0};
+  for (const ir::EpilogueStep& s : op.fused.epilogue)
+    if (s.kind == "residual" || s.kind == "scale")
+      rowWise.insert(s.operand);
+  ir::Graph sub(g.name() + "." + op.name);
+  std::vector<ir::Vertex> ins;
+  std::vector<ir::Vertex> operands = g.operands(v);
+  for (size_t i = 0; i < operands.size(); ++i) {
+    ir::Op in;
+    in.kind = ir::OpKind::Input;
+    in.name = "in" + std::to_string(i);
+    in.type = g.op(operands[i]).type;
+    if (rows && rowWise.count(static_cast<int>(i)))
+      in.type.shape[0] = rows;
+    ins.push_back(sub.addOp(in, {}));
+  }
+  ir::Op copy = op;
+  if (rows)
+    copy.type.shape[0] = rows;
+  sub.addOutput(sub.addOp(copy, ins));
+  return sub;
+}
+
+double median(std::vector<float> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+} // namespace
+
+Choice tune(cuda::Driver& drv, const ir::Graph& g, ir::Vertex v, const dsl::PatternLibrary& lib,
+            TuningCache& cache, const TuneOptions& o) {
+  const DeviceLimits lim = DeviceLimits::from(drv.device());
+  const std::string nvcc = runtime::nvccVersion(runtime::findNvcc({}));
+  const Key key = keyFor(g, v, lib, lim.arch, nvcc);
+  if (!o.retune && !retuneFromEnvironment())
+    if (auto e = cache.lookup(key)) {
+      Choice c;
+      c.config = e->config;
+      c.source = "cache";
+      c.ms = e->ms;
+      c.heuristicMs = e->heuristicMs;
+      return c;
+    }
+  const ir::Op& op = g.op(v);
+  ir::Graph sub = isolate(g, v);
+  const ir::Vertex subOp = sub.outputs()[0];
+  codegen::CodegenOptions base;
+  base.arch = lim.arch;
+  base.sms = lim.sms;
+  const codegen::KernelUnit probe = codegen::generate(sub, subOp, lib, base);
+  std::vector<TileConfig> candidates =
+      searchSpace(lim, probe.transB, probe.M, probe.N, o.maxCandidates);
+
+  // Every candidate's kernel, compiled together.
+  std::vector<codegen::KernelUnit> units;
+  for (const TileConfig& t : candidates) {
+    codegen::CodegenOptions c = base;
+    c.tile = &t;
+    units.push_back(codegen::generate(sub, subOp, lib, c));
+  }
+  runtime::NvccOptions n;
+  n.arch = lim.arch;
+  n.cacheDir = o.cacheDir;
+  n.jobs = o.jobs;
+  std::vector<runtime::CompiledKernel> compiled = runtime::compileAll(units, n);
+
+  // Inputs (converted to f16 once) and the CPU reference of 16 sampled output rows.
+  const auto inputs = ir::randomInputs(sub, 17);
+  std::map<std::string, std::vector<uint16_t>> bits;
+  for (auto& [name, t] : inputs) {
+    auto& b = bits[name];
+    b.resize(t.data.size());
+    for (size_t i = 0; i < b.size(); ++i)
+      b[i] = ir::doubleToHalfBits(t.data[i]);
+  }
+  const int64_t M = probe.M, N = probe.N;
+  std::vector<int64_t> rows;
+  for (int64_t r = 0; r < std::min<int64_t>(M, 16); ++r)
+    rows.push_back(M <= 16 ? r : r * (M - 1) / 15);
+  ir::Graph sampled = isolate(g, v, static_cast<int64_t>(rows.size()));
+  std::map<std::string, ir::Tensor> sampledInputs;
+  for (ir::Vertex in : sampled.vertices()) {
+    const ir::Op& iop = sampled.op(in);
+    if (iop.kind != ir::OpKind::Input)
+      continue;
+    const ir::Tensor& full = inputs.at(iop.name);
+    if (iop.type == full.desc) {
+      sampledInputs[iop.name] = full;
+      continue;
+    }
+    ir::Tensor t{iop.type, {}};
+    const int64_t cols = full.desc.shape[1];
+    for (int64_t r : rows)
+      t.data.insert(t.data.end(), full.data.begin() + r * cols, full.data.begin() + (r + 1) * cols);
+    sampledInputs[iop.name] = std::move(t);
+  }
+  const ir::Tensor want =
+      ir::evaluate(sampled, sampledInputs, lib.referenceActivations())[sampled.outputs()[0]];
+
+  Choice best;
+  best.source = "tuned";
+  best.ms = INFINITY;
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    const TileConfig& t = candidates[i];
+    ++best.tried;
+    auto reject = [&](const std::string& why) {
+      ++best.rejected;
+      if (o.log)
+        *o.log << "    " << t.str() << ": rejected: " << why << "\n";
+    };
+    if (!compiled[i].error.empty()) {
+      reject("nvcc failed");
+      continue;
+    }
+    runtime::CompiledGraph cg{sub, {}, {}};
+    for (ir::Vertex u : sub.vertices())
+      cg.units.push_back(u == subOp ? units[i] : codegen::KernelUnit{});
+    cg.cubins[units[i].name] = compiled[i].cubinPath;
+    try {
+      runtime::Executor ex(drv, cg);
+      auto [regs, local] = ex.registersAndLocalBytes();
+      if (std::string why = compiledReject(t, regs, local, lim); !why.empty()) {
+        reject(why);
+        continue;
+      }
+      runtime::RunResult r = ex.runBits(bits, /*poison=*/true);
+      ir::Tensor got{want.desc, {}};
+      for (int64_t row : rows)
+        got.data.insert(got.data.end(), r.outputs[0].data.begin() + row * N,
+                        r.outputs[0].data.begin() + (row + 1) * N);
+      runtime::Agreement a = runtime::compareToReference(got, want);
+      if (!a.pass) {
+        reject("wrong results (max rel err " + std::to_string(a.maxRel) + ", " +
+               std::to_string(a.nonFinite) + " non-finite)");
+        continue;
+      }
+      const double ms = median(ex.time(o.warmup, o.reps, 2 * static_cast<size_t>(lim.l2Bytes)));
+      if (i == 0)
+        best.heuristicMs = ms; // candidates[0] is the heuristic's choice
+      if (ms < best.ms) {
+        best.ms = ms;
+        best.config = t;
+      }
+    } catch (const cuda::CudaError& e) {
+      reject(e.what());
+    }
+  }
+  if (!std::isfinite(best.ms))
+    throw std::runtime_error("no configuration of %" + op.name + " ran correctly");
+  cache.store(key, Entry{best.config, best.ms, best.heuristicMs, best.tried});
+  return best;
+}
+
+} // namespace fpat::tune

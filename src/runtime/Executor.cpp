@@ -222,10 +222,13 @@ RunResult Executor::runBits(const std::map<std::string, std::vector<uint16_t>>& 
   return r;
 }
 
-std::vector<float> Executor::time(int warmup, int reps, size_t minWorkingSet) {
+size_t Executor::rotationsFor(size_t minWorkingSet) const {
   const size_t perSet = std::max<size_t>(plan_.plannedBytes, 1);
-  const size_t want = std::min<size_t>(32, (minWorkingSet + perSet - 1) / perSet);
-  while (slotSets_.size() < std::max<size_t>(want, 1)) {
+  return std::max<size_t>(1, std::min<size_t>(32, (minWorkingSet + perSet - 1) / perSet));
+}
+
+void Executor::ensureRotations(size_t n) {
+  while (slotSets_.size() < n) {
     std::vector<cuda::CUdeviceptr> set;
     for (size_t s = 0; s < plan_.slotBytes.size(); ++s) {
       set.push_back(drv_.alloc(plan_.slotBytes[s]));
@@ -233,6 +236,10 @@ std::vector<float> Executor::time(int warmup, int reps, size_t minWorkingSet) {
     }
     slotSets_.push_back(std::move(set));
   }
+}
+
+std::vector<float> Executor::time(int warmup, int reps, size_t minWorkingSet) {
+  ensureRotations(rotationsFor(minWorkingSet));
   for (int i = 0; i < warmup; ++i)
     launchAll(false, static_cast<size_t>(i) % slotSets_.size());
   std::vector<cuda::CUevent> ev;
@@ -260,11 +267,11 @@ std::pair<int, int> Executor::registersAndLocalBytes() {
   return {regs, local};
 }
 
-cuda::CUdeviceptr Executor::devicePointer(ir::Vertex v) const {
+cuda::CUdeviceptr Executor::devicePointer(ir::Vertex v, size_t set) const {
   int slot = plan_.slotOf.at(v);
   if (slot < 0)
     throw cuda::CudaError("%" + cg_.graph.op(v).name + " has no buffer");
-  return slotSets_[0][static_cast<size_t>(slot)];
+  return slotSets_.at(set)[static_cast<size_t>(slot)];
 }
 
 } // namespace fpat::runtime

@@ -65,10 +65,14 @@ public:
 
   /// Device address of op `v`'s buffer (rotation 0), for code outside fpat that produces an
   /// input or consumes an output in place (the cuBLAS reference of the benchmarks).
-  cuda::CUdeviceptr devicePointer(ir::Vertex v) const;
+  cuda::CUdeviceptr devicePointer(ir::Vertex v, size_t set = 0) const;
 
   /// Launches every kernel once on rotation `set` without synchronising.
   void launchAll(bool poison, size_t set = 0);
+  /// Makes at least `n` rotations: copies of every buffer, initialised from rotation 0.
+  void ensureRotations(size_t n);
+  /// Rotations needed for `minWorkingSet` bytes (at most 32).
+  size_t rotationsFor(size_t minWorkingSet) const;
   size_t rotations() const { return slotSets_.size(); }
 
 private:

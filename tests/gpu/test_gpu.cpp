@@ -8,12 +8,14 @@
 #include "ir/Reference.h"
 #include "ir/text/Text.h"
 #include "runtime/Pipeline.h"
+#include "tune/Tuner.h"
 
 #include <boost/test/unit_test.hpp>
 
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <unistd.h>
 
 using namespace fpat;
 using namespace fpat::testing;
@@ -175,4 +177,26 @@ BOOST_AUTO_TEST_CASE(whole_graphs_run) {
       }
     }
   }
+}
+
+BOOST_AUTO_TEST_CASE(tuning_smoke_test) {
+  // A few candidates for one ragged fused GEMM: measured, checked, stored, then read back.
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("fpat-gpu-tune-" + std::to_string(::getpid()) + ".json"))
+                               .string();
+  tune::TuningCache cache(path);
+  ir::Graph f = fuse(caseGraph("gemm_bias_gelu", {300, 520, 256}));
+  tune::TuneOptions o;
+  o.maxCandidates = 4;
+  o.cacheDir = cacheDir();
+  tune::Choice c = tune::tune(*gpu(), f, f.outputs()[0], builtinLibrary(), cache, o);
+  BOOST_TEST(c.source == "tuned");
+  BOOST_TEST(c.tried == 4);
+  BOOST_TEST(c.ms > 0);
+  BOOST_TEST(c.ms <= c.heuristicMs); // the heuristic is among the candidates
+  tune::Choice again = tune::tune(*gpu(), f, f.outputs()[0], builtinLibrary(), cache, o);
+  BOOST_TEST(again.source == "cache");
+  BOOST_TEST((again.config == c.config));
+  std::filesystem::remove(path);
+  std::filesystem::remove(path + ".lock");
 }

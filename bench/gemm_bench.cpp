@@ -1,0 +1,557 @@
+// The GEMM benchmark: every built-in pattern at the seed's and LLM FFN shapes, timed as
+//   fpat   the tuned fused kernel (and the heuristic default, for comparison),
+//   cuBLAS the same computation unfused: cuBLAS GEMM, then fpat's separate epilogue kernels,
+//   Lt     cuBLASLt with its fused epilogue where one exists (BIAS, RELU_BIAS, GELU_BIAS),
+// plus plain cuBLAS GEMM as the throughput yardstick, all in one process on the same inputs,
+// each checked against the CPU reference on sampled rows. Then the SwiGLU FFN block end to end.
+// Writes a markdown table (stdout), a CSV and an SVG plot.
+//
+//   fpat-bench-gemm [--quick] [--csv F] [--svg F] [--candidates N] [--reps N]
+#include "../tests/common/TestGraphs.h"
+
+#include "ir/Reference.h"
+#include "runtime/Pipeline.h"
+#include "tune/Tuner.h"
+
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <iomanip>
+#include <iostream>
+#include <sstream>
+
+using namespace fpat;
+using namespace fpat::testing;
+
+namespace {
+
+#define CK(x)                                                                                    \
+  do {                                                                                           \
+    auto rc_ = (x);                                                                              \
+    if (rc_ != 0) {                                                                              \
+      std::fprintf(stderr, "%s:%d: %s failed (%d)\n", __FILE__, __LINE__, #x, int(rc_));        \
+      std::exit(1);                                                                              \
+    }                                                                                            \
+  } while (0)
+
+double median(std::vector<float> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+std::vector<uint16_t> toBits(const ir::Tensor& t) {
+  std::vector<uint16_t> b(t.data.size());
+  for (size_t i = 0; i < b.size(); ++i)
+    b[i] = ir::doubleToHalfBits(t.data[i]);
+  return b;
+}
+
+/// Device copies of a host tensor, one per rotation.
+struct Rotated {
+  std::vector<void*> ptr;
+  size_t bytes = 0;
+  Rotated(const std::vector<uint16_t>& bits, size_t copies) : bytes(bits.size() * 2) {
+    for (size_t i = 0; i < copies; ++i) {
+      void* p = nullptr;
+      CK(cudaMalloc(&p, std::max<size_t>(bytes, 16)));
+      CK(cudaMemcpy(p, bits.data(), bytes, cudaMemcpyHostToDevice));
+      ptr.push_back(p);
+    }
+  }
+  explicit Rotated(size_t b, size_t copies) : bytes(b) {
+    for (size_t i = 0; i < copies; ++i) {
+      void* p = nullptr;
+      CK(cudaMalloc(&p, std::max<size_t>(bytes, 16)));
+      ptr.push_back(p);
+    }
+  }
+  ~Rotated() {
+    for (void* p : ptr)
+      cudaFree(p);
+  }
+  Rotated(const Rotated&) = delete;
+  Rotated& operator=(const Rotated&) = delete;
+};
+
+/// Times `body(i)` for warm-up + reps iterations with CUDA events; returns the median ms.
+template <class F>
+double timeIt(int warmup, int reps, F body) {
+  for (int i = 0; i < warmup; ++i)
+    body(i);
+  std::vector<cudaEvent_t> ev(static_cast<size_t>(reps) + 1);
+  for (auto& e : ev)
+    CK(cudaEventCreate(&e));
+  CK(cudaEventRecord(ev[0]));
+  for (int i = 0; i < reps; ++i) {
+    body(warmup + i);
+    CK(cudaEventRecord(ev[static_cast<size_t>(i) + 1]));
+  }
+  CK(cudaEventSynchronize(ev.back()));
+  std::vector<float> ms;
+  for (int i = 0; i < reps; ++i) {
+    float t = 0;
+    CK(cudaEventElapsedTime(&t, ev[static_cast<size_t>(i)], ev[static_cast<size_t>(i) + 1]));
+    ms.push_back(t);
+  }
+  for (auto& e : ev)
+    cudaEventDestroy(e);
+  return median(ms);
+}
+
+/// Row-major C[M,N] = A[M,K] * B[K,N] through column-major cuBLAS: C^T = B^T A^T.
+void cublasGemm(cublasHandle_t h, const void* A, const void* B, void* C, int64_t M, int64_t N,
+                int64_t K) {
+  const float one = 1.0f, zero = 0.0f;
+  CK(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(N), static_cast<int>(M),
+                  static_cast<int>(K), &one, B, CUDA_R_16F, static_cast<int>(N), A, CUDA_R_16F,
+                  static_cast<int>(K), &zero, C, CUDA_R_16F, static_cast<int>(N),
+                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+/// cuBLASLt GEMM with a fused epilogue (bias over the output's columns).
+struct LtGemm {
+  cublasLtHandle_t lt;
+  cublasLtMatmulDesc_t desc{};
+  cublasLtMatrixLayout_t la{}, lb{}, lc{};
+  cublasLtMatmulHeuristicResult_t algo{};
+  void* workspace = nullptr;
+  size_t wsBytes = 32 << 20;
+  bool ok = false;
+  LtGemm(cublasLtHandle_t h, int64_t M, int64_t N, int64_t K, cublasLtEpilogue_t epi) : lt(h) {
+    CK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    CK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+    // Column-major view: D (N x M) = B^T-view (N x K) * A^T-view (K x M).
+    CK(cublasLtMatrixLayoutCreate(&la, CUDA_R_16F, N, K, N));
+    CK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16F, K, M, K));
+    CK(cublasLtMatrixLayoutCreate(&lc, CUDA_R_16F, N, M, N));
+    CK(cudaMalloc(&workspace, wsBytes));
+    cublasLtMatmulPreference_t pref;
+    CK(cublasLtMatmulPreferenceCreate(&pref));
+    CK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                            &wsBytes, sizeof wsBytes));
+    int found = 0;
+    ok = cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, lc, lc, pref, 1, &algo, &found) == 0 &&
+         found > 0;
+    cublasLtMatmulPreferenceDestroy(pref);
+  }
+  void run(const void* A, const void* B, const void* bias, void* C) {
+    CK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                      sizeof bias));
+    const float one = 1.0f, zero = 0.0f;
+    CK(cublasLtMatmul(lt, desc, &one, B, la, A, lb, &zero, C, lc, C, lc, &algo.algo, workspace,
+                      wsBytes, nullptr));
+  }
+  ~LtGemm() {
+    cublasLtMatrixLayoutDestroy(la);
+    cublasLtMatrixLayoutDestroy(lb);
+    cublasLtMatrixLayoutDestroy(lc);
+    cublasLtMatmulDescDestroy(desc);
+    cudaFree(workspace);
+  }
+};
+
+/// `rows` evenly spaced output rows and the CPU reference of the unfused graph on them.
+struct SampledReference {
+  std::vector<int64_t> rows;
+  ir::Tensor want;
+};
+
+SampledReference sampledReference(const std::string& pattern, Shape s,
+                                  const std::map<std::string, ir::Tensor>& inputs) {
+  SampledReference r;
+  const int64_t n = std::min<int64_t>(s.m, 16);
+  for (int64_t i = 0; i < n; ++i)
+    r.rows.push_back(s.m <= 16 ? i : i * (s.m - 1) / 15);
+  ir::Graph small = caseGraph(pattern, {n, s.n, s.k});
+  std::map<std::string, ir::Tensor> in;
+  for (auto& [name, t] : inputs) {
+    if (name == "x" || name == "r") { // the row-wise inputs
+      ir::Tensor sub{{{n, t.desc.shape[1]}, t.desc.dtype}, {}};
+      for (int64_t row : r.rows)
+        sub.data.insert(sub.data.end(), t.data.begin() + row * t.desc.shape[1],
+                        t.data.begin() + (row + 1) * t.desc.shape[1]);
+      in[name] = std::move(sub);
+    } else {
+      in[name] = t;
+    }
+  }
+  r.want = ir::evaluate(small, in, builtinLibrary().referenceActivations())[small.outputs()[0]];
+  return r;
+}
+
+/// Max relative error of device output rows against the sampled reference.
+double checkRows(const void* dev, const SampledReference& ref, int64_t n) {
+  ir::Tensor got{ref.want.desc, {}};
+  std::vector<uint16_t> row(static_cast<size_t>(n));
+  for (int64_t r : ref.rows) {
+    CK(cudaMemcpy(row.data(), static_cast<const uint16_t*>(dev) + r * n, row.size() * 2,
+                  cudaMemcpyDeviceToHost));
+    for (uint16_t b : row)
+      got.data.push_back(ir::halfBitsToFloat(b));
+  }
+  runtime::Agreement a = runtime::compareToReference(got, ref.want);
+  return a.nonFinite ? INFINITY : a.maxRel;
+}
+
+/// The unfused graph split around its GEMM: ops before it (norm) and after it (epilogue), each
+/// run by fpat's fallback kernels, the GEMM by cuBLAS.
+struct UnfusedParts {
+  std::optional<ir::Graph> before; // output: the GEMM's A
+  std::optional<ir::Graph> after;  // input "h": the GEMM's result
+};
+
+UnfusedParts unfusedParts(const std::string& p, Shape s) {
+  UnfusedParts u;
+  ir::ActivationSet acts = builtinLibrary().activationSet();
+  if (p == "layernorm_gemm" || p == "rmsnorm_gemm") {
+    ir::GraphBuilder b("before", acts);
+    auto x = b.input("x", {s.m, s.k});
+    auto g = b.input("g", {s.k});
+    b.output(p == "layernorm_gemm" ? b.layernorm(x, g, b.input("be", {s.k}), 1e-5, "n")
+                                   : b.rmsnorm(x, g, 1e-6, "n"));
+    u.before = b.build();
+    return u;
+  }
+  if (p == "gemm")
+    return u;
+  ir::GraphBuilder b("after", acts);
+  auto h = b.input("h", {s.m, s.n});
+  auto bias = [&] { return b.input("b", {s.n}); };
+  if (p == "gemm_gelu" || p == "gemm_silu")
+    b.output(b.activation(h, p.substr(5), "y"));
+  else if (p == "gemm_bias")
+    b.output(b.bias(h, bias(), "y"));
+  else if (p == "gemm_bias_residual")
+    b.output(b.add(b.input("r", {s.m, s.n}), b.bias(h, bias()), "y"));
+  else
+    b.output(b.activation(b.bias(h, bias()), p.substr(10), "y"));
+  u.after = b.build();
+  return u;
+}
+
+struct Row {
+  std::string pattern;
+  Shape s;
+  std::string config;
+  double fpat = 0, heuristic = 0, gemm = 0, unfused = 0, lt = NAN;
+  double errFpat = 0, errUnfused = 0, errLt = NAN, errGemm = 0;
+  double tflops(double ms) const { return 2.0 * s.m * s.n * s.k / (ms * 1e-3) / 1e12; }
+};
+
+std::string fmt(double v, int prec = 3) {
+  if (std::isnan(v))
+    return "-";
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(prec) << v;
+  return os.str();
+}
+std::string sci(double v) {
+  if (std::isnan(v))
+    return "-";
+  std::ostringstream os;
+  os << std::scientific << std::setprecision(1) << v;
+  return os.str();
+}
+
+struct Env {
+  cuda::Driver* drv;
+  cublasHandle_t blas;
+  cublasLtHandle_t lt;
+  tune::TuningCache* cache;
+  tune::TuneOptions topts;
+  int reps;
+  size_t l2;
+};
+
+/// Builds, runs and checks fpat's fused graph for `g` with the given per-op configurations.
+struct FpatRun {
+  runtime::BuildResult built;
+  std::unique_ptr<runtime::Executor> ex;
+};
+
+FpatRun fpatRun(Env& env, const ir::Graph& fused, const std::map<ir::Vertex, codegen::TileConfig>& tiles,
+                const std::map<std::string, std::vector<uint16_t>>& bits) {
+  FpatRun r;
+  runtime::BuildOptions o;
+  o.arch = env.drv->device().arch;
+  o.sms = env.drv->device().sms;
+  o.tiles = tiles;
+  r.built = runtime::buildKernels(fused, builtinLibrary(), o);
+  if (!r.built.error.empty()) {
+    std::cerr << r.built.error << "\n";
+    std::exit(1);
+  }
+  r.ex = std::make_unique<runtime::Executor>(*env.drv, r.built.graph);
+  r.ex->runBits(bits, true);
+  return r;
+}
+
+Row benchOne(Env& env, const std::string& pattern, Shape s) {
+  Row row{pattern, s, {}};
+  ir::Graph g = caseGraph(pattern, s);
+  ir::Graph fused = fuse(g);
+  const ir::Vertex out = fused.outputs()[0];
+  auto inputs = ir::randomInputs(g, 42);
+  std::map<std::string, std::vector<uint16_t>> bits;
+  for (auto& [name, t] : inputs)
+    bits[name] = toBits(t);
+  SampledReference ref = sampledReference(pattern, s, inputs);
+
+  // fpat: tune (or take the cached result), then time tuned and heuristic in this process.
+  tune::Choice c = tune::tune(*env.drv, fused, out, builtinLibrary(), *env.cache, env.topts);
+  row.config = c.config.str();
+  const codegen::TileConfig heur =
+      codegen::defaultTile(s.m, s.n, env.drv->device().arch, env.drv->device().sms);
+  for (int variant = 0; variant < 2; ++variant) {
+    FpatRun f = fpatRun(env, fused, {{out, variant == 0 ? c.config : heur}}, bits);
+    double ms = median(f.ex->time(3, env.reps, env.l2 * 2));
+    (variant == 0 ? row.fpat : row.heuristic) = ms;
+    if (variant == 0)
+      row.errFpat = checkRows(reinterpret_cast<void*>(f.ex->devicePointer(out)), ref, s.n);
+  }
+
+  // cuBLAS: the GEMM alone, and unfused with fpat's fallback kernels around it.
+  UnfusedParts parts = unfusedParts(pattern, s);
+  std::unique_ptr<FpatRun> before, after;
+  if (parts.before) {
+    std::map<std::string, std::vector<uint16_t>> b;
+    for (ir::Vertex v : parts.before->vertices())
+      if (parts.before->op(v).kind == ir::OpKind::Input)
+        b[parts.before->op(v).name] = bits.at(parts.before->op(v).name);
+    before = std::make_unique<FpatRun>(fpatRun(env, *parts.before, {}, b));
+  }
+  if (parts.after) {
+    std::map<std::string, std::vector<uint16_t>> b;
+    for (ir::Vertex v : parts.after->vertices()) {
+      const std::string& n = parts.after->op(v).name;
+      if (parts.after->op(v).kind == ir::OpKind::Input)
+        b[n] = n == "h" ? std::vector<uint16_t>(static_cast<size_t>(s.m * s.n)) : bits.at(n);
+    }
+    after = std::make_unique<FpatRun>(fpatRun(env, *parts.after, {}, b));
+  }
+  const size_t wsBytes = static_cast<size_t>((s.m * s.k + s.k * s.n + 2 * s.m * s.n) * 2);
+  const size_t rot = std::max<size_t>(1, std::min<size_t>(16, (2 * env.l2 + wsBytes - 1) / wsBytes));
+  Rotated A(bits.at("x"), rot), B(bits.at(pattern == "gemm_bt" ? "wt" : "w"), rot);
+  Rotated C(static_cast<size_t>(s.m * s.n * 2), rot);
+  if (before)
+    before->ex->ensureRotations(rot);
+  if (after)
+    after->ex->ensureRotations(rot);
+  const ir::Vertex beforeOut = before ? parts.before->outputs()[0] : 0;
+  const ir::Vertex afterIn = after ? *parts.after->find("h") : 0;
+  const ir::Vertex afterOut = after ? parts.after->outputs()[0] : 0;
+  auto aPtr = [&](size_t r) {
+    return before ? reinterpret_cast<void*>(before->ex->devicePointer(beforeOut, r)) : A.ptr[r];
+  };
+  auto cPtr = [&](size_t r) {
+    return after ? reinterpret_cast<void*>(after->ex->devicePointer(afterIn, r)) : C.ptr[r];
+  };
+  row.gemm = timeIt(3, env.reps, [&](int i) {
+    size_t r = static_cast<size_t>(i) % rot;
+    cublasGemm(env.blas, A.ptr[r], B.ptr[r], C.ptr[r], s.m, s.n, s.k);
+  });
+  row.unfused = timeIt(3, env.reps, [&](int i) {
+    size_t r = static_cast<size_t>(i) % rot;
+    if (before)
+      before->ex->launchAll(false, r);
+    cublasGemm(env.blas, aPtr(r), B.ptr[r], cPtr(r), s.m, s.n, s.k);
+    if (after)
+      after->ex->launchAll(false, r);
+  });
+  CK(cudaDeviceSynchronize());
+  row.errUnfused = checkRows(
+      after ? reinterpret_cast<void*>(after->ex->devicePointer(afterOut, (env.reps + 2) % rot))
+            : cPtr((static_cast<size_t>(env.reps) + 2) % rot),
+      ref, s.n);
+
+  // cuBLASLt with a fused epilogue, where cuBLASLt has this pattern.
+  cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_DEFAULT;
+  if (pattern == "gemm_bias")
+    epi = CUBLASLT_EPILOGUE_BIAS;
+  else if (pattern == "gemm_bias_relu")
+    epi = CUBLASLT_EPILOGUE_RELU_BIAS;
+  else if (pattern == "gemm_bias_gelu")
+    epi = CUBLASLT_EPILOGUE_GELU_BIAS; // the tanh approximation, as fpat's gelu
+  if (epi != CUBLASLT_EPILOGUE_DEFAULT) {
+    LtGemm lt(env.lt, s.m, s.n, s.k, epi);
+    if (lt.ok) {
+      Rotated bias(bits.at("b"), 1);
+      row.lt = timeIt(3, env.reps, [&](int i) {
+        size_t r = static_cast<size_t>(i) % rot;
+        lt.run(A.ptr[r], B.ptr[r], bias.ptr[0], C.ptr[r]);
+      });
+      CK(cudaDeviceSynchronize());
+      row.errLt = checkRows(C.ptr[(static_cast<size_t>(env.reps) + 2) % rot], ref, s.n);
+    }
+  }
+  return row;
+}
+
+void writeSvg(const std::string& path, const std::vector<Row>& rows, const std::string& pattern,
+              const std::string& device) {
+  std::vector<const Row*> rs;
+  for (const Row& r : rows)
+    if (r.pattern == pattern)
+      rs.push_back(&r);
+  if (rs.empty())
+    return;
+  struct Series {
+    const char* name;
+    const char* color;
+    std::function<double(const Row&)> ms;
+  };
+  std::vector<Series> series = {
+      {"fpat tuned (fused)", "#1f77b4", [](const Row& r) { return r.fpat; }},
+      {"fpat heuristic", "#aec7e8", [](const Row& r) { return r.heuristic; }},
+      {"cuBLAS GEMM + epilogue kernels", "#ff7f0e", [](const Row& r) { return r.unfused; }},
+      {"cuBLASLt GELU_BIAS (fused)", "#2ca02c", [](const Row& r) { return r.lt; }},
+      {"cuBLAS GEMM alone", "#7f7f7f", [](const Row& r) { return r.gemm; }}};
+  double maxT = 0;
+  for (const Row* r : rs)
+    for (const Series& s : series)
+      if (!std::isnan(s.ms(*r)))
+        maxT = std::max(maxT, r->tflops(s.ms(*r)));
+  maxT = std::ceil(maxT / 100) * 100;
+  const int W = 980, H = 460, left = 60, bottom = 120, top = 40;
+  const double plotW = W - left - 20, plotH = H - bottom - top;
+  const double groupW = plotW / static_cast<double>(rs.size());
+  const double barW = groupW * 0.8 / static_cast<double>(series.size());
+  std::ofstream f(path);
+  f << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W << "\" height=\"" << H
+    << "\" font-family=\"sans-serif\" font-size=\"11\">\n"
+    << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+    << "<text x=\"" << W / 2 << "\" y=\"20\" text-anchor=\"middle\" font-size=\"14\">" << pattern
+    << ": TFLOP/s (2MNK / time) on " << device << "</text>\n";
+  for (int t = 0; t <= 4; ++t) {
+    double v = maxT * t / 4, y = top + plotH - plotH * t / 4;
+    f << "<line x1=\"" << left << "\" x2=\"" << W - 20 << "\" y1=\"" << y << "\" y2=\"" << y
+      << "\" stroke=\"#ddd\"/><text x=\"" << left - 5 << "\" y=\"" << y + 4
+      << "\" text-anchor=\"end\">" << v << "</text>\n";
+  }
+  for (size_t i = 0; i < rs.size(); ++i) {
+    const Row& r = *rs[i];
+    double x0 = left + groupW * static_cast<double>(i) + groupW * 0.1;
+    for (size_t k = 0; k < series.size(); ++k) {
+      double ms = series[k].ms(r);
+      if (std::isnan(ms))
+        continue;
+      double h = plotH * r.tflops(ms) / maxT;
+      f << "<rect x=\"" << x0 + barW * static_cast<double>(k) << "\" y=\"" << top + plotH - h
+        << "\" width=\"" << barW * 0.95 << "\" height=\"" << h << "\" fill=\"" << series[k].color
+        << "\"><title>" << series[k].name << ": " << fmt(r.tflops(ms), 1)
+        << " TFLOP/s</title></rect>\n";
+    }
+    f << "<text x=\"" << x0 + groupW * 0.4 << "\" y=\"" << top + plotH + 15
+      << "\" text-anchor=\"middle\">" << r.s.m << "x" << r.s.n << "x" << r.s.k << "</text>\n";
+  }
+  for (size_t k = 0; k < series.size(); ++k)
+    f << "<rect x=\"" << left + 190 * (k % 3) << "\" y=\"" << H - 70 + 20 * (k / 3)
+      << "\" width=\"12\" height=\"12\" fill=\"" << series[k].color << "\"/><text x=\""
+      << left + 190 * (k % 3) + 16 << "\" y=\"" << H - 60 + 20 * (k / 3) << "\">"
+      << series[k].name << "</text>\n";
+  f << "<text x=\"" << left << "\" y=\"" << H - 10
+    << "\">M x N x K; f16 in, f32 accumulate; median of timed runs with CUDA events</text>\n"
+    << "</svg>\n";
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  bool quick = false;
+  std::string csvPath = "bench-gemm.csv", svgPath = "bench-gemm.svg";
+  int candidates = 16, reps = 20;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--quick")
+      quick = true;
+    else if (a == "--csv" && i + 1 < argc)
+      csvPath = argv[++i];
+    else if (a == "--svg" && i + 1 < argc)
+      svgPath = argv[++i];
+    else if (a == "--candidates" && i + 1 < argc)
+      candidates = std::atoi(argv[++i]);
+    else if (a == "--reps" && i + 1 < argc)
+      reps = std::max(20, std::atoi(argv[++i]));
+    else {
+      std::cerr << "usage: fpat-bench-gemm [--quick] [--csv F] [--svg F] [--candidates N] "
+                   "[--reps N>=20]\n";
+      return 2;
+    }
+  }
+  std::string why;
+  cuda::Driver* drv = cuda::Driver::get(&why);
+  if (!drv) {
+    std::cout << "benchmark skipped: " << why << "\n";
+    return 77;
+  }
+  CK(cudaSetDevice(0));
+  Env env;
+  env.drv = drv;
+  CK(cublasCreate(&env.blas));
+  CK(cublasLtCreate(&env.lt));
+  tune::TuningCache cache;
+  env.cache = &cache;
+  env.topts.maxCandidates = static_cast<size_t>(candidates);
+  env.topts.reps = reps;
+  env.reps = reps;
+  env.l2 = static_cast<size_t>(drv->device().l2Bytes);
+
+  std::vector<Shape> shapes = {{512, 4096, 4096},  {1024, 4096, 4096}, {2048, 4096, 4096},
+                               {4096, 4096, 4096}, {8192, 4096, 4096}, {4096, 11008, 4096},
+                               {4096, 4096, 11008}, {4096, 14336, 4096}};
+  std::vector<std::string> patterns = {"gemm_bias_gelu", "gemm_bias_silu", "gemm_bias_relu",
+                                       "gemm_bias",      "gemm_bias_residual", "gemm_gelu",
+                                       "gemm_silu",      "layernorm_gemm", "rmsnorm_gemm"};
+  if (quick) {
+    shapes = {{2048, 4096, 4096}};
+    patterns = {"gemm_bias_gelu"};
+  }
+  std::cout << "# fpat GEMM benchmark on " << drv->device().name << " (sm_" << drv->device().arch
+            << ", " << drv->device().sms << " SMs); tuning cache " << cache.path() << "\n\n";
+  std::vector<Row> rows;
+  for (const std::string& p : patterns)
+    for (Shape s : shapes) {
+      std::cerr << "  " << p << " " << s.str() << "...\n";
+      rows.push_back(benchOne(env, p, s));
+    }
+
+  std::ofstream csv(csvPath);
+  csv << "pattern,M,N,K,config,fpat_ms,fpat_tflops,heuristic_ms,cublas_gemm_ms,"
+         "cublas_unfused_ms,cublaslt_fused_ms,fpat_pct_of_cublas_gemm,speedup_vs_unfused,"
+         "speedup_vs_cublaslt,err_fpat,err_unfused,err_cublaslt\n";
+  std::cout << "| pattern | M x N x K | config | fpat ms | TFLOP/s | heuristic ms | cuBLAS GEMM ms "
+               "| cuBLAS+epilogue ms | cuBLASLt fused ms | % of cuBLAS GEMM | vs unfused | vs "
+               "Lt | max rel err fpat / unfused / Lt |\n"
+            << "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
+  for (const Row& r : rows) {
+    double pct = 100.0 * r.gemm / r.fpat;
+    std::cout << "| " << r.pattern << " | " << r.s.str() << " | " << r.config << " | "
+              << fmt(r.fpat) << " | " << fmt(r.tflops(r.fpat), 1) << " | " << fmt(r.heuristic)
+              << " | " << fmt(r.gemm) << " | " << fmt(r.unfused) << " | " << fmt(r.lt) << " | "
+              << fmt(pct, 1) << "% | " << fmt(r.unfused / r.fpat, 2) << "x | "
+              << fmt(r.lt / r.fpat, 2) << (std::isnan(r.lt) ? "" : "x") << " | "
+              << sci(r.errFpat) << " / " << sci(r.errUnfused) << " / " << sci(r.errLt) << " |\n";
+    csv << r.pattern << "," << r.s.m << "," << r.s.n << "," << r.s.k << "," << r.config << ","
+        << r.fpat << "," << r.tflops(r.fpat) << "," << r.heuristic << "," << r.gemm << ","
+        << r.unfused << "," << r.lt << "," << pct << "," << r.unfused / r.fpat << ","
+        << r.lt / r.fpat << "," << r.errFpat << "," << r.errUnfused << "," << r.errLt << "\n";
+  }
+  writeSvg(svgPath, rows, "gemm_bias_gelu", drv->device().name);
+  int bad = 0;
+  for (const Row& r : rows)
+    bad += !(r.errFpat <= runtime::kRelTolerance) || !(r.errUnfused <= runtime::kRelTolerance) ||
+           (!std::isnan(r.errLt) && !(r.errLt <= runtime::kRelTolerance));
+  std::cout << "\ncorrectness: " << (bad ? std::to_string(bad) + " rows FAILED" : "all rows PASS")
+            << " (sampled rows vs the CPU reference, rel err <= " << runtime::kRelTolerance
+            << ")\nwrote " << csvPath << " and " << svgPath << "\n";
+  cublasLtDestroy(env.lt);
+  cublasDestroy(env.blas);
+  return bad ? 1 : 0;
+}

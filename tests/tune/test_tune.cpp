@@ -1,0 +1,199 @@
+// The tuner without a GPU: search space and constraints from recorded device descriptions,
+// the persistent cache (round trip, corruption, concurrent writers), the heuristic fallback.
+#define BOOST_TEST_MODULE tune
+#include "../common/TestGraphs.h"
+
+#include "tune/Tuner.h"
+
+#include <boost/test/unit_test.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <sys/wait.h>
+#include <unistd.h>
+
+using namespace fpat;
+using namespace fpat::tune;
+using codegen::TileConfig;
+namespace fs = std::filesystem;
+
+namespace {
+
+DeviceLimits recorded(const std::string& name) {
+  std::string text;
+  BOOST_TEST_REQUIRE(readFile(std::string(FPAT_SOURCE_DIR) + "/tests/tune/" + name, text));
+  return DeviceLimits::fromJson(text);
+}
+
+struct TempCache {
+  fs::path dir = fs::temp_directory_path() / ("fpat-tune-test-" + std::to_string(::getpid()));
+  std::string path = (dir / "tuning.json").string();
+  TempCache() {
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+  }
+  ~TempCache() { fs::remove_all(dir); }
+};
+
+Key key(const std::string& sig, int64_t m = 1024) {
+  Key k;
+  k.signature = sig;
+  k.m = m;
+  k.n = 4096;
+  k.k = 4096;
+  k.arch = 90;
+  k.templateVersion = "t1";
+  k.nvccVersion = "Build cuda_13.0";
+  return k;
+}
+
+} // namespace
+
+BOOST_AUTO_TEST_CASE(search_space_respects_the_h200) {
+  DeviceLimits d = recorded("h200.json");
+  BOOST_TEST(d.smemOptin == 232448);
+  auto space = searchSpace(d, false, 4096, 4096, 24);
+  BOOST_REQUIRE(!space.empty());
+  BOOST_TEST(space.size() <= 24u);
+  BOOST_TEST((space[0] == codegen::defaultTile(4096, 4096, 90, 132))); // heuristic first
+  for (const TileConfig& t : space) {
+    BOOST_TEST(staticReject(t, false, d).empty(), t.str());
+    BOOST_TEST(codegen::gemmSmemBytes(t, false) <= d.smemOptin, t.str());
+    BOOST_TEST(t.threads() <= 512);
+  }
+  // More than the old 48 KB: the H200's opt-in shared memory admits deep pipelines.
+  bool big = false;
+  for (const TileConfig& t : fullSpace())
+    big = big || (staticReject(t, false, d).empty() && codegen::gemmSmemBytes(t, false) > 49152);
+  BOOST_TEST(big);
+  // Small problems get small tiles.
+  for (const TileConfig& t : searchSpace(d, false, 17, 100, 24)) {
+    BOOST_TEST(t.bm <= 64, t.str());
+    BOOST_TEST(t.bn <= 256, t.str());
+  }
+}
+
+BOOST_AUTO_TEST_CASE(search_space_respects_an_sm75_device) {
+  DeviceLimits d = recorded("t4.json");
+  for (const TileConfig& t : searchSpace(d, true, 4096, 4096, 100)) {
+    BOOST_TEST(t.stages == 2, t.str());
+    BOOST_TEST(codegen::gemmSmemBytes(t, true) <= 65536, t.str());
+  }
+  TileConfig huge{256, 128, 64, 64, 32, 2}; // 106 KB of shared memory
+  BOOST_TEST(staticReject(huge, false, d).find("bytes of shared memory") != std::string::npos);
+  TileConfig deep{128, 128, 32, 64, 32, 3};
+  BOOST_TEST(staticReject(deep, false, d) == "more than 2 stages needs cp.async (sm_80)");
+  TileConfig tooManyFrags{256, 128, 32, 128, 64, 2};
+  BOOST_TEST(!staticReject(tooManyFrags, false, d).empty());
+}
+
+BOOST_AUTO_TEST_CASE(compiled_kernels_are_checked_for_registers_and_spills) {
+  DeviceLimits d = recorded("h200.json");
+  TileConfig t{128, 128, 32, 64, 32, 3}; // 256 threads
+  BOOST_TEST(compiledReject(t, 128, 0, d).empty());
+  TileConfig wide{128, 128, 32, 32, 32, 3}; // 512 threads
+  BOOST_TEST(compiledReject(wide, 255, 0, d).find("registers per block") != std::string::npos);
+  BOOST_TEST(compiledReject(t, 96, 64, d).find("spills") != std::string::npos);
+}
+
+BOOST_AUTO_TEST_CASE(bad_device_descriptions_are_errors) {
+  BOOST_CHECK_THROW(DeviceLimits::fromJson("{\"arch\": 90"), std::exception);
+  BOOST_CHECK_THROW(DeviceLimits::fromJson("{\"arch\": 90}"), std::exception);
+}
+
+BOOST_AUTO_TEST_CASE(cache_round_trip) {
+  TempCache tc;
+  {
+    TuningCache c(tc.path);
+    BOOST_TEST(!c.lookup(key("a")).has_value());
+    c.store(key("a"), Entry{{64, 128, 32, 32, 64, 4}, 0.25, 0.5, 16});
+  }
+  TuningCache again(tc.path);
+  auto e = again.lookup(key("a"));
+  BOOST_REQUIRE(e.has_value());
+  BOOST_TEST((e->config == TileConfig{64, 128, 32, 32, 64, 4}));
+  BOOST_TEST(e->ms == 0.25);
+  BOOST_TEST(e->heuristicMs == 0.5);
+  // Every part of the key matters: shape, toolkit and template versions.
+  BOOST_TEST(!again.lookup(key("a", 2048)).has_value());
+  Key other = key("a");
+  other.nvccVersion = "Build cuda_13.1";
+  BOOST_TEST(!again.lookup(other).has_value());
+  other = key("a");
+  other.templateVersion = "t2";
+  BOOST_TEST(!again.lookup(other).has_value());
+  BOOST_TEST(again.takeWarnings().empty());
+}
+
+BOOST_AUTO_TEST_CASE(corrupt_caches_are_moved_aside_and_rebuilt) {
+  for (const char* junk : {"{\"schema\": 1, \"entries\": {\"x\": ", "not json at all \x01\x02",
+                           "{\"schema\": 999, \"entries\": {}}", "[1, 2, 3]", ""}) {
+    TempCache tc;
+    std::ofstream(tc.path) << junk;
+    TuningCache c(tc.path);
+    BOOST_TEST(!c.lookup(key("a")).has_value());
+    auto w = c.takeWarnings();
+    if (std::string(junk).empty()) {
+      BOOST_TEST(w.size() == 1u); // an empty file is corrupt too
+    }
+    BOOST_REQUIRE(w.size() == 1u);
+    BOOST_TEST(w[0].find("moved to") != std::string::npos, w[0]);
+    int aside = 0;
+    for (const auto& f : fs::directory_iterator(tc.dir))
+      aside += f.path().filename().string().find(".bad-") != std::string::npos;
+    BOOST_TEST(aside == 1);
+    c.store(key("b"), Entry{{64, 64, 32, 32, 32, 3}, 1, 1, 1});
+    BOOST_TEST(TuningCache(tc.path).lookup(key("b")).has_value());
+  }
+}
+
+BOOST_AUTO_TEST_CASE(concurrent_writers_lose_no_entries) {
+  TempCache tc;
+  const int procs = 6, perProc = 15;
+  std::vector<pid_t> pids;
+  for (int p = 0; p < procs; ++p) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      TuningCache c(tc.path);
+      for (int i = 0; i < perProc; ++i)
+        c.store(key("p" + std::to_string(p) + "_" + std::to_string(i)),
+                Entry{{64, 64, 32, 32, 32, 2 + i % 3}, double(i), double(p), i});
+      _exit(0);
+    }
+    pids.push_back(pid);
+  }
+  for (pid_t pid : pids) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    BOOST_TEST((WIFEXITED(status) && WEXITSTATUS(status) == 0));
+  }
+  TuningCache c(tc.path);
+  BOOST_TEST(c.size() == static_cast<size_t>(procs * perProc));
+  for (int p = 0; p < procs; ++p)
+    for (int i = 0; i < perProc; ++i) {
+      auto e = c.lookup(key("p" + std::to_string(p) + "_" + std::to_string(i)));
+      BOOST_REQUIRE(e.has_value());
+      BOOST_TEST(e->config.stages == 2 + i % 3);
+    }
+  BOOST_TEST(c.takeWarnings().empty());
+}
+
+BOOST_AUTO_TEST_CASE(without_a_cache_entry_the_heuristic_picks) {
+  TempCache tc;
+  TuningCache c(tc.path);
+  ir::Graph f = testing::fuse(testing::caseGraph("gemm_bias_gelu", {2048, 4096, 4096}));
+  ir::Vertex v = f.outputs()[0];
+  BOOST_TEST(tunable(f, v));
+  Choice ch = choose(f, v, testing::builtinLibrary(), c, 90, 132, "nvcc-x", false);
+  BOOST_TEST(ch.source == "heuristic");
+  BOOST_TEST((ch.config == codegen::defaultTile(2048, 4096, 90, 132)));
+  // Once tuned (here: stored by hand), the cache answers, unless retuning is asked for.
+  Key k = keyFor(f, v, testing::builtinLibrary(), 90, "nvcc-x");
+  BOOST_TEST(k.signature == "gemm:gemm_bias_gelu,bias,activation gelu:vec");
+  c.store(k, Entry{{128, 256, 32, 64, 64, 3}, 0.3, 0.4, 10});
+  ch = choose(f, v, testing::builtinLibrary(), c, 90, 132, "nvcc-x", false);
+  BOOST_TEST(ch.source == "cache");
+  BOOST_TEST(ch.config.str() == "128x256x32_w2x4_s3");
+  BOOST_TEST(choose(f, v, testing::builtinLibrary(), c, 90, 132, "nvcc-x", true).source ==
+             "heuristic");
+}

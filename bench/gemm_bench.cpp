@@ -25,6 +25,7 @@
 #include <functional>
 #include <iomanip>
 #include <iostream>
+#include <set>
 #include <sstream>
 
 using namespace fpat;
@@ -461,6 +462,82 @@ void writeSvg(const std::string& path, const std::vector<Row>& rows, const std::
     << "</svg>\n";
 }
 
+/// The SwiGLU FFN block of LLaMA-7B (d 4096, hidden 11008) at M tokens, end to end: fpat's
+/// fused graph (tuned) against the same graph with cuBLAS for its three GEMMs and fpat's
+/// separate kernels for SiLU, the product, the bias and the residual.
+bool benchFfn(Env& env) {
+  const int64_t M = 4096, D = 4096, H = 11008;
+  auto build = [&](int64_t m) {
+    ir::GraphBuilder b("ffn_swiglu", builtinLibrary().activationSet());
+    auto x = b.input("x", {m, D});
+    auto wg = b.input("w_gate", {D, H}), wu = b.input("w_up", {D, H});
+    auto wd = b.input("w_down", {H, D});
+    auto bd = b.input("b_down", {D});
+    auto act = b.activation(b.gemm(x, wg, false, "gate"), "silu", "act");
+    auto h = b.mul(act, b.gemm(x, wu, false, "up"), "h");
+    b.output(b.add(b.bias(b.gemm(h, wd, false, "down"), bd, "biased"), x, "y"));
+    return b.build();
+  };
+  ir::Graph g = build(M);
+  ir::Graph fused = fuse(g);
+  auto inputs = ir::randomInputs(g, 5);
+  std::map<std::string, std::vector<uint16_t>> bits;
+  for (auto& [name, t] : inputs)
+    bits[name] = toBits(t);
+
+  // Reference rows: the block is row-wise, so 16 rows of x give 16 rows of y.
+  std::vector<int64_t> rows;
+  for (int64_t i = 0; i < 16; ++i)
+    rows.push_back(i * (M - 1) / 15);
+  ir::Graph small = build(16);
+  std::map<std::string, ir::Tensor> smallIn = inputs;
+  ir::Tensor xs{{{16, D}, ir::DType::F16}, {}};
+  for (int64_t r : rows)
+    xs.data.insert(xs.data.end(), inputs.at("x").data.begin() + r * D,
+                   inputs.at("x").data.begin() + (r + 1) * D);
+  smallIn["x"] = xs;
+  SampledReference ref{rows, ir::evaluate(small, smallIn)[small.outputs()[0]]};
+
+  // fpat, every GEMM-family op tuned.
+  std::map<ir::Vertex, codegen::TileConfig> tiles;
+  for (ir::Vertex v : fused.vertices())
+    if (tune::tunable(fused, v))
+      tiles[v] = tune::tune(*env.drv, fused, v, builtinLibrary(), *env.cache, env.topts).config;
+  FpatRun f = fpatRun(env, fused, tiles, bits);
+  const double fpatMs = median(f.ex->time(3, env.reps, env.l2 * 2));
+  const double fpatErr =
+      checkRows(reinterpret_cast<void*>(f.ex->devicePointer(fused.outputs()[0])), ref, D);
+
+  // Unfused, with cuBLAS for the GEMMs.
+  FpatRun u = fpatRun(env, g, {}, bits);
+  std::set<ir::Vertex> gemms;
+  for (ir::Vertex v : g.vertices())
+    if (g.op(v).kind == ir::OpKind::Gemm)
+      gemms.insert(v);
+  u.ex->replace(gemms, [&](ir::Vertex v, size_t set) {
+    auto ops = g.operands(v);
+    cublasGemm(env.blas, reinterpret_cast<void*>(u.ex->devicePointer(ops[0], set)),
+               reinterpret_cast<void*>(u.ex->devicePointer(ops[1], set)),
+               reinterpret_cast<void*>(u.ex->devicePointer(v, set)), g.op(ops[0]).type.shape[0],
+               g.op(v).type.shape[1], g.op(ops[0]).type.shape[1]);
+  });
+  u.ex->runBits(bits, false);
+  const double unfusedErr =
+      checkRows(reinterpret_cast<void*>(u.ex->devicePointer(g.outputs()[0])), ref, D);
+  const double unfusedMs = median(u.ex->time(3, env.reps, env.l2 * 2));
+  const double flops = 2.0 * M * D * H * 3;
+  std::cout << "\n## SwiGLU FFN block, M = " << M << ", d = " << D << ", hidden = " << H
+            << " (3 GEMMs, SiLU, product, bias, residual)\n\n"
+            << "| implementation | kernels | ms | TFLOP/s | max rel err (sampled rows) |\n"
+            << "|---|---:|---:|---:|---|\n"
+            << "| fpat fused, tuned | " << f.built.kernels.size() << " | " << fmt(fpatMs) << " | "
+            << fmt(flops / (fpatMs * 1e-3) / 1e12, 1) << " | " << sci(fpatErr) << " |\n"
+            << "| cuBLAS GEMMs + separate kernels | 7 | " << fmt(unfusedMs) << " | "
+            << fmt(flops / (unfusedMs * 1e-3) / 1e12, 1) << " | " << sci(unfusedErr) << " |\n"
+            << "\nfpat / unfused time: " << fmt(fpatMs / unfusedMs, 2) << "\n";
+  return fpatErr <= runtime::kRelTolerance && unfusedErr <= runtime::kRelTolerance;
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
@@ -514,12 +591,18 @@ int main(int argc, char** argv) {
     patterns = {"gemm_bias_gelu"};
   }
   std::cout << "# fpat GEMM benchmark on " << drv->device().name << " (sm_" << drv->device().arch
-            << ", " << drv->device().sms << " SMs); tuning cache " << cache.path() << "\n\n";
+            << ", " << drv->device().sms << " SMs); tuning cache " << cache.path() << "\n\n"
+            << std::flush;
   std::vector<Row> rows;
   for (const std::string& p : patterns)
     for (Shape s : shapes) {
-      std::cerr << "  " << p << " " << s.str() << "...\n";
       rows.push_back(benchOne(env, p, s));
+      const Row& r = rows.back();
+      // Progress, with the numbers, so that an interrupted run still reports what it measured.
+      std::cerr << "  " << p << " " << s.str() << ": fpat " << fmt(r.fpat) << " ms ("
+                << r.config << ", heuristic " << fmt(r.heuristic) << "), cuBLAS GEMM "
+                << fmt(r.gemm) << ", unfused " << fmt(r.unfused) << ", Lt " << fmt(r.lt)
+                << " -> " << fmt(100.0 * r.gemm / r.fpat, 1) << "% of cuBLAS GEMM" << std::endl;
     }
 
   std::ofstream csv(csvPath);
@@ -551,6 +634,8 @@ int main(int argc, char** argv) {
   std::cout << "\ncorrectness: " << (bad ? std::to_string(bad) + " rows FAILED" : "all rows PASS")
             << " (sampled rows vs the CPU reference, rel err <= " << runtime::kRelTolerance
             << ")\nwrote " << csvPath << " and " << svgPath << "\n";
+  if (!quick)
+    bad += benchFfn(env) ? 0 : 1;
   cublasLtDestroy(env.lt);
   cublasDestroy(env.blas);
   return bad ? 1 : 0;

@@ -8,7 +8,9 @@
 #include "runtime/Cuda.h"
 #include "runtime/Nvcc.h"
 
+#include <functional>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -69,6 +71,10 @@ public:
 
   /// Launches every kernel once on rotation `set` without synchronising.
   void launchAll(bool poison, size_t set = 0);
+
+  /// Ops in `ops` are computed by `run(v, set)` instead of their kernels, in their place in the
+  /// launch order (the benchmarks put cuBLAS there). `run` reads and writes devicePointer().
+  void replace(std::set<ir::Vertex> ops, std::function<void(ir::Vertex, size_t)> run);
   /// Makes at least `n` rotations: copies of every buffer, initialised from rotation 0.
   void ensureRotations(size_t n);
   /// Rotations needed for `minWorkingSet` bytes (at most 32).
@@ -86,12 +92,14 @@ private:
   };
 
   cuda::Driver& drv_;
-  const CompiledGraph& cg_;
+  CompiledGraph cg_; // a copy: callers need not keep theirs alive
   BufferPlan plan_;
   std::vector<cuda::CUmodule> modules_;
   std::vector<std::vector<cuda::CUdeviceptr>> slotSets_; // [rotation][slot]
   std::vector<cuda::CUdeviceptr> scratch_;
   std::vector<Bound> launches_;
+  std::set<ir::Vertex> replaced_;
+  std::function<void(ir::Vertex, size_t)> replacement_;
 };
 
 } // namespace fpat::runtime

@@ -47,7 +47,7 @@ private:
   Value append(Op op, const std::vector<Value>& operands, const std::string& name);
 
   Graph g_;
-  const ActivationSet& acts_;
+  ActivationSet acts_; // a copy, so a temporary set may be passed
   int nextId_ = 0;
 };
 

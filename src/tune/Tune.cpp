@@ -46,9 +46,9 @@ std::string staticReject(const TileConfig& t, bool transB, const DeviceLimits& d
   const int threads = t.threads();
   if (threads < 64 || threads > std::min(512, d.maxThreadsPerBlock))
     return std::to_string(threads) + " threads per block (64 to 512 allowed)";
-  if ((t.wm / 16) * (t.wn / 16) > 8)
+  if ((t.wm / 16) * (t.wn / 16) > 16)
     return "warp tile of " + std::to_string((t.wm / 16) * (t.wn / 16)) +
-           " accumulator fragments (8 at most: more spill)";
+           " accumulator fragments (16 at most: more cannot stay in registers)";
   if (d.arch < 80 && t.stages > 2)
     return "more than 2 stages needs cp.async (sm_80)";
   const int smem = codegen::gemmSmemBytes(t, transB);

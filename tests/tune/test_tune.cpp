@@ -83,7 +83,7 @@ BOOST_AUTO_TEST_CASE(search_space_respects_an_sm75_device) {
   BOOST_TEST(staticReject(huge, false, d).find("bytes of shared memory") != std::string::npos);
   TileConfig deep{128, 128, 32, 64, 32, 3};
   BOOST_TEST(staticReject(deep, false, d) == "more than 2 stages needs cp.async (sm_80)");
-  TileConfig tooManyFrags{256, 128, 32, 128, 64, 2};
+  TileConfig tooManyFrags{256, 256, 32, 128, 64, 2}; // 32 fragments per warp
   BOOST_TEST(!staticReject(tooManyFrags, false, d).empty());
 }
 

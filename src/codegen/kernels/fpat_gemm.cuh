@@ -82,7 +82,8 @@ __device__ __forceinline__ void gemm(const FpatKernelArgs& args) {
   constexpr int A_ITERS = (A_CHUNKS + T::THREADS - 1) / T::THREADS;
   constexpr int B_ITERS = (B_CHUNKS + T::THREADS - 1) / T::THREADS;
 #if FPAT_HAS_CP_ASYNC
-  constexpr bool ASYNC_A = VEC && NORM == 0, ASYNC_B = VEC;
+  // Normalised A also arrives by cp.async; it is normalised in shared memory (see below).
+  constexpr bool ASYNC_A = VEC, ASYNC_B = VEC;
 #else
   constexpr bool ASYNC_A = false, ASYNC_B = false;
 #endif
@@ -95,8 +96,20 @@ __device__ __forceinline__ void gemm(const FpatKernelArgs& args) {
   const __half* A = static_cast<const __half*>(args.in[0]);
   const __half* B = static_cast<const __half*>(args.in[NORM == 0 ? 1 : NORM == 1 ? 3 : 2]);
   const int64_t M = args.M, N = args.N, K = args.K;
-  const int64_t row0 = static_cast<int64_t>(blockIdx.y) * BM;
-  const int64_t col0 = static_cast<int64_t>(blockIdx.x) * BN;
+  // Grouped tile order: consecutive CTAs walk down a group of 8 M-tiles before moving to the
+  // next N-tile, so the B columns and A rows in flight stay in L2.
+  int64_t tileM, tileN;
+  {
+    const int64_t pid = static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x;
+    const int64_t tilesN = gridDim.x, tilesM = gridDim.y, group = 8;
+    const int64_t perGroup = group * tilesN;
+    const int64_t first = (pid / perGroup) * group;
+    const int64_t size = tilesM - first < group ? tilesM - first : group;
+    tileM = first + (pid % perGroup) % size;
+    tileN = (pid % perGroup) / size;
+  }
+  const int64_t row0 = tileM * BM;
+  const int64_t col0 = tileN * BN;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int warpM = warp / T::WARPS_N, warpN = warp % T::WARPS_N;
   const int KT = static_cast<int>((K + BK - 1) / BK);
@@ -135,7 +148,7 @@ __device__ __forceinline__ void gemm(const FpatKernelArgs& args) {
         for (int e = 0; e < 8; ++e)
           v.h[e] = gr < M && gk + e < K ? A[gr * K + gk + e] : __float2half(0.0f);
       }
-      if (NORM != 0 && gr < M) {
+      if (NORM != 0 && !ASYNC_A && gr < M) {
         float f[8];
         #pragma unroll
         for (int e = 0; e < 8; ++e)
@@ -160,6 +173,33 @@ __device__ __forceinline__ void gemm(const FpatKernelArgs& args) {
       int r, k;
       aChunk(c, r, k);
       *reinterpret_cast<uint4*>(sA + stage * A_STAGE + r * LDA + k) = ra[i].u;
+    }
+  };
+  // norm_gemm with cp.async: a stage's A tile is normalised in place once it has arrived.
+  // Rows past M and columns past K stay zero.
+  auto normaliseStage = [&](int kt, int stage) {
+#pragma unroll
+    for (int i = 0; i < A_ITERS; ++i) {
+      int c = tid + i * T::THREADS;
+      if (c >= A_CHUNKS)
+        break;
+      int r, k;
+      aChunk(c, r, k);
+      const int64_t gr = row0 + r, gk = static_cast<int64_t>(kt) * BK + k;
+      if (gr >= M)
+        continue;
+      Half8 v;
+      uint4* p = reinterpret_cast<uint4*>(sA + stage * A_STAGE + r * LDA + k);
+      v.u = *p;
+      float f[8];
+#pragma unroll
+      for (int e = 0; e < 8; ++e)
+        f[e] = __half2float(v.h[e]);
+      detail::normalise8<NORM>(f, gr, gk, K, args);
+#pragma unroll
+      for (int e = 0; e < 8; ++e)
+        v.h[e] = __float2half(f[e]);
+      *p = v.u;
     }
   };
   auto loadB = [&](int kt, int stage, bool toRegs) {
@@ -264,6 +304,10 @@ __device__ __forceinline__ void gemm(const FpatKernelArgs& args) {
       loadB(next, nextStage, !ASYNC_B);
     }
     cp_async_commit();
+    if (NORM != 0 && ASYNC_A) {
+      normaliseStage(kt, kt % S);
+      __syncthreads();
+    }
     compute(kt % S);
     if (more) {
       if (!ASYNC_A)

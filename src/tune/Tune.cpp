@@ -92,16 +92,14 @@ std::vector<TileConfig> searchSpace(const DeviceLimits& d, bool transB, int64_t 
     if (staticReject(t, transB, d).empty() && fitsProblem(t) && !(t == heuristic))
       ok.push_back(t);
   // Rank by how well the grid fills the GPU (fewest idle CTA slots in the last wave, with
-  // about two CTAs per SM), then by larger CTA and warp tiles (more reuse per byte loaded).
+  // about two CTAs per SM), then by larger tiles (more reuse per byte loaded).
   auto score = [&](const TileConfig& t) {
     const double tiles = static_cast<double>((m + t.bm - 1) / t.bm) *
                          static_cast<double>((n + t.bn - 1) / t.bn);
     const double slots = 2.0 * d.sms;
     const double waves = std::ceil(tiles / slots);
     const double fill = tiles / (waves * slots);
-    // Larger warp tiles load fewer fragments per MMA from shared memory.
-    return fill + 0.05 * std::log2(static_cast<double>(t.bm) * t.bn) +
-           0.03 * std::log2(static_cast<double>(t.wm) * t.wn) + 0.01 * t.stages;
+    return fill + 0.05 * std::log2(static_cast<double>(t.bm) * t.bn) + 0.01 * t.stages;
   };
   std::stable_sort(ok.begin(), ok.end(),
                    [&](const TileConfig& a, const TileConfig& b) { return score(a) > score(b); });

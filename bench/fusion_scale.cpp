@@ -27,7 +27,8 @@ ir::Graph stackedMlp(int blocks) {
     ir::Value w1 = b.input("w1_" + s, {d, h}), b1 = b.input("b1_" + s, {h});
     ir::Value w2 = b.input("w2_" + s, {h, d}), b2 = b.input("b2_" + s, {d});
     ir::Value n = b.layernorm(x, lg, lb, 1e-5, "n" + s);
-    ir::Value a = b.activation(b.bias(b.gemm(n, w1, false, "h" + s), b1, "hb" + s), "gelu", "a" + s);
+    ir::Value a =
+        b.activation(b.bias(b.gemm(n, w1, false, "h" + s), b1, "hb" + s), "gelu", "a" + s);
     x = b.add(b.bias(b.gemm(a, w2, false, "d" + s), b2, "db" + s), x, "y" + s);
     ir::Value rg = b.input("rms_g" + s, {d}), w3 = b.input("w3_" + s, {d, d});
     ir::Value r = b.rmsnorm(x, rg, 1e-6, "r" + s);

@@ -8,19 +8,17 @@
 //
 //   fpat-bench-gemm [--quick] [--csv F] [--svg F] [--candidates N] [--reps N]
 #include "../tests/common/TestGraphs.h"
-
 #include "ir/Reference.h"
 #include "runtime/Pipeline.h"
 #include "tune/Tuner.h"
-
-#include <cublasLt.h>
-#include <cublas_v2.h>
-#include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
 #include <fstream>
 #include <functional>
 #include <iomanip>
@@ -33,13 +31,13 @@ using namespace fpat::testing;
 
 namespace {
 
-#define CK(x)                                                                                    \
-  do {                                                                                           \
-    auto rc_ = (x);                                                                              \
-    if (rc_ != 0) {                                                                              \
-      std::fprintf(stderr, "%s:%d: %s failed (%d)\n", __FILE__, __LINE__, #x, int(rc_));        \
-      std::exit(1);                                                                              \
-    }                                                                                            \
+#define CK(x)                                                                                      \
+  do {                                                                                             \
+    auto rc_ = (x);                                                                                \
+    if (rc_ != 0) {                                                                                \
+      std::fprintf(stderr, "%s:%d: %s failed (%d)\n", __FILE__, __LINE__, #x, int(rc_));           \
+      std::exit(1);                                                                                \
+    }                                                                                              \
   } while (0)
 
 double median(std::vector<float> v) {
@@ -82,8 +80,7 @@ struct Rotated {
 };
 
 /// Times `body(i)` for warm-up + reps iterations with CUDA events; returns the median ms.
-template <class F>
-double timeIt(int warmup, int reps, F body) {
+template <class F> double timeIt(int warmup, int reps, F body) {
   for (int i = 0; i < warmup; ++i)
     body(i);
   std::vector<cudaEvent_t> ev(static_cast<size_t>(reps) + 1);
@@ -143,8 +140,7 @@ struct LtGemm {
     cublasLtMatmulPreferenceDestroy(pref);
   }
   void run(const void* A, const void* B, const void* bias, void* C) {
-    CK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
-                                      sizeof bias));
+    CK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
     const float one = 1.0f, zero = 0.0f;
     CK(cublasLtMatmul(lt, desc, &one, B, la, A, lb, &zero, C, lc, C, lc, &algo.algo, workspace,
                       wsBytes, nullptr));
@@ -277,7 +273,8 @@ struct FpatRun {
   std::unique_ptr<runtime::Executor> ex;
 };
 
-FpatRun fpatRun(Env& env, const ir::Graph& fused, const std::map<ir::Vertex, codegen::TileConfig>& tiles,
+FpatRun fpatRun(Env& env, const ir::Graph& fused,
+                const std::map<ir::Vertex, codegen::TileConfig>& tiles,
                 const std::map<std::string, std::vector<uint16_t>>& bits) {
   FpatRun r;
   runtime::BuildOptions o;
@@ -342,7 +339,8 @@ Row benchOne(Env& env, const std::string& pattern, Shape s) {
     after = std::make_unique<FpatRun>(fpatRun(env, *parts.after, {}, b));
   }
   const size_t wsBytes = static_cast<size_t>((s.m * s.k + s.k * s.n + 2 * s.m * s.n) * 2);
-  const size_t rot = std::max<size_t>(1, std::min<size_t>(16, (2 * env.l2 + wsBytes - 1) / wsBytes));
+  const size_t rot =
+      std::max<size_t>(1, std::min<size_t>(16, (2 * env.l2 + wsBytes - 1) / wsBytes));
   Rotated A(bits.at("x"), rot), B(bits.at(pattern == "gemm_bt" ? "wt" : "w"), rot);
   Rotated C(static_cast<size_t>(s.m * s.n * 2), rot);
   if (before)
@@ -459,8 +457,8 @@ void writeSvg(const std::string& path, const std::vector<Row>& rows, const std::
   for (size_t k = 0; k < series.size(); ++k)
     f << "<rect x=\"" << left + 190 * (k % 3) << "\" y=\"" << H - 70 + 20 * (k / 3)
       << "\" width=\"12\" height=\"12\" fill=\"" << series[k].color << "\"/><text x=\""
-      << left + 190 * (k % 3) + 16 << "\" y=\"" << H - 60 + 20 * (k / 3) << "\">"
-      << series[k].name << "</text>\n";
+      << left + 190 * (k % 3) + 16 << "\" y=\"" << H - 60 + 20 * (k / 3) << "\">" << series[k].name
+      << "</text>\n";
   f << "<text x=\"" << left << "\" y=\"" << H - 10
     << "\">M x N x K; f16 in, f32 accumulate; median of timed runs with CUDA events</text>\n"
     << "</svg>\n";
@@ -590,12 +588,12 @@ int main(int argc, char** argv) {
   env.reps = reps;
   env.l2 = static_cast<size_t>(drv->device().l2Bytes);
 
-  std::vector<Shape> shapes = {{512, 4096, 4096},  {1024, 4096, 4096}, {2048, 4096, 4096},
-                               {4096, 4096, 4096}, {8192, 4096, 4096}, {4096, 11008, 4096},
+  std::vector<Shape> shapes = {{512, 4096, 4096},   {1024, 4096, 4096}, {2048, 4096, 4096},
+                               {4096, 4096, 4096},  {8192, 4096, 4096}, {4096, 11008, 4096},
                                {4096, 4096, 11008}, {4096, 14336, 4096}};
-  std::vector<std::string> patterns = {"gemm_bias_gelu", "gemm_bias_silu", "gemm_bias_relu",
+  std::vector<std::string> patterns = {"gemm_bias_gelu", "gemm_bias_silu",     "gemm_bias_relu",
                                        "gemm_bias",      "gemm_bias_residual", "gemm_gelu",
-                                       "gemm_silu",      "layernorm_gemm", "rmsnorm_gemm"};
+                                       "gemm_silu",      "layernorm_gemm",     "rmsnorm_gemm"};
   if (quick) {
     shapes = {{2048, 4096, 4096}};
     patterns = {"gemm_bias_gelu"};
@@ -611,10 +609,10 @@ int main(int argc, char** argv) {
       rows.push_back(benchOne(env, p, s));
       const Row& r = rows.back();
       // Progress, with the numbers, so that an interrupted run still reports what it measured.
-      std::cerr << "  " << p << " " << s.str() << ": fpat " << fmt(r.fpat) << " ms ("
-                << r.config << ", heuristic " << fmt(r.heuristic) << "), cuBLAS GEMM "
-                << fmt(r.gemm) << ", unfused " << fmt(r.unfused) << ", Lt " << fmt(r.lt)
-                << " -> " << fmt(100.0 * r.gemm / r.fpat, 1) << "% of cuBLAS GEMM" << std::endl;
+      std::cerr << "  " << p << " " << s.str() << ": fpat " << fmt(r.fpat) << " ms (" << r.config
+                << ", heuristic " << fmt(r.heuristic) << "), cuBLAS GEMM " << fmt(r.gemm)
+                << ", unfused " << fmt(r.unfused) << ", Lt " << fmt(r.lt) << " -> "
+                << fmt(100.0 * r.gemm / r.fpat, 1) << "% of cuBLAS GEMM" << std::endl;
     }
 
   std::ofstream csv(csvPath);
@@ -631,8 +629,8 @@ int main(int argc, char** argv) {
               << fmt(r.fpat) << " | " << fmt(r.tflops(r.fpat), 1) << " | " << fmt(r.heuristic)
               << " | " << fmt(r.gemm) << " | " << fmt(r.unfused) << " | " << fmt(r.lt) << " | "
               << fmt(pct, 1) << "% | " << fmt(r.unfused / r.fpat, 2) << "x | "
-              << fmt(r.lt / r.fpat, 2) << (std::isnan(r.lt) ? "" : "x") << " | "
-              << sci(r.errFpat) << " / " << sci(r.errUnfused) << " / " << sci(r.errLt) << " |\n";
+              << fmt(r.lt / r.fpat, 2) << (std::isnan(r.lt) ? "" : "x") << " | " << sci(r.errFpat)
+              << " / " << sci(r.errUnfused) << " / " << sci(r.errLt) << " |\n";
     csv << r.pattern << "," << r.s.m << "," << r.s.n << "," << r.s.k << "," << r.config << ","
         << r.fpat << "," << r.tflops(r.fpat) << "," << r.heuristic << "," << r.gemm << ","
         << r.unfused << "," << r.lt << "," << pct << "," << r.unfused / r.fpat << ","

@@ -13,15 +13,28 @@ namespace fpat::dsl {
 /// bodies (`0.5 * x`), since both are trees of the same few shapes.
 struct Expr {
   enum Kind {
-    Int, Float, String, Bool, Unset, List, Instance, Name, Binding, Dag, Body, // values
-    Unary, Binary, Select, Call                                                // expressions
+    Int,
+    Float,
+    String,
+    Bool,
+    Unset,
+    List,
+    Instance,
+    Name,
+    Binding,
+    Dag,
+    Body, // values
+    Unary,
+    Binary,
+    Select,
+    Call // expressions
   } kind;
   SourceLoc loc;
-  int64_t i = 0;          // Int, Bool
-  double f = 0;           // Float
-  std::string s;          // String text, Name/Instance/Call name, Binding name, operator
+  int64_t i = 0; // Int, Bool
+  double f = 0;  // Float
+  std::string s; // String text, Name/Instance/Call name, Binding name, operator
   std::vector<std::unique_ptr<Expr>> kids; // list items, instance args, dag op + args, operands
-  std::string dagName;    // `(...):$name`
+  std::string dagName;                     // `(...):$name`
   // Body: `lets` are local bindings evaluated in order, kids[0] is the result.
   std::vector<std::pair<std::string, std::unique_ptr<Expr>>> lets;
   std::vector<SourceLoc> letLocs;
@@ -29,7 +42,7 @@ struct Expr {
 using ExprPtr = std::unique_ptr<Expr>;
 
 struct TypeRef {
-  std::string name; // int, float, string, bit, dag, expr, list, or a class name
+  std::string name;              // int, float, string, bit, dag, expr, list, or a class name
   std::unique_ptr<TypeRef> elem; // for list
   SourceLoc loc;
 };
@@ -69,16 +82,16 @@ using StmtPtr = std::unique_ptr<Stmt>;
 struct Stmt {
   enum Kind { Include, Class, Def, Defm, Multiclass, Let, Defvar } kind;
   SourceLoc loc;
-  std::string name;                   // class / multiclass / defvar name, include path
-  std::vector<NamePiece> defName;     // def / defm
-  bool hasName = false;               // def / defm written with a name
-  std::vector<TemplateArg> targs;     // class / multiclass
-  std::vector<ParentRef> parents;     // class / def / defm
-  std::vector<BodyItem> body;         // class / def
-  std::vector<StmtPtr> stmts;         // multiclass / let bodies
+  std::string name;               // class / multiclass / defvar name, include path
+  std::vector<NamePiece> defName; // def / defm
+  bool hasName = false;           // def / defm written with a name
+  std::vector<TemplateArg> targs; // class / multiclass
+  std::vector<ParentRef> parents; // class / def / defm
+  std::vector<BodyItem> body;     // class / def
+  std::vector<StmtPtr> stmts;     // multiclass / let bodies
   std::vector<std::pair<std::string, ExprPtr>> lets; // let ... in
   std::vector<SourceLoc> letLocs;
-  ExprPtr value;                      // defvar
+  ExprPtr value; // defvar
 };
 
 struct File {

@@ -52,11 +52,11 @@ struct Intrinsic {
 
 const std::vector<Intrinsic>& intrinsics() {
   static const std::vector<Intrinsic> t = {
-      {"exp", 1, CompiledExpr::Exp, "expf"},       {"log", 1, CompiledExpr::Log, "logf"},
-      {"tanh", 1, CompiledExpr::Tanh, "tanhf"},    {"erf", 1, CompiledExpr::Erf, "erff"},
-      {"sqrt", 1, CompiledExpr::Sqrt, "sqrtf"},    {"rsqrt", 1, CompiledExpr::Rsqrt, "rsqrtf"},
-      {"abs", 1, CompiledExpr::Abs, "fabsf"},      {"min", 2, CompiledExpr::Min, "fminf"},
-      {"max", 2, CompiledExpr::Max, "fmaxf"},      {"pow", 2, CompiledExpr::Pow, "powf"},
+      {"exp", 1, CompiledExpr::Exp, "expf"},    {"log", 1, CompiledExpr::Log, "logf"},
+      {"tanh", 1, CompiledExpr::Tanh, "tanhf"}, {"erf", 1, CompiledExpr::Erf, "erff"},
+      {"sqrt", 1, CompiledExpr::Sqrt, "sqrtf"}, {"rsqrt", 1, CompiledExpr::Rsqrt, "rsqrtf"},
+      {"abs", 1, CompiledExpr::Abs, "fabsf"},   {"min", 2, CompiledExpr::Min, "fminf"},
+      {"max", 2, CompiledExpr::Max, "fmaxf"},   {"pow", 2, CompiledExpr::Pow, "powf"},
   };
   return t;
 }
@@ -137,8 +137,8 @@ private:
       emit(*e.kids[0], out);
       emit(*e.kids[1], out);
       static const std::map<std::string, C::Op> ops = {
-          {"+", C::Add}, {"-", C::Sub}, {"*", C::Mul}, {"/", C::Div}, {"<", C::Lt}, {"<=", C::Le},
-          {">", C::Gt},  {">=", C::Ge}, {"==", C::Eq}, {"!=", C::Ne}};
+          {"+", C::Add}, {"-", C::Sub}, {"*", C::Mul}, {"/", C::Div}, {"<", C::Lt},
+          {"<=", C::Le}, {">", C::Gt},  {">=", C::Ge}, {"==", C::Eq}, {"!=", C::Ne}};
       out.code.push_back({ops.at(e.s), 0, 0});
       return;
     }
@@ -238,20 +238,47 @@ double CompiledExpr::eval(double x, const double* params) const {
       double b = stack[--sp], a = stack[sp - 1];
       double r = 0;
       switch (in.op) {
-      case Add: r = a + b; break;
-      case Sub: r = a - b; break;
-      case Mul: r = a * b; break;
-      case Div: r = a / b; break;
-      case Lt: r = a < b; break;
-      case Le: r = a <= b; break;
-      case Gt: r = a > b; break;
-      case Ge: r = a >= b; break;
-      case Eq: r = a == b; break;
-      case Ne: r = a != b; break;
-      case Min: r = std::fmin(a, b); break;
-      case Max: r = std::fmax(a, b); break;
-      case Pow: r = std::pow(a, b); break;
-      default: break;
+      case Add:
+        r = a + b;
+        break;
+      case Sub:
+        r = a - b;
+        break;
+      case Mul:
+        r = a * b;
+        break;
+      case Div:
+        r = a / b;
+        break;
+      case Lt:
+        r = a < b;
+        break;
+      case Le:
+        r = a <= b;
+        break;
+      case Gt:
+        r = a > b;
+        break;
+      case Ge:
+        r = a >= b;
+        break;
+      case Eq:
+        r = a == b;
+        break;
+      case Ne:
+        r = a != b;
+        break;
+      case Min:
+        r = std::fmin(a, b);
+        break;
+      case Max:
+        r = std::fmax(a, b);
+        break;
+      case Pow:
+        r = std::pow(a, b);
+        break;
+      default:
+        break;
       }
       stack[sp - 1] = r;
     }
@@ -287,8 +314,7 @@ private:
 
   static int64_t intField(const Record& r, const char* n, int64_t dflt) {
     const Field* f = r.field(n);
-    return f && (f->value->kind == Value::Int || f->value->kind == Value::Bit) ? f->value->i
-                                                                                : dflt;
+    return f && (f->value->kind == Value::Int || f->value->kind == Value::Bit) ? f->value->i : dflt;
   }
 
   void op(const Record& r) {
@@ -303,9 +329,8 @@ private:
     const ir::OpKindInfo& info = ir::opKindInfo(*kind);
     int n = static_cast<int>(intField(r, "operands", -1));
     if (n != info.minOperands || n != info.maxOperands) {
-      fail(r.loc, "op '" + r.name + "' declares " + std::to_string(n) +
-                      " operands but the IR's " + r.name + " takes " +
-                      std::to_string(info.minOperands));
+      fail(r.loc, "op '" + r.name + "' declares " + std::to_string(n) + " operands but the IR's " +
+                      r.name + " takes " + std::to_string(info.minOperands));
       return;
     }
     lib.ops.push_back({r.name, *kind, n, intField(r, "commutative", 0) != 0, r.loc});
@@ -339,8 +364,8 @@ private:
           continue;
         }
         a.paramNames.push_back(n->value->s);
-        a.paramDefaults.push_back(d->value->kind == Value::Float ? d->value->f
-                                                                 : static_cast<double>(d->value->i));
+        a.paramDefaults.push_back(
+            d->value->kind == Value::Float ? d->value->f : static_cast<double>(d->value->i));
       }
     }
     BodyCompiler bc(diags, a);
@@ -453,7 +478,8 @@ private:
         const Record* op = step->items[0]->rec;
         SourceLoc at = step->items[0]->loc.valid() ? step->items[0]->loc : r.loc;
         if (!op->isA("EpilogueOp")) {
-          fail(at, "'" + op->name + "' is not an epilogue step (bias, activation, residual, scale)");
+          fail(at,
+               "'" + op->name + "' is not an epilogue step (bias, activation, residual, scale)");
           continue;
         }
         if (step->items.size() != 2) {
@@ -466,7 +492,8 @@ private:
         const Value& arg = *step->items[1];
         if (s.kind == "activation") {
           if (arg.kind != Value::Rec || !arg.rec->isA("Activation")) {
-            fail(arg.loc.valid() ? arg.loc : at, "(activation ...) takes an Activation, not " + arg.str());
+            fail(arg.loc.valid() ? arg.loc : at,
+                 "(activation ...) takes an Activation, not " + arg.str());
             continue;
           }
           s.fn = arg.rec->name;
@@ -576,8 +603,7 @@ std::string cudaFloat(double v) {
   return v < 0 ? "(" + s + ")" : s;
 }
 
-std::string lowerCuda(const Expr& e, const ActivationDef& a,
-                      const std::set<std::string>& locals) {
+std::string lowerCuda(const Expr& e, const ActivationDef& a, const std::set<std::string>& locals) {
   auto sub = [&](const Expr& k, int minPrec) {
     std::string s = lowerCuda(k, a, locals);
     return cudaPrec(k) < minPrec ? "(" + s + ")" : s;
@@ -652,8 +678,7 @@ std::string emitActivationFunction(const ActivationDef& a) {
 
 std::string emitEpilogueFunctions(const PatternLibrary& lib, const std::string& source) {
   std::ostringstream os;
-  os << "// fpat epilogue functions, generated by fpat-tblgen from " << source
-     << ". Do not edit.\n"
+  os << "// fpat epilogue functions, generated by fpat-tblgen from " << source << ". Do not edit.\n"
      << "// Each activation body of the .fpat sources lowered to a CUDA device function.\n"
      << "#pragma once\n\n";
   for (const ActivationDef& a : lib.activations)

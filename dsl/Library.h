@@ -11,12 +11,37 @@ namespace fpat::dsl {
 /// An activation body compiled to a small stack program, for fast evaluation on the CPU.
 struct CompiledExpr {
   enum Op : uint8_t {
-    Const, X, Param, Local, Store, Neg, Add, Sub, Mul, Div, Lt, Le, Gt, Ge, Eq, Ne, Select,
-    Exp, Log, Tanh, Erf, Sqrt, Rsqrt, Abs, Min, Max, Pow
+    Const,
+    X,
+    Param,
+    Local,
+    Store,
+    Neg,
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+    Eq,
+    Ne,
+    Select,
+    Exp,
+    Log,
+    Tanh,
+    Erf,
+    Sqrt,
+    Rsqrt,
+    Abs,
+    Min,
+    Max,
+    Pow
   };
   struct Instr {
     Op op;
-    int index = 0;   // Param / Local / Store slot
+    int index = 0;    // Param / Local / Store slot
     double value = 0; // Const
   };
   std::vector<Instr> code;
@@ -38,9 +63,9 @@ struct ActivationDef {
 struct MatchNode {
   bool leaf = false;
   ir::OpKind kind = ir::OpKind::Input;
-  std::string fn;        // activation name when kind == Activation
+  std::string fn; // activation name when kind == Activation
   bool commutative = false;
-  std::string binding;   // leaf: its $name; op: optional `(...):$name`
+  std::string binding; // leaf: its $name; op: optional `(...):$name`
   std::vector<MatchNode> operands;
   SourceLoc loc;
 };

@@ -52,14 +52,14 @@ struct PatternMeta {
   std::string family;
   bool singleUse = true;
   std::vector<SlotInfo> slots;
-  std::vector<std::string> inputs;          // fused op operands, by binding name
-  std::vector<ir::EpilogueStep> epilogue;   // operand = index into inputs
+  std::vector<std::string> inputs;        // fused op operands, by binding name
+  std::vector<ir::EpilogueStep> epilogue; // operand = index into inputs
   int numVariants = 1;
 };
 
 struct MatcherTable {
   std::vector<uint8_t> bytes;
-  std::vector<std::string> strings; // activation names used by CheckActivation
+  std::vector<std::string> strings;  // activation names used by CheckActivation
   std::vector<PatternMeta> patterns; // table order (benefit, then source order)
 };
 

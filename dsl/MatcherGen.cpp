@@ -10,10 +10,18 @@
 namespace fpat::dsl {
 
 const char* opcodeName(uint8_t opc) {
-  static const char* names[] = {"?",           "OPC_Scope",        "OPC_CheckKind",
-                                "OPC_CheckActivation", "OPC_Record", "OPC_MoveChild",
-                                "OPC_MoveParent", "OPC_CheckSame", "OPC_CheckOneUse",
-                                "OPC_CheckDtype", "OPC_CheckDivisible", "OPC_Complete"};
+  static const char* names[] = {"?",
+                                "OPC_Scope",
+                                "OPC_CheckKind",
+                                "OPC_CheckActivation",
+                                "OPC_Record",
+                                "OPC_MoveChild",
+                                "OPC_MoveParent",
+                                "OPC_CheckSame",
+                                "OPC_CheckOneUse",
+                                "OPC_CheckDtype",
+                                "OPC_CheckDivisible",
+                                "OPC_Complete"};
   return opc <= OPC_Complete ? names[opc] : "?";
 }
 
@@ -85,7 +93,8 @@ private:
     }
     for (size_t i = 0; i < n.operands.size(); ++i) {
       size_t phys = swap ? 1 - i : i;
-      prog_.push_back({{OPC_MoveChild, static_cast<uint8_t>(phys)}, "operand " + std::to_string(phys)});
+      prog_.push_back(
+          {{OPC_MoveChild, static_cast<uint8_t>(phys)}, "operand " + std::to_string(phys)});
       const MatchNode& c = n.operands[i];
       if (c.leaf) {
         if (auto it = slots_.find(c.binding); it != slots_.end())
@@ -104,8 +113,8 @@ private:
     if (!binding.empty())
       slots_[binding] = slot;
     slotInfo_.push_back({role, binding});
-    prog_.push_back({{OPC_Record},
-                     "slot " + std::to_string(slot) + (binding.empty() ? "" : " = $" + binding)});
+    prog_.push_back(
+        {{OPC_Record}, "slot " + std::to_string(slot) + (binding.empty() ? "" : " = $" + binding)});
   }
 
   const PatternDef& p_;
@@ -177,9 +186,9 @@ std::vector<Line> encode(std::vector<Program> progs, int indent) {
     for (const Program& p : progs)
       minLen = std::min(minLen, p.size());
     common = 0;
-    while (common < minLen &&
-           std::all_of(progs.begin(), progs.end(),
-                       [&](const Program& p) { return p[common] == progs[0][common]; }))
+    while (common < minLen && std::all_of(progs.begin(), progs.end(), [&](const Program& p) {
+             return p[common] == progs[0][common];
+           }))
       ++common;
   }
   for (size_t i = 0; i < common; ++i)
@@ -240,10 +249,10 @@ MatcherTable compileMatcherTable(const PatternLibrary& lib, const SourceManager&
                                          "' matches exactly what '" + order[i]->name +
                                          "' matches, and '" + order[i]->name + "' is tried first");
       } else {
-        diags.warning(order[j]->loc,
-                      "pattern '" + order[j]->name + "' can never be selected: '" +
-                          order[i]->name + "' (benefit " + std::to_string(order[i]->benefit) +
-                          ") matches everything it matches and is tried first");
+        diags.warning(order[j]->loc, "pattern '" + order[j]->name + "' can never be selected: '" +
+                                         order[i]->name + "' (benefit " +
+                                         std::to_string(order[i]->benefit) +
+                                         ") matches everything it matches and is tried first");
       }
       diags.note(order[i]->loc, "'" + order[i]->name + "' is defined here");
       break;
@@ -265,15 +274,15 @@ MatcherTable compileMatcherTable(const PatternLibrary& lib, const SourceManager&
       e.kind = s.kind;
       e.fn = s.fn;
       if (!s.binding.empty())
-        e.operand = static_cast<int>(
-            std::find(p.inputs.begin(), p.inputs.end(), s.binding) - p.inputs.begin());
+        e.operand = static_cast<int>(std::find(p.inputs.begin(), p.inputs.end(), s.binding) -
+                                     p.inputs.begin());
       meta.epilogue.push_back(e);
     }
     const int comm = std::min(countCommutative(p.root), 8);
     std::vector<Program> variants;
     for (uint32_t v = 0; v < (1u << comm); ++v) {
-      Program prog = ProgramBuilder(p, static_cast<unsigned>(k), v, t.strings)
-                         .build(v == 0 ? &meta : nullptr);
+      Program prog =
+          ProgramBuilder(p, static_cast<unsigned>(k), v, t.strings).build(v == 0 ? &meta : nullptr);
       if (std::find(variants.begin(), variants.end(), prog) == variants.end())
         variants.push_back(prog);
     }
@@ -296,7 +305,7 @@ void listing(const MatcherTable& t, std::ostream& os, bool asCpp) {
   // `slot` follows Record instructions along the current path, so the listing can say which
   // slot each one fills; every alternative of a scope starts from the same count.
   std::function<size_t(size_t, size_t, int, int)> walk = [&](size_t pos, size_t end, int indent,
-                                                           int slot) {
+                                                             int slot) {
     while (pos < end) {
       const uint8_t opc = t.bytes[pos];
       std::string pad(static_cast<size_t>(2 * indent), ' ');
@@ -330,7 +339,8 @@ void listing(const MatcherTable& t, std::ostream& os, bool asCpp) {
           else
             os << "size " << size;
           os << (asCpp ? " // " : "  ; ")
-             << (size ? "alternative " + std::to_string(alt++) + ", " + std::to_string(size) + " bytes"
+             << (size ? "alternative " + std::to_string(alt++) + ", " + std::to_string(size) +
+                            " bytes"
                       : std::string("end of scope"))
              << "\n";
           pos += 2;
@@ -571,8 +581,8 @@ std::string emitMatcherTableInc(const MatcherTable& t, const std::string& source
        << "    p.slots = {";
     static const char* roles[] = {"SlotInfo::Root", "SlotInfo::Internal", "SlotInfo::Input"};
     for (size_t k = 0; k < p.slots.size(); ++k)
-      os << (k ? ", " : "") << "{" << roles[p.slots[k].role] << ", " << cppString(p.slots[k].binding)
-         << "}";
+      os << (k ? ", " : "") << "{" << roles[p.slots[k].role] << ", "
+         << cppString(p.slots[k].binding) << "}";
     os << "};\n    p.inputs = {";
     for (size_t k = 0; k < p.inputs.size(); ++k)
       os << (k ? ", " : "") << cppString(p.inputs[k]);

@@ -1,16 +1,14 @@
 // .fpat parse tree -> AST. ANTLR types stay in this file.
-#include "dsl/AST.h"
-
 #include "FpatBaseVisitor.h"
 #include "FpatLexer.h"
 #include "FpatParser.h"
+#include "dsl/AST.h"
 
 #include <antlr4-runtime.h>
-#include <pthread.h>
-
 #include <cctype>
 #include <functional>
 #include <map>
+#include <pthread.h>
 
 namespace fpat::dsl {
 namespace {
@@ -38,7 +36,7 @@ SourceLoc tokLoc(int fileId, const Token* t) {
 
 std::string friendlyTokens(const std::string& msg) {
   static const std::map<std::string, std::string> names = {
-      {"<EOF>", "end of file"}, {"IDENT", "a name"},     {"INT", "an integer"},
+      {"<EOF>", "end of file"}, {"IDENT", "a name"},    {"INT", "an integer"},
       {"FLOAT", "a number"},    {"STRING", "a string"}, {"BINDING", "a $binding"}};
   std::string out;
   for (size_t i = 0; i < msg.size();) {
@@ -63,8 +61,8 @@ std::string friendlyTokens(const std::string& msg) {
 class ErrorListener : public antlr4::BaseErrorListener {
 public:
   ErrorListener(int fileId, DiagEngine& diags) : fileId_(fileId), diags_(diags) {}
-  void syntaxError(antlr4::Recognizer*, Token* tok, size_t line, size_t col,
-                   const std::string& msg, std::exception_ptr) override {
+  void syntaxError(antlr4::Recognizer*, Token* tok, size_t line, size_t col, const std::string& msg,
+                   std::exception_ptr) override {
     SourceLoc loc = tok ? tokLoc(fileId_, tok) : SourceLoc{fileId_, int(line), int(col) + 1, 1};
     if (tok && tok->getType() == FpatLexer::BAD_CHAR)
       diags_.error(loc, "unexpected character '" + tok->getText() + "'");
@@ -83,7 +81,9 @@ public:
   explicit AstBuilder(int fileId) : f_(fileId) {}
 
   SourceLoc loc(Token* t) const { return tokLoc(f_, t); }
-  SourceLoc loc(antlr4::tree::TerminalNode* n) const { return n ? loc(n->getSymbol()) : SourceLoc{}; }
+  SourceLoc loc(antlr4::tree::TerminalNode* n) const {
+    return n ? loc(n->getSymbol()) : SourceLoc{};
+  }
   SourceLoc loc(antlr4::ParserRuleContext* c) const { return loc(c->getStart()); }
 
   static std::string unquote(const std::string& s) {
@@ -417,8 +417,8 @@ bool checkComplexity(antlr4::CommonTokenStream& tokens, int fileId, DiagEngine& 
     const std::string text = t->getText();
     if (text == "(" || text == "[" || text == "{") {
       if (++depth > kMaxNesting) {
-        diags.error(tokLoc(fileId, t), "nesting is deeper than " + std::to_string(kMaxNesting) +
-                                           " levels");
+        diags.error(tokLoc(fileId, t),
+                    "nesting is deeper than " + std::to_string(kMaxNesting) + " levels");
         return false;
       }
     } else if (text == ")" || text == "]" || text == "}") {

@@ -15,8 +15,8 @@ struct Record;
 
 struct Type {
   enum Kind { Int, Float, String, Bit, Dag, Expr, List, Class } kind = Int;
-  std::shared_ptr<Type> elem;    // List
-  const Record* cls = nullptr;   // Class
+  std::shared_ptr<Type> elem;  // List
+  const Record* cls = nullptr; // Class
   std::string str() const;
 };
 
@@ -27,10 +27,10 @@ struct Value {
   enum Kind { Unset, Int, Float, String, Bit, List, Rec, Dag, Binding, Body } kind = Unset;
   int64_t i = 0;
   double f = 0;
-  std::string s;                 // String text, Binding name
-  std::vector<ValuePtr> items;   // List items; Dag: items[0] is the operator, then the args
-  const Record* rec = nullptr;   // Rec
-  std::string dagName;           // Dag: `(...):$name`
+  std::string s;                         // String text, Binding name
+  std::vector<ValuePtr> items;           // List items; Dag: items[0] is the operator, then the args
+  const Record* rec = nullptr;           // Rec
+  std::string dagName;                   // Dag: `(...):$name`
   std::shared_ptr<const dsl::Expr> body; // Body: names of template args already substituted
   SourceLoc loc;
 
@@ -49,10 +49,10 @@ struct Record {
   SourceLoc loc;
   bool isClass = false;
   bool anonymous = false;
-  int order = 0;                          // definition order
+  int order = 0; // definition order
   std::vector<Field> fields;
-  std::vector<const Record*> supers;      // every superclass, in the order first reached
-  const Stmt* decl = nullptr;             // class only
+  std::vector<const Record*> supers; // every superclass, in the order first reached
+  const Stmt* decl = nullptr;        // class only
 
   const Field* field(const std::string& n) const;
   Field* field(const std::string& n);

@@ -209,7 +209,9 @@ struct Env {
   }
 };
 
-ValuePtr mkValue(Value v) { return std::make_shared<const Value>(std::move(v)); }
+ValuePtr mkValue(Value v) {
+  return std::make_shared<const Value>(std::move(v));
+}
 
 constexpr int kMaxDepth = 200; // class chains, defm nesting and include depth
 
@@ -281,8 +283,8 @@ private:
         if (includeStack_[i].canon == canon) {
           diags_.error(s.loc, "include cycle: '" + s.name + "' is already being included");
           for (size_t k = i + 1; k < includeStack_.size(); ++k)
-            diags_.note(includeLocs_[k - 1], "'" + sm_.file(includeStack_[k].fileId).name +
-                                                 "' included from here");
+            diags_.note(includeLocs_[k - 1],
+                        "'" + sm_.file(includeStack_[k].fileId).name + "' included from here");
           diags_.note(s.loc, "which includes '" + c.lexically_normal().string() + "' again here");
           return;
         }
@@ -467,8 +469,8 @@ private:
       diags().error(s.loc, "defm nested deeper than " + std::to_string(kMaxDepth) + " levels");
       return;
     }
-    std::string name = s.hasName ? defName(s, env, prefixName)
-                                 : "anonymous_" + std::to_string(anonCount_++);
+    std::string name =
+        s.hasName ? defName(s, env, prefixName) : "anonymous_" + std::to_string(anonCount_++);
     for (const ParentRef& p : s.parents) {
       auto it = multiclasses_.find(p.name);
       if (it == multiclasses_.end()) {
@@ -551,8 +553,8 @@ private:
                         SourceLoc useLoc, const std::string& what, SourceLoc declLoc, Env& out,
                         bool checkArgs) {
     if (args.size() > targs.size()) {
-      diags().error(useLoc, what + " takes " + std::to_string(targs.size()) +
-                                " template argument" + (targs.size() == 1 ? "" : "s") + " but " +
+      diags().error(useLoc, what + " takes " + std::to_string(targs.size()) + " template argument" +
+                                (targs.size() == 1 ? "" : "s") + " but " +
                                 std::to_string(args.size()) + " were given");
       diags().note(declLoc, "declared here");
       return false;
@@ -596,8 +598,7 @@ private:
   bool instantiate(const Record& cls, const std::vector<ValuePtr>& args, SourceLoc useLoc,
                    Record& target, int depth, bool checkArgs) {
     if (depth > kMaxDepth) {
-      diags().error(useLoc, "class hierarchy deeper than " + std::to_string(kMaxDepth) +
-                                " levels");
+      diags().error(useLoc, "class hierarchy deeper than " + std::to_string(kMaxDepth) + " levels");
       return false;
     }
     const Stmt& decl = *cls.decl;
@@ -657,9 +658,9 @@ private:
         }
         v = convert(*type, raw);
         if (!v) {
-          diags().error(raw->loc.valid() ? raw->loc : b.loc,
-                        "field '" + b.name + "' has type " + type->str() + " but is given " +
-                            describe(*raw));
+          diags().error(raw->loc.valid() ? raw->loc : b.loc, "field '" + b.name + "' has type " +
+                                                                 type->str() + " but is given " +
+                                                                 describe(*raw));
           ok = false;
           continue;
         }
@@ -858,8 +859,8 @@ private:
         v.items.push_back(item);
       }
       if (v.items[0]->kind != Value::Rec) {
-        diags().error(e.kids[0]->loc, "the operator of a dag must be a record, not " +
-                                          describe(*v.items[0]));
+        diags().error(e.kids[0]->loc,
+                      "the operator of a dag must be a record, not " + describe(*v.items[0]));
         return nullptr;
       }
       return mkValue(v);
@@ -955,8 +956,8 @@ private:
           c->f = v->kind == Value::Int ? static_cast<double>(v->i) : v->f;
           c->s.clear();
         } else if (v && v->kind != Value::Unset) {
-          diags().error(n.loc, "'" + n.s + "' is " + describe(*v) +
-                                   "; expression bodies need numbers");
+          diags().error(n.loc,
+                        "'" + n.s + "' is " + describe(*v) + "; expression bodies need numbers");
           ok = false;
         }
       }

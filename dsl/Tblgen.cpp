@@ -3,11 +3,10 @@
 #include "dsl/Matcher.h"
 #include "support/Verify.h"
 
-#include <nlohmann/json.hpp>
-
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <nlohmann/json.hpp>
 
 namespace fpat::dsl {
 namespace {

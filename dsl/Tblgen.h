@@ -10,11 +10,16 @@ namespace fpat::dsl {
 struct TblgenOptions {
   std::string input;
   std::vector<std::string> includeDirs;
-  std::string output;   // "" or "-": stdout
+  std::string output; // "" or "-": stdout
   std::string depfile;
   bool writeIfChanged = false;
-  enum Action { PrintRecords, DumpJson, GenMatcherTable, GenEpilogues, PrintTable } action =
-      PrintRecords;
+  enum Action {
+    PrintRecords,
+    DumpJson,
+    GenMatcherTable,
+    GenEpilogues,
+    PrintTable
+  } action = PrintRecords;
   std::string tableFunction = "fpatBuiltinMatcherTable";
   bool verifyDiagnostics = false;
   bool warningsAsErrors = false;

@@ -2,7 +2,6 @@
 #include "dsl/Tblgen.h"
 
 #include <CLI/CLI.hpp>
-
 #include <iostream>
 
 int main(int argc, char** argv) {
@@ -16,16 +15,20 @@ int main(int argc, char** argv) {
   app.add_option("-d", opts.depfile, "write a make-style depfile of every file read");
   app.add_flag("--write-if-changed", opts.writeIfChanged, "leave outputs untouched when equal");
   auto* g = app.add_option_group("action", "what to generate (default --print-records)");
-  g->add_flag_callback("--print-records", [&] { opts.action = TblgenOptions::PrintRecords; },
-                       "print every class and def with its fields");
-  g->add_flag_callback("--dump-json", [&] { opts.action = TblgenOptions::DumpJson; },
-                       "the records as JSON");
-  g->add_flag_callback("--gen-matcher-table", [&] { opts.action = TblgenOptions::GenMatcherTable; },
-                       "the matcher table as C++ (.inc)");
-  g->add_flag_callback("--gen-epilogues", [&] { opts.action = TblgenOptions::GenEpilogues; },
-                       "CUDA device functions lowered from the activation bodies");
-  g->add_flag_callback("--print-table", [&] { opts.action = TblgenOptions::PrintTable; },
-                       "a readable listing of the matcher byte code");
+  g->add_flag_callback(
+      "--print-records", [&] { opts.action = TblgenOptions::PrintRecords; },
+      "print every class and def with its fields");
+  g->add_flag_callback(
+      "--dump-json", [&] { opts.action = TblgenOptions::DumpJson; }, "the records as JSON");
+  g->add_flag_callback(
+      "--gen-matcher-table", [&] { opts.action = TblgenOptions::GenMatcherTable; },
+      "the matcher table as C++ (.inc)");
+  g->add_flag_callback(
+      "--gen-epilogues", [&] { opts.action = TblgenOptions::GenEpilogues; },
+      "CUDA device functions lowered from the activation bodies");
+  g->add_flag_callback(
+      "--print-table", [&] { opts.action = TblgenOptions::PrintTable; },
+      "a readable listing of the matcher byte code");
   g->require_option(0, 1);
   app.add_option("--table-function", opts.tableFunction,
                  "name of the function --gen-matcher-table defines")

@@ -32,7 +32,9 @@ TileConfig defaultTile(int64_t m, int64_t n, int arch, int numSms) {
 
 namespace {
 
-std::string ref(const ir::Graph& g, ir::Vertex v) { return "%" + g.op(v).name; }
+std::string ref(const ir::Graph& g, ir::Vertex v) {
+  return "%" + g.op(v).name;
+}
 
 std::string sanitize(const std::string& s) {
   std::string o;
@@ -43,7 +45,7 @@ std::string sanitize(const std::string& s) {
 
 /// Device functions of the activations an op uses, and their parameter lists.
 struct ActivationCode {
-  std::vector<float> params; // values for a.params[], in order of first use
+  std::vector<float> params;            // values for a.params[], in order of first use
   std::map<std::string, int> paramBase; // activation -> index of its first parameter
 };
 
@@ -57,8 +59,8 @@ void useActivation(const std::string& fn, const ir::Op& op, const dsl::PatternLi
   code.paramBase[fn] = static_cast<int>(code.params.size());
   for (size_t i = 0; i < a->paramNames.size(); ++i) {
     auto it = op.params.find(a->paramNames[i]);
-    code.params.push_back(static_cast<float>(it != op.params.end() ? it->second
-                                                                   : a->paramDefaults[i]));
+    code.params.push_back(
+        static_cast<float>(it != op.params.end() ? it->second : a->paramDefaults[i]));
   }
   if (code.params.size() > 8)
     throw CodegenError("%" + op.name + " needs more than 8 activation parameters");
@@ -126,7 +128,10 @@ KernelUnit generate(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibrary&
                        (op.fused.family == "gemm" || op.fused.family == "norm_gemm"));
   if (isGemm) {
     const bool norm = op.kind == ir::OpKind::Fused && op.fused.family == "norm_gemm";
-    const int normKind = !norm ? 0 : op.fused.norm == "layernorm" ? 1 : op.fused.norm == "rmsnorm" ? 2 : -1;
+    const int normKind = !norm                          ? 0
+                         : op.fused.norm == "layernorm" ? 1
+                         : op.fused.norm == "rmsnorm"   ? 2
+                                                        : -1;
     if (normKind < 0)
       throw CodegenError(ref(g, v) + ": norm_gemm without a norm kind");
     const size_t bIdx = normKind == 0 ? 1 : normKind == 1 ? 3 : 2;
@@ -155,7 +160,8 @@ KernelUnit generate(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibrary&
       if (s.kind == "bias")
         epi << "    v += fpat::ldh(" << in << ", col); // bias $" << s.operand << "\n";
       else if (s.kind == "residual")
-        epi << "    v += fpat::ldh(" << in << ", row * a.N + col); // residual $" << s.operand << "\n";
+        epi << "    v += fpat::ldh(" << in << ", row * a.N + col); // residual $" << s.operand
+            << "\n";
       else if (s.kind == "scale")
         epi << "    v *= fpat::ldh(" << in << ", row * a.N + col); // scale $" << s.operand << "\n";
       else if (s.kind == "activation") {
@@ -264,11 +270,11 @@ KernelUnit generate(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibrary&
     throw CodegenError(ref(g, v) + ": no kernel for op kind " + ir::opKindName(op.kind));
   }
   u.name = "fpat_ew_" + suffix + "_" + arch;
-  u.what = ref(g, v) + " = " + (op.kind == ir::OpKind::Activation ? "activation " + op.fn
-                                                                   : ir::opKindName(op.kind));
+  u.what = ref(g, v) + " = " +
+           (op.kind == ir::OpKind::Activation ? "activation " + op.fn : ir::opKindName(op.kind));
   const size_t nin = ins.size();
   body << header((op.kind == ir::OpKind::Activation ? "activation " + op.fn
-                                                   : std::string(ir::opKindName(op.kind))) +
+                                                    : std::string(ir::opKindName(op.kind))) +
                      " (not fused)",
                  o, {"family:   elementwise (8 elements per thread, 16-byte vectors)"})
        << "#include \"fpat_elementwise.cuh\"\n\n"

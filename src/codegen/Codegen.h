@@ -43,13 +43,13 @@ struct Launch {
 
 /// One generated translation unit and how to run it for one op.
 struct KernelUnit {
-  std::string name;        // unique per source; also the .cu stem
-  std::string source;      // the .cu text
-  std::string family;      // gemm, norm_gemm, elementwise, rowwise
-  std::string what;        // one line for logs: "%y = gemm_bias_residual [patterns/gemm.fpat:22]"
+  std::string name;   // unique per source; also the .cu stem
+  std::string source; // the .cu text
+  std::string family; // gemm, norm_gemm, elementwise, rowwise
+  std::string what;   // one line for logs: "%y = gemm_bias_residual [patterns/gemm.fpat:22]"
   std::vector<Launch> launches;
-  TileConfig tile;         // gemm families
-  bool vec = false;        // gemm: aligned 16-byte path
+  TileConfig tile;  // gemm families
+  bool vec = false; // gemm: aligned 16-byte path
   bool transB = false;
   // Argument block values (pointers are bound by the runtime; in[i] = operand i of the op).
   int64_t M = 0, N = 0, K = 0;
@@ -59,10 +59,10 @@ struct KernelUnit {
 };
 
 struct CodegenOptions {
-  int arch = 90;                               // sm_XX
-  int sms = 132;                               // SMs of the target (tile heuristic)
-  const TileConfig* tile = nullptr;            // override the heuristic (tuner)
-  std::map<std::string, std::string> sources;  // pattern -> ".fpat file:line", for comments
+  int arch = 90;                              // sm_XX
+  int sms = 132;                              // SMs of the target (tile heuristic)
+  const TileConfig* tile = nullptr;           // override the heuristic (tuner)
+  std::map<std::string, std::string> sources; // pattern -> ".fpat file:line", for comments
   std::string version = "0.1.0";
 };
 

@@ -1,6 +1,5 @@
 // The embedded kernel headers and their content hash.
 #include "codegen/Codegen.h"
-
 #include "support/Hash.h"
 
 namespace fpat::codegen {

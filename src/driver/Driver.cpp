@@ -3,15 +3,14 @@
 #include "codegen/Codegen.h"
 #include "dsl/Library.h"
 #include "ir/Reference.h"
-#include "runtime/Pipeline.h"
-#include "tune/Tuner.h"
 #include "ir/text/Text.h"
 #include "match/Match.h"
+#include "runtime/Pipeline.h"
 #include "support/Process.h"
 #include "support/Verify.h"
+#include "tune/Tuner.h"
 
 #include <chrono>
-#include <set>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -109,7 +108,7 @@ std::optional<dsl::Compilation> compilePatterns(const std::string& path, SourceM
 /// Everything the pattern side contributes to a run.
 struct Patterns {
   dsl::MatcherTable table;
-  dsl::PatternLibrary library;  // activation bodies, for codegen
+  dsl::PatternLibrary library; // activation bodies, for codegen
   ir::ActivationSet activations;
   ir::ActivationLibrary reference;
   size_t userPatterns = 0;
@@ -121,8 +120,8 @@ bool loadPatterns(const FpatcOptions& opts, SourceManager& sm, DiagEngine& diags
   includes.push_back(builtinPatternsDir());
   // The built-in activation bodies come from the .fpat sources; the built-in table was
   // generated from the same files at build time.
-  auto builtin = compilePatterns((fs::path(builtinPatternsDir()) / "all.fpat").string(), sm,
-                                 diags, includes);
+  auto builtin =
+      compilePatterns((fs::path(builtinPatternsDir()) / "all.fpat").string(), sm, diags, includes);
   if (!builtin) {
     err << "fpatc: error: the built-in patterns in '" << builtinPatternsDir()
         << "' do not compile (set FPAT_PATTERNS_DIR?)\n";
@@ -166,8 +165,9 @@ bool loadPatterns(const FpatcOptions& opts, SourceManager& sm, DiagEngine& diags
     if (!match::mergeTables(p.table, userTable, merged, clash)) {
       for (const dsl::PatternDef& pd : mine.patterns)
         if (pd.name == clash)
-          diags.error(pd.loc, "pattern '" + clash + "' is already defined by the built-in "
-                                                    "patterns; choose another name");
+          diags.error(pd.loc, "pattern '" + clash +
+                                  "' is already defined by the built-in "
+                                  "patterns; choose another name");
       return false;
     }
     p.table = std::move(merged);
@@ -176,6 +176,54 @@ bool loadPatterns(const FpatcOptions& opts, SourceManager& sm, DiagEngine& diags
   p.activations = lib.activationSet();
   p.reference = lib.referenceActivations();
   p.library = std::move(lib);
+  return true;
+}
+
+/// Replaces random inputs by DIR/NAME.f16 where that file exists: raw little-endian binary16,
+/// row-major, exactly numel * 2 bytes.
+bool loadInputs(const ir::Graph& g, const std::string& dir, std::map<std::string, ir::Tensor>& in,
+                std::ostream& out, std::ostream& err) {
+  for (ir::Vertex v : g.vertices()) {
+    const ir::Op& op = g.op(v);
+    if (op.kind != ir::OpKind::Input)
+      continue;
+    const fs::path file = fs::path(dir) / (op.name + ".f16");
+    std::error_code ec;
+    if (!fs::exists(file, ec))
+      continue;
+    std::string bytes;
+    const size_t want = static_cast<size_t>(op.type.numel()) * 2;
+    if (op.type.dtype != ir::DType::F16 || !readFile(file.string(), bytes) ||
+        bytes.size() != want) {
+      err << "fpatc: error: " << file.string() << ": expected " << want << " bytes of f16 for %"
+          << op.name << " " << op.type.str() << ", found " << bytes.size() << "\n";
+      return false;
+    }
+    ir::Tensor& t = in[op.name];
+    for (size_t i = 0; i < t.data.size(); ++i) {
+      uint16_t h = static_cast<uint16_t>(static_cast<unsigned char>(bytes[2 * i]) |
+                                         static_cast<unsigned char>(bytes[2 * i + 1]) << 8);
+      t.data[i] = ir::halfBitsToFloat(h);
+    }
+    out << "  input %" << op.name << " read from " << file.string() << "\n";
+  }
+  return true;
+}
+
+/// Writes a tensor as raw little-endian binary16 (the format --inputs reads).
+bool saveTensor(const ir::Tensor& t, const fs::path& file, std::ostream& err) {
+  std::string bytes(t.data.size() * 2, '\0');
+  for (size_t i = 0; i < t.data.size(); ++i) {
+    uint16_t h = ir::doubleToHalfBits(t.data[i]);
+    bytes[2 * i] = static_cast<char>(h & 0xff);
+    bytes[2 * i + 1] = static_cast<char>(h >> 8);
+  }
+  std::ofstream f(file, std::ios::binary);
+  f << bytes;
+  if (!f) {
+    err << "fpatc: error: cannot write " << file.string() << "\n";
+    return false;
+  }
   return true;
 }
 
@@ -223,13 +271,15 @@ int gpuStages(const FpatcOptions& opts, const ir::Graph& fused, const Patterns& 
         try {
           tune::Choice c = tune::tune(*drv, fused, ops[i], pats.library, cache, topts);
           choices[ops[i]] = c;
-          double spent = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          double spent =
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
           out << (c.source == "cache" ? "cached " : "best ") << c.config.str() << " "
               << fixed(c.ms, 4) << " ms (heuristic " << fixed(c.heuristicMs, 4) << " ms)";
           if (c.source == "tuned")
             out << ", " << c.tried << " configs tried, " << c.rejected << " rejected";
           out << "; " << fixed(spent, 1) << " s so far, about "
-              << fixed(spent / static_cast<double>(i + 1) * static_cast<double>(ops.size() - i - 1), 0)
+              << fixed(spent / static_cast<double>(i + 1) * static_cast<double>(ops.size() - i - 1),
+                       0)
               << " s left\n";
         } catch (const std::exception& e) {
           out << "failed\n";
@@ -240,8 +290,8 @@ int gpuStages(const FpatcOptions& opts, const ir::Graph& fused, const Patterns& 
     }
     for (ir::Vertex v : ops)
       if (!choices.count(v))
-        choices[v] = tune::choose(fused, v, pats.library, cache, arch, bopts.sms, nvccVer,
-                                  opts.retune);
+        choices[v] =
+            tune::choose(fused, v, pats.library, cache, arch, bopts.sms, nvccVer, opts.retune);
     for (const std::string& w : cache.takeWarnings())
       err << "fpatc: warning: " << w << "\n";
     for (auto& [v, c] : choices)
@@ -297,8 +347,8 @@ int gpuStages(const FpatcOptions& opts, const ir::Graph& fused, const Patterns& 
   const int failed = static_cast<int>(built.kernels.size()) - built.compiled - built.cached;
   out << "== nvcc: " << built.compiled << " compiled, " << built.cached << " from the cache ("
       << (opts.cacheDir.empty() ? runtime::defaultCacheDir() : opts.cacheDir) << "), "
-      << fixed(built.seconds, 1) << " s" << (failed ? ", " + std::to_string(failed) + " FAILED" : "")
-      << "\n";
+      << fixed(built.seconds, 1) << " s"
+      << (failed ? ", " + std::to_string(failed) + " FAILED" : "") << "\n";
   if (failed) {
     err << "fpatc: error: " << built.error;
     return 1;
@@ -325,10 +375,22 @@ int gpuStages(const FpatcOptions& opts, const ir::Graph& fused, const Patterns& 
     err << "fpatc: error: GPU execution failed: " << e.what() << "\n";
     return 1;
   }
-  out << "== run: " << dev.name << " (sm_" << dev.arch << ", " << dev.sms << " SMs): "
-      << rr.launches << " launches, " << fixed(rr.milliseconds, 3) << " ms, device memory "
-      << fixed(static_cast<double>(rr.deviceBytes) / (1 << 20), 1) << " MiB (one buffer per value: "
-      << fixed(static_cast<double>(rr.naiveBytes) / (1 << 20), 1) << " MiB)\n";
+  out << "== run: " << dev.name << " (sm_" << dev.arch << ", " << dev.sms
+      << " SMs): " << rr.launches << " launches, " << fixed(rr.milliseconds, 3)
+      << " ms, device memory " << fixed(static_cast<double>(rr.deviceBytes) / (1 << 20), 1)
+      << " MiB (one buffer per value: " << fixed(static_cast<double>(rr.naiveBytes) / (1 << 20), 1)
+      << " MiB)\n";
+  if (!opts.outputsDir.empty()) {
+    std::error_code ec;
+    fs::create_directories(opts.outputsDir, ec);
+    for (size_t i = 0; i < original.outputs().size(); ++i) {
+      const fs::path file =
+          fs::path(opts.outputsDir) / (original.op(original.outputs()[i]).name + ".f16");
+      if (!saveTensor(rr.outputs[i], file, err))
+        return 1;
+      out << "  wrote " << file.string() << "\n";
+    }
+  }
   if (!reference) {
     out << "== validate: skipped (--no-reference)\n";
     return 0;
@@ -452,6 +514,8 @@ int runFpatc(const FpatcOptions& opts, std::ostream& out, std::ostream& err) {
 
   int rc = 0;
   auto inputs = ir::randomInputs(*g, opts.seed);
+  if (!opts.inputsDir.empty() && !loadInputs(*g, opts.inputsDir, inputs, out, err))
+    return 1;
   std::vector<ir::Tensor> vals;
   if (opts.reference) {
     auto t0 = std::chrono::steady_clock::now();

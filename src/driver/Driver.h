@@ -12,6 +12,8 @@ namespace fpat {
 struct FpatcOptions {
   std::string input;                     // .fgraph file
   uint64_t seed = 1;                     // seed of the random inputs
+  std::string inputsDir;                 // read input NAME from DIR/NAME.f16 when that exists
+  std::string outputsDir;                // write each GPU output NAME to DIR/NAME.f16
   std::string outDir = "fpat-out";       // where .dot/.svg (and later kernels) go
   std::string emit;                      // stop after a stage: fgraph, fused, table, cuda
   bool reference = true;                 // evaluate on the CPU reference

@@ -1,26 +1,33 @@
 #include "ir/Graph.h"
 
+#include <algorithm>
 #include <boost/graph/graphviz.hpp>
 #include <boost/graph/topological_sort.hpp>
-
-#include <algorithm>
 #include <set>
 
 namespace fpat::ir {
 
 const std::vector<OpKindInfo>& opKinds() {
   static const std::vector<OpKindInfo> kinds = {
-      {OpKind::Input, "input", 0, 0},           {OpKind::Gemm, "gemm", 2, 2},
-      {OpKind::BiasAdd, "bias_add", 2, 2},      {OpKind::Activation, "activation", 1, 1},
-      {OpKind::Add, "add", 2, 2},               {OpKind::Mul, "mul", 2, 2},
-      {OpKind::LayerNorm, "layernorm", 3, 3},   {OpKind::RmsNorm, "rmsnorm", 2, 2},
+      {OpKind::Input, "input", 0, 0},
+      {OpKind::Gemm, "gemm", 2, 2},
+      {OpKind::BiasAdd, "bias_add", 2, 2},
+      {OpKind::Activation, "activation", 1, 1},
+      {OpKind::Add, "add", 2, 2},
+      {OpKind::Mul, "mul", 2, 2},
+      {OpKind::LayerNorm, "layernorm", 3, 3},
+      {OpKind::RmsNorm, "rmsnorm", 2, 2},
       {OpKind::Fused, "fused", 1, -1},
   };
   return kinds;
 }
 
-const OpKindInfo& opKindInfo(OpKind k) { return opKinds()[static_cast<size_t>(k)]; }
-const char* opKindName(OpKind k) { return opKindInfo(k).name; }
+const OpKindInfo& opKindInfo(OpKind k) {
+  return opKinds()[static_cast<size_t>(k)];
+}
+const char* opKindName(OpKind k) {
+  return opKindInfo(k).name;
+}
 
 std::optional<OpKind> parseOpKind(std::string_view name) {
   for (const OpKindInfo& i : opKinds())
@@ -97,7 +104,9 @@ bool ActivationSet::contains(std::string_view name) const {
 
 namespace {
 
-std::string opRef(const Op& op) { return std::string(opKindName(op.kind)) + " %" + op.name; }
+std::string opRef(const Op& op) {
+  return std::string(opKindName(op.kind)) + " %" + op.name;
+}
 
 std::string operandRef(const std::vector<OperandInfo>& ops, size_t i) {
   return "operand " + std::to_string(i) + " (%" + ops[i].name + ": " + ops[i].type.str() + ")";
@@ -128,9 +137,7 @@ std::optional<TensorDesc> inferType(const Op& op, const std::vector<OperandInfo>
       return fail(i, operandRef(in, static_cast<size_t>(i)) + " has dtype " +
                          dtypeName(in[static_cast<size_t>(i)].type.dtype) + "; expected " +
                          dtypeName(in[0].type.dtype) + " like operand 0");
-  auto requireRank = [&](size_t i, int rank) {
-    return in[i].type.rank() == rank;
-  };
+  auto requireRank = [&](size_t i, int rank) { return in[i].type.rank() == rank; };
   switch (op.kind) {
   case OpKind::Input: {
     if (op.type.rank() < 1 || op.type.rank() > 2)
@@ -150,8 +157,8 @@ std::optional<TensorDesc> inferType(const Op& op, const std::vector<OperandInfo>
     int64_t kb = in[1].type.shape[op.transposeB ? 1 : 0];
     int64_t nn = in[1].type.shape[op.transposeB ? 0 : 1];
     if (k != kb)
-      return fail(1, operandRef(in, 1) + " has K = " + std::to_string(kb) + "; expected K = " +
-                         std::to_string(k) + " to match operand 0" +
+      return fail(1, operandRef(in, 1) + " has K = " + std::to_string(kb) +
+                         "; expected K = " + std::to_string(k) + " to match operand 0" +
                          (op.transposeB ? " (B is transposed: [N, K])" : ""));
     return TensorDesc{{m, nn}, in[0].type.dtype};
   }
@@ -245,8 +252,7 @@ static std::vector<std::string> checkGraph(Graph& g, const ActivationSet& acts, 
   for (Vertex v : g.vertices()) {
     const Op& op = g.op(v);
     if (op.name.empty())
-      problems.push_back("op #" + std::to_string(v) + " (" + opKindName(op.kind) +
-                         ") has no name");
+      problems.push_back("op #" + std::to_string(v) + " (" + opKindName(op.kind) + ") has no name");
     else if (!names.insert(op.name).second)
       problems.push_back("value %" + op.name + " is defined more than once");
     // Operand indices must be exactly 0..n-1.
@@ -382,18 +388,18 @@ void writeDot(const Graph& g, std::ostream& os) {
       label += "\\n" + dotEscape(attrs);
     label += "\\n" + op.type.str();
     const char* shape = op.kind == OpKind::Input ? "ellipse" : "box";
-    const char* fill = op.kind == OpKind::Fused ? "lightblue"
+    const char* fill = op.kind == OpKind::Fused   ? "lightblue"
                        : op.kind == OpKind::Input ? "lightgray"
                                                   : "white";
     out << "[label=\"" << label << "\", shape=" << shape << ", style=filled, fillcolor=" << fill
         << (g.isOutput(v) ? ", peripheries=2" : "") << "]";
   };
   auto edgeWriter = [&](std::ostream& out, GraphImpl::edge_descriptor e) {
-    out << "[label=\"" << gi[boost::source(e, gi)].type.shapeStr() << " #" << gi[e].index
-        << "\"]";
+    out << "[label=\"" << gi[boost::source(e, gi)].type.shapeStr() << " #" << gi[e].index << "\"]";
   };
   auto graphWriter = [&](std::ostream& out) {
-    out << "label=\"" << dotEscape(g.name()) << "\";\nrankdir=TB;\nnode [fontname=\"monospace\"];\n";
+    out << "label=\"" << dotEscape(g.name())
+        << "\";\nrankdir=TB;\nnode [fontname=\"monospace\"];\n";
   };
   boost::write_graphviz(os, gi, vertexWriter, edgeWriter, graphWriter);
 }

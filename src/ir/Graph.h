@@ -5,7 +5,6 @@
 #include "support/Diagnostics.h"
 
 #include <boost/graph/adjacency_list.hpp>
-
 #include <map>
 #include <optional>
 #include <ostream>
@@ -27,13 +26,15 @@ const std::vector<OpKindInfo>& opKinds();
 const OpKindInfo& opKindInfo(OpKind k);
 const char* opKindName(OpKind k);
 std::optional<OpKind> parseOpKind(std::string_view name);
-inline std::ostream& operator<<(std::ostream& os, OpKind k) { return os << opKindName(k); }
+inline std::ostream& operator<<(std::ostream& os, OpKind k) {
+  return os << opKindName(k);
+}
 
 /// One step of a fused op's epilogue chain, applied to the accumulator in order.
 struct EpilogueStep {
-  std::string kind;    // "bias", "activation", "residual", "mul", "scale"
-  std::string fn;      // activation name for kind == "activation"
-  int operand = -1;    // fused-op operand it reads, or -1
+  std::string kind; // "bias", "activation", "residual", "mul", "scale"
+  std::string fn;   // activation name for kind == "activation"
+  int operand = -1; // fused-op operand it reads, or -1
   bool operator==(const EpilogueStep&) const = default;
 };
 
@@ -41,30 +42,31 @@ struct EpilogueStep {
 /// computation's operands first (gemm: A, B; norm_gemm: x, gamma[, beta], B), then those of
 /// the epilogue steps, in step order.
 struct FusedAttrs {
-  std::string pattern;      // fusion pattern name
-  std::string family;       // kernel family that implements it
-  std::string norm;         // norm_gemm: "layernorm" or "rmsnorm"
+  std::string pattern; // fusion pattern name
+  std::string family;  // kernel family that implements it
+  std::string norm;    // norm_gemm: "layernorm" or "rmsnorm"
   std::vector<EpilogueStep> epilogue;
   bool operator==(const FusedAttrs&) const = default;
 };
 
 struct Op {
   OpKind kind = OpKind::Input;
-  std::string name;                   // value name, without '%'
-  TensorDesc type;                    // result type (inferred; given for inputs)
-  bool transposeB = false;            // gemm: B is stored [N, K]
-  std::string fn;                     // activation name
+  std::string name;                     // value name, without '%'
+  TensorDesc type;                      // result type (inferred; given for inputs)
+  bool transposeB = false;              // gemm: B is stored [N, K]
+  std::string fn;                       // activation name
   std::map<std::string, double> params; // activation parameters (e.g. a leaky-ReLU slope)
-  double eps = 1e-5;                  // layernorm / rmsnorm
-  FusedAttrs fused;                   // fused ops only
-  SourceLoc loc;                      // where it was defined, when it came from text
+  double eps = 1e-5;                    // layernorm / rmsnorm
+  FusedAttrs fused;                     // fused ops only
+  SourceLoc loc;                        // where it was defined, when it came from text
 };
 
 struct Operand {
   unsigned index = 0;
 };
 
-using GraphImpl = boost::adjacency_list<boost::vecS, boost::vecS, boost::bidirectionalS, Op, Operand>;
+using GraphImpl =
+    boost::adjacency_list<boost::vecS, boost::vecS, boost::bidirectionalS, Op, Operand>;
 using Vertex = GraphImpl::vertex_descriptor;
 
 /// Thin, value-semantic wrapper around the Boost graph that keeps the graph's name and its

@@ -4,7 +4,9 @@
 
 namespace fpat::ir {
 
-const char* dtypeName(DType t) { return t == DType::F16 ? "f16" : "f32"; }
+const char* dtypeName(DType t) {
+  return t == DType::F16 ? "f16" : "f32";
+}
 
 std::optional<DType> parseDType(std::string_view s) {
   if (s == "f16")
@@ -28,7 +30,9 @@ std::string TensorDesc::shapeStr() const {
   return s + "]";
 }
 
-std::string TensorDesc::str() const { return dtypeName(dtype) + shapeStr(); }
+std::string TensorDesc::str() const {
+  return dtypeName(dtype) + shapeStr();
+}
 
 uint16_t doubleToHalfBits(double d) {
   uint64_t b;

@@ -14,7 +14,9 @@ enum class DType { F16, F32 };
 
 const char* dtypeName(DType t);
 std::optional<DType> parseDType(std::string_view s);
-inline size_t dtypeSize(DType t) { return t == DType::F16 ? 2 : 4; }
+inline size_t dtypeSize(DType t) {
+  return t == DType::F16 ? 2 : 4;
+}
 
 /// Shape (1-D or 2-D, row-major) and element type of a value.
 struct TensorDesc {
@@ -33,11 +35,17 @@ struct TensorDesc {
 
 /// IEEE binary16 conversions with round-to-nearest-even; the reference interpreter uses them
 /// to give f16 tensors exactly the storage semantics of the GPU.
-inline std::ostream& operator<<(std::ostream& os, const TensorDesc& t) { return os << t.str(); }
-inline std::ostream& operator<<(std::ostream& os, DType t) { return os << dtypeName(t); }
+inline std::ostream& operator<<(std::ostream& os, const TensorDesc& t) {
+  return os << t.str();
+}
+inline std::ostream& operator<<(std::ostream& os, DType t) {
+  return os << dtypeName(t);
+}
 
 uint16_t doubleToHalfBits(double d);
 float halfBitsToFloat(uint16_t h);
-inline float roundToHalf(double d) { return halfBitsToFloat(doubleToHalfBits(d)); }
+inline float roundToHalf(double d) {
+  return halfBitsToFloat(doubleToHalfBits(d));
+}
 
 } // namespace fpat::ir

@@ -81,8 +81,8 @@ private:
         const std::string& fn = t_.strings.at(u16(b, pos + 1));
         const ir::Op& op = g_.op(s.cur);
         if (op.kind != ir::OpKind::Activation || op.fn != fn)
-          return fail(why, ref(s.cur) + " is " + what(s.cur) + "; the pattern needs activation " +
-                               fn);
+          return fail(why,
+                      ref(s.cur) + " is " + what(s.cur) + "; the pattern needs activation " + fn);
         break;
       }
       case OPC_Record:
@@ -211,8 +211,8 @@ MatchResult findMatches(const Graph& g, const MatcherTable& table, const MatchOp
   // claimedBy[v]: root of the match that fused v, or -1.
   std::vector<int> claimedBy(g.size(), -1);
   Interpreter interp(g, table, opts, claimedBy);
-  auto perPattern = opts.explain ? programsByPattern(table)
-                                 : std::vector<std::vector<std::vector<uint8_t>>>{};
+  auto perPattern =
+      opts.explain ? programsByPattern(table) : std::vector<std::vector<std::vector<uint8_t>>>{};
   for (auto it = order->rbegin(); it != order->rend(); ++it) {
     const Vertex root = *it;
     if (claimedBy[root] >= 0 || g.op(root).kind == ir::OpKind::Input)

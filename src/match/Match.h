@@ -34,7 +34,7 @@ struct Attempt {
 };
 
 struct MatchResult {
-  std::vector<Match> matches;   // in selection order
+  std::vector<Match> matches;    // in selection order
   std::vector<Attempt> attempts; // only with explain
 };
 

@@ -1,7 +1,6 @@
 #include "runtime/Cuda.h"
 
 #include <dlfcn.h>
-
 #include <mutex>
 
 namespace fpat::cuda {
@@ -24,8 +23,8 @@ struct Api {
   CUresult (*cuModuleGetFunction)(CUfunction*, CUmodule, const char*);
   CUresult (*cuFuncSetAttribute)(CUfunction, int, int);
   CUresult (*cuFuncGetAttribute)(int*, int, CUfunction);
-  CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
-                             unsigned, unsigned, CUstream, void**, void**);
+  CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                             unsigned, CUstream, void**, void**);
   CUresult (*cuMemAlloc)(CUdeviceptr*, size_t);
   CUresult (*cuMemFree)(CUdeviceptr);
   CUresult (*cuMemcpyHtoD)(CUdeviceptr, const void*, size_t);
@@ -42,8 +41,7 @@ struct Api {
 };
 Api api;
 
-template <class F>
-bool resolve(void* lib, F& fn, const char* name, const char* alt = nullptr) {
+template <class F> bool resolve(void* lib, F& fn, const char* name, const char* alt = nullptr) {
   void* p = dlsym(lib, name);
   if (!p && alt)
     p = dlsym(lib, alt);
@@ -154,7 +152,9 @@ CUmodule Driver::loadModule(const std::string& image) {
   check(api.cuModuleLoadData(&m, image.data()), "cuModuleLoadData");
   return m;
 }
-void Driver::unloadModule(CUmodule m) { check(api.cuModuleUnload(m), "cuModuleUnload"); }
+void Driver::unloadModule(CUmodule m) {
+  check(api.cuModuleUnload(m), "cuModuleUnload");
+}
 CUfunction Driver::function(CUmodule m, const std::string& name) {
   CUfunction f = nullptr;
   check(api.cuModuleGetFunction(&f, m, name.c_str()), ("kernel " + name).c_str());
@@ -198,14 +198,20 @@ void Driver::copyOnDevice(CUdeviceptr dst, CUdeviceptr src, size_t bytes) {
 void Driver::fill16(CUdeviceptr p, uint16_t value, size_t count) {
   check(api.cuMemsetD16(p, value, count), "cuMemsetD16");
 }
-void Driver::synchronize() { check(api.cuCtxSynchronize(), "kernel execution"); }
+void Driver::synchronize() {
+  check(api.cuCtxSynchronize(), "kernel execution");
+}
 CUevent Driver::createEvent() {
   CUevent e = nullptr;
   check(api.cuEventCreate(&e, 0), "cuEventCreate");
   return e;
 }
-void Driver::destroyEvent(CUevent e) { check(api.cuEventDestroy(e), "cuEventDestroy"); }
-void Driver::record(CUevent e) { check(api.cuEventRecord(e, nullptr), "cuEventRecord"); }
+void Driver::destroyEvent(CUevent e) {
+  check(api.cuEventDestroy(e), "cuEventDestroy");
+}
+void Driver::record(CUevent e) {
+  check(api.cuEventRecord(e, nullptr), "cuEventRecord");
+}
 float Driver::elapsedMs(CUevent start, CUevent stop) {
   check(api.cuEventSynchronize(stop), "cuEventSynchronize");
   float ms = 0;

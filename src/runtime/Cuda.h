@@ -28,7 +28,7 @@ struct DeviceInfo {
   std::string name;
   int arch = 0; // 10 * major + minor, e.g. 90
   int sms = 0;
-  int smemOptin = 0;       // max dynamic + static shared memory per block (bytes)
+  int smemOptin = 0; // max dynamic + static shared memory per block (bytes)
   int maxThreadsPerBlock = 0;
   int regsPerBlock = 0;
   int l2Bytes = 0;

@@ -9,8 +9,12 @@
 namespace fpat::runtime {
 
 namespace {
-size_t roundUp(size_t b) { return (b + 255) / 256 * 256; }
-size_t bytesOf(const ir::Op& op) { return static_cast<size_t>(op.type.numel()) * 2; }
+size_t roundUp(size_t b) {
+  return (b + 255) / 256 * 256;
+}
+size_t bytesOf(const ir::Op& op) {
+  return static_cast<size_t>(op.type.numel()) * 2;
+}
 } // namespace
 
 BufferPlan planBuffers(const ir::Graph& g) {
@@ -26,9 +30,7 @@ BufferPlan planBuffers(const ir::Graph& g) {
   for (ir::Vertex v : g.vertices())
     for (ir::Vertex u : g.users(v))
       lastUse[v] = std::max(lastUse[v], pos[u]);
-  auto pinned = [&](ir::Vertex v) {
-    return g.op(v).kind == ir::OpKind::Input || g.isOutput(v);
-  };
+  auto pinned = [&](ir::Vertex v) { return g.op(v).kind == ir::OpKind::Input || g.isOutput(v); };
   std::multiset<std::pair<size_t, int>> free; // (bytes, slot), best fit by size
   for (size_t i = 0; i < order->size(); ++i) {
     const ir::Vertex v = (*order)[i];
@@ -168,8 +170,8 @@ void Executor::launchAll(bool poison, size_t set) {
     }
     if (gx == 0 || gy == 0)
       throw cuda::CudaError("%" + cg_.graph.op(b.v).name + ": empty launch grid");
-    drv_.launch(b.fn, gx, gy, 1, static_cast<unsigned>(b.launch.threads), b.launch.smemBytes,
-                &args, sizeof args);
+    drv_.launch(b.fn, gx, gy, 1, static_cast<unsigned>(b.launch.threads), b.launch.smemBytes, &args,
+                sizeof args);
   }
 }
 

@@ -18,16 +18,16 @@ namespace fpat::runtime {
 
 /// A graph with a generated and compiled kernel for each of its ops.
 struct CompiledGraph {
-  ir::Graph graph;                              // the (fused) graph
-  std::vector<codegen::KernelUnit> units;       // by vertex; inputs have no launches
-  std::map<std::string, std::string> cubins;    // unit name -> cubin path
+  ir::Graph graph;                           // the (fused) graph
+  std::vector<codegen::KernelUnit> units;    // by vertex; inputs have no launches
+  std::map<std::string, std::string> cubins; // unit name -> cubin path
 };
 
 struct BufferPlan {
-  std::vector<int> slotOf;           // by vertex: buffer slot, -1 for none
-  std::vector<size_t> slotBytes;     // by slot
-  size_t plannedBytes = 0;           // sum of slot sizes
-  size_t naiveBytes = 0;             // one buffer per value
+  std::vector<int> slotOf;       // by vertex: buffer slot, -1 for none
+  std::vector<size_t> slotBytes; // by slot
+  size_t plannedBytes = 0;       // sum of slot sizes
+  size_t naiveBytes = 0;         // one buffer per value
 };
 
 /// Liveness-based plan: a value's buffer returns to the pool after its last user; inputs and

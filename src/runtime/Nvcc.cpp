@@ -59,8 +59,8 @@ std::string nvccVersion(const std::string& nvcc) {
 
 void writeFileAtomic(const std::string& path, const std::string& data) {
   static std::atomic<unsigned> counter{0};
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid()) + "." +
-                          std::to_string(counter++);
+  const std::string tmp =
+      path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
   {
     std::ofstream f(tmp, std::ios::binary);
     f.write(data.data(), static_cast<std::streamsize>(data.size()));
@@ -120,16 +120,17 @@ CompiledKernel compileOne(const codegen::KernelUnit& u, const NvccOptions& o,
   auto t0 = std::chrono::steady_clock::now();
   writeFileAtomic(k.sourcePath, u.source);
   auto build = [&](const char* mode, const std::string& out) {
-    const std::string tmp = out + ".tmp." + std::to_string(::getpid()) + "." +
-                            std::to_string(std::hash<std::thread::id>()(std::this_thread::get_id()));
+    const std::string tmp =
+        out + ".tmp." + std::to_string(::getpid()) + "." +
+        std::to_string(std::hash<std::thread::id>()(std::this_thread::get_id()));
     std::vector<std::string> argv = {nvcc, mode, "-I", include};
     argv.insert(argv.end(), flags.begin(), flags.end());
     argv.insert(argv.end(), {"-o", tmp, k.sourcePath});
     ProcessResult r = runProcess(argv);
     if (r.exitCode != 0) {
       fs::remove(tmp, ec);
-      k.error = "nvcc failed on " + k.sourcePath + " (exit " + std::to_string(r.exitCode) +
-                "):\n" + r.output;
+      k.error = "nvcc failed on " + k.sourcePath + " (exit " + std::to_string(r.exitCode) + "):\n" +
+                r.output;
       return false;
     }
     fs::rename(tmp, out, ec); // atomic publish: readers see a whole file or none

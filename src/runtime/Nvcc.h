@@ -11,22 +11,22 @@ namespace fpat::runtime {
 
 struct NvccOptions {
   int arch = 90;
-  std::string nvcc;           // "" -> $FPAT_NVCC, nvcc on PATH, /usr/local/cuda/bin/nvcc
-  std::string cacheDir;       // "" -> $FPAT_CACHE_DIR, ~/.cache/fpat
-  bool ptx = false;           // also keep the PTX next to the cubin
-  bool lineInfo = true;       // -lineinfo (compute-sanitizer reports source lines)
-  int jobs = 0;               // parallel compiles (0: hardware threads)
+  std::string nvcc;     // "" -> $FPAT_NVCC, nvcc on PATH, /usr/local/cuda/bin/nvcc
+  std::string cacheDir; // "" -> $FPAT_CACHE_DIR, ~/.cache/fpat
+  bool ptx = false;     // also keep the PTX next to the cubin
+  bool lineInfo = true; // -lineinfo (compute-sanitizer reports source lines)
+  int jobs = 0;         // parallel compiles (0: hardware threads)
   std::vector<std::string> extraFlags;
 };
 
 struct CompiledKernel {
   std::string name;
   std::string cubinPath;
-  std::string ptxPath;     // when requested
-  std::string sourcePath;  // the .cu nvcc compiled (kept in the cache)
-  bool cached = false;     // found in the cache, not compiled now
-  double seconds = 0;      // compile time
-  std::string error;       // non-empty: nvcc failed; its output, naming the .cu file and line
+  std::string ptxPath;    // when requested
+  std::string sourcePath; // the .cu nvcc compiled (kept in the cache)
+  bool cached = false;    // found in the cache, not compiled now
+  double seconds = 0;     // compile time
+  std::string error;      // non-empty: nvcc failed; its output, naming the .cu file and line
 };
 
 /// The nvcc to use, or "" when there is none.

@@ -9,18 +9,18 @@ namespace fpat::runtime {
 struct BuildOptions {
   int arch = 90;
   int sms = 132;
-  std::string cacheDir;                                // "" : default cache
+  std::string cacheDir; // "" : default cache
   int jobs = 0;
   bool ptx = false;
-  const codegen::TileConfig* tile = nullptr;           // force one GEMM configuration
-  std::map<ir::Vertex, codegen::TileConfig> tiles;     // per-op configurations (tuner, cache)
-  std::map<std::string, std::string> patternSources;   // pattern -> "file:line"
+  const codegen::TileConfig* tile = nullptr;         // force one GEMM configuration
+  std::map<ir::Vertex, codegen::TileConfig> tiles;   // per-op configurations (tuner, cache)
+  std::map<std::string, std::string> patternSources; // pattern -> "file:line"
 };
 
 struct BuildResult {
   CompiledGraph graph;
-  std::vector<CompiledKernel> kernels;                 // one per distinct unit
-  std::string error;                                   // codegen or nvcc failure, or ""
+  std::vector<CompiledKernel> kernels; // one per distinct unit
+  std::string error;                   // codegen or nvcc failure, or ""
   int compiled = 0, cached = 0;
   double seconds = 0;
 };
@@ -32,8 +32,8 @@ BuildResult buildKernels(const ir::Graph& fused, const dsl::PatternLibrary& lib,
 /// Agreement of a GPU result with the CPU reference.
 struct Agreement {
   double maxAbs = 0;
-  double maxRel = 0;        // relative to max(|ref|, rms(ref))
-  size_t nonFinite = 0;     // elements where either side is NaN or infinite
+  double maxRel = 0;    // relative to max(|ref|, rms(ref))
+  size_t nonFinite = 0; // elements where either side is NaN or infinite
   bool pass = false;
 };
 

@@ -129,9 +129,9 @@ std::string DiagEngine::renderOne(Severity sev, const SourceLoc& loc,
       caret.append(col - shown.size(), ' ');
     caret += '^';
     size_t avail = col < shown.size() ? shown.size() - col : 0;
-    size_t tildes = loc.len > 1 ? std::min<size_t>(static_cast<size_t>(loc.len) - 1,
-                                                  avail > 0 ? avail - 1 : 0)
-                                : 0;
+    size_t tildes =
+        loc.len > 1 ? std::min<size_t>(static_cast<size_t>(loc.len) - 1, avail > 0 ? avail - 1 : 0)
+                    : 0;
     caret.append(tildes, '~');
     os << shown << '\n' << caret << '\n';
   }

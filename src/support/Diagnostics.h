@@ -59,11 +59,12 @@ struct Diagnostic {
 /// structured list instead.
 class DiagEngine {
 public:
-  explicit DiagEngine(const SourceManager& sm, std::ostream* out = nullptr)
-      : sm_(sm), out_(out) {}
+  explicit DiagEngine(const SourceManager& sm, std::ostream* out = nullptr) : sm_(sm), out_(out) {}
 
   /// Reports a diagnostic; notes may be attached with `note()` before the next report.
-  void error(SourceLoc loc, std::string message) { report(Severity::Error, loc, std::move(message)); }
+  void error(SourceLoc loc, std::string message) {
+    report(Severity::Error, loc, std::move(message));
+  }
   void warning(SourceLoc loc, std::string message) {
     report(Severity::Warning, loc, std::move(message));
   }

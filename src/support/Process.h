@@ -7,8 +7,8 @@
 namespace fpat {
 
 struct ProcessResult {
-  int exitCode = -1;   // -1: could not be started
-  std::string output;  // stdout and stderr together
+  int exitCode = -1;  // -1: could not be started
+  std::string output; // stdout and stderr together
 };
 
 /// Runs `argv[0]` (searched on PATH) with its arguments and waits for it.

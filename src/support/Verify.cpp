@@ -68,7 +68,8 @@ std::vector<Expectation> parseExpectations(const std::string& text,
 }
 
 static bool endsWith(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 std::vector<std::string> verifyDiagnostics(const DiagEngine& diags, int fileId) {

@@ -13,7 +13,7 @@ namespace fpat {
 ///   @name:N    line N of another buffer whose name ends in `name`.
 struct Expectation {
   Severity severity;
-  int line = 0; // 0 = any line
+  int line = 0;     // 0 = any line
   std::string file; // empty = the file holding the comment
   std::string text;
   int commentLine = 0;

@@ -2,7 +2,6 @@
 #include "driver/Driver.h"
 
 #include <CLI/CLI.hpp>
-
 #include <iostream>
 #include <string>
 #include <vector>
@@ -32,6 +31,9 @@ int main(int argc, char** argv) {
       ->allow_extra_args(false);
   app.add_flag("!--no-fuse", opts.fuse, "skip fusion");
   app.add_option("--seed", opts.seed, "seed of the random inputs")->capture_default_str();
+  app.add_option("--inputs", opts.inputsDir,
+                 "read input NAME from DIR/NAME.f16 (raw little-endian f16) when it exists");
+  app.add_option("--outputs", opts.outputsDir, "write each GPU output NAME to DIR/NAME.f16");
   app.add_option("--out-dir", opts.outDir, "directory for generated files")->capture_default_str();
   app.add_option("--emit", opts.emit, "print one stage and stop")
       ->check(CLI::IsMember({"fgraph", "fused", "table", "cuda"}));
@@ -47,7 +49,8 @@ int main(int argc, char** argv) {
                  "tuning cache file (default: $FPAT_TUNE_CACHE or <cache dir>/tuning.json)");
   app.add_flag("--ptx", opts.ptx, "keep PTX next to each cubin in the cache");
   app.add_option("-j,--jobs", opts.jobs, "parallel nvcc processes (default: one per core)");
-  app.add_option("--cache-dir", opts.cacheDir, "kernel cache (default: $FPAT_CACHE_DIR or ~/.cache/fpat)");
+  app.add_option("--cache-dir", opts.cacheDir,
+                 "kernel cache (default: $FPAT_CACHE_DIR or ~/.cache/fpat)");
   app.add_flag("!--no-reference", opts.reference, "skip the CPU reference evaluation");
   app.add_flag("!--no-graphviz", opts.graphviz, "do not write .dot/.svg");
   app.add_flag("--verify-diagnostics", opts.verifyDiagnostics,

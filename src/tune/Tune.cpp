@@ -3,13 +3,12 @@
 #include "runtime/Nvcc.h"
 #include "support/Diagnostics.h"
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <fcntl.h>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <sys/file.h>
 #include <unistd.h>
 
@@ -94,8 +93,8 @@ std::vector<TileConfig> searchSpace(const DeviceLimits& d, bool transB, int64_t 
   // Rank by how well the grid fills the GPU (fewest idle CTA slots in the last wave, with
   // about two CTAs per SM), then by larger tiles (more reuse per byte loaded).
   auto score = [&](const TileConfig& t) {
-    const double tiles = static_cast<double>((m + t.bm - 1) / t.bm) *
-                         static_cast<double>((n + t.bn - 1) / t.bn);
+    const double tiles =
+        static_cast<double>((m + t.bm - 1) / t.bm) * static_cast<double>((n + t.bn - 1) / t.bn);
     const double slots = 2.0 * d.sms;
     const double waves = std::ceil(tiles / slots);
     const double fill = tiles / (waves * slots);
@@ -183,7 +182,8 @@ nlohmann::json readCache(const std::string& path, bool repair, std::vector<std::
 }
 
 nlohmann::json configJson(const TileConfig& t) {
-  return {{"bm", t.bm}, {"bn", t.bn}, {"bk", t.bk}, {"wm", t.wm}, {"wn", t.wn}, {"stages", t.stages}};
+  return {{"bm", t.bm}, {"bn", t.bn}, {"bk", t.bk},
+          {"wm", t.wm}, {"wn", t.wn}, {"stages", t.stages}};
 }
 
 } // namespace

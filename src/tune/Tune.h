@@ -41,7 +41,7 @@ std::vector<codegen::TileConfig> searchSpace(const DeviceLimits& d, bool transB,
 
 /// Identifies one tuning problem.
 struct Key {
-  std::string signature;       // the kernel without its configuration (pattern, epilogue, ...)
+  std::string signature; // the kernel without its configuration (pattern, epilogue, ...)
   int64_t m = 0, n = 0, k = 0;
   std::string dtype = "f16";
   int arch = 90;
@@ -52,8 +52,8 @@ struct Key {
 
 struct Entry {
   codegen::TileConfig config;
-  double ms = 0;           // median time of the winner
-  double heuristicMs = 0;  // median time of the heuristic default, measured alongside
+  double ms = 0;          // median time of the winner
+  double heuristicMs = 0; // median time of the heuristic default, measured alongside
   int candidates = 0;
 };
 

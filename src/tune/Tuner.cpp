@@ -40,9 +40,8 @@ Key keyFor(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibrary& lib, int
   return k;
 }
 
-Choice choose(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibrary& lib,
-              TuningCache& cache, int arch, int sms, const std::string& nvccVersion,
-              bool retune) {
+Choice choose(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibrary& lib, TuningCache& cache,
+              int arch, int sms, const std::string& nvccVersion, bool retune) {
   Choice c;
   const ir::Op& op = g.op(v);
   if (!retune && !retuneFromEnvironment())

@@ -13,17 +13,17 @@ namespace fpat::tune {
 struct TuneOptions {
   size_t maxCandidates = 24;
   int warmup = 3;
-  int reps = 20;           // timed runs per candidate; the median is kept
-  bool retune = false;     // ignore cached results (FPAT_RETUNE=1 does the same)
-  std::string cacheDir;    // kernel cache for the candidates' cubins
+  int reps = 20;        // timed runs per candidate; the median is kept
+  bool retune = false;  // ignore cached results (FPAT_RETUNE=1 does the same)
+  std::string cacheDir; // kernel cache for the candidates' cubins
   int jobs = 0;
   std::ostream* log = nullptr; // one line per rejected or failing candidate
 };
 
 struct Choice {
   codegen::TileConfig config;
-  std::string source;      // "cache", "tuned" or "heuristic"
-  double ms = 0;           // measured (tuned) or remembered (cache) time
+  std::string source; // "cache", "tuned" or "heuristic"
+  double ms = 0;      // measured (tuned) or remembered (cache) time
   double heuristicMs = 0;
   int tried = 0, rejected = 0;
 };
@@ -36,9 +36,8 @@ Key keyFor(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibrary& lib, int
            const std::string& nvccVersion);
 
 /// The cached configuration, else the heuristic. Needs no GPU.
-Choice choose(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibrary& lib,
-              TuningCache& cache, int arch, int sms, const std::string& nvccVersion,
-              bool retune);
+Choice choose(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibrary& lib, TuningCache& cache,
+              int arch, int sms, const std::string& nvccVersion, bool retune);
 
 /// Times every candidate configuration of op `v` (alone, on random inputs) and stores the
 /// fastest one whose output matches the CPU reference on sampled rows.

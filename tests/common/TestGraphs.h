@@ -1,5 +1,5 @@
-// Graphs and pattern libraries shared by the codegen and GPU suites and the benchmarks: one graph per built-in
-// pattern and per fallback kernel, at a given (M, N, K).
+// Graphs and pattern libraries shared by the codegen and GPU suites and the benchmarks: one graph
+// per built-in pattern and per fallback kernel, at a given (M, N, K).
 #pragma once
 
 #include "dsl/Library.h"
@@ -36,10 +36,24 @@ inline const dsl::PatternLibrary& builtinLibrary() {
 
 /// Names of the graphs `caseGraph` builds: the nine patterns, then the fallback kernels.
 inline std::vector<std::string> caseNames() {
-  return {"gemm_bias_gelu", "gemm_bias_silu", "gemm_bias_relu", "gemm_bias",
-          "gemm_bias_residual", "gemm_gelu", "gemm_silu", "layernorm_gemm", "rmsnorm_gemm",
-          "gemm", "gemm_bt", "bias_add", "activation_gelu_erf", "activation_leaky_relu", "add",
-          "mul", "layernorm", "rmsnorm"};
+  return {"gemm_bias_gelu",
+          "gemm_bias_silu",
+          "gemm_bias_relu",
+          "gemm_bias",
+          "gemm_bias_residual",
+          "gemm_gelu",
+          "gemm_silu",
+          "layernorm_gemm",
+          "rmsnorm_gemm",
+          "gemm",
+          "gemm_bt",
+          "bias_add",
+          "activation_gelu_erf",
+          "activation_leaky_relu",
+          "add",
+          "mul",
+          "layernorm",
+          "rmsnorm"};
 }
 
 /// A graph that the built-in table fuses into exactly the pattern `name` (or, for fallbacks,
@@ -77,8 +91,8 @@ inline ir::Graph caseGraph(const std::string& name, Shape s) {
     auto p = b.input("p", {s.m, s.n}), q = b.input("q", {s.m, s.n});
     b.output(name == "add" ? b.add(p, q, "y") : b.mul(p, q, "y"));
   } else if (name == "layernorm") {
-    b.output(b.layernorm(b.input("h", {s.m, s.n}), b.input("g", {s.n}), b.input("be", {s.n}),
-                         1e-5, "y"));
+    b.output(b.layernorm(b.input("h", {s.m, s.n}), b.input("g", {s.n}), b.input("be", {s.n}), 1e-5,
+                         "y"));
   } else if (name == "rmsnorm") {
     b.output(b.rmsnorm(b.input("h", {s.m, s.n}), b.input("g", {s.n}), 1e-6, "y"));
   } else {

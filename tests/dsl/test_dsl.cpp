@@ -4,7 +4,6 @@
 #include "dsl/Tblgen.h"
 
 #include <boost/test/unit_test.hpp>
-
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -66,8 +65,8 @@ BOOST_AUTO_TEST_CASE(builtin_patterns_are_the_seeds_nine) {
   std::vector<std::string> names;
   for (const PatternDef& p : r->c->library.patterns)
     names.push_back(p.name);
-  std::vector<std::string> want = {"gemm_bias_gelu", "gemm_gelu",  "gemm_bias_silu",
-                                   "gemm_silu",      "gemm_bias_relu", "gemm_bias",
+  std::vector<std::string> want = {"gemm_bias_gelu",     "gemm_gelu",      "gemm_bias_silu",
+                                   "gemm_silu",          "gemm_bias_relu", "gemm_bias",
                                    "gemm_bias_residual", "layernorm_gemm", "rmsnorm_gemm"};
   BOOST_TEST(names == want, boost::test_tools::per_element());
   BOOST_TEST(r->diags->diagnostics().empty(), r->errors());
@@ -151,8 +150,9 @@ BOOST_AUTO_TEST_CASE(cuda_lowering_is_readable_and_complete) {
   BOOST_TEST(leaky.find("fpat_act_leaky_relu(float x, float p_slope)") != std::string::npos);
   BOOST_TEST(leaky.find("return x > 0.0f ? x : p_slope * x;") != std::string::npos, leaky);
   BOOST_TEST(leaky.find("activations.fpat:") != std::string::npos);
-  auto neg = compile("include \"fpat.fpat\"\ndef f : Activation { let body = expr { let t = x - -1.5; "
-                     "t * - -2 }; }\n");
+  auto neg =
+      compile("include \"fpat.fpat\"\ndef f : Activation { let body = expr { let t = x - -1.5; "
+              "t * - -2 }; }\n");
   BOOST_TEST_REQUIRE(neg->c.has_value(), neg->errors());
   std::string f = emitActivationFunction(*neg->c->library.findActivation("f"));
   BOOST_TEST(f.find("const float l_t = x - -1.5f;") != std::string::npos, f);
@@ -178,7 +178,8 @@ BOOST_AUTO_TEST_CASE(pattern_library_fields) {
   BOOST_REQUIRE(gbg.epilogue.size() == 2u);
   BOOST_TEST(gbg.epilogue[1].fn == "gelu");
   BOOST_TEST(find("layernorm_gemm").family == "norm_gemm");
-  BOOST_TEST(find("layernorm_gemm").inputs == (std::vector<std::string>{"x", "gamma", "beta", "w"}));
+  BOOST_TEST(find("layernorm_gemm").inputs ==
+             (std::vector<std::string>{"x", "gamma", "beta", "w"}));
   BOOST_TEST(find("gemm_bias_residual").root.commutative);
 }
 
@@ -233,14 +234,20 @@ BOOST_AUTO_TEST_CASE(merged_tables_order_user_patterns_by_benefit) {
 
 BOOST_AUTO_TEST_CASE(hostile_inputs_are_diagnosed_not_crashed_on) {
   std::vector<std::string> inputs = {
-      "", "def", "class C<", std::string(100000, '('), std::string(5000, '['),
+      "",
+      "def",
+      "class C<",
+      std::string(100000, '('),
+      std::string(5000, '['),
       "def a : Activation { let body = expr { " + std::string(3000, '-') + "x }; }",
-      "def a { int x = " + std::string(20000, '1') + "; }", "\xff\xfe\x01",
+      "def a { int x = " + std::string(20000, '1') + "; }",
+      "\xff\xfe\x01",
       "include \"fpat.fpat\"\nclass A : A;",
       "class A; class B : A; " + [] {
         std::string s;
         for (int i = 0; i < 300; ++i)
-          s += "class C" + std::to_string(i + 1) + " : " + (i ? "C" + std::to_string(i) : "B") + ";";
+          s +=
+              "class C" + std::to_string(i + 1) + " : " + (i ? "C" + std::to_string(i) : "B") + ";";
         return s + "def d : C300;";
       }()};
   std::string longSum = "include \"fpat.fpat\"\ndef a : Activation { let body = expr { x";

@@ -4,14 +4,12 @@
 // compute-sanitizer, which slows kernels down a hundredfold).
 #define BOOST_TEST_MODULE gpu
 #include "../common/TestGraphs.h"
-
 #include "ir/Reference.h"
 #include "ir/text/Text.h"
 #include "runtime/Pipeline.h"
 #include "tune/Tuner.h"
 
 #include <boost/test/unit_test.hpp>
-
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
@@ -22,7 +20,9 @@ using namespace fpat::testing;
 
 namespace {
 
-cuda::Driver* gpu() { return cuda::Driver::get(nullptr); }
+cuda::Driver* gpu() {
+  return cuda::Driver::get(nullptr);
+}
 
 bool quick() {
   const char* q = std::getenv("FPAT_GPU_QUICK");
@@ -110,11 +110,11 @@ BOOST_AUTO_TEST_CASE(device_is_described) {
 }
 
 // One test case per pattern and per fallback kernel; each runs every shape.
-#define FPAT_GPU_CASE(id)                                                                        \
-  BOOST_AUTO_TEST_CASE(id) {                                                                     \
-    uint64_t seed = 1;                                                                           \
-    for (Shape s : shapes())                                                                     \
-      runCase(#id, s, seed++);                                                                   \
+#define FPAT_GPU_CASE(id)                                                                          \
+  BOOST_AUTO_TEST_CASE(id) {                                                                       \
+    uint64_t seed = 1;                                                                             \
+    for (Shape s : shapes())                                                                       \
+      runCase(#id, s, seed++);                                                                     \
   }
 FPAT_GPU_CASE(gemm_bias_gelu)
 FPAT_GPU_CASE(gemm_bias_silu)

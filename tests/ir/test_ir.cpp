@@ -3,7 +3,6 @@
 #include "ir/Builder.h"
 
 #include <boost/test/unit_test.hpp>
-
 #include <sstream>
 
 using namespace fpat::ir;
@@ -22,7 +21,9 @@ Graph seedExample() {
   return b.build();
 }
 
-bool contains(const std::string& s, const std::string& sub) { return s.find(sub) != std::string::npos; }
+bool contains(const std::string& s, const std::string& sub) {
+  return s.find(sub) != std::string::npos;
+}
 } // namespace
 
 BOOST_AUTO_TEST_CASE(builder_builds_the_seed_example) {
@@ -101,8 +102,9 @@ BOOST_AUTO_TEST_CASE(type_errors_name_op_operand_expected_and_actual) {
   BOOST_CHECK_EXCEPTION(b.layernorm(h, bias, bias), BuildError, [](const BuildError& e) {
     return contains(e.what(), "operand 1 (%bias: f16[31]) must have shape [32]");
   });
-  BOOST_CHECK_EXCEPTION(b.rmsnorm(h, b.input("g", {32}), 0.0), BuildError,
-                        [](const BuildError& e) { return contains(e.what(), "eps must be positive"); });
+  BOOST_CHECK_EXCEPTION(b.rmsnorm(h, b.input("g", {32}), 0.0), BuildError, [](const BuildError& e) {
+    return contains(e.what(), "eps must be positive");
+  });
   BOOST_CHECK_EXCEPTION(b.input("bad", {4, 0}), BuildError,
                         [](const BuildError& e) { return contains(e.what(), "at least 1"); });
   BOOST_CHECK_EXCEPTION(b.input("r3", {2, 2, 2}), BuildError,
@@ -172,7 +174,8 @@ BOOST_AUTO_TEST_CASE(validator_catches_corrupted_types_and_indices) {
   g.op(*g.find("y2")).type.shape = {1, 1};
   auto problems = validate(g);
   BOOST_REQUIRE(!problems.empty());
-  BOOST_TEST(contains(problems[0], "recorded type f16[1, 1] differs from inferred type f16[1024, 4096]"));
+  BOOST_TEST(
+      contains(problems[0], "recorded type f16[1, 1] differs from inferred type f16[1024, 4096]"));
 
   Graph h = seedExample();
   h.connect(*h.find("x"), *h.find("y3"), 5);
@@ -202,11 +205,11 @@ BOOST_AUTO_TEST_CASE(half_conversion_rounds_to_nearest_even) {
   BOOST_TEST(doubleToHalfBits(1.0) == 0x3c00);
   BOOST_TEST(doubleToHalfBits(-2.0) == 0xc000);
   BOOST_TEST(doubleToHalfBits(65504.0) == 0x7bff);
-  BOOST_TEST(doubleToHalfBits(65520.0) == 0x7c00); // rounds up to infinity
+  BOOST_TEST(doubleToHalfBits(65520.0) == 0x7c00);          // rounds up to infinity
   BOOST_TEST(doubleToHalfBits(1.0 + 1.0 / 2048) == 0x3c00); // tie -> even
   BOOST_TEST(doubleToHalfBits(1.0 + 3.0 / 2048) == 0x3c02); // tie -> even (up)
-  BOOST_TEST(doubleToHalfBits(0x1p-24) == 0x0001);           // smallest subnormal
-  BOOST_TEST(doubleToHalfBits(0x1p-25) == 0x0000);           // tie -> even (zero)
+  BOOST_TEST(doubleToHalfBits(0x1p-24) == 0x0001);          // smallest subnormal
+  BOOST_TEST(doubleToHalfBits(0x1p-25) == 0x0000);          // tie -> even (zero)
   BOOST_TEST(doubleToHalfBits(0x1.8p-25) == 0x0001);
   BOOST_TEST(halfBitsToFloat(0x0001) == 0x1p-24f);
   BOOST_TEST(halfBitsToFloat(0x3555) == 0.333251953125f);

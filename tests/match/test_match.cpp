@@ -6,7 +6,6 @@
 #include "match/Match.h"
 
 #include <boost/test/unit_test.hpp>
-
 #include <cmath>
 
 using namespace fpat;
@@ -242,9 +241,10 @@ BOOST_AUTO_TEST_CASE(dag_patterns_check_node_identity) {
   BOOST_TEST(r2.matches.empty());
   bool explained = false;
   for (const Attempt& a : r2.attempts)
-    explained = explained ||
-                (a.pattern == "swiglu_gate_up" &&
-                 a.failure == "%x2 and %x are different values; the pattern needs the same one twice");
+    explained =
+        explained ||
+        (a.pattern == "swiglu_gate_up" &&
+         a.failure == "%x2 and %x are different values; the pattern needs the same one twice");
   BOOST_TEST(explained, explain(g2, p->table, r2));
 }
 
@@ -301,7 +301,8 @@ BOOST_AUTO_TEST_CASE(rewrite_is_deterministic_and_preserves_semantics) {
     const auto& v = got[a.outputs()[i]].data;
     double worst = 0, scale = ir::stats(want[g.outputs()[i]]).rms;
     for (size_t k = 0; k < w.size(); ++k)
-      worst = std::max(worst, std::abs(double(w[k]) - v[k]) / std::max(std::abs(double(w[k])), scale));
+      worst =
+          std::max(worst, std::abs(double(w[k]) - v[k]) / std::max(std::abs(double(w[k])), scale));
     BOOST_TEST(worst < 2e-2);
   }
 }

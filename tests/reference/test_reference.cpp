@@ -4,7 +4,6 @@
 #include "ir/Reference.h"
 
 #include <boost/test/unit_test.hpp>
-
 #include <cmath>
 
 using namespace fpat::ir;

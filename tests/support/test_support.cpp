@@ -4,7 +4,6 @@
 #include "support/Verify.h"
 
 #include <boost/test/unit_test.hpp>
-
 #include <cstdlib>
 #include <sstream>
 
@@ -57,7 +56,7 @@ BOOST_AUTO_TEST_CASE(utf8_validation) {
   BOOST_TEST(bad == 2u);
   BOOST_TEST(!validateUtf8("x\xc3", &bad)); // truncated sequence
   BOOST_TEST(bad == 1u);
-  BOOST_TEST(!validateUtf8("\xc0\xaf", &bad)); // overlong
+  BOOST_TEST(!validateUtf8("\xc0\xaf", &bad));     // overlong
   BOOST_TEST(!validateUtf8("\xed\xa0\x80", &bad)); // surrogate
 }
 

@@ -4,7 +4,6 @@
 #include "ir/text/Text.h"
 
 #include <boost/test/unit_test.hpp>
-
 #include <filesystem>
 #include <random>
 
@@ -90,7 +89,8 @@ BOOST_AUTO_TEST_CASE(builder_graph_round_trips_with_every_attribute) {
   Graph orig = b.build();
   std::string text = printGraph(orig);
   BOOST_TEST(text.find("%w.t = input : f16[48, 64]") != std::string::npos, text);
-  BOOST_TEST(text.find("%h = gemm %r, %w.t {transpose_b = true} : f16[17, 48]") != std::string::npos);
+  BOOST_TEST(text.find("%h = gemm %r, %w.t {transpose_b = true} : f16[17, 48]") !=
+             std::string::npos);
   BOOST_TEST(text.find("{eps = 1e-06}") != std::string::npos);
   BOOST_TEST(text.find("output %a, %f32") != std::string::npos);
   Parsed p = parse(text);
@@ -142,8 +142,15 @@ BOOST_AUTO_TEST_CASE(errors_carry_locations_and_all_are_reported) {
 
 BOOST_AUTO_TEST_CASE(hostile_inputs_never_crash) {
   std::string example = readAll(FPAT_SOURCE_DIR "/examples/ffn_swiglu.fgraph");
-  std::vector<std::string> inputs = {"", " ", "\n\n", "graph", "graph g {", "graph g { output }",
-                                     "}}}}", std::string(1, '\0'), "graph g { %x = input : f16[] }",
+  std::vector<std::string> inputs = {"",
+                                     " ",
+                                     "\n\n",
+                                     "graph",
+                                     "graph g {",
+                                     "graph g { output }",
+                                     "}}}}",
+                                     std::string(1, '\0'),
+                                     "graph g { %x = input : f16[] }",
                                      "graph g { %x = input : f16[99999999999999999999] output %x }",
                                      "graph g { %x = input : f16[1,2,3] output %x }"};
   for (size_t cut = 0; cut < example.size(); cut += 7)

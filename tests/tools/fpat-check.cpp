@@ -41,7 +41,8 @@ int main(int argc, char** argv) {
   std::istringstream cs(checkText);
   std::string l;
   for (int n = 1; std::getline(cs, l); ++n) {
-    for (auto [tag, kind] : {std::pair{"CHECK-NEXT:", Check::Next}, {"CHECK-NOT:", Check::Not},
+    for (auto [tag, kind] : {std::pair{"CHECK-NEXT:", Check::Next},
+                             {"CHECK-NOT:", Check::Not},
                              {"CHECK:", Check::Plain}}) {
       size_t p = l.find(tag);
       if (p != std::string::npos) {

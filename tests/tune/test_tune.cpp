@@ -2,11 +2,9 @@
 // the persistent cache (round trip, corruption, concurrent writers), the heuristic fallback.
 #define BOOST_TEST_MODULE tune
 #include "../common/TestGraphs.h"
-
 #include "tune/Tuner.h"
 
 #include <boost/test/unit_test.hpp>
-
 #include <filesystem>
 #include <fstream>
 #include <sys/wait.h>

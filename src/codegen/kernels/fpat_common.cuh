@@ -33,8 +33,7 @@ __device__ __forceinline__ void cp_async_commit() {
 #endif
 }
 
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
+template <int N> __device__ __forceinline__ void cp_async_wait() {
 #if FPAT_HAS_CP_ASYNC
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 #endif

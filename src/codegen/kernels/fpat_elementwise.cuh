@@ -12,25 +12,24 @@
 
 namespace fpat {
 
-template <class F>
-__device__ __forceinline__ void elementwise(const FpatKernelArgs& a) {
+template <class F> __device__ __forceinline__ void elementwise(const FpatKernelArgs& a) {
   const int64_t n = a.M * a.N;
   const bool vec = (n % 8) == 0;
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x * 8;
   const F f;
-  for (int64_t base = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * 8;
-       base < n; base += step) {
+  for (int64_t base = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * 8; base < n;
+       base += step) {
     float in[F::kInputs][8];
-    #pragma unroll
+#pragma unroll
     for (int k = 0; k < F::kInputs; ++k) {
       if (F::kind(k) == FPAT_IN_FULL && vec) {
         Half8 v;
         v.u = *reinterpret_cast<const uint4*>(static_cast<const __half*>(a.in[k]) + base);
-        #pragma unroll
+#pragma unroll
         for (int e = 0; e < 8; ++e)
           in[k][e] = __half2float(v.h[e]);
       } else {
-        #pragma unroll
+#pragma unroll
         for (int e = 0; e < 8; ++e) {
           const int64_t i = base + e;
           in[k][e] = i < n ? ldh(a.in[k], F::kind(k) == FPAT_IN_FULL ? i : i % a.N) : 0.0f;
@@ -38,10 +37,10 @@ __device__ __forceinline__ void elementwise(const FpatKernelArgs& a) {
       }
     }
     Half8 out;
-    #pragma unroll
+#pragma unroll
     for (int e = 0; e < 8; ++e) {
       float x[F::kInputs > 0 ? F::kInputs : 1];
-      #pragma unroll
+#pragma unroll
       for (int k = 0; k < F::kInputs; ++k)
         x[k] = in[k][e];
       out.h[e] = __float2half(f(x, a));
@@ -50,7 +49,7 @@ __device__ __forceinline__ void elementwise(const FpatKernelArgs& a) {
     if (vec) {
       *reinterpret_cast<uint4*>(o + base) = out.u;
     } else {
-      #pragma unroll
+#pragma unroll
       for (int e = 0; e < 8; ++e)
         if (base + e < n)
           o[base + e] = out.h[e];

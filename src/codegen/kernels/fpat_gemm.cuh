@@ -24,8 +24,7 @@
 
 namespace fpat {
 
-template <int BM_, int BN_, int BK_, int WM_, int WN_, int STAGES_>
-struct GemmTile {
+template <int BM_, int BN_, int BK_, int WM_, int WN_, int STAGES_> struct GemmTile {
   static constexpr int BM = BM_, BN = BN_, BK = BK_, WM = WM_, WN = WN_, STAGES = STAGES_;
   static constexpr int WARPS_M = BM / WM, WARPS_N = BN / WN;
   static constexpr int THREADS = 32 * WARPS_M * WARPS_N;
@@ -37,8 +36,7 @@ struct GemmTile {
 };
 
 /// Shared memory (bytes) a configuration needs; the host sets it as the dynamic size.
-template <class T, bool TRANS_B>
-constexpr int gemmSmemBytes() {
+template <class T, bool TRANS_B> constexpr int gemmSmemBytes() {
   int a = T::BM * (T::BK + T::PAD);
   int b = TRANS_B ? T::BN * (T::BK + T::PAD) : T::BK * (T::BN + T::PAD);
   int pipe = T::STAGES * (a + b) * 2;
@@ -54,7 +52,7 @@ __device__ __forceinline__ void normalise8(float* v, int64_t r, int64_t k, int64
                                            const FpatKernelArgs& a) {
   const float mean = NORM == 1 ? static_cast<const float*>(a.scratch[0])[r] : 0.0f;
   const float rstd = static_cast<const float*>(a.scratch[1])[r];
-  #pragma unroll
+#pragma unroll
   for (int e = 0; e < 8; ++e) {
     if (k + e >= K) {
       v[e] = 0.0f;
@@ -73,7 +71,7 @@ template <class T, bool TRANS_B, bool VEC, int NORM, class Epilogue>
 __device__ __forceinline__ void gemm(const FpatKernelArgs& args) {
   using namespace nvcuda;
   constexpr int BM = T::BM, BN = T::BN, BK = T::BK, S = T::STAGES;
-  constexpr int LDA = BK + T::PAD;                    // sA row stride (halves)
+  constexpr int LDA = BK + T::PAD; // sA row stride (halves)
   constexpr int LDB = TRANS_B ? BK + T::PAD : BN + T::PAD;
   constexpr int A_STAGE = BM * LDA;
   constexpr int B_STAGE = TRANS_B ? BN * LDB : BK * LDB;
@@ -89,8 +87,8 @@ __device__ __forceinline__ void gemm(const FpatKernelArgs& args) {
 #endif
 
   extern __shared__ __align__(16) unsigned char smem[];
-  __half* sA = reinterpret_cast<__half*>(smem);       // [S][BM][LDA]
-  __half* sB = sA + S * A_STAGE;                       // [S][BK][LDB] or [S][BN][LDB]
+  __half* sA = reinterpret_cast<__half*>(smem); // [S][BM][LDA]
+  __half* sB = sA + S * A_STAGE;                // [S][BK][LDB] or [S][BN][LDB]
 
   // The first input of a plain gemm is A; norm_gemm puts gamma (and beta) before B.
   const __half* A = static_cast<const __half*>(args.in[0]);
@@ -118,7 +116,10 @@ __device__ __forceinline__ void gemm(const FpatKernelArgs& args) {
   Half8 ra[A_ITERS], rb[B_ITERS];
 
   // --- tile loaders: chunk c of a tile is (row c / (cols/8), 8 columns at (c % (cols/8))*8) --
-  auto aChunk = [&](int c, int& r, int& k) { r = c / (BK / 8); k = (c % (BK / 8)) * 8; };
+  auto aChunk = [&](int c, int& r, int& k) {
+    r = c / (BK / 8);
+    k = (c % (BK / 8)) * 8;
+  };
   auto bChunk = [&](int c, int& r, int& x) {
     constexpr int per = (TRANS_B ? BK : BN) / 8;
     r = c / per;
@@ -126,7 +127,7 @@ __device__ __forceinline__ void gemm(const FpatKernelArgs& args) {
   };
 
   auto loadA = [&](int kt, int stage, bool toRegs) {
-    #pragma unroll
+#pragma unroll
     for (int i = 0; i < A_ITERS; ++i) {
       int c = tid + i * T::THREADS;
       if (c >= A_CHUNKS)
@@ -142,19 +143,20 @@ __device__ __forceinline__ void gemm(const FpatKernelArgs& args) {
       }
       Half8 v;
       if (VEC) {
-        v.u = gr < M && gk < K ? *reinterpret_cast<const uint4*>(A + gr * K + gk) : make_uint4(0, 0, 0, 0);
+        v.u = gr < M && gk < K ? *reinterpret_cast<const uint4*>(A + gr * K + gk)
+                               : make_uint4(0, 0, 0, 0);
       } else {
-        #pragma unroll
+#pragma unroll
         for (int e = 0; e < 8; ++e)
           v.h[e] = gr < M && gk + e < K ? A[gr * K + gk + e] : __float2half(0.0f);
       }
       if (NORM != 0 && !ASYNC_A && gr < M) {
         float f[8];
-        #pragma unroll
+#pragma unroll
         for (int e = 0; e < 8; ++e)
           f[e] = __half2float(v.h[e]);
         detail::normalise8<NORM>(f, gr, gk, K, args);
-        #pragma unroll
+#pragma unroll
         for (int e = 0; e < 8; ++e)
           v.h[e] = __float2half(f[e]);
       }
@@ -165,7 +167,7 @@ __device__ __forceinline__ void gemm(const FpatKernelArgs& args) {
     }
   };
   auto storeA = [&](int stage) {
-    #pragma unroll
+#pragma unroll
     for (int i = 0; i < A_ITERS; ++i) {
       int c = tid + i * T::THREADS;
       if (c >= A_CHUNKS)
@@ -203,7 +205,7 @@ __device__ __forceinline__ void gemm(const FpatKernelArgs& args) {
     }
   };
   auto loadB = [&](int kt, int stage, bool toRegs) {
-    #pragma unroll
+#pragma unroll
     for (int i = 0; i < B_ITERS; ++i) {
       int c = tid + i * T::THREADS;
       if (c >= B_CHUNKS)
@@ -227,7 +229,7 @@ __device__ __forceinline__ void gemm(const FpatKernelArgs& args) {
         bool in = inRow && (TRANS_B ? gk < K : gn < N);
         v.u = in ? *reinterpret_cast<const uint4*>(src) : make_uint4(0, 0, 0, 0);
       } else {
-        #pragma unroll
+#pragma unroll
         for (int e = 0; e < 8; ++e) {
           bool in = inRow && (TRANS_B ? gk + e < K : gn + e < N);
           v.h[e] = in ? src[e] : __float2half(0.0f);
@@ -240,7 +242,7 @@ __device__ __forceinline__ void gemm(const FpatKernelArgs& args) {
     }
   };
   auto storeB = [&](int stage) {
-    #pragma unroll
+#pragma unroll
     for (int i = 0; i < B_ITERS; ++i) {
       int c = tid + i * T::THREADS;
       if (c >= B_CHUNKS)
@@ -256,37 +258,37 @@ __device__ __forceinline__ void gemm(const FpatKernelArgs& args) {
   using FragB = wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, LayoutB>;
   using FragC = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
   FragC acc[T::FM][T::FN];
-  #pragma unroll
+#pragma unroll
   for (int i = 0; i < T::FM; ++i)
-    #pragma unroll
+#pragma unroll
     for (int j = 0; j < T::FN; ++j)
       wmma::fill_fragment(acc[i][j], 0.0f);
 
   auto compute = [&](int stage) {
     const __half* a = sA + stage * A_STAGE + warpM * T::WM * LDA;
     const __half* b = sB + stage * B_STAGE;
-    #pragma unroll
+#pragma unroll
     for (int kk = 0; kk < BK; kk += 16) {
       FragA fa[T::FM];
       FragB fb[T::FN];
-      #pragma unroll
+#pragma unroll
       for (int i = 0; i < T::FM; ++i)
         wmma::load_matrix_sync(fa[i], a + i * 16 * LDA + kk, LDA);
-      #pragma unroll
+#pragma unroll
       for (int j = 0; j < T::FN; ++j) {
         const int n = warpN * T::WN + j * 16;
         wmma::load_matrix_sync(fb[j], TRANS_B ? b + n * LDB + kk : b + kk * LDB + n, LDB);
       }
-      #pragma unroll
+#pragma unroll
       for (int i = 0; i < T::FM; ++i)
-        #pragma unroll
+#pragma unroll
         for (int j = 0; j < T::FN; ++j)
           wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
     }
   };
 
-  // --- main loop: S-1 tiles in flight ahead of the one being multiplied ---------------------
-  #pragma unroll
+// --- main loop: S-1 tiles in flight ahead of the one being multiplied ---------------------
+#pragma unroll
   for (int s = 0; s < S - 1; ++s) {
     if (s < KT) {
       loadA(s, s, false);
@@ -324,9 +326,9 @@ __device__ __forceinline__ void gemm(const FpatKernelArgs& args) {
   __half* C = static_cast<__half*>(args.out);
   const bool vecC = (N % 8) == 0;
   const Epilogue epi;
-  #pragma unroll
+#pragma unroll
   for (int i = 0; i < T::FM; ++i)
-    #pragma unroll
+#pragma unroll
     for (int j = 0; j < T::FN; ++j) {
       wmma::store_matrix_sync(scratch, acc[i][j], 20, wmma::mem_row_major);
       __syncwarp();
@@ -335,13 +337,14 @@ __device__ __forceinline__ void gemm(const FpatKernelArgs& args) {
       const int64_t gc = col0 + warpN * T::WN + j * 16 + c;
       if (gr < M) {
         Half8 out;
-        #pragma unroll
+#pragma unroll
         for (int e = 0; e < 8; ++e)
-          out.h[e] = __float2half(gc + e < N ? epi(scratch[r * 20 + c + e], gr, gc + e, args) : 0.0f);
+          out.h[e] =
+              __float2half(gc + e < N ? epi(scratch[r * 20 + c + e], gr, gc + e, args) : 0.0f);
         if (vecC && gc + 8 <= N) {
           *reinterpret_cast<uint4*>(C + gr * N + gc) = out.u;
         } else {
-          #pragma unroll
+#pragma unroll
           for (int e = 0; e < 8; ++e)
             if (gc + e < N)
               C[gr * N + gc + e] = out.h[e];

@@ -35,8 +35,7 @@ __device__ __forceinline__ void rowStats(const __half* x, int64_t n, float eps, 
 }
 
 /// norm_gemm's first pass: scratch[0][r] = mean, scratch[1][r] = rstd, for A = in[0] ([M, K]).
-template <bool LAYER>
-__device__ __forceinline__ void rowStatsPass(const FpatKernelArgs& a) {
+template <bool LAYER> __device__ __forceinline__ void rowStatsPass(const FpatKernelArgs& a) {
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kRowWarps + threadIdx.x / 32;
   if (r >= a.M)
     return;
@@ -49,8 +48,7 @@ __device__ __forceinline__ void rowStatsPass(const FpatKernelArgs& a) {
 }
 
 /// LayerNorm (in: x, gamma, beta) or RMSNorm (in: x, gamma) of an [M, N] tensor.
-template <bool LAYER>
-__device__ __forceinline__ void normRows(const FpatKernelArgs& a) {
+template <bool LAYER> __device__ __forceinline__ void normRows(const FpatKernelArgs& a) {
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kRowWarps + threadIdx.x / 32;
   if (r >= a.M)
     return;

@@ -1,12 +1,10 @@
 // Turns the ANTLR parse tree of a .fgraph file into IR. ANTLR types stay in this file.
-#include "ir/text/Text.h"
-
 #include "FGraphBaseVisitor.h"
 #include "FGraphLexer.h"
 #include "FGraphParser.h"
+#include "ir/text/Text.h"
 
 #include <antlr4-runtime.h>
-
 #include <cctype>
 #include <map>
 #include <set>
@@ -25,14 +23,15 @@ SourceLoc tokenLoc(int fileId, const antlr4::Token* t) {
   loc.line = static_cast<int>(t->getLine());
   loc.col = static_cast<int>(t->getCharPositionInLine()) + 1;
   size_t start = t->getStartIndex(), stop = t->getStopIndex();
-  loc.len = t->getType() == antlr4::Token::EOF || stop < start ? 1 : static_cast<int>(stop - start + 1);
+  loc.len =
+      t->getType() == antlr4::Token::EOF || stop < start ? 1 : static_cast<int>(stop - start + 1);
   return loc;
 }
 
 /// ANTLR names tokens by their grammar names; say what they are instead.
 std::string cleanAntlrMessage(const std::string& msg) {
   static const std::map<std::string, std::string> names = {
-      {"<EOF>", "end of file"}, {"VALUE", "a %value"},  {"IDENT", "a name"},
+      {"<EOF>", "end of file"}, {"VALUE", "a %value"}, {"IDENT", "a name"},
       {"INT", "an integer"},    {"FLOAT", "a number"}, {"STRING", "a string"}};
   std::string out;
   for (size_t i = 0; i < msg.size();) {
@@ -349,7 +348,7 @@ private:
       case OpKind::Fused:
         if (key == "pattern" || key == "family" || key == "norm") {
           if (expect(AttrVal::Ident, "a name"))
-            (key == "pattern" ? op.fused.pattern
+            (key == "pattern"  ? op.fused.pattern
              : key == "family" ? op.fused.family
                                : op.fused.norm) = v.str;
           continue;
@@ -383,7 +382,8 @@ private:
     size_t start = 0;
     while (start <= s.size()) {
       size_t comma = s.find(',', start);
-      std::string part = s.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+      std::string part =
+          s.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
       EpilogueStep step;
       std::istringstream words(part);
       std::string w;

@@ -3,8 +3,8 @@
 #include "FpatLexer.h"
 #include "FpatParser.h"
 #include "dsl/AST.h"
+#include "support/antlr/AntlrDiagnostics.h"
 
-#include <antlr4-runtime.h>
 #include <cctype>
 #include <functional>
 #include <map>
@@ -23,57 +23,8 @@ constexpr int kMaxOperatorsPerStmt = 4096;
 constexpr size_t kParseStack = size_t{256} << 20;
 
 SourceLoc tokLoc(int fileId, const Token* t) {
-  SourceLoc loc;
-  if (!t)
-    return loc;
-  loc.file = fileId;
-  loc.line = static_cast<int>(t->getLine());
-  loc.col = static_cast<int>(t->getCharPositionInLine()) + 1;
-  size_t a = t->getStartIndex(), b = t->getStopIndex();
-  loc.len = t->getType() == Token::EOF || b < a ? 1 : static_cast<int>(b - a + 1);
-  return loc;
+  return antlr::tokenLoc(fileId, t);
 }
-
-std::string friendlyTokens(const std::string& msg) {
-  static const std::map<std::string, std::string> names = {
-      {"<EOF>", "end of file"}, {"IDENT", "a name"},    {"INT", "an integer"},
-      {"FLOAT", "a number"},    {"STRING", "a string"}, {"BINDING", "a $binding"}};
-  std::string out;
-  for (size_t i = 0; i < msg.size();) {
-    bool done = false;
-    for (auto& [from, to] : names) {
-      size_t end = i + from.size();
-      bool startOk = i == 0 || !std::isalnum(static_cast<unsigned char>(msg[i - 1]));
-      bool endOk = end >= msg.size() || !std::isalnum(static_cast<unsigned char>(msg[end]));
-      if (startOk && endOk && msg.compare(i, from.size(), from) == 0) {
-        out += to;
-        i = end;
-        done = true;
-        break;
-      }
-    }
-    if (!done)
-      out += msg[i++];
-  }
-  return out;
-}
-
-class ErrorListener : public antlr4::BaseErrorListener {
-public:
-  ErrorListener(int fileId, DiagEngine& diags) : fileId_(fileId), diags_(diags) {}
-  void syntaxError(antlr4::Recognizer*, Token* tok, size_t line, size_t col, const std::string& msg,
-                   std::exception_ptr) override {
-    SourceLoc loc = tok ? tokLoc(fileId_, tok) : SourceLoc{fileId_, int(line), int(col) + 1, 1};
-    if (tok && tok->getType() == FpatLexer::BAD_CHAR)
-      diags_.error(loc, "unexpected character '" + tok->getText() + "'");
-    else
-      diags_.error(loc, "syntax error: " + friendlyTokens(msg));
-  }
-
-private:
-  int fileId_;
-  DiagEngine& diags_;
-};
 
 /// The one visitor: converts each parse-tree node into its AST node.
 class AstBuilder : public FpatBaseVisitor {
@@ -474,7 +425,12 @@ std::unique_ptr<File> parseFile(int fileId, DiagEngine& diags) {
     try {
       antlr4::ANTLRInputStream input(text);
       FpatLexer lexer(&input);
-      ErrorListener listener(fileId, diags);
+      antlr::ErrorListener listener(fileId, diags, FpatLexer::BAD_CHAR,
+                                    {{"IDENT", "a name"},
+                                     {"INT", "an integer"},
+                                     {"FLOAT", "a number"},
+                                     {"STRING", "a string"},
+                                     {"BINDING", "a $binding"}});
       lexer.removeErrorListeners();
       lexer.addErrorListener(&listener);
       antlr4::CommonTokenStream tokens(&lexer);

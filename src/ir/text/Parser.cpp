@@ -3,8 +3,8 @@
 #include "FGraphLexer.h"
 #include "FGraphParser.h"
 #include "ir/text/Text.h"
+#include "support/antlr/AntlrDiagnostics.h"
 
-#include <antlr4-runtime.h>
 #include <cctype>
 #include <map>
 #include <set>
@@ -15,68 +15,7 @@ namespace {
 
 using namespace fpat_fgraph;
 
-SourceLoc tokenLoc(int fileId, const antlr4::Token* t) {
-  SourceLoc loc;
-  if (!t)
-    return loc;
-  loc.file = fileId;
-  loc.line = static_cast<int>(t->getLine());
-  loc.col = static_cast<int>(t->getCharPositionInLine()) + 1;
-  size_t start = t->getStartIndex(), stop = t->getStopIndex();
-  loc.len =
-      t->getType() == antlr4::Token::EOF || stop < start ? 1 : static_cast<int>(stop - start + 1);
-  return loc;
-}
-
-/// ANTLR names tokens by their grammar names; say what they are instead.
-std::string cleanAntlrMessage(const std::string& msg) {
-  static const std::map<std::string, std::string> names = {
-      {"<EOF>", "end of file"}, {"VALUE", "a %value"}, {"IDENT", "a name"},
-      {"INT", "an integer"},    {"FLOAT", "a number"}, {"STRING", "a string"}};
-  std::string out;
-  for (size_t i = 0; i < msg.size();) {
-    bool replaced = false;
-    for (auto& [from, to] : names) {
-      bool wordStart = i == 0 || !std::isalnum(static_cast<unsigned char>(msg[i - 1]));
-      size_t end = i + from.size();
-      bool wordEnd = end >= msg.size() || !std::isalnum(static_cast<unsigned char>(msg[end]));
-      if (wordStart && wordEnd && msg.compare(i, from.size(), from) == 0) {
-        out += to;
-        i = end;
-        replaced = true;
-        break;
-      }
-    }
-    if (!replaced)
-      out += msg[i++];
-  }
-  return out;
-}
-
-/// Routes lexer and parser errors into the diagnostic engine.
-class ErrorListener : public antlr4::BaseErrorListener {
-public:
-  ErrorListener(int fileId, DiagEngine& diags) : fileId_(fileId), diags_(diags) {}
-  void syntaxError(antlr4::Recognizer*, antlr4::Token* offending, size_t line, size_t col,
-                   const std::string& msg, std::exception_ptr) override {
-    SourceLoc loc;
-    if (offending) {
-      loc = tokenLoc(fileId_, offending);
-    } else {
-      loc.file = fileId_;
-      loc.line = static_cast<int>(line);
-      loc.col = static_cast<int>(col) + 1;
-    }
-    if (offending && offending->getType() == FGraphLexer::BAD_CHAR)
-      diags_.error(loc, "unexpected character '" + offending->getText() + "'");
-    else
-      diags_.error(loc, "syntax error: " + cleanAntlrMessage(msg));
-  }
-
-private:
-  int fileId_;
-  DiagEngine& diags_;
-};
+using antlr::tokenLoc;
 
 bool subtreeHasErrors(antlr4::tree::ParseTree* t) {
   if (dynamic_cast<antlr4::tree::ErrorNode*>(t))
@@ -433,7 +372,12 @@ std::optional<Graph> parseGraph(int fileId, DiagEngine& diags, const ActivationS
   }
   antlr4::ANTLRInputStream input(src.text);
   FGraphLexer lexer(&input);
-  ErrorListener listener(fileId, diags);
+  antlr::ErrorListener listener(fileId, diags, FGraphLexer::BAD_CHAR,
+                                {{"VALUE", "a %value"},
+                                 {"IDENT", "a name"},
+                                 {"INT", "an integer"},
+                                 {"FLOAT", "a number"},
+                                 {"STRING", "a string"}});
   lexer.removeErrorListeners();
   lexer.addErrorListener(&listener);
   antlr4::CommonTokenStream tokens(&lexer);

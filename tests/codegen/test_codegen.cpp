@@ -3,6 +3,7 @@
 #define BOOST_TEST_MODULE codegen
 #include "../common/TestGraphs.h"
 #include "codegen/Codegen.h"
+#include "runtime/Executor.h"
 #include "runtime/Nvcc.h"
 
 #include <boost/test/unit_test.hpp>
@@ -176,4 +177,35 @@ BOOST_AUTO_TEST_CASE(concurrent_compiles_share_the_cache_safely) {
     BOOST_TEST(r[0].error.empty());
     BOOST_TEST(fs::file_size(r[0].cubinPath) == fs::file_size(results[0][0].cubinPath));
   }
+}
+
+BOOST_AUTO_TEST_CASE(buffer_plan_reuses_dead_values_only) {
+  // A chain of elementwise ops: each intermediate dies at its only user, so buffers are reused,
+  // but no two values that are live at the same time share one.
+  ir::GraphBuilder b("chain");
+  auto x = b.input("x", {64, 64});
+  auto y = x;
+  for (int i = 0; i < 6; ++i)
+    y = b.add(y, x, "t" + std::to_string(i));
+  b.output(y);
+  ir::Graph g = b.build();
+  runtime::BufferPlan p = runtime::planBuffers(g);
+  BOOST_TEST(p.plannedBytes < p.naiveBytes);
+  auto order = *ir::stableOrder(g);
+  std::vector<size_t> pos(g.size()), last(g.size(), 0);
+  for (size_t i = 0; i < order.size(); ++i)
+    pos[order[i]] = i;
+  for (ir::Vertex v : g.vertices()) {
+    last[v] = g.isOutput(v) || g.op(v).kind == ir::OpKind::Input ? order.size() : pos[v];
+    for (ir::Vertex u : g.users(v))
+      last[v] = std::max(last[v], pos[u]);
+  }
+  for (ir::Vertex a : g.vertices())
+    for (ir::Vertex c : g.vertices())
+      if (a < c && p.slotOf[a] == p.slotOf[c]) {
+        // Sharing is fine only when one value is dead before the other is written.
+        bool disjoint = last[a] < pos[c] || last[c] < pos[a];
+        BOOST_TEST(disjoint, g.op(a).name << " and " << g.op(c).name << " share a buffer");
+      }
+  BOOST_TEST(p.slotOf[*g.find("x")] != p.slotOf[*g.find("t5")]);
 }

@@ -324,6 +324,11 @@ int gpuStages(const FpatcOptions& opts, const ir::Graph& fused, const Patterns& 
       std::ofstream(fs::path(opts.outDir) / std::string(name)) << text;
     return 0;
   }
+  if (runtime::findNvcc({}).empty()) {
+    out << "== nvcc: skipped: nvcc not found (install the CUDA toolkit, put nvcc on PATH or set "
+           "FPAT_NVCC); nothing was compiled or run\n";
+    return opts.requireGpu ? 77 : 0;
+  }
   runtime::BuildResult built = runtime::buildKernels(fused, pats.library, bopts);
   runtime::CompiledGraph& cg = built.graph;
   size_t kernels = 0;

@@ -43,6 +43,13 @@ bool haveNvcc() {
   return !runtime::findNvcc({}).empty();
 }
 
+/// Cases that need nvcc are reported as skipped (not passed) without it.
+boost::test_tools::assertion_result nvccPresent(boost::unit_test::test_unit_id) {
+  boost::test_tools::assertion_result r(haveNvcc());
+  r.message() << "nvcc not found";
+  return r;
+}
+
 } // namespace
 
 BOOST_AUTO_TEST_CASE(every_case_fuses_into_one_kernel) {
@@ -106,11 +113,8 @@ BOOST_AUTO_TEST_CASE(unsupported_ops_are_clear_errors) {
                         });
 }
 
-BOOST_AUTO_TEST_CASE(every_family_compiles_for_sm75_sm80_sm90) {
-  if (!haveNvcc()) {
-    BOOST_TEST_MESSAGE("nvcc not found: nvcc compile tests skipped");
-    return;
-  }
+BOOST_AUTO_TEST_CASE(every_family_compiles_for_sm75_sm80_sm90,
+                     *boost::unit_test::precondition(nvccPresent)) {
   TempDir cache;
   // Aligned and ragged shapes select the 16-byte and the bounds-checked paths.
   for (int arch : {75, 80, 90}) {
@@ -137,11 +141,8 @@ BOOST_AUTO_TEST_CASE(every_family_compiles_for_sm75_sm80_sm90) {
     BOOST_TEST(e.path().string().find(".tmp.") == std::string::npos, e.path());
 }
 
-BOOST_AUTO_TEST_CASE(nvcc_errors_name_the_generated_file_and_line) {
-  if (!haveNvcc()) {
-    BOOST_TEST_MESSAGE("nvcc not found: skipped");
-    return;
-  }
+BOOST_AUTO_TEST_CASE(nvcc_errors_name_the_generated_file_and_line,
+                     *boost::unit_test::precondition(nvccPresent)) {
   TempDir cache;
   codegen::KernelUnit u = unitsFor("mul", {8, 8, 8}, 90).at(0);
   u.name = "fpat_broken";
@@ -156,11 +157,8 @@ BOOST_AUTO_TEST_CASE(nvcc_errors_name_the_generated_file_and_line) {
   BOOST_TEST(!fs::exists(r[0].cubinPath));
 }
 
-BOOST_AUTO_TEST_CASE(concurrent_compiles_share_the_cache_safely) {
-  if (!haveNvcc()) {
-    BOOST_TEST_MESSAGE("nvcc not found: skipped");
-    return;
-  }
+BOOST_AUTO_TEST_CASE(concurrent_compiles_share_the_cache_safely,
+                     *boost::unit_test::precondition(nvccPresent)) {
   TempDir cache;
   auto units = unitsFor("gemm_silu", {64, 64, 64}, 80);
   runtime::NvccOptions o;

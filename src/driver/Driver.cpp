@@ -370,7 +370,7 @@ int gpuStages(const FpatcOptions& opts, const ir::Graph& fused, const Patterns& 
   if (dev.arch != arch) {
     out << "== run: skipped: kernels are for sm_" << arch << " but the GPU is sm_" << dev.arch
         << "\n";
-    return 0;
+    return opts.requireGpu ? 77 : 0;
   }
   runtime::RunResult rr;
   try {
@@ -550,8 +550,12 @@ int runFpatc(const FpatcOptions& opts, std::ostream& out, std::ostream& err) {
       }
     }
   }
-  if (opts.compile)
-    rc |= gpuStages(opts, fused, pats, &inputs, opts.reference ? &vals : nullptr, *g, out, err);
+  if (opts.compile) {
+    // A failure found on the CPU wins over a skip (77) or a pass from the GPU stages.
+    const int gpu = gpuStages(opts, fused, pats, &inputs, opts.reference ? &vals : nullptr, *g,
+                              out, err);
+    rc = rc ? rc : gpu;
+  }
   if (opts.graphviz) {
     out << "== graphviz\n";
     if (int r = writeGraphviz(*g, g->name(), opts, out, err))

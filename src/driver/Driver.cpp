@@ -263,17 +263,19 @@ int gpuStages(const FpatcOptions& opts, const ir::Graph& fused, const Patterns& 
       topts.retune = opts.retune;
       topts.cacheDir = opts.cacheDir;
       topts.jobs = opts.jobs;
+      topts.log = &out;
       for (size_t i = 0; i < ops.size(); ++i) {
         const ir::Op& op = fused.op(ops[i]);
         out << "  [" << i + 1 << "/" << ops.size() << "] %" << op.name << " "
             << (op.kind == ir::OpKind::Fused ? op.fused.pattern : "gemm") << " "
-            << op.type.shapeStr() << ": " << std::flush;
+            << op.type.shapeStr() << ":\n"
+            << std::flush;
         try {
           tune::Choice c = tune::tune(*drv, fused, ops[i], pats.library, cache, topts);
           choices[ops[i]] = c;
           double spent =
               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-          out << (c.source == "cache" ? "cached " : "best ") << c.config.str() << " "
+          out << "    => " << (c.source == "cache" ? "cached " : "best ") << c.config.str() << " "
               << fixed(c.ms, 4) << " ms (heuristic " << fixed(c.heuristicMs, 4) << " ms)";
           if (c.source == "tuned")
             out << ", " << c.tried << " configs tried, " << c.rejected << " rejected";

@@ -173,7 +173,8 @@ Choice tune(cuda::Driver& drv, const ir::Graph& g, ir::Vertex v, const dsl::Patt
     auto reject = [&](const std::string& why) {
       ++best.rejected;
       if (o.log)
-        *o.log << "    " << t.str() << ": rejected: " << why << "\n";
+        *o.log << "    " << i + 1 << "/" << candidates.size() << " " << t.str()
+               << ": rejected: " << why << "\n";
     };
     if (!compiled[i].error.empty()) {
       reject("nvcc failed");
@@ -208,6 +209,9 @@ Choice tune(cuda::Driver& drv, const ir::Graph& g, ir::Vertex v, const dsl::Patt
         best.ms = ms;
         best.config = t;
       }
+      if (o.log)
+        *o.log << "    " << i + 1 << "/" << candidates.size() << " " << t.str() << ": " << ms
+               << " ms (best so far " << best.config.str() << ", " << best.ms << " ms)\n";
     } catch (const cuda::CudaError& e) {
       reject(e.what());
     }

@@ -17,7 +17,7 @@ struct TuneOptions {
   bool retune = false;  // ignore cached results (FPAT_RETUNE=1 does the same)
   std::string cacheDir; // kernel cache for the candidates' cubins
   int jobs = 0;
-  std::ostream* log = nullptr; // one line per rejected or failing candidate
+  std::ostream* log = nullptr; // one line per candidate: time and best so far, or why rejected
 };
 
 struct Choice {

@@ -548,6 +548,7 @@ int main(int argc, char** argv) {
   int candidates = 16, reps = 20;
   std::string only; // a pattern name: benchmark just that one
   bool ffn = true;
+  std::vector<Shape> onlyShapes; // --shape MxNxK (repeatable)
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--quick")
@@ -562,11 +563,19 @@ int main(int argc, char** argv) {
       only = argv[++i];
     else if (a == "--no-ffn")
       ffn = false;
+    else if (a == "--shape" && i + 1 < argc) {
+      Shape sh{};
+      if (std::sscanf(argv[++i], "%ldx%ldx%ld", &sh.m, &sh.n, &sh.k) != 3) {
+        std::cerr << "--shape wants MxNxK\n";
+        return 2;
+      }
+      onlyShapes.push_back(sh);
+    }
     else if (a == "--reps" && i + 1 < argc)
       reps = std::max(20, std::atoi(argv[++i]));
     else {
       std::cerr << "usage: fpat-bench-gemm [--quick] [--only PATTERN] [--no-ffn] [--csv F] "
-                   "[--svg F] [--candidates N] [--reps N>=20]\n";
+                   "[--svg F] [--shape MxNxK]... [--candidates N] [--reps N>=20]\n";
       return 2;
     }
   }
@@ -600,6 +609,8 @@ int main(int argc, char** argv) {
   }
   if (!only.empty())
     patterns = {only};
+  if (!onlyShapes.empty())
+    shapes = onlyShapes;
   std::cout << "# fpat GEMM benchmark on " << drv->device().name << " (sm_" << drv->device().arch
             << ", " << drv->device().sms << " SMs); tuning cache " << cache.path() << "\n\n"
             << std::flush;

@@ -9,7 +9,8 @@ namespace fpat::codegen {
 
 std::string TileConfig::str() const {
   return std::to_string(bm) + "x" + std::to_string(bn) + "x" + std::to_string(bk) + "_w" +
-         std::to_string(bm / wm) + "x" + std::to_string(bn / wn) + "_s" + std::to_string(stages);
+         std::to_string(bm / wm) + "x" + std::to_string(bn / wn) + "_s" + std::to_string(stages) +
+         (mma ? "_mma" : "");
 }
 
 int gemmSmemBytes(const TileConfig& t, bool transB) {
@@ -177,7 +178,8 @@ KernelUnit generate(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibrary&
     u.what = ref(g, v) + " = " + (op.kind == ir::OpKind::Fused ? op.fused.pattern : "gemm") + where;
     const TileConfig& t = u.tile;
     std::vector<std::string> lines = {
-        "family:   " + u.family + " (WMMA, f16 in, f32 accumulate)" +
+        "family:   " + u.family + (t.mma ? " (mma.sync m16n8k16" : " (WMMA") +
+            ", f16 in, f32 accumulate)" +
             (norm ? ", A normalised on load (" + op.fused.norm + ")" : ""),
         "config:   CTA " + std::to_string(t.bm) + "x" + std::to_string(t.bn) + "x" +
             std::to_string(t.bk) + ", warp " + std::to_string(t.wm) + "x" + std::to_string(t.wn) +
@@ -209,7 +211,8 @@ KernelUnit generate(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibrary&
     body << "extern \"C\" __global__ void __launch_bounds__(" << t.threads() << ") " << u.name
          << "(const FpatKernelArgs a) {\n"
          << "  fpat::gemm<Tile, " << (u.transB ? "true" : "false") << ", "
-         << (u.vec ? "true" : "false") << ", " << normKind << ", Epilogue>(a);\n}\n";
+         << (u.vec ? "true" : "false") << ", " << normKind << ", Epilogue"
+         << (t.mma ? ", true" : "") << ">(a);\n}\n";
     u.launches.push_back({Launch::GemmTiles, u.name, t.threads(), gemmSmemBytes(t, u.transB)});
     u.params = acts.params;
     u.source = body.str();

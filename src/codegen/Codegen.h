@@ -20,8 +20,9 @@ public:
 /// GEMM tile configuration: CTA tile BM x BN x BK, warp tile WM x WN, pipeline depth.
 struct TileConfig {
   int bm = 128, bn = 128, bk = 32, wm = 64, wn = 32, stages = 3;
+  bool mma = false; // inner product with mma.sync + ldmatrix (sm_80+) instead of WMMA
   int threads() const { return 32 * (bm / wm) * (bn / wn); }
-  /// `128x128x32_w2x4_s3` (warps along M x N).
+  /// `128x128x32_w2x4_s3` (warps along M x N), `_mma` for the mma.sync backend.
   std::string str() const;
   bool operator==(const TileConfig&) const = default;
 };

@@ -50,6 +50,8 @@ std::string staticReject(const TileConfig& t, bool transB, const DeviceLimits& d
            " accumulator fragments (16 at most: more cannot stay in registers)";
   if (d.arch < 80 && t.stages > 2)
     return "more than 2 stages needs cp.async (sm_80)";
+  if (d.arch < 80 && t.mma)
+    return "the mma.sync backend needs sm_80";
   const int smem = codegen::gemmSmemBytes(t, transB);
   if (smem > d.smemOptin)
     return std::to_string(smem) + " bytes of shared memory (the device allows " +
@@ -75,7 +77,8 @@ std::vector<TileConfig> fullSpace() {
         for (int wm : {32, 64})
           for (int wn : {32, 64})
             for (int stages : {2, 3, 4})
-              out.push_back({bm, bn, bk, wm, wn, stages});
+              for (bool mma : {false, true})
+                out.push_back({bm, bn, bk, wm, wn, stages, mma});
   return out;
 }
 
@@ -183,7 +186,7 @@ nlohmann::json readCache(const std::string& path, bool repair, std::vector<std::
 
 nlohmann::json configJson(const TileConfig& t) {
   return {{"bm", t.bm}, {"bn", t.bn}, {"bk", t.bk},
-          {"wm", t.wm}, {"wn", t.wn}, {"stages", t.stages}};
+          {"wm", t.wm}, {"wn", t.wn}, {"stages", t.stages}, {"mma", t.mma}};
 }
 
 } // namespace
@@ -215,7 +218,8 @@ std::optional<Entry> TuningCache::lookup(const Key& k) {
   try {
     const auto& c = (*it)["config"];
     Entry e;
-    e.config = {c.at("bm"), c.at("bn"), c.at("bk"), c.at("wm"), c.at("wn"), c.at("stages")};
+    e.config = {c.at("bm"), c.at("bn"), c.at("bk"), c.at("wm"), c.at("wn"), c.at("stages"),
+              c.value("mma", false)};
     e.ms = it->value("ms", 0.0);
     e.heuristicMs = it->value("heuristic_ms", 0.0);
     e.candidates = it->value("candidates", 0);

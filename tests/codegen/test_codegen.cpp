@@ -207,3 +207,31 @@ BOOST_AUTO_TEST_CASE(buffer_plan_reuses_dead_values_only) {
       }
   BOOST_TEST(p.slotOf[*g.find("x")] != p.slotOf[*g.find("t5")]);
 }
+
+BOOST_AUTO_TEST_CASE(mma_backend_compiles_for_sm80_sm90,
+                     *boost::unit_test::precondition(nvccPresent)) {
+  TempDir cache;
+  const codegen::TileConfig tiles[] = {{128, 128, 32, 64, 32, 3, true},
+                                       {64, 64, 32, 32, 32, 3, true}};
+  for (int arch : {80, 90}) {
+    std::vector<codegen::KernelUnit> units;
+    for (const char* name : {"gemm", "gemm_bt", "gemm_bias_gelu", "gemm_bias_residual",
+                             "layernorm_gemm", "rmsnorm_gemm"})
+      for (Shape s : {Shape{1024, 4096, 4096}, Shape{17, 100, 1000}})
+        for (const codegen::TileConfig& t : tiles) {
+          ir::Graph f = fuse(caseGraph(name, s));
+          codegen::CodegenOptions o;
+          o.arch = arch;
+          o.tile = &t;
+          codegen::KernelUnit u = codegen::generate(f, f.outputs()[0], builtinLibrary(), o);
+          BOOST_TEST(u.name.find("_mma_") != std::string::npos, u.name);
+          BOOST_TEST(u.source.find("Epilogue, true>(a)") != std::string::npos);
+          units.push_back(std::move(u));
+        }
+    runtime::NvccOptions o;
+    o.arch = arch;
+    o.cacheDir = cache.path.string();
+    for (const runtime::CompiledKernel& k : runtime::compileAll(units, o))
+      BOOST_TEST(k.error.empty(), k.name << ": " << k.error);
+  }
+}

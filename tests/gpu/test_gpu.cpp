@@ -135,6 +135,33 @@ FPAT_GPU_CASE(mul)
 FPAT_GPU_CASE(layernorm)
 FPAT_GPU_CASE(rmsnorm)
 
+BOOST_AUTO_TEST_CASE(mma_backend_matches_the_reference) {
+  // The mma.sync + ldmatrix backend at aligned and ragged shapes, both B layouts, both norms.
+  if (gpu()->device().arch < 80)
+    return;
+  const codegen::TileConfig tiles[] = {{128, 128, 32, 64, 32, 3, true},
+                                       {64, 64, 64, 32, 32, 4, true}};
+  for (const char* name : {"gemm", "gemm_bt", "gemm_bias_gelu", "gemm_bias_residual",
+                           "layernorm_gemm", "rmsnorm_gemm"})
+    for (Shape s :
+         {Shape{64, 64, 64}, Shape{17, 100, 1000}, Shape{1000, 520, 64}, Shape{1, 17, 40}})
+      for (const codegen::TileConfig& t : tiles)
+        BOOST_TEST_CONTEXT(name << " " << s.str() << " " << t.str()) {
+          ir::Graph g = caseGraph(name, s);
+          ir::Graph f = fuse(g);
+          runtime::BuildOptions o = buildOptions();
+          o.tile = &t;
+          runtime::BuildResult b = runtime::buildKernels(f, builtinLibrary(), o);
+          BOOST_TEST_REQUIRE(b.error.empty(), b.error);
+          auto inputs = ir::randomInputs(g, 11);
+          auto want = ir::evaluate(g, inputs, builtinLibrary().referenceActivations());
+          runtime::Executor ex(*gpu(), b.graph);
+          runtime::RunResult r = ex.run(inputs, true);
+          runtime::Agreement a = runtime::compareToReference(r.outputs[0], want[g.outputs()[0]]);
+          BOOST_TEST(a.pass, "max rel err " << a.maxRel << ", non-finite " << a.nonFinite);
+        }
+}
+
 BOOST_AUTO_TEST_CASE(poisoned_outputs_catch_unwritten_elements) {
   // A kernel that leaves elements unwritten must fail validation: tell the GEMM it has only
   // half of its 64 rows, so rows 32..63 keep the poison.

@@ -65,9 +65,54 @@ __device__ __forceinline__ void normalise8(float* v, int64_t r, int64_t k, int64
   }
 }
 
+// The mma.sync path (sm_80+): ldmatrix fragments from the same padded tiles, m16n8k16 MMAs.
+__device__ __forceinline__ void ldmatrixX4(unsigned* r, const void* p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+#else
+  (void)r;
+  (void)p;
+  __trap();
+#endif
+}
+
+__device__ __forceinline__ void ldmatrixX4Trans(unsigned* r, const void* p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+#else
+  (void)r;
+  (void)p;
+  __trap();
+#endif
+}
+
+/// c (16x8, f32) += a (16x16, f16, row) * b (16x8, f16, col).
+__device__ __forceinline__ void mma16816(float* c, const unsigned* a, unsigned b0, unsigned b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+               "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+  (void)c;
+  (void)a;
+  (void)b0;
+  (void)b1;
+  __trap();
+#endif
+}
+
 } // namespace detail
 
-template <class T, bool TRANS_B, bool VEC, int NORM, class Epilogue>
+/// MMA selects the backend of the inner product: false, WMMA (sm_75+); true, mma.sync m16n8k16
+/// with ldmatrix (sm_80+). Loads, pipeline and epilogue are shared.
+template <class T, bool TRANS_B, bool VEC, int NORM, class Epilogue, bool MMA = false>
 __device__ __forceinline__ void gemm(const FpatKernelArgs& args) {
   using namespace nvcuda;
   constexpr int BM = T::BM, BN = T::BN, BK = T::BK, S = T::STAGES;
@@ -257,33 +302,74 @@ __device__ __forceinline__ void gemm(const FpatKernelArgs& args) {
   using LayoutB = typename std::conditional<TRANS_B, wmma::col_major, wmma::row_major>::type;
   using FragB = wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, LayoutB>;
   using FragC = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
-  FragC acc[T::FM][T::FN];
+  FragC acc[MMA ? 1 : T::FM][MMA ? 1 : T::FN];
+  if constexpr (!MMA) {
 #pragma unroll
-  for (int i = 0; i < T::FM; ++i)
+    for (int i = 0; i < T::FM; ++i)
 #pragma unroll
-    for (int j = 0; j < T::FN; ++j)
-      wmma::fill_fragment(acc[i][j], 0.0f);
+      for (int j = 0; j < T::FN; ++j)
+        wmma::fill_fragment(acc[i][j], 0.0f);
+  }
+
+  // mma.sync accumulators: per 16x16 block, two 16x8 tiles of 4 floats each.
+  float mc[MMA ? T::FM : 1][MMA ? T::FN : 1][8];
+  if constexpr (MMA) {
+#pragma unroll
+    for (int i = 0; i < T::FM; ++i)
+#pragma unroll
+      for (int j = 0; j < T::FN; ++j)
+#pragma unroll
+        for (int e = 0; e < 8; ++e)
+          mc[i][j][e] = 0.0f;
+  }
 
   auto compute = [&](int stage) {
     const __half* a = sA + stage * A_STAGE + warpM * T::WM * LDA;
     const __half* b = sB + stage * B_STAGE;
+    if constexpr (MMA) {
 #pragma unroll
-    for (int kk = 0; kk < BK; kk += 16) {
-      FragA fa[T::FM];
-      FragB fb[T::FN];
+      for (int kk = 0; kk < BK; kk += 16) {
+        unsigned af[T::FM][4], bf[T::FN][4];
 #pragma unroll
-      for (int i = 0; i < T::FM; ++i)
-        wmma::load_matrix_sync(fa[i], a + i * 16 * LDA + kk, LDA);
+        for (int i = 0; i < T::FM; ++i)
+          detail::ldmatrixX4(af[i], a + (i * 16 + lane % 16) * LDA + kk + (lane / 16) * 8);
 #pragma unroll
-      for (int j = 0; j < T::FN; ++j) {
-        const int n = warpN * T::WN + j * 16;
-        wmma::load_matrix_sync(fb[j], TRANS_B ? b + n * LDB + kk : b + kk * LDB + n, LDB);
+        for (int j = 0; j < T::FN; ++j) {
+          const int n0 = warpN * T::WN + j * 16;
+          if (TRANS_B) // B^T tile [n][k]: plain ldmatrix gives the column-major fragment
+            detail::ldmatrixX4(bf[j], b + (n0 + lane % 8 + (lane / 16) * 8) * LDB + kk +
+                                          ((lane / 8) % 2) * 8);
+          else // B tile [k][n]: transposing ldmatrix
+            detail::ldmatrixX4Trans(bf[j], b + (kk + lane % 8 + ((lane / 8) % 2) * 8) * LDB + n0 +
+                                               (lane / 16) * 8);
+        }
+#pragma unroll
+        for (int i = 0; i < T::FM; ++i)
+#pragma unroll
+          for (int j = 0; j < T::FN; ++j) {
+            detail::mma16816(mc[i][j], af[i], bf[j][0], bf[j][1]);
+            detail::mma16816(mc[i][j] + 4, af[i], bf[j][2], bf[j][3]);
+          }
       }
+    } else {
 #pragma unroll
-      for (int i = 0; i < T::FM; ++i)
+      for (int kk = 0; kk < BK; kk += 16) {
+        FragA fa[T::FM];
+        FragB fb[T::FN];
 #pragma unroll
-        for (int j = 0; j < T::FN; ++j)
-          wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+        for (int i = 0; i < T::FM; ++i)
+          wmma::load_matrix_sync(fa[i], a + i * 16 * LDA + kk, LDA);
+#pragma unroll
+        for (int j = 0; j < T::FN; ++j) {
+          const int n = warpN * T::WN + j * 16;
+          wmma::load_matrix_sync(fb[j], TRANS_B ? b + n * LDB + kk : b + kk * LDB + n, LDB);
+        }
+#pragma unroll
+        for (int i = 0; i < T::FM; ++i)
+#pragma unroll
+          for (int j = 0; j < T::FN; ++j)
+            wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+      }
     }
   };
 
@@ -330,7 +416,20 @@ __device__ __forceinline__ void gemm(const FpatKernelArgs& args) {
   for (int i = 0; i < T::FM; ++i)
 #pragma unroll
     for (int j = 0; j < T::FN; ++j) {
-      wmma::store_matrix_sync(scratch, acc[i][j], 20, wmma::mem_row_major);
+      if constexpr (MMA) {
+        // m16n8 accumulator layout: c0, c1 at (lane / 4, 2 * (lane % 4) + {0, 1}), c2, c3 eight
+        // rows further down; two such tiles side by side make the 16x16 block.
+        const int rr = lane / 4, cc = (lane % 4) * 2;
+#pragma unroll
+        for (int t = 0; t < 2; ++t) {
+          scratch[rr * 20 + t * 8 + cc] = mc[i][j][4 * t];
+          scratch[rr * 20 + t * 8 + cc + 1] = mc[i][j][4 * t + 1];
+          scratch[(rr + 8) * 20 + t * 8 + cc] = mc[i][j][4 * t + 2];
+          scratch[(rr + 8) * 20 + t * 8 + cc + 1] = mc[i][j][4 * t + 3];
+        }
+      } else {
+        wmma::store_matrix_sync(scratch, acc[i][j], 20, wmma::mem_row_major);
+      }
       __syncwarp();
       const int r = lane / 2, c = (lane % 2) * 8;
       const int64_t gr = row0 + warpM * T::WM + i * 16 + r;

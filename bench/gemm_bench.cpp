@@ -6,7 +6,8 @@
 // each checked against the CPU reference on sampled rows. Then the SwiGLU FFN block end to end.
 // Writes a markdown table (stdout), a CSV and an SVG plot.
 //
-//   fpat-bench-gemm [--quick] [--csv F] [--svg F] [--candidates N] [--reps N]
+//   fpat-bench-gemm [--quick] [--only PATTERN] [--no-ffn] [--shape MxNxK]... [--csv F] [--svg F]
+//                   [--candidates N] [--configs LIST] [--reps N]
 #include "../tests/common/TestGraphs.h"
 #include "ir/Reference.h"
 #include "runtime/Pipeline.h"
@@ -549,6 +550,7 @@ int main(int argc, char** argv) {
   std::string only; // a pattern name: benchmark just that one
   bool ffn = true;
   std::vector<Shape> onlyShapes; // --shape MxNxK (repeatable)
+  std::vector<codegen::TileConfig> configs;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--quick")
@@ -561,7 +563,19 @@ int main(int argc, char** argv) {
       candidates = std::atoi(argv[++i]);
     else if (a == "--only" && i + 1 < argc)
       only = argv[++i];
-    else if (a == "--no-ffn")
+    else if (a == "--configs" && i + 1 < argc) {
+      // Comma-separated configuration names (128x128x32_w2x4_s3[_mma]) to time instead of the
+      // search space; the heuristic's choice is always timed too.
+      std::stringstream list(argv[++i]);
+      for (std::string item; std::getline(list, item, ',');) {
+        auto t = codegen::TileConfig::parse(item);
+        if (!t) {
+          std::cerr << "--configs: '" << item << "' is not a configuration name\n";
+          return 2;
+        }
+        configs.push_back(*t);
+      }
+    } else if (a == "--no-ffn")
       ffn = false;
     else if (a == "--shape" && i + 1 < argc) {
       Shape sh{};
@@ -570,12 +584,12 @@ int main(int argc, char** argv) {
         return 2;
       }
       onlyShapes.push_back(sh);
-    }
-    else if (a == "--reps" && i + 1 < argc)
+    } else if (a == "--reps" && i + 1 < argc)
       reps = std::max(20, std::atoi(argv[++i]));
     else {
-      std::cerr << "usage: fpat-bench-gemm [--quick] [--only PATTERN] [--no-ffn] [--csv F] "
-                   "[--svg F] [--shape MxNxK]... [--candidates N] [--reps N>=20]\n";
+      std::cerr
+          << "usage: fpat-bench-gemm [--quick] [--only PATTERN] [--no-ffn] [--csv F] "
+             "[--svg F] [--shape MxNxK]... [--candidates N] [--configs LIST] [--reps N>=20]\n";
       return 2;
     }
   }
@@ -593,6 +607,9 @@ int main(int argc, char** argv) {
   tune::TuningCache cache;
   env.cache = &cache;
   env.topts.maxCandidates = static_cast<size_t>(candidates);
+  env.topts.configs = configs;
+  if (!configs.empty())
+    env.topts.log = &std::cerr; // an experiment wants every candidate's time
   env.topts.reps = reps;
   env.reps = reps;
   env.l2 = static_cast<size_t>(drv->device().l2Bytes);

@@ -1,6 +1,7 @@
 #include "codegen/Codegen.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <functional>
 #include <set>
 #include <sstream>
@@ -13,6 +14,25 @@ std::string TileConfig::str() const {
          (mma ? "_mma" : "");
 }
 
+std::optional<TileConfig> TileConfig::parse(const std::string& text) {
+  TileConfig t;
+  int warpsM = 0, warpsN = 0, used = 0;
+  if (std::sscanf(text.c_str(), "%dx%dx%d_w%dx%d_s%d%n", &t.bm, &t.bn, &t.bk, &warpsM, &warpsN,
+                  &t.stages, &used) != 6)
+    return std::nullopt;
+  const std::string rest = text.substr(static_cast<size_t>(used));
+  if (rest == "_mma")
+    t.mma = true;
+  else if (!rest.empty())
+    return std::nullopt;
+  if (t.bm <= 0 || t.bn <= 0 || t.bk <= 0 || warpsM <= 0 || warpsN <= 0 || t.stages <= 0 ||
+      t.bm % warpsM || t.bn % warpsN)
+    return std::nullopt;
+  t.wm = t.bm / warpsM;
+  t.wn = t.bn / warpsN;
+  return t;
+}
+
 int gemmSmemBytes(const TileConfig& t, bool transB) {
   const int pad = 8;
   int a = t.bm * (t.bk + pad);
@@ -23,12 +43,31 @@ int gemmSmemBytes(const TileConfig& t, bool transB) {
 }
 
 TileConfig defaultTile(int64_t m, int64_t n, int arch, int numSms) {
-  TileConfig big{128, 128, 32, 64, 32, arch >= 80 ? 3 : 2};
-  const int64_t tiles = ((m + 127) / 128) * ((n + 127) / 128);
-  if (tiles >= numSms)
+  auto tiles = [&](int bm, int bn) { return ((m + bm - 1) / bm) * ((n + bn - 1) / bn); };
+  if (arch < 80) { // no cp.async: the register path, two stages
+    if (tiles(128, 128) >= numSms)
+      return TileConfig{128, 128, 32, 64, 32, 2};
+    return TileConfig{64, 64, 32, 32, 32, 2};
+  }
+  // sm_80+: the software-pipelined cp.async loop with 64x64 warp tiles and 64-deep k-tiles,
+  // the fastest family measured on the H200 (bench/RESULTS.md), where the device's opt-in
+  // shared memory holds three stages of it (sm_80/sm_90: yes; sm_86/sm_89, 99 KB: no).
+  const int smemOptin = arch == 80 || arch == 87 ? 166912 : arch >= 90 ? 232448 : 101376;
+  auto fits = [&](const TileConfig& t) {
+    return std::max(gemmSmemBytes(t, false), gemmSmemBytes(t, true)) <= smemOptin;
+  };
+  const TileConfig wide{128, 256, 64, 64, 64, 3}, tall{256, 128, 64, 64, 64, 3};
+  const TileConfig& big = n >= m ? wide : tall;
+  auto fills = [&](int bm, int bn) { return tiles(bm, bn) * 10 >= numSms * 9; }; // one wave, 90%
+  if (fits(big) && fills(big.bm, big.bn))
     return big;
+  const TileConfig mid{128, 128, 64, 64, 64, 3};
+  if (fits(mid) && fills(128, 128))
+    return mid;
+  if (tiles(128, 128) >= numSms)
+    return TileConfig{128, 128, 32, 64, 64, 3};
   // Fewer tiles than SMs: 64x64 tiles give four times as many CTAs.
-  return TileConfig{64, 64, 32, 32, 32, arch >= 80 ? 3 : 2};
+  return TileConfig{64, 64, 32, 32, 32, 3};
 }
 
 namespace {

@@ -6,6 +6,7 @@
 #include "ir/Graph.h"
 
 #include <map>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -24,6 +25,8 @@ struct TileConfig {
   int threads() const { return 32 * (bm / wm) * (bn / wn); }
   /// `128x128x32_w2x4_s3` (warps along M x N), `_mma` for the mma.sync backend.
   std::string str() const;
+  /// The inverse of str(); nullopt for text that is not a configuration name.
+  static std::optional<TileConfig> parse(const std::string& text);
   bool operator==(const TileConfig&) const = default;
 };
 

@@ -93,15 +93,30 @@ std::vector<TileConfig> searchSpace(const DeviceLimits& d, bool transB, int64_t 
   for (const TileConfig& t : fullSpace())
     if (staticReject(t, transB, d).empty() && fitsProblem(t) && !(t == heuristic))
       ok.push_back(t);
-  // Rank by how well the grid fills the GPU (fewest idle CTA slots in the last wave, with
-  // about two CTAs per SM), then by larger tiles (more reuse per byte loaded).
+  // Rank by how well the grid fills the GPU (fewest idle CTA slots in the last wave, with the
+  // CTAs per SM that shared memory and an estimate of the registers allow), then by larger
+  // warp tiles (fewer fragment loads per MMA: the main loop's limit), larger CTA tiles (more
+  // reuse per byte loaded) and deeper k-tiles. The estimate: accumulators, two k steps of
+  // fragments and about 40 registers of addresses and indices per thread.
+  auto ctasPerSm = [&](const TileConfig& t) {
+    const int frags = (t.wm / 16) * (t.wn / 16);
+    const int regs = std::min(255, 40 + 8 * frags + 2 * 4 * (t.wm / 16 + t.wn / 16));
+    const int byRegs = 65536 / (regs * t.threads());
+    const int bySmem = d.smemOptin / std::max(1, codegen::gemmSmemBytes(t, transB));
+    return std::max(0, std::min({byRegs, bySmem, 2}));
+  };
   auto score = [&](const TileConfig& t) {
+    const int per = ctasPerSm(t);
+    if (per == 0) // would spill or not launch: last
+      return -1.0;
     const double tiles =
         static_cast<double>((m + t.bm - 1) / t.bm) * static_cast<double>((n + t.bn - 1) / t.bn);
-    const double slots = 2.0 * d.sms;
+    const double slots = static_cast<double>(per) * d.sms;
     const double waves = std::ceil(tiles / slots);
     const double fill = tiles / (waves * slots);
-    return fill + 0.05 * std::log2(static_cast<double>(t.bm) * t.bn) + 0.01 * t.stages;
+    return fill + 0.05 * std::log2(static_cast<double>(t.wm) * t.wn) +
+           0.03 * std::log2(static_cast<double>(t.bm) * t.bn) + 0.02 * (t.bk / 32) +
+           0.01 * t.stages;
   };
   std::stable_sort(ok.begin(), ok.end(),
                    [&](const TileConfig& a, const TileConfig& b) { return score(a) > score(b); });
@@ -185,8 +200,8 @@ nlohmann::json readCache(const std::string& path, bool repair, std::vector<std::
 }
 
 nlohmann::json configJson(const TileConfig& t) {
-  return {{"bm", t.bm}, {"bn", t.bn}, {"bk", t.bk},
-          {"wm", t.wm}, {"wn", t.wn}, {"stages", t.stages}, {"mma", t.mma}};
+  return {{"bm", t.bm}, {"bn", t.bn},         {"bk", t.bk},  {"wm", t.wm},
+          {"wn", t.wn}, {"stages", t.stages}, {"mma", t.mma}};
 }
 
 } // namespace
@@ -218,8 +233,8 @@ std::optional<Entry> TuningCache::lookup(const Key& k) {
   try {
     const auto& c = (*it)["config"];
     Entry e;
-    e.config = {c.at("bm"), c.at("bn"), c.at("bk"), c.at("wm"), c.at("wn"), c.at("stages"),
-              c.value("mma", false)};
+    e.config = {c.at("bm"), c.at("bn"),     c.at("bk"),           c.at("wm"),
+                c.at("wn"), c.at("stages"), c.value("mma", false)};
     e.ms = it->value("ms", 0.0);
     e.heuristicMs = it->value("heuristic_ms", 0.0);
     e.candidates = it->value("candidates", 0);

@@ -99,7 +99,7 @@ Choice tune(cuda::Driver& drv, const ir::Graph& g, ir::Vertex v, const dsl::Patt
   const DeviceLimits lim = DeviceLimits::from(drv.device());
   const std::string nvcc = runtime::nvccVersion(runtime::findNvcc({}));
   const Key key = keyFor(g, v, lib, lim.arch, nvcc);
-  if (!o.retune && !retuneFromEnvironment())
+  if (!o.retune && !retuneFromEnvironment() && o.configs.empty())
     if (auto e = cache.lookup(key)) {
       Choice c;
       c.config = e->config;
@@ -115,8 +115,20 @@ Choice tune(cuda::Driver& drv, const ir::Graph& g, ir::Vertex v, const dsl::Patt
   base.arch = lim.arch;
   base.sms = lim.sms;
   const codegen::KernelUnit probe = codegen::generate(sub, subOp, lib, base);
-  std::vector<TileConfig> candidates =
-      searchSpace(lim, probe.transB, probe.M, probe.N, o.maxCandidates);
+  std::vector<TileConfig> candidates;
+  if (o.configs.empty())
+    candidates = searchSpace(lim, probe.transB, probe.M, probe.N, o.maxCandidates);
+  else // the heuristic first, as in the search space, so that it is always reported
+    candidates = {codegen::defaultTile(probe.M, probe.N, lim.arch, lim.sms)};
+  for (const TileConfig& t : o.configs)
+    if (std::find(candidates.begin(), candidates.end(), t) != candidates.end())
+      continue;
+    else if (staticReject(t, probe.transB, lim).empty())
+      candidates.push_back(t);
+    else if (o.log)
+      *o.log << "  " << t.str() << ": " << staticReject(t, probe.transB, lim) << "\n";
+  if (candidates.empty())
+    throw std::runtime_error("no candidate configuration fits the device");
 
   // Every candidate's kernel, compiled together.
   std::vector<codegen::KernelUnit> units;
@@ -218,7 +230,8 @@ Choice tune(cuda::Driver& drv, const ir::Graph& g, ir::Vertex v, const dsl::Patt
   }
   if (!std::isfinite(best.ms))
     throw std::runtime_error("no configuration of %" + op.name + " ran correctly");
-  cache.store(key, Entry{best.config, best.ms, best.heuristicMs, best.tried});
+  if (o.configs.empty()) // a hand-picked list is an experiment, not a tuning result
+    cache.store(key, Entry{best.config, best.ms, best.heuristicMs, best.tried});
   return best;
 }
 

@@ -12,6 +12,9 @@ namespace fpat::tune {
 
 struct TuneOptions {
   size_t maxCandidates = 24;
+  /// Candidates to time instead of the search space (experiments); each is still checked
+  /// against the device limits.
+  std::vector<codegen::TileConfig> configs;
   int warmup = 3;
   int reps = 20;        // timed runs per candidate; the median is kept
   bool retune = false;  // ignore cached results (FPAT_RETUNE=1 does the same)

@@ -59,11 +59,27 @@ BOOST_AUTO_TEST_CASE(every_case_fuses_into_one_kernel) {
   }
 }
 
+BOOST_AUTO_TEST_CASE(configuration_names_parse_back) {
+  for (const codegen::TileConfig& t :
+       {codegen::TileConfig{128, 256, 64, 64, 64, 3}, codegen::TileConfig{64, 64, 32, 32, 32, 2},
+        codegen::TileConfig{256, 128, 64, 64, 64, 4, true}}) {
+    auto back = codegen::TileConfig::parse(t.str());
+    BOOST_REQUIRE(back.has_value());
+    BOOST_TEST((*back == t), t.str());
+  }
+  for (const char* bad : {"", "128x128x32", "128x128x32_w2x4_s3_", "128x128x32_w2x4_s3_mmax",
+                          "128x128x32_w3x4_s3", "128x128x32_w0x4_s3", "-128x128x32_w2x4_s3"})
+    BOOST_TEST(!codegen::TileConfig::parse(bad).has_value(), bad);
+}
+
 BOOST_AUTO_TEST_CASE(names_encode_the_configuration) {
   auto u = unitsFor("gemm_bias_gelu", {1024, 4096, 4096}, 90).at(0);
-  BOOST_TEST(u.name == "fpat_gemm_bias_gelu_sm90_128x128x32_w2x4_s3_vec");
+  BOOST_TEST(u.name == "fpat_gemm_bias_gelu_sm90_128x256x64_w2x4_s3_vec");
   BOOST_TEST(u.launches.at(0).entry == u.name);
   BOOST_TEST(u.launches.at(0).threads == 256);
+  // sm_86 cannot hold three stages of that tile (99 KB of shared memory).
+  auto small = unitsFor("gemm_bias_gelu", {1024, 4096, 4096}, 86).at(0);
+  BOOST_TEST(small.name == "fpat_gemm_bias_gelu_sm86_128x128x32_w2x2_s3_vec");
   auto ragged = unitsFor("gemm_bias_gelu", {17, 100, 1000}, 80).at(0);
   BOOST_TEST(ragged.name == "fpat_gemm_bias_gelu_sm80_64x64x32_w2x2_s3_any");
   BOOST_TEST(!ragged.vec);

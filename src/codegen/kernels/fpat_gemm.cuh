@@ -171,7 +171,37 @@ __device__ __forceinline__ void gemm(const FpatKernelArgs& args) {
     x = (c % per) * 8;
   };
 
+  // The cp.async path: the rows and columns a thread copies are the same in every k-tile
+  // (THREADS is a multiple of the chunks per tile row), so addresses and row predicates are
+  // computed once here and a k-tile only adds its offset. This keeps 64-bit index arithmetic
+  // and branches out of the main loop, where they compete with the MMAs for issue slots.
+  constexpr int A_PER_ROW = BK / 8, A_ROW_STEP = T::THREADS / A_PER_ROW;
+  static_assert(T::THREADS % A_PER_ROW == 0, "a thread's A chunks must share a column");
+  const int aRow = tid / A_PER_ROW, aCol = (tid % A_PER_ROW) * 8;
+  const __half* aSrc = A + (row0 + aRow) * K + aCol; // chunk i adds i * A_ROW_STEP rows
+  const int64_t aRowsLeft = M - row0 - aRow;         // chunk i is in range if i*STEP < this
+  constexpr int B_PER_ROW = (TRANS_B ? BK : BN) / 8, B_ROW_STEP = T::THREADS / B_PER_ROW;
+  static_assert(T::THREADS % B_PER_ROW == 0, "a thread's B chunks must share a column");
+  const int bRow = tid / B_PER_ROW, bCol = (tid % B_PER_ROW) * 8;
+  // TRANS_B: rows are n and columns k; otherwise rows are k and columns n.
+  const __half* bSrc = TRANS_B ? B + (col0 + bRow) * K + bCol : B + bRow * N + col0 + bCol;
+  const bool bColIn = TRANS_B || col0 + bCol < N;
+  const int64_t bRowsLeft = TRANS_B ? N - col0 - bRow : 0;
+
   auto loadA = [&](int kt, int stage, bool toRegs) {
+    if (ASYNC_A && !toRegs) {
+      const bool kIn = static_cast<int64_t>(kt) * BK + aCol < K;
+      __half* dst = sA + stage * A_STAGE + aRow * LDA + aCol;
+#pragma unroll
+      for (int i = 0; i < A_ITERS; ++i) {
+        if (A_CHUNKS % T::THREADS != 0 && tid + i * T::THREADS >= A_CHUNKS)
+          break;
+        const bool in = kIn && i * A_ROW_STEP < aRowsLeft;
+        const __half* src = aSrc + static_cast<int64_t>(i) * A_ROW_STEP * K + kt * BK;
+        cp_async_16(dst + i * A_ROW_STEP * LDA, in ? src : A, in ? 16 : 0);
+      }
+      return;
+    }
 #pragma unroll
     for (int i = 0; i < A_ITERS; ++i) {
       int c = tid + i * T::THREADS;
@@ -181,11 +211,6 @@ __device__ __forceinline__ void gemm(const FpatKernelArgs& args) {
       aChunk(c, r, k);
       const int64_t gr = row0 + r, gk = static_cast<int64_t>(kt) * BK + k;
       __half* dst = sA + stage * A_STAGE + r * LDA + k;
-      if (ASYNC_A && !toRegs) {
-        bool in = gr < M && gk < K;
-        cp_async_16(dst, in ? A + gr * K + gk : A, in ? 16 : 0);
-        continue;
-      }
       Half8 v;
       if (VEC) {
         v.u = gr < M && gk < K ? *reinterpret_cast<const uint4*>(A + gr * K + gk)
@@ -250,6 +275,21 @@ __device__ __forceinline__ void gemm(const FpatKernelArgs& args) {
     }
   };
   auto loadB = [&](int kt, int stage, bool toRegs) {
+    if (ASYNC_B && !toRegs) {
+      __half* dst = sB + stage * B_STAGE + bRow * LDB + bCol;
+#pragma unroll
+      for (int i = 0; i < B_ITERS; ++i) {
+        if (B_CHUNKS % T::THREADS != 0 && tid + i * T::THREADS >= B_CHUNKS)
+          break;
+        const int64_t k0 = static_cast<int64_t>(kt) * BK;
+        const bool in = TRANS_B ? i * B_ROW_STEP < bRowsLeft && k0 + bCol < K
+                                : bColIn && k0 + bRow + i * B_ROW_STEP < K;
+        const __half* src = TRANS_B ? bSrc + static_cast<int64_t>(i) * B_ROW_STEP * K + k0
+                                    : bSrc + (k0 + i * B_ROW_STEP) * N;
+        cp_async_16(dst + i * B_ROW_STEP * LDB, in ? src : B, in ? 16 : 0);
+      }
+      return;
+    }
 #pragma unroll
     for (int i = 0; i < B_ITERS; ++i) {
       int c = tid + i * T::THREADS;
@@ -264,11 +304,6 @@ __device__ __forceinline__ void gemm(const FpatKernelArgs& args) {
       const __half* src = TRANS_B ? B + gn * ld + gk : B + gk * ld + gn;
       __half* dst = sB + stage * B_STAGE + r * LDB + x;
       const bool inRow = TRANS_B ? gn < N : gk < K;
-      if (ASYNC_B && !toRegs) {
-        bool in = inRow && (TRANS_B ? gk < K : gn < N);
-        cp_async_16(dst, in ? src : B, in ? 16 : 0);
-        continue;
-      }
       Half8 v;
       if (VEC) {
         bool in = inRow && (TRANS_B ? gk < K : gn < N);
@@ -323,53 +358,59 @@ __device__ __forceinline__ void gemm(const FpatKernelArgs& args) {
           mc[i][j][e] = 0.0f;
   }
 
-  auto compute = [&](int stage) {
+  // Fragments of one 16-deep k step: WMMA fragments, or ldmatrix registers for mma.sync.
+  struct Frags {
+    FragA a[MMA ? 1 : T::FM];
+    FragB b[MMA ? 1 : T::FN];
+    unsigned ma[MMA ? T::FM : 1][4], mb[MMA ? T::FN : 1][4];
+  };
+  auto loadFrags = [&](Frags& f, int stage, int kk) {
     const __half* a = sA + stage * A_STAGE + warpM * T::WM * LDA;
     const __half* b = sB + stage * B_STAGE;
     if constexpr (MMA) {
 #pragma unroll
-      for (int kk = 0; kk < BK; kk += 16) {
-        unsigned af[T::FM][4], bf[T::FN][4];
+      for (int i = 0; i < T::FM; ++i)
+        detail::ldmatrixX4(f.ma[i], a + (i * 16 + lane % 16) * LDA + kk + (lane / 16) * 8);
 #pragma unroll
-        for (int i = 0; i < T::FM; ++i)
-          detail::ldmatrixX4(af[i], a + (i * 16 + lane % 16) * LDA + kk + (lane / 16) * 8);
-#pragma unroll
-        for (int j = 0; j < T::FN; ++j) {
-          const int n0 = warpN * T::WN + j * 16;
-          if (TRANS_B) // B^T tile [n][k]: plain ldmatrix gives the column-major fragment
-            detail::ldmatrixX4(bf[j], b + (n0 + lane % 8 + (lane / 16) * 8) * LDB + kk +
+      for (int j = 0; j < T::FN; ++j) {
+        const int n0 = warpN * T::WN + j * 16;
+        if (TRANS_B) // B^T tile [n][k]: plain ldmatrix gives the column-major fragment
+          detail::ldmatrixX4(f.mb[j], b + (n0 + lane % 8 + (lane / 16) * 8) * LDB + kk +
                                           ((lane / 8) % 2) * 8);
-          else // B tile [k][n]: transposing ldmatrix
-            detail::ldmatrixX4Trans(bf[j], b + (kk + lane % 8 + ((lane / 8) % 2) * 8) * LDB + n0 +
+        else // B tile [k][n]: transposing ldmatrix
+          detail::ldmatrixX4Trans(f.mb[j], b + (kk + lane % 8 + ((lane / 8) % 2) * 8) * LDB + n0 +
                                                (lane / 16) * 8);
-        }
-#pragma unroll
-        for (int i = 0; i < T::FM; ++i)
-#pragma unroll
-          for (int j = 0; j < T::FN; ++j) {
-            detail::mma16816(mc[i][j], af[i], bf[j][0], bf[j][1]);
-            detail::mma16816(mc[i][j] + 4, af[i], bf[j][2], bf[j][3]);
-          }
       }
     } else {
 #pragma unroll
-      for (int kk = 0; kk < BK; kk += 16) {
-        FragA fa[T::FM];
-        FragB fb[T::FN];
+      for (int i = 0; i < T::FM; ++i)
+        wmma::load_matrix_sync(f.a[i], a + i * 16 * LDA + kk, LDA);
 #pragma unroll
-        for (int i = 0; i < T::FM; ++i)
-          wmma::load_matrix_sync(fa[i], a + i * 16 * LDA + kk, LDA);
-#pragma unroll
-        for (int j = 0; j < T::FN; ++j) {
-          const int n = warpN * T::WN + j * 16;
-          wmma::load_matrix_sync(fb[j], TRANS_B ? b + n * LDB + kk : b + kk * LDB + n, LDB);
-        }
-#pragma unroll
-        for (int i = 0; i < T::FM; ++i)
-#pragma unroll
-          for (int j = 0; j < T::FN; ++j)
-            wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+      for (int j = 0; j < T::FN; ++j) {
+        const int n = warpN * T::WN + j * 16;
+        wmma::load_matrix_sync(f.b[j], TRANS_B ? b + n * LDB + kk : b + kk * LDB + n, LDB);
       }
+    }
+  };
+  auto multiply = [&](const Frags& f) {
+#pragma unroll
+    for (int i = 0; i < T::FM; ++i)
+#pragma unroll
+      for (int j = 0; j < T::FN; ++j) {
+        if constexpr (MMA) {
+          detail::mma16816(mc[i][j], f.ma[i], f.mb[j][0], f.mb[j][1]);
+          detail::mma16816(mc[i][j] + 4, f.ma[i], f.mb[j][2], f.mb[j][3]);
+        } else {
+          wmma::mma_sync(acc[i][j], f.a[i], f.b[j], acc[i][j]);
+        }
+      }
+  };
+  auto compute = [&](int stage) {
+#pragma unroll
+    for (int kk = 0; kk < BK; kk += 16) {
+      Frags f;
+      loadFrags(f, stage, kk);
+      multiply(f);
     }
   };
 
@@ -382,26 +423,62 @@ __device__ __forceinline__ void gemm(const FpatKernelArgs& args) {
     }
     cp_async_commit();
   }
-  for (int kt = 0; kt < KT; ++kt) {
+  if constexpr (ASYNC_A && ASYNC_B && NORM == 0 && BK >= 32) {
+    // Software-pipelined (the CUTLASS multistage scheme): fragments of the next k step are
+    // loaded while the current one multiplies, across the k-tile boundary too, so the barrier
+    // and the shared-memory latency hide behind MMAs. The barrier sits before the last k step
+    // of a tile: the next tile has landed (wait), and every warp has loaded its last fragments
+    // of this tile's predecessor, whose stage the next k-tile's copies overwrite.
+    constexpr int KSTEPS = BK / 16;
+    Frags f[2];
     cp_async_wait<S - 2>();
     __syncthreads();
-    const int next = kt + S - 1, nextStage = next % S;
-    const bool more = next < KT;
-    if (more) {
-      loadA(next, nextStage, !ASYNC_A);
-      loadB(next, nextStage, !ASYNC_B);
+    loadFrags(f[0], 0, 0);
+    for (int kt = 0; kt < KT; ++kt) {
+      const int stage = kt % S;
+#pragma unroll
+      for (int ks = 0; ks < KSTEPS; ++ks) {
+        if (ks == KSTEPS - 1) {
+          cp_async_wait<S - 2>();
+          __syncthreads();
+        }
+        if (ks + 1 < KSTEPS)
+          loadFrags(f[(ks + 1) % 2], stage, (ks + 1) * 16);
+        else if (kt + 1 < KT)
+          loadFrags(f[(ks + 1) % 2], (kt + 1) % S, 0);
+        if (ks == 0) {
+          const int next = kt + S - 1;
+          if (next < KT) {
+            loadA(next, next % S, false);
+            loadB(next, next % S, false);
+          }
+          cp_async_commit();
+        }
+        multiply(f[ks % 2]);
+      }
     }
-    cp_async_commit();
-    if (NORM != 0 && ASYNC_A) {
-      normaliseStage(kt, kt % S);
+  } else {
+    for (int kt = 0; kt < KT; ++kt) {
+      cp_async_wait<S - 2>();
       __syncthreads();
-    }
-    compute(kt % S);
-    if (more) {
-      if (!ASYNC_A)
-        storeA(nextStage);
-      if (!ASYNC_B)
-        storeB(nextStage);
+      const int next = kt + S - 1, nextStage = next % S;
+      const bool more = next < KT;
+      if (more) {
+        loadA(next, nextStage, !ASYNC_A);
+        loadB(next, nextStage, !ASYNC_B);
+      }
+      cp_async_commit();
+      if (NORM != 0 && ASYNC_A) {
+        normaliseStage(kt, kt % S);
+        __syncthreads();
+      }
+      compute(kt % S);
+      if (more) {
+        if (!ASYNC_A)
+          storeA(nextStage);
+        if (!ASYNC_B)
+          storeB(nextStage);
+      }
     }
   }
   cp_async_wait<0>();

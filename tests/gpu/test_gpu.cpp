@@ -10,6 +10,7 @@
 #include "tune/Tuner.h"
 
 #include <boost/test/unit_test.hpp>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
@@ -51,6 +52,22 @@ runtime::BuildOptions buildOptions() {
   return o;
 }
 
+/// GEMM configurations run by tile_configurations_match_the_reference (sm_80+): both backends,
+/// the software-pipelined loop with 2, 3 and 4 stages and 32- and 64-deep k-tiles, the large
+/// 64x64-warp tiles the heuristic picks on the H200.
+const std::vector<codegen::TileConfig>& configTiles() {
+  static const std::vector<codegen::TileConfig> t = {{128, 256, 64, 64, 64, 3},
+                                                     {256, 128, 64, 64, 64, 4, true},
+                                                     {128, 128, 32, 64, 32, 2},
+                                                     {128, 128, 32, 64, 32, 3, true},
+                                                     {64, 64, 64, 32, 32, 4, true}};
+  return t;
+}
+const char* const kConfigCases[] = {
+    "gemm", "gemm_bt", "gemm_bias_gelu", "gemm_bias_residual", "layernorm_gemm", "rmsnorm_gemm"};
+const Shape kConfigShapes[] = {Shape{64, 64, 64}, Shape{17, 100, 1000}, Shape{1000, 520, 64},
+                               Shape{1, 17, 40}, Shape{1000, 1000, 1000}};
+
 /// Without a GPU the suite ends here with 77 (ctest: skipped). Otherwise every kernel of every
 /// case is compiled up front, in parallel, so the cases find them cached.
 struct GpuSetup {
@@ -70,6 +87,18 @@ struct GpuSetup {
         for (ir::Vertex v : f.vertices())
           units.push_back(codegen::generate(f, v, builtinLibrary(), c));
       }
+    if (c.arch >= 80)
+      for (const char* name : kConfigCases)
+        for (Shape s : kConfigShapes)
+          for (const codegen::TileConfig& t : configTiles()) {
+            if (quick() && s.m * s.n * s.k > 1000000)
+              continue;
+            ir::Graph f = fuse(caseGraph(name, s));
+            codegen::CodegenOptions ct = c;
+            ct.tile = &t;
+            for (ir::Vertex v : f.vertices())
+              units.push_back(codegen::generate(f, v, builtinLibrary(), ct));
+          }
     runtime::NvccOptions n;
     n.arch = c.arch;
     n.cacheDir = cacheDir();
@@ -135,31 +164,61 @@ FPAT_GPU_CASE(mul)
 FPAT_GPU_CASE(layernorm)
 FPAT_GPU_CASE(rmsnorm)
 
-BOOST_AUTO_TEST_CASE(mma_backend_matches_the_reference) {
-  // The mma.sync + ldmatrix backend at aligned and ragged shapes, both B layouts, both norms.
+BOOST_AUTO_TEST_CASE(tile_configurations_match_the_reference) {
+  // Each configuration at aligned and ragged shapes (K not a multiple of the k-tile, M and N
+  // not multiples of the CTA tile), both B layouts, both norms.
   if (gpu()->device().arch < 80)
     return;
-  const codegen::TileConfig tiles[] = {{128, 128, 32, 64, 32, 3, true},
-                                       {64, 64, 64, 32, 32, 4, true}};
-  for (const char* name : {"gemm", "gemm_bt", "gemm_bias_gelu", "gemm_bias_residual",
-                           "layernorm_gemm", "rmsnorm_gemm"})
-    for (Shape s :
-         {Shape{64, 64, 64}, Shape{17, 100, 1000}, Shape{1000, 520, 64}, Shape{1, 17, 40}})
-      for (const codegen::TileConfig& t : tiles)
-        BOOST_TEST_CONTEXT(name << " " << s.str() << " " << t.str()) {
-          ir::Graph g = caseGraph(name, s);
-          ir::Graph f = fuse(g);
-          runtime::BuildOptions o = buildOptions();
-          o.tile = &t;
-          runtime::BuildResult b = runtime::buildKernels(f, builtinLibrary(), o);
-          BOOST_TEST_REQUIRE(b.error.empty(), b.error);
-          auto inputs = ir::randomInputs(g, 11);
-          auto want = ir::evaluate(g, inputs, builtinLibrary().referenceActivations());
-          runtime::Executor ex(*gpu(), b.graph);
-          runtime::RunResult r = ex.run(inputs, true);
-          runtime::Agreement a = runtime::compareToReference(r.outputs[0], want[g.outputs()[0]]);
-          BOOST_TEST(a.pass, "max rel err " << a.maxRel << ", non-finite " << a.nonFinite);
-        }
+  for (const char* name : kConfigCases)
+    for (Shape s : kConfigShapes)
+      for (const codegen::TileConfig& t : configTiles())
+        if (!(quick() && s.m * s.n * s.k > 1000000))
+          BOOST_TEST_CONTEXT(name << " " << s.str() << " " << t.str()) {
+            ir::Graph g = caseGraph(name, s);
+            ir::Graph f = fuse(g);
+            runtime::BuildOptions o = buildOptions();
+            o.tile = &t;
+            runtime::BuildResult b = runtime::buildKernels(f, builtinLibrary(), o);
+            BOOST_TEST_REQUIRE(b.error.empty(), b.error);
+            auto inputs = ir::randomInputs(g, 11);
+            auto want = ir::evaluate(g, inputs, builtinLibrary().referenceActivations());
+            runtime::Executor ex(*gpu(), b.graph);
+            runtime::RunResult r = ex.run(inputs, true);
+            runtime::Agreement a = runtime::compareToReference(r.outputs[0], want[g.outputs()[0]]);
+            BOOST_TEST(a.pass, "max rel err " << a.maxRel << ", non-finite " << a.nonFinite);
+          }
+}
+
+BOOST_AUTO_TEST_CASE(activation_math_is_within_one_ulp) {
+  // The CUDA lowering of activation bodies (float arithmetic, CUDA's tanhf and expf) against
+  // the double-precision reference over a dense sweep: every gelu and silu output within one
+  // f16 ulp of the exactly rounded value, plus 4 * 2^-24 absolute for the tail where gelu's
+  // 1 + tanh(u) cancels in float (about 1e-7 there, against outputs of 1e-6 and less).
+  for (const char* fn : {"gelu", "silu"})
+    BOOST_TEST_CONTEXT(fn) {
+      ir::ActivationSet acts = builtinLibrary().activationSet();
+      ir::GraphBuilder b("sweep", acts);
+      b.output(b.activation(b.input("h", {64, 1024}), fn, "y"));
+      ir::Graph g = b.build();
+      auto inputs = ir::randomInputs(g, 5);
+      std::vector<float>& h = inputs.at("h").data;
+      for (size_t i = 0; i < h.size(); ++i) // -16 .. 16, rounded to f16
+        h[i] = ir::halfBitsToFloat(ir::doubleToHalfBits(-16.0 + 32.0 * i / h.size()));
+      runtime::BuildResult r = runtime::buildKernels(g, builtinLibrary(), buildOptions());
+      BOOST_TEST_REQUIRE(r.error.empty(), r.error);
+      runtime::Executor ex(*gpu(), r.graph);
+      auto got = ex.run(inputs, true).outputs[0].data;
+      auto want = ir::evaluate(g, inputs, builtinLibrary().referenceActivations())[g.outputs()[0]];
+      size_t worse = 0;
+      for (size_t i = 0; i < got.size(); ++i) {
+        const double ref = want.data[i];
+        const int e = ref == 0 ? -14 : std::max(std::ilogb(std::abs(ref)), -14); // subnormals
+        const double ulp = std::ldexp(1.0, e - 10);
+        if (!(std::abs(got[i] - ref) <= ulp + std::ldexp(4.0, -24)))
+          ++worse;
+      }
+      BOOST_TEST(worse == 0u, worse << " of " << got.size() << " outputs off by more than an ulp");
+    }
 }
 
 BOOST_AUTO_TEST_CASE(poisoned_outputs_catch_unwritten_elements) {

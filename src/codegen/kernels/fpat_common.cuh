@@ -45,27 +45,6 @@ union Half8 {
   __half h[8];
 };
 
-// Activation math for epilogues. CUDA's expf and tanhf are accurate to an ulp or two but cost
-// tens of instructions; a GEMM epilogue runs them once per output element after the main loop,
-// where nothing overlaps them (measured: 4% of gemm_bias_gelu on the H200). These use the
-// hardware exp2 and reciprocal approximations instead, within 1e-5 relative of the exact values
-// for |x| <= 80 (exp) and 1e-6 everywhere (tanh): far inside what an f16 output can hold.
-
-/// e^x; relative error 2 + 1.2|x| ulp (the __expf bound); overflow to inf, underflow to 0.
-__device__ __forceinline__ float fexp(float x) {
-  return __expf(x);
-}
-
-/// tanh(x): an odd Taylor polynomial for |x| < 1/4 (no cancellation), 1 - 2 / (e^2|x| + 1)
-/// above, which reaches exactly 1 once e^2|x| overflows. NaN stays NaN.
-__device__ __forceinline__ float ftanh(float x) {
-  const float a = fabsf(x), x2 = x * x;
-  const float big = 1.0f - __fdividef(2.0f, __expf(2.0f * a) + 1.0f);
-  const float small =
-      a * (1.0f + x2 * (-1.0f / 3 + x2 * (2.0f / 15 + x2 * (-17.0f / 315 + x2 * (62.0f / 2835)))));
-  return copysignf(a < 0.25f ? small : big, x);
-}
-
 __device__ __forceinline__ float ldh(const void* p, int64_t i) {
   return __half2float(static_cast<const __half*>(p)[i]);
 }

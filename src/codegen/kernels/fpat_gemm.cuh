@@ -423,16 +423,21 @@ __device__ __forceinline__ void gemm(const FpatKernelArgs& args) {
     }
     cp_async_commit();
   }
-  if constexpr (ASYNC_A && ASYNC_B && NORM == 0 && BK >= 32) {
+  if constexpr (ASYNC_A && ASYNC_B && BK >= 32) {
     // Software-pipelined (the CUTLASS multistage scheme): fragments of the next k step are
     // loaded while the current one multiplies, across the k-tile boundary too, so the barrier
     // and the shared-memory latency hide behind MMAs. The barrier sits before the last k step
     // of a tile: the next tile has landed (wait), and every warp has loaded its last fragments
-    // of this tile's predecessor, whose stage the next k-tile's copies overwrite.
+    // of this tile's predecessor, whose stage the next k-tile's copies overwrite. norm_gemm
+    // normalises a landed A tile in place between that barrier and a second one.
     constexpr int KSTEPS = BK / 16;
     Frags f[2];
     cp_async_wait<S - 2>();
     __syncthreads();
+    if constexpr (NORM != 0) {
+      normaliseStage(0, 0);
+      __syncthreads();
+    }
     loadFrags(f[0], 0, 0);
     for (int kt = 0; kt < KT; ++kt) {
       const int stage = kt % S;
@@ -441,6 +446,11 @@ __device__ __forceinline__ void gemm(const FpatKernelArgs& args) {
         if (ks == KSTEPS - 1) {
           cp_async_wait<S - 2>();
           __syncthreads();
+          if constexpr (NORM != 0) {
+            if (kt + 1 < KT)
+              normaliseStage(kt + 1, (kt + 1) % S);
+            __syncthreads();
+          }
         }
         if (ks + 1 < KSTEPS)
           loadFrags(f[(ks + 1) % 2], stage, (ks + 1) * 16);

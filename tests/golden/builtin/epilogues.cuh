@@ -5,7 +5,7 @@
 // gelu: expr { 0.5 * x * (1.0 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))) }
 // from patterns/activations.fpat:8
 __device__ __forceinline__ float fpat_act_gelu(float x) {
-  return 0.5f * x * (1.0f + fpat::ftanh(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+  return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
 }
 
 // gelu_erf: expr { 0.5 * x * (1.0 + erf(x * 0.7071067811865476)) }
@@ -17,7 +17,7 @@ __device__ __forceinline__ float fpat_act_gelu_erf(float x) {
 // silu: expr { x / (1.0 + exp(-x)) }
 // from patterns/activations.fpat:18
 __device__ __forceinline__ float fpat_act_silu(float x) {
-  return x / (1.0f + fpat::fexp(-x));
+  return x / (1.0f + expf(-x));
 }
 
 // relu: expr { max(x, 0.0) }

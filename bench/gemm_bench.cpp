@@ -6,7 +6,8 @@
 // each checked against the CPU reference on sampled rows. Then the SwiGLU FFN block end to end.
 // Writes a markdown table (stdout), a CSV and an SVG plot.
 //
-//   fpat-bench-gemm [--quick] [--only PATTERN] [--no-ffn] [--shape MxNxK]... [--csv F] [--svg F]
+//   fpat-bench-gemm [--quick] [--only PATTERN[,PATTERN]...] [--no-ffn] [--shape MxNxK]... [--csv F]
+//   [--svg F]
 //                   [--candidates N] [--configs LIST] [--reps N]
 #include "../tests/common/TestGraphs.h"
 #include "ir/Reference.h"
@@ -547,7 +548,7 @@ int main(int argc, char** argv) {
   bool quick = false;
   std::string csvPath = "bench-gemm.csv", svgPath = "bench-gemm.svg";
   int candidates = 16, reps = 20;
-  std::string only; // a pattern name: benchmark just that one
+  std::string only; // pattern names, comma-separated: benchmark just those
   bool ffn = true;
   std::vector<Shape> onlyShapes; // --shape MxNxK (repeatable)
   std::vector<codegen::TileConfig> configs;
@@ -588,7 +589,7 @@ int main(int argc, char** argv) {
       reps = std::max(20, std::atoi(argv[++i]));
     else {
       std::cerr
-          << "usage: fpat-bench-gemm [--quick] [--only PATTERN] [--no-ffn] [--csv F] "
+          << "usage: fpat-bench-gemm [--quick] [--only PATTERN[,...]] [--no-ffn] [--csv F] "
              "[--svg F] [--shape MxNxK]... [--candidates N] [--configs LIST] [--reps N>=20]\n";
       return 2;
     }
@@ -624,8 +625,12 @@ int main(int argc, char** argv) {
     shapes = {{2048, 4096, 4096}};
     patterns = {"gemm_bias_gelu"};
   }
-  if (!only.empty())
-    patterns = {only};
+  if (!only.empty()) { // comma-separated pattern names
+    patterns.clear();
+    std::stringstream list(only);
+    for (std::string item; std::getline(list, item, ',');)
+      patterns.push_back(item);
+  }
   if (!onlyShapes.empty())
     shapes = onlyShapes;
   std::cout << "# fpat GEMM benchmark on " << drv->device().name << " (sm_" << drv->device().arch
@@ -634,7 +639,16 @@ int main(int argc, char** argv) {
   std::vector<Row> rows;
   for (const std::string& p : patterns)
     for (Shape s : shapes) {
-      rows.push_back(benchOne(env, p, s));
+      try {
+        rows.push_back(benchOne(env, p, s));
+      } catch (const std::exception& e) { // report the row as failed and go on with the rest
+        Row r;
+        r.pattern = p;
+        r.s = s;
+        r.config = std::string("error: ") + e.what();
+        r.fpat = r.heuristic = r.gemm = r.unfused = r.errFpat = r.errUnfused = NAN;
+        rows.push_back(r);
+      }
       const Row& r = rows.back();
       // Progress, with the numbers, so that an interrupted run still reports what it measured.
       std::cerr << "  " << p << " " << s.str() << ": fpat " << fmt(r.fpat) << " ms (" << r.config

@@ -42,7 +42,7 @@ int gemmSmemBytes(const TileConfig& t, bool transB) {
   return std::max(pipe, epi);
 }
 
-TileConfig defaultTile(int64_t m, int64_t n, int arch, int numSms) {
+TileConfig defaultTile(int64_t m, int64_t n, int arch, int numSms, bool norm) {
   auto tiles = [&](int bm, int bn) { return ((m + bm - 1) / bm) * ((n + bn - 1) / bn); };
   if (arch < 80) { // no cp.async: the register path, two stages
     if (tiles(128, 128) >= numSms)
@@ -56,9 +56,14 @@ TileConfig defaultTile(int64_t m, int64_t n, int arch, int numSms) {
   auto fits = [&](const TileConfig& t) {
     return std::max(gemmSmemBytes(t, false), gemmSmemBytes(t, true)) <= smemOptin;
   };
+  auto fills = [&](int bm, int bn) { return tiles(bm, bn) * 10 >= numSms * 9; }; // one wave, 90%
+  if (norm) { // 64x64 warp tiles would spill: 64x32 (216 registers on sm_90)
+    if (fills(128, 128))
+      return TileConfig{128, 128, 64, 64, 32, 3};
+    return TileConfig{64, 64, 32, 32, 32, 3};
+  }
   const TileConfig wide{128, 256, 64, 64, 64, 3}, tall{256, 128, 64, 64, 64, 3};
   const TileConfig& big = n >= m ? wide : tall;
-  auto fills = [&](int bm, int bn) { return tiles(bm, bn) * 10 >= numSms * 9; }; // one wave, 90%
   if (fits(big) && fills(big.bm, big.bn))
     return big;
   const TileConfig mid{128, 128, 64, 64, 64, 3};
@@ -184,7 +189,7 @@ KernelUnit generate(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibrary&
     u.eps = static_cast<float>(op.eps);
     u.transB = op.transposeB;
     u.vec = u.K % 8 == 0 && (u.transB || u.N % 8 == 0);
-    u.tile = o.tile ? *o.tile : defaultTile(u.M, u.N, o.arch, o.sms);
+    u.tile = o.tile ? *o.tile : defaultTile(u.M, u.N, o.arch, o.sms, norm);
     u.family = norm ? "norm_gemm" : "gemm";
     u.needsRowStats = norm;
 

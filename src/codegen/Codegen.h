@@ -35,7 +35,8 @@ int gemmSmemBytes(const TileConfig& t, bool transB);
 
 /// The heuristic default when nothing better is known (no tuning, no GPU): large tiles for
 /// large problems, smaller ones when the large tiles would leave most SMs idle.
-TileConfig defaultTile(int64_t m, int64_t n, int arch, int numSms = 132);
+/// `norm`: for norm_gemm, whose in-place normalisation needs about 50 more registers per thread.
+TileConfig defaultTile(int64_t m, int64_t n, int arch, int numSms = 132, bool norm = false);
 
 /// How a kernel entry is launched; the runtime derives the grid from the op's shapes.
 struct Launch {

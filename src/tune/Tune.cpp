@@ -83,12 +83,12 @@ std::vector<TileConfig> fullSpace() {
 }
 
 std::vector<TileConfig> searchSpace(const DeviceLimits& d, bool transB, int64_t m, int64_t n,
-                                    size_t limit) {
+                                    size_t limit, bool norm) {
   auto fitsProblem = [&](const TileConfig& t) {
     // A tile more than twice the problem in a dimension only computes padding.
     return t.bm <= std::max<int64_t>(64, 2 * m) && t.bn <= std::max<int64_t>(64, 2 * n);
   };
-  const TileConfig heuristic = codegen::defaultTile(m, n, d.arch, d.sms);
+  const TileConfig heuristic = codegen::defaultTile(m, n, d.arch, d.sms, norm);
   std::vector<TileConfig> ok;
   for (const TileConfig& t : fullSpace())
     if (staticReject(t, transB, d).empty() && fitsProblem(t) && !(t == heuristic))
@@ -97,11 +97,14 @@ std::vector<TileConfig> searchSpace(const DeviceLimits& d, bool transB, int64_t 
   // CTAs per SM that shared memory and an estimate of the registers allow), then by larger
   // warp tiles (fewer fragment loads per MMA: the main loop's limit), larger CTA tiles (more
   // reuse per byte loaded) and deeper k-tiles. The estimate: accumulators, two k steps of
-  // fragments and about 40 registers of addresses and indices per thread.
+  // fragments and about 40 registers of addresses and indices per thread (about 50 more for
+  // norm_gemm's in-place normalisation).
   auto ctasPerSm = [&](const TileConfig& t) {
     const int frags = (t.wm / 16) * (t.wn / 16);
-    const int regs = std::min(255, 40 + 8 * frags + 2 * 4 * (t.wm / 16 + t.wn / 16));
-    const int byRegs = 65536 / (regs * t.threads());
+    const int regs = 40 + (norm ? 50 : 0) + 8 * frags + 2 * 4 * (t.wm / 16 + t.wn / 16);
+    if (regs > 255) // spills
+      return 0;
+    const int byRegs = d.regsPerBlock / (regs * t.threads());
     const int bySmem = d.smemOptin / std::max(1, codegen::gemmSmemBytes(t, transB));
     return std::max(0, std::min({byRegs, bySmem, 2}));
   };

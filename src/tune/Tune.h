@@ -36,8 +36,9 @@ std::string compiledReject(const codegen::TileConfig& t, int regsPerThread, int 
 std::vector<codegen::TileConfig> fullSpace();
 /// The configurations worth timing for an M x N problem on this device: those that fit, with
 /// tiles no larger than the problem needs, at most `limit` of them, the heuristic first.
+/// `norm`: for norm_gemm kernels (more registers per thread).
 std::vector<codegen::TileConfig> searchSpace(const DeviceLimits& d, bool transB, int64_t m,
-                                             int64_t n, size_t limit = 24);
+                                             int64_t n, size_t limit = 24, bool norm = false);
 
 /// Identifies one tuning problem.
 struct Key {

@@ -52,7 +52,8 @@ Choice choose(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibrary& lib, 
       c.heuristicMs = e->heuristicMs;
       return c;
     }
-  c.config = codegen::defaultTile(op.type.shape[0], op.type.shape[1], arch, sms);
+  c.config = codegen::defaultTile(op.type.shape[0], op.type.shape[1], arch, sms,
+                                  op.kind == ir::OpKind::Fused && op.fused.family == "norm_gemm");
   c.source = "heuristic";
   return c;
 }
@@ -117,9 +118,11 @@ Choice tune(cuda::Driver& drv, const ir::Graph& g, ir::Vertex v, const dsl::Patt
   const codegen::KernelUnit probe = codegen::generate(sub, subOp, lib, base);
   std::vector<TileConfig> candidates;
   if (o.configs.empty())
-    candidates = searchSpace(lim, probe.transB, probe.M, probe.N, o.maxCandidates);
+    candidates = searchSpace(lim, probe.transB, probe.M, probe.N, o.maxCandidates,
+                             probe.family == "norm_gemm");
   else // the heuristic first, as in the search space, so that it is always reported
-    candidates = {codegen::defaultTile(probe.M, probe.N, lim.arch, lim.sms)};
+    candidates = {
+        codegen::defaultTile(probe.M, probe.N, lim.arch, lim.sms, probe.family == "norm_gemm")};
   for (const TileConfig& t : o.configs)
     if (std::find(candidates.begin(), candidates.end(), t) != candidates.end())
       continue;

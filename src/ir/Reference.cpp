@@ -47,19 +47,49 @@ ActivationSet ActivationLibrary::names() const {
   return s;
 }
 
+namespace {
+
+/// Runs fn(begin, end) over [0, n) split across the machine's cores. Each index is computed
+/// by exactly one thread in the same way, so results do not depend on the thread count.
+void parallelRows(size_t n, const std::function<void(size_t, size_t)>& fn) {
+  size_t threads = std::max(1u, std::thread::hardware_concurrency());
+  threads = std::min(threads, std::max<size_t>(1, n / 8));
+  if (threads <= 1) {
+    fn(0, n);
+    return;
+  }
+  std::vector<std::thread> pool;
+  for (size_t t = 0; t < threads; ++t)
+    pool.emplace_back(fn, n * t / threads, n * (t + 1) / threads);
+  for (std::thread& th : pool)
+    th.join();
+}
+
+} // namespace
+
 static float store(double v, DType t) {
   return t == DType::F16 ? roundToHalf(v) : static_cast<float>(v);
 }
 
 Tensor randomTensor(const TensorDesc& desc, uint64_t seed, double lo, double hi) {
   // splitmix-seeded mt19937_64 with our own scaling keeps values identical across
-  // standard libraries (uniform_real_distribution is implementation-defined).
-  std::mt19937_64 rng(seed * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull);
+  // standard libraries (uniform_real_distribution is implementation-defined). Blocks of 64K
+  // elements have generators of their own, so large tensors fill in parallel and the values
+  // do not depend on the thread count.
+  constexpr size_t kBlock = size_t{1} << 16;
   Tensor t{desc, std::vector<float>(static_cast<size_t>(desc.numel()))};
-  for (float& x : t.data) {
-    double u = static_cast<double>(rng() >> 11) * 0x1.0p-53;
-    x = store(lo + (hi - lo) * u, desc.dtype);
-  }
+  const size_t blocks = (t.data.size() + kBlock - 1) / kBlock;
+  parallelRows(blocks, [&](size_t first, size_t last) {
+    for (size_t b = first; b < last; ++b) {
+      std::mt19937_64 rng((seed + 0x9E3779B97F4A7C15ull * b) * 0x9E3779B97F4A7C15ull +
+                          0x632BE59BD9B4E019ull);
+      const size_t end = std::min(t.data.size(), (b + 1) * kBlock);
+      for (size_t i = b * kBlock; i < end; ++i) {
+        const double u = static_cast<double>(rng() >> 11) * 0x1.0p-53;
+        t.data[i] = store(lo + (hi - lo) * u, desc.dtype);
+      }
+    }
+  });
   return t;
 }
 
@@ -87,22 +117,6 @@ std::map<std::string, Tensor> randomInputs(const Graph& g, uint64_t seed) {
 }
 
 namespace {
-
-/// Runs fn(begin, end) over [0, n) split across the machine's cores. Each index is computed
-/// by exactly one thread in the same way, so results do not depend on the thread count.
-void parallelRows(size_t n, const std::function<void(size_t, size_t)>& fn) {
-  size_t threads = std::max(1u, std::thread::hardware_concurrency());
-  threads = std::min(threads, std::max<size_t>(1, n / 8));
-  if (threads <= 1) {
-    fn(0, n);
-    return;
-  }
-  std::vector<std::thread> pool;
-  for (size_t t = 0; t < threads; ++t)
-    pool.emplace_back(fn, n * t / threads, n * (t + 1) / threads);
-  for (std::thread& th : pool)
-    th.join();
-}
 
 void gemm(const Tensor& a, const Tensor& b, bool transB, Tensor& c) {
   const size_t m = static_cast<size_t>(c.desc.shape[0]);

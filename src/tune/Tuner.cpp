@@ -182,11 +182,14 @@ Choice tune(cuda::Driver& drv, const ir::Graph& g, ir::Vertex v, const dsl::Patt
   Choice best;
   best.source = "tuned";
   best.ms = INFINITY;
+  std::string firstReject;
   for (size_t i = 0; i < candidates.size(); ++i) {
     const TileConfig& t = candidates[i];
     ++best.tried;
     auto reject = [&](const std::string& why) {
       ++best.rejected;
+      if (firstReject.empty())
+        firstReject = t.str() + ": " + why;
       if (o.log)
         *o.log << "    " << i + 1 << "/" << candidates.size() << " " << t.str()
                << ": rejected: " << why << "\n";
@@ -232,7 +235,9 @@ Choice tune(cuda::Driver& drv, const ir::Graph& g, ir::Vertex v, const dsl::Patt
     }
   }
   if (!std::isfinite(best.ms))
-    throw std::runtime_error("no configuration of %" + op.name + " ran correctly");
+    throw std::runtime_error("no configuration of %" + op.name + " ran correctly: all " +
+                             std::to_string(candidates.size()) + " rejected (first, " +
+                             firstReject + ")");
   if (o.configs.empty()) // a hand-picked list is an experiment, not a tuning result
     cache.store(key, Entry{best.config, best.ms, best.heuristicMs, best.tried});
   return best;

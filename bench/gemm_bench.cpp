@@ -547,7 +547,7 @@ bool benchFfn(Env& env) {
 int main(int argc, char** argv) {
   bool quick = false;
   std::string csvPath = "bench-gemm.csv", svgPath = "bench-gemm.svg";
-  int candidates = 16, reps = 20;
+  int candidates = 8, reps = 20; // 8 candidates: the full run fits one 10-minute GPU call
   std::string only; // pattern names, comma-separated: benchmark just those
   bool ffn = true;
   std::vector<Shape> onlyShapes; // --shape MxNxK (repeatable)

@@ -308,7 +308,8 @@ Row benchOne(Env& env, const std::string& pattern, Shape s) {
   tune::Choice c = tune::tune(*env.drv, fused, out, builtinLibrary(), *env.cache, env.topts);
   row.config = c.config.str();
   const codegen::TileConfig heur =
-      codegen::defaultTile(s.m, s.n, env.drv->device().arch, env.drv->device().sms);
+      codegen::defaultTile(s.m, s.n, env.drv->device().arch, env.drv->device().sms,
+                           fused.op(out).fused.family == "norm_gemm");
   for (int variant = 0; variant < 2; ++variant) {
     if (variant == 1 && heur == c.config) {
       row.heuristic = row.fpat; // the same kernel: one measurement for both columns
@@ -548,7 +549,7 @@ int main(int argc, char** argv) {
   bool quick = false;
   std::string csvPath = "bench-gemm.csv", svgPath = "bench-gemm.svg";
   int candidates = 8, reps = 20; // 8 candidates: the full run fits one 10-minute GPU call
-  std::string only; // pattern names, comma-separated: benchmark just those
+  std::string only;              // pattern names, comma-separated: benchmark just those
   bool ffn = true;
   std::vector<Shape> onlyShapes; // --shape MxNxK (repeatable)
   std::vector<codegen::TileConfig> configs;

@@ -57,12 +57,17 @@ TileConfig defaultTile(int64_t m, int64_t n, int arch, int numSms, bool norm) {
     return std::max(gemmSmemBytes(t, false), gemmSmemBytes(t, true)) <= smemOptin;
   };
   auto fills = [&](int bm, int bn) { return tiles(bm, bn) * 10 >= numSms * 9; }; // one wave, 90%
-  if (norm) { // 64x64 warp tiles would spill: 64x32 (216 registers on sm_90)
+  const TileConfig wide{128, 256, 64, 64, 64, 3}, tall{256, 128, 64, 64, 64, 3};
+  if (norm) {
+    // The in-place normalisation wants many threads per tile: the wide tile (8 warps; it
+    // spills 108 bytes there, which measured harmless) or 64x32 warp tiles; the 4-warp and
+    // tall 64x64 tiles measured 30-180% slower (bench/RESULTS.md, 8ef7d43).
+    if (n >= m && fits(wide) && fills(wide.bm, wide.bn))
+      return wide;
     if (fills(128, 128))
       return TileConfig{128, 128, 64, 64, 32, 3};
     return TileConfig{64, 64, 32, 32, 32, 3};
   }
-  const TileConfig wide{128, 256, 64, 64, 64, 3}, tall{256, 128, 64, 64, 64, 3};
   const TileConfig& big = n >= m ? wide : tall;
   if (fits(big) && fills(big.bm, big.bn))
     return big;

@@ -61,8 +61,12 @@ std::string staticReject(const TileConfig& t, bool transB, const DeviceLimits& d
 
 std::string compiledReject(const TileConfig& t, int regsPerThread, int localBytes,
                            const DeviceLimits& d) {
-  if (localBytes > 0)
-    return "spills (" + std::to_string(localBytes) + " bytes of local memory per thread)";
+  // A few spilled words (loop invariants) can cost nothing: norm_gemm with 64x64 warp tiles
+  // spills 108 bytes and ran 5-16% faster on the H200 than the best candidate without spills
+  // at 12 of 16 shapes (bench/RESULTS.md). Heavier spilling is not worth timing.
+  if (localBytes > kMaxSpillBytes)
+    return "spills (" + std::to_string(localBytes) +
+           " bytes of local memory per thread, more than " + std::to_string(kMaxSpillBytes) + ")";
   if (regsPerThread * t.threads() > d.regsPerBlock)
     return std::to_string(regsPerThread * t.threads()) + " registers per block (the device has " +
            std::to_string(d.regsPerBlock) + ")";
@@ -98,12 +102,12 @@ std::vector<TileConfig> searchSpace(const DeviceLimits& d, bool transB, int64_t 
   // warp tiles (fewer fragment loads per MMA: the main loop's limit), larger CTA tiles (more
   // reuse per byte loaded) and deeper k-tiles. The estimate: accumulators, two k steps of
   // fragments and about 40 registers of addresses and indices per thread (about 50 more for
-  // norm_gemm's in-place normalisation).
+  // norm_gemm's in-place normalisation), at most 255.
   auto ctasPerSm = [&](const TileConfig& t) {
     const int frags = (t.wm / 16) * (t.wn / 16);
-    const int regs = 40 + (norm ? 50 : 0) + 8 * frags + 2 * 4 * (t.wm / 16 + t.wn / 16);
-    if (regs > 255) // spills
-      return 0;
+    // Above 255 the kernel spills a little (tolerated, see compiledReject) at 255 registers.
+    const int regs =
+        std::min(255, 40 + (norm ? 50 : 0) + 8 * frags + 2 * 4 * (t.wm / 16 + t.wn / 16));
     const int byRegs = d.regsPerBlock / (regs * t.threads());
     const int bySmem = d.smemOptin / std::max(1, codegen::gemmSmemBytes(t, transB));
     return std::max(0, std::min({byRegs, bySmem, 2}));

@@ -28,7 +28,9 @@ struct DeviceLimits {
 
 /// Why a configuration is not tried, or "" when it fits the device.
 std::string staticReject(const codegen::TileConfig& t, bool transB, const DeviceLimits& d);
-/// After compiling: registers and spills (local memory) of the kernel.
+/// Local memory per thread up to which a spilling kernel is still timed.
+constexpr int kMaxSpillBytes = 256;
+/// After compiling: registers and spills (local memory beyond kMaxSpillBytes) of the kernel.
 std::string compiledReject(const codegen::TileConfig& t, int regsPerThread, int localBytes,
                            const DeviceLimits& d);
 

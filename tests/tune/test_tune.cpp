@@ -71,18 +71,17 @@ BOOST_AUTO_TEST_CASE(search_space_respects_the_h200) {
   }
 }
 
-BOOST_AUTO_TEST_CASE(norm_gemm_avoids_tiles_that_spill) {
-  // norm_gemm needs about 50 more registers per thread: 64x64 warp tiles (over 255 registers
-  // on sm_90) are ranked last, and the heuristic uses 64x32 warp tiles.
+BOOST_AUTO_TEST_CASE(norm_gemm_keeps_eight_warps_per_tile) {
+  // norm_gemm's heuristic: the wide 8-warp tile where it fills the GPU, else 64x32 warp tiles
+  // (never the 4-warp or tall 64x64-warp tiles, measured far slower there); heuristic first.
+  using codegen::defaultTile;
+  BOOST_TEST((defaultTile(2048, 4096, 90, 132, true) == TileConfig{128, 256, 64, 64, 64, 3}));
+  BOOST_TEST((defaultTile(512, 4096, 90, 132, true) == TileConfig{128, 128, 64, 64, 32, 3}));
+  BOOST_TEST((defaultTile(8192, 4096, 90, 132, true) == TileConfig{128, 128, 64, 64, 32, 3}));
+  BOOST_TEST((defaultTile(8192, 4096, 90, 132) == TileConfig{256, 128, 64, 64, 64, 3}));
   DeviceLimits d = recorded("h200.json");
-  auto space = searchSpace(d, false, 2048, 4096, 8, /*norm=*/true);
-  BOOST_TEST((space[0] == codegen::defaultTile(2048, 4096, 90, 132, true)));
-  for (const TileConfig& t : space)
-    BOOST_TEST(t.wm * t.wn < 64 * 64, t.str());
-  bool wide = false;
-  for (const TileConfig& t : searchSpace(d, false, 2048, 4096, 8))
-    wide = wide || t.wm * t.wn == 64 * 64;
-  BOOST_TEST(wide); // plain GEMMs do get them
+  auto space = searchSpace(d, false, 512, 4096, 8, /*norm=*/true);
+  BOOST_TEST((space[0] == defaultTile(512, 4096, 90, 132, true)));
 }
 
 BOOST_AUTO_TEST_CASE(search_space_respects_an_sm75_device) {
@@ -105,7 +104,8 @@ BOOST_AUTO_TEST_CASE(compiled_kernels_are_checked_for_registers_and_spills) {
   BOOST_TEST(compiledReject(t, 128, 0, d).empty());
   TileConfig wide{128, 128, 32, 32, 32, 3}; // 512 threads
   BOOST_TEST(compiledReject(wide, 255, 0, d).find("registers per block") != std::string::npos);
-  BOOST_TEST(compiledReject(t, 96, 64, d).find("spills") != std::string::npos);
+  BOOST_TEST(compiledReject(t, 96, 64, d).empty()); // a few spilled words are timed
+  BOOST_TEST(compiledReject(t, 96, kMaxSpillBytes + 4, d).find("spills") != std::string::npos);
 }
 
 BOOST_AUTO_TEST_CASE(bad_device_descriptions_are_errors) {

@@ -1,6 +1,7 @@
 #include "codegen/Codegen.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <functional>
 #include <set>
@@ -11,7 +12,7 @@ namespace fpat::codegen {
 std::string TileConfig::str() const {
   return std::to_string(bm) + "x" + std::to_string(bn) + "x" + std::to_string(bk) + "_w" +
          std::to_string(bm / wm) + "x" + std::to_string(bn / wn) + "_s" + std::to_string(stages) +
-         (mma ? "_mma" : "");
+         (backend == Backend::MmaSync ? "_mma" : backend == Backend::Wgmma ? "_wgmma" : "");
 }
 
 std::optional<TileConfig> TileConfig::parse(const std::string& text) {
@@ -22,7 +23,9 @@ std::optional<TileConfig> TileConfig::parse(const std::string& text) {
     return std::nullopt;
   const std::string rest = text.substr(static_cast<size_t>(used));
   if (rest == "_mma")
-    t.mma = true;
+    t.backend = Backend::MmaSync;
+  else if (rest == "_wgmma")
+    t.backend = Backend::Wgmma;
   else if (!rest.empty())
     return std::nullopt;
   if (t.bm <= 0 || t.bn <= 0 || t.bk <= 0 || warpsM <= 0 || warpsN <= 0 || t.stages <= 0 ||
@@ -30,10 +33,20 @@ std::optional<TileConfig> TileConfig::parse(const std::string& text) {
     return std::nullopt;
   t.wm = t.bm / warpsM;
   t.wn = t.bn / warpsN;
+  if (t.wgmma()) { // only what fpat_wgmma.cuh implements
+    auto known = wgmmaConfigs();
+    bool shapeKnown = std::any_of(known.begin(), known.end(), [&](const TileConfig& k) {
+      return k.bm == t.bm && k.bn == t.bn && k.bk == t.bk && k.wm == t.wm && k.wn == t.wn;
+    });
+    if (!shapeKnown || t.stages < 2)
+      return std::nullopt;
+  }
   return t;
 }
 
 int gemmSmemBytes(const TileConfig& t, bool transB) {
+  if (t.wgmma()) // the ring of A and B stages, 1 KB for aligning it to the swizzle atom
+    return t.stages * (t.bm + t.bn) * t.bk * 2 + 1024;
   const int pad = 8;
   int a = t.bm * (t.bk + pad);
   int b = transB ? t.bn * (t.bk + pad) : t.bk * (t.bn + pad);
@@ -42,7 +55,53 @@ int gemmSmemBytes(const TileConfig& t, bool transB) {
   return std::max(pipe, epi);
 }
 
-TileConfig defaultTile(int64_t m, int64_t n, int arch, int numSms, bool norm) {
+bool tmaCompatible(int64_t m, int64_t n, int64_t k, bool transB) {
+  const int64_t limit = int64_t{1} << 31;
+  return m >= 1 && n >= 1 && k >= 1 && m < limit && n < limit && k < limit && k % 8 == 0 &&
+         (transB || n % 8 == 0);
+}
+
+std::vector<TileConfig> wgmmaConfigs() {
+  std::vector<TileConfig> out;
+  for (int consumers : {2, 1})
+    for (int bn : {256, 128, 64}) {
+      const int bm = 64 * consumers;
+      const int stage = (bm + bn) * 64 * 2;
+      const int deepest = std::min(8, (232448 - 1024 - 1024) / stage); // 1 KB of static smem
+      for (int stages = deepest; stages >= std::max(2, deepest - 1); --stages)
+        out.push_back(TileConfig{bm, bn, 64, 64, bn, stages, Backend::Wgmma});
+    }
+  return out;
+}
+
+namespace {
+
+/// Hopper default: the wgmma configuration that keeps most SMs busy over the whole run (the
+/// last wave's idle SMs count against a tile shape), weighted by how fast each tile shape runs
+/// when the GPU is full (larger tiles reuse more of each loaded byte).
+TileConfig hopperTile(int64_t m, int64_t n, int numSms) {
+  TileConfig best;
+  double bestScore = -1;
+  for (const TileConfig& t : wgmmaConfigs()) {
+    const double perTile = t.bm == 128 ? (t.bn == 256 ? 1.0 : t.bn == 128 ? 0.9 : 0.75)
+                                       : (t.bn == 256 ? 0.85 : t.bn == 128 ? 0.75 : 0.6);
+    const double tiles =
+        static_cast<double>((m + t.bm - 1) / t.bm) * static_cast<double>((n + t.bn - 1) / t.bn);
+    const double waves = std::ceil(tiles / numSms);
+    const double score = tiles / (waves * numSms) * perTile;
+    if (score > bestScore + 1e-9) {
+      best = t;
+      bestScore = score;
+    }
+  }
+  return best;
+}
+
+} // namespace
+
+TileConfig defaultTile(int64_t m, int64_t n, int arch, int numSms, bool norm, bool tma) {
+  if (arch == 90 && !norm && tma)
+    return hopperTile(m, n, numSms);
   auto tiles = [&](int bm, int bn) { return ((m + bm - 1) / bm) * ((n + bn - 1) / bn); };
   if (arch < 80) { // no cp.async: the register path, two stages
     if (tiles(128, 128) >= numSms)
@@ -194,9 +253,26 @@ KernelUnit generate(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibrary&
     u.eps = static_cast<float>(op.eps);
     u.transB = op.transposeB;
     u.vec = u.K % 8 == 0 && (u.transB || u.N % 8 == 0);
-    u.tile = o.tile ? *o.tile : defaultTile(u.M, u.N, o.arch, o.sms, norm);
     u.family = norm ? "norm_gemm" : "gemm";
     u.needsRowStats = norm;
+    // The wgmma backend where it applies; otherwise (or when a forced configuration asks for
+    // it where it cannot run) the cp.async backends, with the reason in the generated file.
+    const bool tmaOk = !norm && o.arch == 90 && tmaCompatible(u.M, u.N, u.K, u.transB);
+    u.tile = o.tile ? *o.tile : defaultTile(u.M, u.N, o.arch, o.sms, norm, tmaOk);
+    std::string fallback;
+    if (u.tile.wgmma() && !tmaOk) {
+      fallback = "fallback: " + u.tile.str() + " cannot run here (" +
+                 (norm             ? std::string("norm_gemm has no wgmma kernel")
+                  : o.arch != 90   ? "wgmma needs sm_90, not sm_" + std::to_string(o.arch)
+                  : u.K % 8 != 0   ? "TMA needs K % 8 == 0, K is " + std::to_string(u.K)
+                  : u.N % 8 != 0   ? "TMA needs N % 8 == 0 for B [K, N], N is " +
+                                       std::to_string(u.N)
+                                   : std::string("a dimension exceeds 2^31")) +
+                 ")";
+      u.tile = defaultTile(u.M, u.N, o.arch, o.sms, norm, false);
+    }
+    const TileConfig& t = u.tile;
+    u.sm90a = t.wgmma();
 
     // The epilogue functor, one statement per step.
     std::ostringstream epi;
@@ -222,24 +298,40 @@ KernelUnit generate(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibrary&
         throw CodegenError(ref(g, v) + ": unknown epilogue step '" + s.kind + "'");
     }
     const std::string base = op.kind == ir::OpKind::Fused ? sanitize(op.fused.pattern) : "gemm";
-    const std::string cfg = u.tile.str() + (u.transB ? "_bt" : "") + (u.vec ? "_vec" : "_any");
-    u.name = "fpat_" + base + "_" + arch + "_" + cfg;
-    u.what = ref(g, v) + " = " + (op.kind == ir::OpKind::Fused ? op.fused.pattern : "gemm") + where;
-    const TileConfig& t = u.tile;
-    std::vector<std::string> lines = {
-        "family:   " + u.family + (t.mma ? " (mma.sync m16n8k16" : " (WMMA") +
-            ", f16 in, f32 accumulate)" +
-            (norm ? ", A normalised on load (" + op.fused.norm + ")" : ""),
-        "config:   CTA " + std::to_string(t.bm) + "x" + std::to_string(t.bn) + "x" +
-            std::to_string(t.bk) + ", warp " + std::to_string(t.wm) + "x" + std::to_string(t.wn) +
-            ", " + std::to_string(t.stages) + " stages, " + std::to_string(t.threads()) +
-            " threads, " + (u.vec ? "16-byte loads" : "bounds-checked loads") +
-            (u.transB ? ", B is [N, K]" : ", B is [K, N]"),
-        "epilogue: " + (chain.empty() ? std::string("none") : chain)};
+    const std::string cfg =
+        t.str() + (u.transB ? "_bt" : "") + (t.wgmma() ? "" : u.vec ? "_vec" : "_any");
+    u.name = "fpat_" + base + "_" + (t.wgmma() ? std::string("sm90a") : arch) + "_" + cfg;
+    // The fallback is said in the log line, not in the source: the source describes the kernel
+    // (every op that needs it shares one cubin), the log line the op.
+    u.what = ref(g, v) + " = " + (op.kind == ir::OpKind::Fused ? op.fused.pattern : "gemm") + where +
+             (fallback.empty() ? "" : " (" + fallback + ")");
+    std::vector<std::string> lines;
+    if (t.wgmma()) {
+      const int consumers = t.bm / t.wm;
+      lines = {"family:   " + u.family + " (TMA + wgmma m64n" + std::to_string(t.bn) +
+                   "k16, warp-specialized, persistent; f16 in, f32 accumulate)",
+               "config:   CTA " + std::to_string(t.bm) + "x" + std::to_string(t.bn) + "x" +
+                   std::to_string(t.bk) + ", " + std::to_string(consumers) +
+                   " consumer warpgroup" + (consumers > 1 ? "s" : "") + " + 1 producer, " +
+                   std::to_string(t.stages) + " stages, " + std::to_string(t.threads()) +
+                   " threads" + (u.transB ? ", B is [N, K]" : ", B is [K, N]")};
+    } else {
+      lines = {"family:   " + u.family +
+                   (t.backend == Backend::MmaSync ? " (mma.sync m16n8k16" : " (WMMA") +
+                   ", f16 in, f32 accumulate)" +
+                   (norm ? ", A normalised on load (" + op.fused.norm + ")" : ""),
+               "config:   CTA " + std::to_string(t.bm) + "x" + std::to_string(t.bn) + "x" +
+                   std::to_string(t.bk) + ", warp " + std::to_string(t.wm) + "x" +
+                   std::to_string(t.wn) + ", " + std::to_string(t.stages) + " stages, " +
+                   std::to_string(t.threads()) + " threads, " +
+                   (u.vec ? "16-byte loads" : "bounds-checked loads") +
+                   (u.transB ? ", B is [N, K]" : ", B is [K, N]")};
+    }
+    lines.push_back("epilogue: " + (chain.empty() ? std::string("none") : chain));
     body << header(op.kind == ir::OpKind::Fused ? "pattern " + op.fused.pattern + where
                                                 : std::string("gemm (not fused)"),
                    o, lines)
-         << "#include \"fpat_gemm.cuh\"\n";
+         << (t.wgmma() ? "#include \"fpat_wgmma.cuh\"\n" : "#include \"fpat_gemm.cuh\"\n");
     if (norm)
       body << "#include \"fpat_rowwise.cuh\"\n";
     body << "\n" << activationFunctions(acts, lib);
@@ -248,21 +340,39 @@ KernelUnit generate(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibrary&
          << "  __device__ __forceinline__ float operator()(float v, int64_t row, int64_t col,\n"
          << "                                              const FpatKernelArgs& a) const {\n"
          << "    (void)row;\n    (void)col;\n    (void)a;\n"
-         << epi.str() << "    return v;\n  }\n};\n\n"
-         << "using Tile = fpat::GemmTile<" << t.bm << ", " << t.bn << ", " << t.bk << ", " << t.wm
+         << epi.str() << "    return v;\n  }\n};\n\n";
+    if (t.wgmma()) {
+      body << "using Tile = fpat::WgmmaTile<" << t.bn << ", " << t.bm / t.wm << ", " << t.stages
+           << ">;\n\n} // namespace\n\n"
+           << "extern \"C\" __global__ void __launch_bounds__(" << t.threads() << ", 1) " << u.name
+           << "(const __grid_constant__ FpatTmaArgs p) {\n"
+           << "  fpat::gemmWgmma<Tile, " << (u.transB ? "true" : "false") << ", Epilogue>(p);\n}\n";
+      Launch l{Launch::Persistent, u.name, t.threads(), gemmSmemBytes(t, u.transB), {}};
+      // Box shapes as fpat_wgmma.cuh loads them: A in BK x BM boxes; B [N, K] in BK x BN
+      // boxes, B [K, N] in 64-column x BK boxes.
+      l.tma.push_back({0, u.K, u.M, t.bk, t.bm});
+      const int b = static_cast<int>(bIdx);
+      l.tma.push_back(u.transB ? TmaMap{b, u.K, u.N, t.bk, t.bn} : TmaMap{b, u.N, u.K, 64, t.bk});
+      u.launches.push_back(l);
+      u.params = acts.params;
+      u.source = body.str();
+      return u;
+    }
+    body << "using Tile = fpat::GemmTile<" << t.bm << ", " << t.bn << ", " << t.bk << ", " << t.wm
          << ", " << t.wn << ", " << t.stages << ">;\n\n} // namespace\n\n";
     if (norm) {
       body << "extern \"C\" __global__ void __launch_bounds__(256) " << u.name
            << "_rowstats(const FpatKernelArgs a) {\n"
            << "  fpat::rowStatsPass<" << (normKind == 1 ? "true" : "false") << ">(a);\n}\n\n";
-      u.launches.push_back({Launch::Rows, u.name + "_rowstats", 256, 0});
+      u.launches.push_back({Launch::Rows, u.name + "_rowstats", 256, 0, {}});
     }
     body << "extern \"C\" __global__ void __launch_bounds__(" << t.threads() << ") " << u.name
          << "(const FpatKernelArgs a) {\n"
          << "  fpat::gemm<Tile, " << (u.transB ? "true" : "false") << ", "
          << (u.vec ? "true" : "false") << ", " << normKind << ", Epilogue"
-         << (t.mma ? ", true" : "") << ">(a);\n}\n";
-    u.launches.push_back({Launch::GemmTiles, u.name, t.threads(), gemmSmemBytes(t, u.transB)});
+         << (t.backend == Backend::MmaSync ? ", true" : "") << ">(a);\n}\n";
+    u.launches.push_back(
+        {Launch::GemmTiles, u.name, t.threads(), gemmSmemBytes(t, u.transB), {}});
     u.params = acts.params;
     u.source = body.str();
     return u;
@@ -286,7 +396,7 @@ KernelUnit generate(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibrary&
          << "extern \"C\" __global__ void __launch_bounds__(256) " << u.name
          << "(const FpatKernelArgs a) {\n  fpat::normRows<" << (layer ? "true" : "false")
          << ">(a);\n}\n";
-    u.launches.push_back({Launch::Rows, u.name, 256, 0});
+    u.launches.push_back({Launch::Rows, u.name, 256, 0, {}});
     u.source = body.str();
     return u;
   }
@@ -340,7 +450,7 @@ KernelUnit generate(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibrary&
        << "    (void)a;\n    return " << expr << ";\n  }\n};\n\n} // namespace\n\n"
        << "extern \"C\" __global__ void __launch_bounds__(256) " << u.name
        << "(const FpatKernelArgs a) {\n  fpat::elementwise<Op>(a);\n}\n";
-  u.launches.push_back({Launch::Elements, u.name, 256, 0});
+  u.launches.push_back({Launch::Elements, u.name, 256, 0, {}});
   u.params = acts.params;
   u.source = body.str();
   return u;

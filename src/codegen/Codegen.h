@@ -18,32 +18,67 @@ public:
   using std::runtime_error::runtime_error;
 };
 
+/// The instruction family of a GEMM kernel's inner product.
+enum class Backend {
+  Wmma,    // WMMA fragments (sm_75+)
+  MmaSync, // mma.sync m16n8k16 + ldmatrix (sm_80+)
+  Wgmma,   // TMA + wgmma, warp-specialized, persistent (sm_90a: compute capability 9.0 only)
+};
+
 /// GEMM tile configuration: CTA tile BM x BN x BK, warp tile WM x WN, pipeline depth.
+/// For the wgmma backend a "warp tile" is a consumer warpgroup's: WM = 64 rows, WN = BN, and
+/// one producer warpgroup comes on top.
 struct TileConfig {
   int bm = 128, bn = 128, bk = 32, wm = 64, wn = 32, stages = 3;
-  bool mma = false; // inner product with mma.sync + ldmatrix (sm_80+) instead of WMMA
-  int threads() const { return 32 * (bm / wm) * (bn / wn); }
-  /// `128x128x32_w2x4_s3` (warps along M x N), `_mma` for the mma.sync backend.
+  Backend backend = Backend::Wmma;
+  bool wgmma() const { return backend == Backend::Wgmma; }
+  int threads() const {
+    return wgmma() ? 128 * (bm / wm + 1) : 32 * (bm / wm) * (bn / wn);
+  }
+  /// `128x128x32_w2x4_s3` (warps along M x N), `_mma` for the mma.sync backend;
+  /// `128x256x64_w2x1_s4_wgmma` (consumer warpgroups along M x N) for the wgmma backend.
   std::string str() const;
   /// The inverse of str(); nullopt for text that is not a configuration name.
   static std::optional<TileConfig> parse(const std::string& text);
   bool operator==(const TileConfig&) const = default;
 };
 
-/// Dynamic shared memory of a GEMM configuration; mirrors fpat::gemmSmemBytes in fpat_gemm.cuh.
+/// Dynamic shared memory of a GEMM configuration; mirrors fpat::gemmSmemBytes in fpat_gemm.cuh
+/// and fpat::wgmmaSmemBytes in fpat_wgmma.cuh.
 int gemmSmemBytes(const TileConfig& t, bool transB);
+
+/// Whether the wgmma backend can run an M x N x K GEMM: TMA needs row strides that are
+/// multiples of 16 bytes (K % 8 == 0, and N % 8 == 0 when B is [K, N]) and 32-bit coordinates.
+bool tmaCompatible(int64_t m, int64_t n, int64_t k, bool transB);
+
+/// The wgmma configurations the kernel template implements (consumers 1 or 2, BN 64/128/256,
+/// the deepest ring that fits in 227 KB).
+std::vector<TileConfig> wgmmaConfigs();
 
 /// The heuristic default when nothing better is known (no tuning, no GPU): large tiles for
 /// large problems, smaller ones when the large tiles would leave most SMs idle.
 /// `norm`: for norm_gemm, whose in-place normalisation needs about 50 more registers per thread.
-TileConfig defaultTile(int64_t m, int64_t n, int arch, int numSms = 132, bool norm = false);
+/// On sm_90 a wgmma configuration unless `norm` or `!tma` (see tmaCompatible).
+TileConfig defaultTile(int64_t m, int64_t n, int arch, int numSms = 132, bool norm = false,
+                       bool tma = true);
+
+/// A TMA tensor map the runtime encodes for a launch: operand `operand` of the op seen as
+/// `outer` rows of `inner` f16 elements (dense rows), read in boxes of boxInner x boxOuter,
+/// 128-byte swizzle. The kernel template reads the boxes with the same shape.
+struct TmaMap {
+  int operand = 0;
+  int64_t inner = 0, outer = 0;
+  int boxInner = 64, boxOuter = 64;
+};
 
 /// How a kernel entry is launched; the runtime derives the grid from the op's shapes.
 struct Launch {
-  enum Grid { GemmTiles, Rows, Elements } grid = GemmTiles;
+  // Persistent: min(GEMM tiles, SMs) CTAs, each walking tiles (the wgmma backend).
+  enum Grid { GemmTiles, Rows, Elements, Persistent } grid = GemmTiles;
   std::string entry; // extern "C" name
   int threads = 256;
   int smemBytes = 0;
+  std::vector<TmaMap> tma; // non-empty: the kernel takes FpatTmaArgs with these maps (A, B)
 };
 
 /// One generated translation unit and how to run it for one op.
@@ -56,6 +91,7 @@ struct KernelUnit {
   TileConfig tile;  // gemm families
   bool vec = false; // gemm: aligned 16-byte path
   bool transB = false;
+  bool sm90a = false; // uses sm_90a-only instructions: compiled for compute_90a / sm_90a
   // Argument block values (pointers are bound by the runtime; in[i] = operand i of the op).
   int64_t M = 0, N = 0, K = 0;
   float eps = 0;

@@ -38,6 +38,9 @@ struct Api {
   CUresult (*cuEventSynchronize)(CUevent);
   CUresult (*cuEventElapsedTime)(float*, CUevent, CUevent);
   CUresult (*cuEventDestroy)(CUevent);
+  // Optional (CUDA 12+): TMA tensor maps for the Hopper backend.
+  CUresult (*cuTensorMapEncodeTiled)(void*, int, unsigned, void*, const uint64_t*, const uint64_t*,
+                                     const unsigned*, const unsigned*, int, int, int, int);
 };
 Api api;
 
@@ -105,6 +108,7 @@ bool Driver::init(std::string* why) {
     *why = "the CUDA driver lacks an entry point fpat needs (driver too old?)";
     return false;
   }
+  hasTensorMaps_ = resolve(lib_, api.cuTensorMapEncodeTiled, "cuTensorMapEncodeTiled");
   const char* msg = nullptr;
   if (CUresult r = api.cuInit(0); r != 0) {
     api.cuGetErrorString(r, &msg);
@@ -170,12 +174,26 @@ int Driver::funcAttribute(CUfunction f, int attr) {
 }
 void Driver::launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, int smem,
                     void* argBlock, size_t argBytes) {
-  // One parameter, passed as a byte buffer (CU_LAUNCH_PARAM_BUFFER_POINTER/SIZE/END).
-  void* extra[] = {reinterpret_cast<void*>(1), argBlock, reinterpret_cast<void*>(2), &argBytes,
-                   reinterpret_cast<void*>(0)};
-  check(api.cuLaunchKernel(f, gx, gy, gz, bx, 1, 1, static_cast<unsigned>(smem), nullptr, nullptr,
-                           extra),
+  // One parameter (the argument block), passed by address; its size comes from the kernel.
+  (void)argBytes;
+  void* params[] = {argBlock};
+  check(api.cuLaunchKernel(f, gx, gy, gz, bx, 1, 1, static_cast<unsigned>(smem), nullptr, params,
+                           nullptr),
         "cuLaunchKernel");
+}
+void Driver::encodeTensorMap(void* map, CUdeviceptr base, uint64_t inner, uint64_t outer,
+                             uint64_t rowBytes, unsigned boxInner, unsigned boxOuter) {
+  if (!hasTensorMaps_)
+    throw CudaError("the CUDA driver cannot encode TMA tensor maps (cuTensorMapEncodeTiled)");
+  // cuda.h's enumerators: CU_TENSOR_MAP_DATA_TYPE_FLOAT16 = 6, INTERLEAVE_NONE = 0,
+  // SWIZZLE_128B = 3, L2_PROMOTION_L2_256B = 3, FLOAT_OOB_FILL_NONE = 0 (zeros).
+  const uint64_t dims[2] = {inner, outer};
+  const uint64_t strides[1] = {rowBytes};
+  const unsigned box[2] = {boxInner, boxOuter};
+  const unsigned elementStrides[2] = {1, 1};
+  check(api.cuTensorMapEncodeTiled(map, 6, 2, reinterpret_cast<void*>(base), dims, strides, box,
+                                   elementStrides, 0, 3, 3, 0),
+        "cuTensorMapEncodeTiled");
 }
 CUdeviceptr Driver::alloc(size_t bytes) {
   CUdeviceptr p = 0;

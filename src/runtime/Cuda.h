@@ -63,6 +63,13 @@ public:
   void copyOnDevice(CUdeviceptr dst, CUdeviceptr src, size_t bytes);
   void fill16(CUdeviceptr p, uint16_t value, size_t count);
   void synchronize();
+  /// Whether the driver can encode TMA tensor maps (CUDA 12+ drivers).
+  bool hasTensorMaps() const { return hasTensorMaps_; }
+  /// Encodes a 2-D f16 tensor map with 128-byte swizzle and zero fill out of bounds into `map`
+  /// (128 bytes, 64-byte aligned): `outer` rows of `inner` elements, rows `rowBytes` apart,
+  /// boxes of boxInner x boxOuter elements.
+  void encodeTensorMap(void* map, CUdeviceptr base, uint64_t inner, uint64_t outer,
+                       uint64_t rowBytes, unsigned boxInner, unsigned boxOuter);
   CUevent createEvent();
   void destroyEvent(CUevent e);
   void record(CUevent e);
@@ -80,6 +87,7 @@ private:
   CUcontext ctx_ = nullptr;
   CUdevice dev_ = 0;
   void* lib_ = nullptr;
+  bool hasTensorMaps_ = false;
 };
 
 } // namespace fpat::cuda

@@ -111,7 +111,9 @@ Executor::Executor(cuda::Driver& drv, const CompiledGraph& cg) : drv_(drv), cg_(
       std::vector<int> inSlots;
       for (ir::Vertex in : ins)
         inSlots.push_back(plan_.slotOf[in]);
-      launches_.push_back({v, f, l, a, plan_.slotOf[v], inSlots});
+      if (!l.tma.empty() && !drv_.hasTensorMaps())
+        throw cuda::CudaError(l.entry + " reads through TMA, which this CUDA driver cannot set up");
+      launches_.push_back({v, f, l, a, plan_.slotOf[v], inSlots, {}});
     }
   }
 }
@@ -154,6 +156,10 @@ void Executor::launchAll(bool poison, size_t set) {
     }
     unsigned gx = 1, gy = 1;
     switch (b.launch.grid) {
+    case codegen::Launch::Persistent:
+      gx = static_cast<unsigned>(std::min<int64_t>(
+          sms, ((u.N + u.tile.bn - 1) / u.tile.bn) * ((u.M + u.tile.bm - 1) / u.tile.bm)));
+      break;
     case codegen::Launch::GemmTiles:
       gx = static_cast<unsigned>((u.N + u.tile.bn - 1) / u.tile.bn);
       gy = static_cast<unsigned>((u.M + u.tile.bm - 1) / u.tile.bm);
@@ -170,6 +176,29 @@ void Executor::launchAll(bool poison, size_t set) {
     }
     if (gx == 0 || gy == 0)
       throw cuda::CudaError("%" + cg_.graph.op(b.v).name + ": empty launch grid");
+    if (!b.launch.tma.empty()) {
+      if (b.tmaArgs.size() <= set)
+        b.tmaArgs.resize(set + 1);
+      if (!b.tmaArgs[set]) {
+        auto t = std::make_unique<FpatTmaArgs>();
+        std::memset(t.get(), 0, sizeof *t);
+        t->k = args;
+        FpatTensorMap* maps[2] = {&t->a, &t->b};
+        for (size_t i = 0; i < b.launch.tma.size() && i < 2; ++i) {
+          const codegen::TmaMap& m = b.launch.tma[i];
+          drv_.encodeTensorMap(maps[i]->opaque,
+                               reinterpret_cast<cuda::CUdeviceptr>(args.in[m.operand]),
+                               static_cast<uint64_t>(m.inner), static_cast<uint64_t>(m.outer),
+                               static_cast<uint64_t>(m.inner) * 2,
+                               static_cast<unsigned>(m.boxInner),
+                               static_cast<unsigned>(m.boxOuter));
+        }
+        b.tmaArgs[set] = std::move(t);
+      }
+      drv_.launch(b.fn, gx, gy, 1, static_cast<unsigned>(b.launch.threads), b.launch.smemBytes,
+                  b.tmaArgs[set].get(), sizeof(FpatTmaArgs));
+      continue;
+    }
     drv_.launch(b.fn, gx, gy, 1, static_cast<unsigned>(b.launch.threads), b.launch.smemBytes, &args,
                 sizeof args);
   }

@@ -10,6 +10,7 @@
 
 #include <functional>
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
@@ -89,6 +90,9 @@ private:
     FpatKernelArgs args;
     int outSlot;
     std::vector<int> inSlots;
+    // The wgmma backend's parameter block per buffer rotation, tensor maps encoded on first use
+    // (they hold the global addresses). Empty for other kernels.
+    std::vector<std::unique_ptr<FpatTmaArgs>> tmaArgs;
   };
 
   cuda::Driver& drv_;

@@ -98,7 +98,13 @@ CompiledKernel compileOne(const codegen::KernelUnit& u, const NvccOptions& o,
                           const std::string& cache, const std::string& include) {
   CompiledKernel k;
   k.name = u.name;
-  std::vector<std::string> flags = {"-std=c++17", "-O3", "-arch=sm_" + std::to_string(o.arch)};
+  std::vector<std::string> flags = {"-std=c++17", "-O3"};
+  // wgmma and setmaxnreg exist only in the arch-specific sm_90a target; `-arch=sm_90a` would
+  // also run a plain compute_90 pass that rejects them, so name the pair explicitly.
+  if (u.sm90a)
+    flags.insert(flags.end(), {"-gencode", "arch=compute_90a,code=sm_90a"});
+  else
+    flags.push_back("-arch=sm_" + std::to_string(o.arch));
   if (o.lineInfo)
     flags.push_back("-lineinfo");
   flags.insert(flags.end(), o.extraFlags.begin(), o.extraFlags.end());
@@ -127,6 +133,14 @@ CompiledKernel compileOne(const codegen::KernelUnit& u, const NvccOptions& o,
     argv.insert(argv.end(), flags.begin(), flags.end());
     argv.insert(argv.end(), {"-o", tmp, k.sourcePath});
     ProcessResult r = runProcess(argv);
+    // ptxas serializes wgmma it cannot keep asynchronous (accumulators indexed at run time,
+    // C7510 and friends) and only warns: such a kernel runs at a fraction of its speed.
+    if (r.exitCode == 0 && u.sm90a && r.output.find("wgmma") != std::string::npos &&
+        r.output.find("serializ") != std::string::npos) {
+      fs::remove(tmp, ec);
+      k.error = "ptxas serialized the wgmma instructions of " + k.sourcePath + ":\n" + r.output;
+      return false;
+    }
     if (r.exitCode != 0) {
       fs::remove(tmp, ec);
       k.error = "nvcc failed on " + k.sourcePath + " (exit " + std::to_string(r.exitCode) + "):\n" +

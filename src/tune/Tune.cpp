@@ -40,6 +40,23 @@ DeviceLimits DeviceLimits::fromJson(const std::string& text) {
 }
 
 std::string staticReject(const TileConfig& t, bool transB, const DeviceLimits& d) {
+  if (t.wgmma()) {
+    if (d.arch != 90)
+      return "the wgmma backend needs compute capability 9.0 (sm_90a), not sm_" +
+             std::to_string(d.arch);
+    const auto known = codegen::wgmmaConfigs();
+    if (std::none_of(known.begin(), known.end(), [&](const TileConfig& k) {
+          return k.bm == t.bm && k.bn == t.bn && k.bk == t.bk && k.wm == t.wm && k.wn == t.wn;
+        }))
+      return "not a tile shape of the wgmma kernel";
+    if (t.threads() > d.maxThreadsPerBlock)
+      return std::to_string(t.threads()) + " threads per block";
+    const int smem = codegen::gemmSmemBytes(t, transB);
+    if (smem > d.smemOptin)
+      return std::to_string(smem) + " bytes of shared memory (the device allows " +
+             std::to_string(d.smemOptin) + ")";
+    return "";
+  }
   if (t.bm % t.wm || t.bn % t.wn || t.wm % 16 || t.wn % 16 || t.bk % 16)
     return "tiles do not divide into 16x16 WMMA fragments";
   const int threads = t.threads();
@@ -50,7 +67,7 @@ std::string staticReject(const TileConfig& t, bool transB, const DeviceLimits& d
            " accumulator fragments (16 at most: more cannot stay in registers)";
   if (d.arch < 80 && t.stages > 2)
     return "more than 2 stages needs cp.async (sm_80)";
-  if (d.arch < 80 && t.mma)
+  if (d.arch < 80 && t.backend == codegen::Backend::MmaSync)
     return "the mma.sync backend needs sm_80";
   const int smem = codegen::gemmSmemBytes(t, transB);
   if (smem > d.smemOptin)
@@ -81,21 +98,25 @@ std::vector<TileConfig> fullSpace() {
         for (int wm : {32, 64})
           for (int wn : {32, 64})
             for (int stages : {2, 3, 4})
-              for (bool mma : {false, true})
-                out.push_back({bm, bn, bk, wm, wn, stages, mma});
+              for (codegen::Backend b : {codegen::Backend::Wmma, codegen::Backend::MmaSync})
+                out.push_back({bm, bn, bk, wm, wn, stages, b});
+  for (const TileConfig& t : codegen::wgmmaConfigs())
+    out.push_back(t);
   return out;
 }
 
 std::vector<TileConfig> searchSpace(const DeviceLimits& d, bool transB, int64_t m, int64_t n,
-                                    size_t limit, bool norm) {
+                                    size_t limit, bool norm, bool tma) {
   auto fitsProblem = [&](const TileConfig& t) {
     // A tile more than twice the problem in a dimension only computes padding.
     return t.bm <= std::max<int64_t>(64, 2 * m) && t.bn <= std::max<int64_t>(64, 2 * n);
   };
-  const TileConfig heuristic = codegen::defaultTile(m, n, d.arch, d.sms, norm);
+  const bool wgmmaOk = d.arch == 90 && tma && !norm;
+  const TileConfig heuristic = codegen::defaultTile(m, n, d.arch, d.sms, norm, wgmmaOk);
   std::vector<TileConfig> ok;
   for (const TileConfig& t : fullSpace())
-    if (staticReject(t, transB, d).empty() && fitsProblem(t) && !(t == heuristic))
+    if (staticReject(t, transB, d).empty() && fitsProblem(t) && !(t == heuristic) &&
+        (wgmmaOk || !t.wgmma()))
       ok.push_back(t);
   // Rank by how well the grid fills the GPU (fewest idle CTA slots in the last wave, with the
   // CTAs per SM that shared memory and an estimate of the registers allow), then by larger
@@ -104,6 +125,8 @@ std::vector<TileConfig> searchSpace(const DeviceLimits& d, bool transB, int64_t 
   // fragments and about 40 registers of addresses and indices per thread (about 50 more for
   // norm_gemm's in-place normalisation), at most 255.
   auto ctasPerSm = [&](const TileConfig& t) {
+    if (t.wgmma()) // persistent: one CTA per SM by construction
+      return 1;
     const int frags = (t.wm / 16) * (t.wn / 16);
     // Above 255 the kernel spills a little (tolerated, see compiledReject) at 255 registers.
     const int regs =
@@ -121,6 +144,10 @@ std::vector<TileConfig> searchSpace(const DeviceLimits& d, bool transB, int64_t 
     const double slots = static_cast<double>(per) * d.sms;
     const double waves = std::ceil(tiles / slots);
     const double fill = tiles / (waves * slots);
+    // The wgmma kernels run about twice as fast as the others on sm_90 (bench/RESULTS.md):
+    // all of them rank first, wider tiles first (more reuse of each loaded byte).
+    if (t.wgmma())
+      return 10 + fill * (t.bm == 128 ? 1.0 : 0.85) * (t.bn == 256 ? 1.0 : t.bn == 128 ? 0.9 : 0.8);
     return fill + 0.05 * std::log2(static_cast<double>(t.wm) * t.wn) +
            0.03 * std::log2(static_cast<double>(t.bm) * t.bn) + 0.02 * (t.bk / 32) +
            0.01 * t.stages;
@@ -206,9 +233,14 @@ nlohmann::json readCache(const std::string& path, bool repair, std::vector<std::
   return emptyCache();
 }
 
+const char* backendName(codegen::Backend b) {
+  return b == codegen::Backend::MmaSync ? "mma" : b == codegen::Backend::Wgmma ? "wgmma" : "wmma";
+}
+
 nlohmann::json configJson(const TileConfig& t) {
-  return {{"bm", t.bm}, {"bn", t.bn},         {"bk", t.bk},  {"wm", t.wm},
-          {"wn", t.wn}, {"stages", t.stages}, {"mma", t.mma}};
+  return {{"bm", t.bm}, {"bn", t.bn},         {"bk", t.bk},
+          {"wm", t.wm}, {"wn", t.wn},         {"stages", t.stages},
+          {"backend", backendName(t.backend)}};
 }
 
 } // namespace
@@ -240,8 +272,14 @@ std::optional<Entry> TuningCache::lookup(const Key& k) {
   try {
     const auto& c = (*it)["config"];
     Entry e;
-    e.config = {c.at("bm"), c.at("bn"),     c.at("bk"),           c.at("wm"),
-                c.at("wn"), c.at("stages"), c.value("mma", false)};
+    e.config = {c.at("bm"), c.at("bn"), c.at("bk"), c.at("wm"), c.at("wn"), c.at("stages")};
+    const std::string backend = c.value("backend", c.value("mma", false) ? "mma" : "wmma");
+    if (backend == "mma")
+      e.config.backend = codegen::Backend::MmaSync;
+    else if (backend == "wgmma")
+      e.config.backend = codegen::Backend::Wgmma;
+    else if (backend != "wmma")
+      throw nlohmann::json::other_error::create(501, "unknown backend " + backend, &c);
     e.ms = it->value("ms", 0.0);
     e.heuristicMs = it->value("heuristic_ms", 0.0);
     e.candidates = it->value("candidates", 0);

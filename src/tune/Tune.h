@@ -38,9 +38,11 @@ std::string compiledReject(const codegen::TileConfig& t, int regsPerThread, int 
 std::vector<codegen::TileConfig> fullSpace();
 /// The configurations worth timing for an M x N problem on this device: those that fit, with
 /// tiles no larger than the problem needs, at most `limit` of them, the heuristic first.
-/// `norm`: for norm_gemm kernels (more registers per thread).
+/// `norm`: for norm_gemm kernels (more registers per thread). `tma`: the problem meets the
+/// wgmma backend's alignment rules (codegen::tmaCompatible); its configurations lead on sm_90.
 std::vector<codegen::TileConfig> searchSpace(const DeviceLimits& d, bool transB, int64_t m,
-                                             int64_t n, size_t limit = 24, bool norm = false);
+                                             int64_t n, size_t limit = 24, bool norm = false,
+                                             bool tma = true);
 
 /// Identifies one tuning problem.
 struct Key {

@@ -119,10 +119,10 @@ Choice tune(cuda::Driver& drv, const ir::Graph& g, ir::Vertex v, const dsl::Patt
   std::vector<TileConfig> candidates;
   if (o.configs.empty())
     candidates = searchSpace(lim, probe.transB, probe.M, probe.N, o.maxCandidates,
-                             probe.family == "norm_gemm");
+                             probe.family == "norm_gemm",
+                             codegen::tmaCompatible(probe.M, probe.N, probe.K, probe.transB));
   else // the heuristic first, as in the search space, so that it is always reported
-    candidates = {
-        codegen::defaultTile(probe.M, probe.N, lim.arch, lim.sms, probe.family == "norm_gemm")};
+    candidates = {probe.tile};
   for (const TileConfig& t : o.configs)
     if (std::find(candidates.begin(), candidates.end(), t) != candidates.end())
       continue;
@@ -196,6 +196,10 @@ Choice tune(cuda::Driver& drv, const ir::Graph& g, ir::Vertex v, const dsl::Patt
     };
     if (!compiled[i].error.empty()) {
       reject("nvcc failed");
+      continue;
+    }
+    if (!(units[i].tile == t)) { // e.g. wgmma asked for where TMA cannot run
+      reject("runs as " + units[i].tile.str() + " for this shape");
       continue;
     }
     runtime::CompiledGraph cg{sub, {}, {}};

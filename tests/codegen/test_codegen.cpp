@@ -62,21 +62,36 @@ BOOST_AUTO_TEST_CASE(every_case_fuses_into_one_kernel) {
 BOOST_AUTO_TEST_CASE(configuration_names_parse_back) {
   for (const codegen::TileConfig& t :
        {codegen::TileConfig{128, 256, 64, 64, 64, 3}, codegen::TileConfig{64, 64, 32, 32, 32, 2},
-        codegen::TileConfig{256, 128, 64, 64, 64, 4, true}}) {
+        codegen::TileConfig{256, 128, 64, 64, 64, 4, codegen::Backend::MmaSync},
+        codegen::TileConfig{128, 256, 64, 64, 256, 4, codegen::Backend::Wgmma},
+        codegen::TileConfig{64, 128, 64, 64, 128, 8, codegen::Backend::Wgmma}}) {
     auto back = codegen::TileConfig::parse(t.str());
     BOOST_REQUIRE(back.has_value());
     BOOST_TEST((*back == t), t.str());
   }
   for (const char* bad : {"", "128x128x32", "128x128x32_w2x4_s3_", "128x128x32_w2x4_s3_mmax",
-                          "128x128x32_w3x4_s3", "128x128x32_w0x4_s3", "-128x128x32_w2x4_s3"})
+                          "128x128x32_w3x4_s3", "128x128x32_w0x4_s3", "-128x128x32_w2x4_s3",
+                          "128x256x32_w2x1_s4_wgmma", "256x256x64_w4x1_s4_wgmma",
+                          "128x256x64_w2x2_s4_wgmma"})
     BOOST_TEST(!codegen::TileConfig::parse(bad).has_value(), bad);
 }
 
 BOOST_AUTO_TEST_CASE(names_encode_the_configuration) {
-  auto u = unitsFor("gemm_bias_gelu", {1024, 4096, 4096}, 90).at(0);
-  BOOST_TEST(u.name == "fpat_gemm_bias_gelu_sm90_128x256x64_w2x4_s3_vec");
+  auto u = unitsFor("gemm_bias_gelu", {1024, 4096, 4096}, 80).at(0);
+  BOOST_TEST(u.name == "fpat_gemm_bias_gelu_sm80_128x256x64_w2x4_s3_vec");
   BOOST_TEST(u.launches.at(0).entry == u.name);
   BOOST_TEST(u.launches.at(0).threads == 256);
+  // sm_90: the wgmma backend, 2 consumer warpgroups + 1 producer, persistent, two TMA maps.
+  auto h = unitsFor("gemm_bias_gelu", {1024, 4096, 4096}, 90).at(0);
+  BOOST_TEST(h.name == "fpat_gemm_bias_gelu_sm90a_128x256x64_w2x1_s4_wgmma");
+  BOOST_TEST(h.sm90a);
+  BOOST_TEST(h.launches.at(0).threads == 384);
+  BOOST_TEST(h.launches.at(0).grid == codegen::Launch::Persistent);
+  BOOST_TEST(h.launches.at(0).tma.size() == 2u);
+  BOOST_TEST(h.source.find("128x256x64, 2 consumer warpgroups + 1 producer, 4 stages") !=
+             std::string::npos);
+  // M = 512: 128x256 tiles would fill half the SMs; 128x128 fills them.
+  BOOST_TEST(unitsFor("gemm_bias_gelu", {512, 4096, 4096}, 90).at(0).tile.bn == 128);
   // sm_86 cannot hold three stages of that tile (99 KB of shared memory).
   auto small = unitsFor("gemm_bias_gelu", {1024, 4096, 4096}, 86).at(0);
   BOOST_TEST(small.name == "fpat_gemm_bias_gelu_sm86_128x128x32_w2x2_s3_vec");
@@ -227,8 +242,8 @@ BOOST_AUTO_TEST_CASE(buffer_plan_reuses_dead_values_only) {
 BOOST_AUTO_TEST_CASE(mma_backend_compiles_for_sm80_sm90,
                      *boost::unit_test::precondition(nvccPresent)) {
   TempDir cache;
-  const codegen::TileConfig tiles[] = {{128, 128, 32, 64, 32, 3, true},
-                                       {64, 64, 32, 32, 32, 3, true}};
+  const codegen::TileConfig tiles[] = {{128, 128, 32, 64, 32, 3, codegen::Backend::MmaSync},
+                                       {64, 64, 32, 32, 32, 3, codegen::Backend::MmaSync}};
   for (int arch : {80, 90}) {
     std::vector<codegen::KernelUnit> units;
     for (const char* name : {"gemm", "gemm_bt", "gemm_bias_gelu", "gemm_bias_residual",
@@ -250,4 +265,61 @@ BOOST_AUTO_TEST_CASE(mma_backend_compiles_for_sm80_sm90,
     for (const runtime::CompiledKernel& k : runtime::compileAll(units, o))
       BOOST_TEST(k.error.empty(), k.name << ": " << k.error);
   }
+}
+
+BOOST_AUTO_TEST_CASE(wgmma_falls_back_where_tma_cannot_run) {
+  // TMA needs 16-byte row strides: K % 8 for A (and B^T), N % 8 for B [K, N].
+  for (auto [name, s] : {std::pair<const char*, Shape>{"gemm_bias_gelu", {64, 64, 100}},
+                         {"gemm", {64, 100, 64}},
+                         {"gemm_bt", {64, 64, 20}}}) {
+    auto u = unitsFor(name, s, 90).at(0);
+    BOOST_TEST(!u.tile.wgmma(), name);
+    BOOST_TEST(!u.sm90a, name);
+  }
+  // B^T only needs K % 8: N = 100 still runs on wgmma.
+  BOOST_TEST(unitsFor("gemm_bt", {64, 100, 64}, 90).at(0).tile.wgmma());
+  // A forced wgmma configuration where it cannot run says so in the op's log line.
+  ir::Graph f = fuse(caseGraph("gemm_bias", {64, 64, 100}));
+  const codegen::TileConfig forced{128, 256, 64, 64, 256, 4, codegen::Backend::Wgmma};
+  codegen::CodegenOptions o;
+  o.tile = &forced;
+  codegen::KernelUnit u = codegen::generate(f, f.outputs()[0], builtinLibrary(), o);
+  BOOST_TEST(!u.tile.wgmma());
+  BOOST_TEST(u.what.find("fallback: 128x256x64_w2x1_s4_wgmma cannot run here (TMA needs K % 8 "
+                         "== 0, K is 100)") != std::string::npos,
+             u.what);
+  // Not on other GPUs, not for norm_gemm.
+  BOOST_TEST(!unitsFor("gemm_bias", {1024, 4096, 4096}, 80).at(0).tile.wgmma());
+  BOOST_TEST(!unitsFor("rmsnorm_gemm", {1024, 4096, 4096}, 90).at(0).tile.wgmma());
+}
+
+BOOST_AUTO_TEST_CASE(wgmma_backend_compiles_for_sm90a_without_serialization,
+                     *boost::unit_test::precondition(nvccPresent)) {
+  // Every GEMM-family pattern, both B layouts, every tile shape of the template: nvcc accepts
+  // them and ptxas keeps the wgmma asynchronous (a serialization warning fails the compile).
+  TempDir cache;
+  std::vector<codegen::KernelUnit> units;
+  std::vector<codegen::TileConfig> tiles;
+  for (const codegen::TileConfig& t : codegen::wgmmaConfigs())
+    if (tiles.empty() || tiles.back().bm != t.bm || tiles.back().bn != t.bn)
+      tiles.push_back(t); // each shape once
+  for (const char* name : {"gemm", "gemm_bt", "gemm_bias_gelu", "gemm_bias_silu", "gemm_bias_relu",
+                           "gemm_bias", "gemm_bias_residual", "gemm_gelu", "gemm_silu"})
+    for (const codegen::TileConfig& t : tiles) {
+      if (std::string(name) != "gemm" && std::string(name) != "gemm_bias_gelu" &&
+          !(t.bm == 128 && t.bn == 256))
+        continue; // all shapes for two patterns, the default shape for the rest
+      ir::Graph f = fuse(caseGraph(name, {256, 512, 128}));
+      codegen::CodegenOptions o;
+      o.arch = 90;
+      o.tile = &t;
+      codegen::KernelUnit u = codegen::generate(f, f.outputs()[0], builtinLibrary(), o);
+      BOOST_TEST(u.sm90a, name << " " << t.str());
+      units.push_back(std::move(u));
+    }
+  runtime::NvccOptions o;
+  o.arch = 90;
+  o.cacheDir = cache.path.string();
+  for (const runtime::CompiledKernel& k : runtime::compileAll(units, o))
+    BOOST_TEST(k.error.empty(), k.name << ": " << k.error);
 }

@@ -57,16 +57,34 @@ runtime::BuildOptions buildOptions() {
 /// 64x64-warp tiles the heuristic picks on the H200.
 const std::vector<codegen::TileConfig>& configTiles() {
   static const std::vector<codegen::TileConfig> t = {{128, 256, 64, 64, 64, 3},
-                                                     {256, 128, 64, 64, 64, 4, true},
+                                                     {256, 128, 64, 64, 64, 4, codegen::Backend::MmaSync},
                                                      {128, 128, 32, 64, 32, 2},
-                                                     {128, 128, 32, 64, 32, 3, true},
-                                                     {64, 64, 64, 32, 32, 4, true}};
+                                                     {128, 128, 32, 64, 32, 3, codegen::Backend::MmaSync},
+                                                     {64, 64, 64, 32, 32, 4, codegen::Backend::MmaSync}};
   return t;
 }
 const char* const kConfigCases[] = {
     "gemm", "gemm_bt", "gemm_bias_gelu", "gemm_bias_residual", "layernorm_gemm", "rmsnorm_gemm"};
 const Shape kConfigShapes[] = {Shape{64, 64, 64}, Shape{17, 100, 1000}, Shape{1000, 520, 64},
                                Shape{1, 17, 40}, Shape{1000, 1000, 1000}};
+
+/// The wgmma backend (sm_90 only): each tile shape of the template at its deepest ring, every
+/// GEMM-family epilogue, both B layouts, at aligned and ragged shapes: M = 1, N = 8 and N not a
+/// multiple of the tile, K a multiple of 8 but not of the 64-deep k-tile, K = 8, and shapes
+/// where TMA cannot run (K or N not a multiple of 8: the fallback must be right too).
+std::vector<codegen::TileConfig> wgmmaTiles() {
+  std::vector<codegen::TileConfig> t;
+  for (const codegen::TileConfig& c : codegen::wgmmaConfigs())
+    if (t.empty() || t.back().bm != c.bm || t.back().bn != c.bn)
+      t.push_back(c);
+  return t;
+}
+const char* const kWgmmaCases[] = {"gemm",           "gemm_bt",   "gemm_bias_gelu",
+                                   "gemm_bias_silu", "gemm_bias", "gemm_bias_residual",
+                                   "gemm_silu"};
+const Shape kWgmmaShapes[] = {Shape{64, 64, 64},     Shape{1, 8, 8},       Shape{1000, 520, 72},
+                              Shape{129, 264, 4104}, Shape{300, 1000, 40}, Shape{17, 100, 1000},
+                              Shape{64, 64, 100},    Shape{1, 17, 40}};
 
 /// Without a GPU the suite ends here with 77 (ctest: skipped). Otherwise every kernel of every
 /// case is compiled up front, in parallel, so the cases find them cached.
@@ -93,6 +111,16 @@ struct GpuSetup {
           for (const codegen::TileConfig& t : configTiles()) {
             if (quick() && s.m * s.n * s.k > 1000000)
               continue;
+            ir::Graph f = fuse(caseGraph(name, s));
+            codegen::CodegenOptions ct = c;
+            ct.tile = &t;
+            for (ir::Vertex v : f.vertices())
+              units.push_back(codegen::generate(f, v, builtinLibrary(), ct));
+          }
+    if (c.arch == 90)
+      for (const char* name : kWgmmaCases)
+        for (Shape s : kWgmmaShapes)
+          for (const codegen::TileConfig& t : wgmmaTiles()) {
             ir::Graph f = fuse(caseGraph(name, s));
             codegen::CodegenOptions ct = c;
             ct.tile = &t;
@@ -187,6 +215,73 @@ BOOST_AUTO_TEST_CASE(tile_configurations_match_the_reference) {
             runtime::Agreement a = runtime::compareToReference(r.outputs[0], want[g.outputs()[0]]);
             BOOST_TEST(a.pass, "max rel err " << a.maxRel << ", non-finite " << a.nonFinite);
           }
+}
+
+BOOST_AUTO_TEST_CASE(wgmma_configurations_match_the_reference) {
+  if (gpu()->device().arch != 90)
+    return;
+  int onWgmma = 0;
+  for (const char* name : kWgmmaCases)
+    for (Shape s : kWgmmaShapes)
+      for (const codegen::TileConfig& t : wgmmaTiles())
+        BOOST_TEST_CONTEXT(name << " " << s.str() << " " << t.str()) {
+          ir::Graph g = caseGraph(name, s);
+          ir::Graph f = fuse(g);
+          runtime::BuildOptions o = buildOptions();
+          o.tile = &t;
+          runtime::BuildResult b = runtime::buildKernels(f, builtinLibrary(), o);
+          BOOST_TEST_REQUIRE(b.error.empty(), b.error);
+          const codegen::KernelUnit& u = b.graph.units[f.outputs()[0]];
+          const bool tma = codegen::tmaCompatible(s.m, s.n, s.k, std::string(name) == "gemm_bt");
+          BOOST_TEST(u.tile.wgmma() == tma, "ran as " << u.tile.str());
+          onWgmma += u.tile.wgmma();
+          auto inputs = ir::randomInputs(g, 13);
+          auto want = ir::evaluate(g, inputs, builtinLibrary().referenceActivations());
+          runtime::Executor ex(*gpu(), b.graph);
+          runtime::RunResult r = ex.run(inputs, true);
+          runtime::Agreement a = runtime::compareToReference(r.outputs[0], want[g.outputs()[0]]);
+          BOOST_TEST(a.pass, "max rel err " << a.maxRel << ", non-finite " << a.nonFinite);
+        }
+  BOOST_TEST(onWgmma > 0);
+}
+
+BOOST_AUTO_TEST_CASE(wgmma_realistic_shape) {
+  // One LLM-sized problem per B layout on the default (heuristic) configuration: the persistent
+  // schedule walks many tiles per CTA and the ring wraps many times. FPAT_GPU_QUICK (the
+  // compute-sanitizer run) keeps it: the sanitizers must see a realistic shape too.
+  if (gpu()->device().arch != 90)
+    return;
+  for (const char* name : {"gemm_bias_gelu", "gemm_bt"})
+    BOOST_TEST_CONTEXT(name) {
+      const Shape s{1024, 4096, 4096};
+      ir::Graph g = caseGraph(name, s);
+      ir::Graph f = fuse(g);
+      runtime::BuildResult b = runtime::buildKernels(f, builtinLibrary(), buildOptions());
+      BOOST_TEST_REQUIRE(b.error.empty(), b.error);
+      BOOST_TEST(b.graph.units[f.outputs()[0]].tile.wgmma());
+      auto inputs = ir::randomInputs(g, 29);
+      runtime::Executor ex(*gpu(), b.graph);
+      runtime::RunResult r = ex.run(inputs, true);
+      // The CPU reference on 16 sampled rows (the whole product takes minutes on the CPU).
+      std::vector<int64_t> rows;
+      for (int64_t i = 0; i < 16; ++i)
+        rows.push_back(i * (s.m - 1) / 15);
+      ir::Graph small = caseGraph(name, {16, s.n, s.k});
+      std::map<std::string, ir::Tensor> in = inputs;
+      ir::Tensor xs{{{16, s.k}, ir::DType::F16}, {}};
+      for (int64_t row : rows)
+        xs.data.insert(xs.data.end(), inputs.at("x").data.begin() + row * s.k,
+                       inputs.at("x").data.begin() + (row + 1) * s.k);
+      in["x"] = xs;
+      ir::Tensor want =
+          ir::evaluate(small, in, builtinLibrary().referenceActivations())[small.outputs()[0]];
+      ir::Tensor got{want.desc, {}};
+      for (int64_t row : rows)
+        got.data.insert(got.data.end(), r.outputs[0].data.begin() + row * s.n,
+                        r.outputs[0].data.begin() + (row + 1) * s.n);
+      runtime::Agreement a = runtime::compareToReference(got, want);
+      BOOST_TEST(a.pass, "max rel err " << a.maxRel << ", non-finite " << a.nonFinite);
+    }
 }
 
 BOOST_AUTO_TEST_CASE(activation_math_is_within_one_ulp) {

@@ -1,5 +1,5 @@
 // The one argument block every generated kernel takes, shared by the host runtime (C++) and
-// the kernels (CUDA). Passed by value as the kernel's only parameter.
+// the kernels (CUDA). Passed by value as the kernel's only parameter (FpatTmaArgs: below).
 #pragma once
 
 #include <stdint.h>
@@ -19,3 +19,15 @@ typedef struct FpatKernelArgs {
   float eps;                       // layernorm / rmsnorm
   float params[FPAT_MAX_PARAMS];   // activation parameters, in declaration order
 } FpatKernelArgs;
+
+// Kernels of the Hopper backend (fpat_wgmma.cuh) read A and B through TMA tensor maps, which
+// the host encodes (cuTensorMapEncodeTiled) and passes ahead of the argument block in one
+// __grid_constant__ parameter. Same size and alignment as CUDA's CUtensorMap.
+typedef struct FpatTensorMap {
+  alignas(64) uint64_t opaque[16];
+} FpatTensorMap;
+
+typedef struct FpatTmaArgs {
+  FpatTensorMap a, b; // A [M, K]; B [N, K] or [K, N]
+  FpatKernelArgs k;
+} FpatTmaArgs;

@@ -1,0 +1,362 @@
+// Kernel family "gemm", Hopper backend (sm_90a): C[M,N] = epilogue(A[M,K] * B) with TMA loads,
+// wgmma tensor-core MMAs, warp specialization and a persistent grid.
+//
+//   B is [K, N] row-major, or [N, K] when TRANS_B (nn.Linear's weight layout).
+//
+// Structure (the published fast Hopper GEMMs, HOPPER-GEMM.md in the project's notes):
+//   * One producer warpgroup, of which one thread issues TMA copies of A and B tiles into a
+//     STAGES-deep ring of shared-memory stages (128-byte swizzle), and CONSUMERS consumer
+//     warpgroups, each owning 64 rows of the BM x BN tile and issuing wgmma.m64nBNk16 with the
+//     accumulators in registers. setmaxnreg moves registers from the producer to the consumers.
+//   * Each stage has a "full" mbarrier (the producer's expected byte count; TMA completes it)
+//     and an "empty" one (one arrival per consumer warp when its MMAs no longer read the stage).
+//     Phase bits flip each time the ring wraps.
+//   * The grid is persistent: at most one CTA per SM, walking tiles in a grouped order, so the
+//     producer loads the next tile while the consumers run the epilogue of the current one.
+//   * Ragged M, N, K: TMA zero-fills out-of-range elements of a box (they add nothing to the dot
+//     products) and the epilogue's stores are predicated.
+//   * The epilogue functor runs on the accumulators in registers; results go to global memory
+//     as f16 pairs.
+// Requirements, checked by the host before choosing this backend: A and B 16-byte aligned, K a
+// multiple of 8 (and N too unless TRANS_B): TMA's global strides are multiples of 16 bytes.
+#pragma once
+
+#include "fpat_common.cuh"
+
+namespace fpat {
+
+/// A wgmma configuration: BM = 64 rows per consumer warpgroup, BN columns, 64-deep k-tiles.
+template <int BN_, int CONSUMERS_, int STAGES_> struct WgmmaTile {
+  static constexpr int BN = BN_, CONSUMERS = CONSUMERS_, STAGES = STAGES_;
+  static constexpr int BM = 64 * CONSUMERS, BK = 64;
+  static constexpr int THREADS = 128 * (CONSUMERS + 1);
+  static constexpr int A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2;
+  static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
+  static_assert(BN == 64 || BN == 128 || BN == 256, "wgmma tiles are 64, 128 or 256 wide");
+  static_assert(CONSUMERS == 1 || CONSUMERS == 2, "one or two consumer warpgroups");
+};
+
+/// Dynamic shared memory of a configuration: the stages, plus 1 KB to align them to the
+/// 1024-byte swizzle atom. Mirrors codegen::gemmSmemBytes.
+template <class T> constexpr int wgmmaSmemBytes() {
+  return T::STAGES * T::STAGE_BYTES + 1024;
+}
+
+namespace sm90 {
+
+__device__ __forceinline__ unsigned smemAddr(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void mbarInit(uint64_t* bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smemAddr(bar)), "r"(count));
+}
+
+__device__ __forceinline__ void mbarExpectTx(uint64_t* bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smemAddr(bar)),
+               "r"(bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void mbarArrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smemAddr(bar)) : "memory");
+}
+
+/// Spins until the phase of `bar` with parity `parity` has completed.
+__device__ __forceinline__ void mbarWait(uint64_t* bar, unsigned parity) {
+  const unsigned a = smemAddr(bar);
+  unsigned done = 0;
+  do {
+    asm volatile("{\n.reg .pred p;\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                 "selp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done)
+                 : "r"(a), "r"(parity)
+                 : "memory");
+  } while (!done);
+}
+
+/// One TMA box of a 2-D tensor map into shared memory; completes bytes on `bar`.
+__device__ __forceinline__ void tmaLoad2d(void* dst, const void* map, int c0, int c1,
+                                          uint64_t* bar) {
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(smemAddr(dst)),
+               "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(smemAddr(bar))
+               : "memory");
+}
+
+/// wgmma shared-memory matrix descriptor, 128-byte swizzle (PTX ISA "matrix descriptor").
+/// K-major tiles: rows of 64 elements (128 bytes); `sbo` = 1024 (8 rows), `lbo` unused.
+/// MN-major tiles: `lbo` is the distance between 64-wide MN blocks, `sbo` between 8-row K groups.
+__device__ __forceinline__ uint64_t smemDesc(const void* p, unsigned lbo, unsigned sbo) {
+  return static_cast<uint64_t>((smemAddr(p) & 0x3FFFF) >> 4) |
+         static_cast<uint64_t>((lbo >> 4) & 0x3FFF) << 16 |
+         static_cast<uint64_t>((sbo >> 4) & 0x3FFF) << 32 | 1ull << 62;
+}
+
+__device__ __forceinline__ void wgmmaFence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmmaCommit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N> __device__ __forceinline__ void wgmmaWait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+/// Keeps the compiler from moving accumulator accesses across wgmma issue and wait.
+__device__ __forceinline__ void fenceOperand(float& r) {
+  asm volatile("" : "+f"(r)::"memory");
+}
+
+// wgmma.mma_async m64nNk16, f16 x f16 -> f32, both operands from shared memory. TRANS_B = 1
+// reads B as MN-major (a [K, N] row-major tile). d has N / 2 accumulators per thread.
+
+template <int TRANS_B>
+__device__ __forceinline__ void wgmma64(float* d, uint64_t descA, uint64_t descB, int scaleD) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {"
+               "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+               "}, %32, %33, p, 1, 1, 0, %35;\n}\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+                 "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+                 "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+                 "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                 "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+                 "+f"(d[30]), "+f"(d[31])
+               : "l"(descA), "l"(descB), "r"(scaleD), "n"(TRANS_B));
+}
+
+template <int TRANS_B>
+__device__ __forceinline__ void wgmma128(float* d, uint64_t descA, uint64_t descB, int scaleD) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {"
+               "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+               "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+               "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+               "}, %64, %65, p, 1, 1, 0, %67;\n}\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+                 "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+                 "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+                 "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                 "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+                 "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
+                 "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+                 "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+                 "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),
+                 "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
+                 "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+               : "l"(descA), "l"(descB), "r"(scaleD), "n"(TRANS_B));
+}
+
+template <int TRANS_B>
+__device__ __forceinline__ void wgmma256(float* d, uint64_t descA, uint64_t descB, int scaleD) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {"
+               "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+               "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+               "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+               "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+               "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+               "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+               "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+               "}, %128, %129, p, 1, 1, 0, %131;\n}\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+                 "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+                 "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+                 "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                 "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+                 "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
+                 "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+                 "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+                 "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),
+                 "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
+                 "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]),
+                 "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+                 "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]),
+                 "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]),
+                 "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]),
+                 "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+                 "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]),
+                 "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]),
+                 "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+                 "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]),
+                 "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]),
+                 "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]),
+                 "+f"(d[127])
+               : "l"(descA), "l"(descB), "r"(scaleD), "n"(TRANS_B));
+}
+
+template <int BN, int TRANS_B>
+__device__ __forceinline__ void wgmma(float* d, uint64_t descA, uint64_t descB, int scaleD) {
+  if constexpr (BN == 64)
+    wgmma64<TRANS_B>(d, descA, descB, scaleD);
+  else if constexpr (BN == 128)
+    wgmma128<TRANS_B>(d, descA, descB, scaleD);
+  else
+    wgmma256<TRANS_B>(d, descA, descB, scaleD);
+}
+
+/// Tile `t` of the persistent schedule in grouped order: consecutive tiles walk down a group
+/// of 8 M-tiles before moving to the next N-tile, so the A rows and B columns in use stay in L2.
+__device__ __forceinline__ void tileCoords(int t, int tilesM, int tilesN, int& tm, int& tn) {
+  constexpr int group = 8;
+  const int perGroup = group * tilesN;
+  const int first = (t / perGroup) * group;
+  const int size = tilesM - first < group ? tilesM - first : group;
+  tm = first + (t % perGroup) % size;
+  tn = (t % perGroup) / size;
+}
+
+} // namespace sm90
+
+/// The kernel body; `p` must be the kernel's __grid_constant__ parameter (TMA reads the tensor
+/// maps from parameter space). Launch with T::THREADS threads, wgmmaSmemBytes<T>() bytes of
+/// dynamic shared memory and at most one CTA per SM (grid: min(tiles, SMs)).
+template <class T, bool TRANS_B, class Epilogue>
+__device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using namespace sm90;
+  constexpr int BM = T::BM, BN = T::BN, BK = T::BK, S = T::STAGES;
+  extern __shared__ __align__(1024) unsigned char smemRaw[];
+  __shared__ __align__(8) uint64_t full[S], empty[S];
+  // Swizzled TMA boxes and wgmma descriptors assume 1024-byte aligned stages.
+  unsigned char* smem = smemRaw + ((1024 - (smemAddr(smemRaw) & 1023)) & 1023);
+  auto stageA = [&](int s) { return smem + s * T::STAGE_BYTES; };
+  auto stageB = [&](int s) { return smem + s * T::STAGE_BYTES + T::A_BYTES; };
+
+  const FpatKernelArgs& a = p.k;
+  const int M = static_cast<int>(a.M), N = static_cast<int>(a.N), K = static_cast<int>(a.K);
+  const int tilesM = (M + BM - 1) / BM, tilesN = (N + BN - 1) / BN;
+  const int tiles = tilesM * tilesN, KT = (K + BK - 1) / BK;
+  const int wg = threadIdx.x / 128;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < S; ++s) {
+      mbarInit(&full[s], 1);
+      mbarInit(&empty[s], T::CONSUMERS * 4);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // Producer: one thread issues every copy; the other 127 only give their registers away.
+    if constexpr (T::CONSUMERS == 2)
+      asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    if (threadIdx.x == 0) {
+      int stage = 0;
+      unsigned phase = 0;
+      for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+        int tm, tn;
+        tileCoords(t, tilesM, tilesN, tm, tn);
+        for (int kt = 0; kt < KT; ++kt) {
+          mbarWait(&empty[stage], phase ^ 1); // a fresh barrier passes parity 1 at once
+          mbarExpectTx(&full[stage], T::STAGE_BYTES);
+          tmaLoad2d(stageA(stage), &p.a, kt * BK, tm * BM, &full[stage]);
+          if constexpr (TRANS_B) {
+            tmaLoad2d(stageB(stage), &p.b, kt * BK, tn * BN, &full[stage]);
+          } else {
+#pragma unroll
+            for (int j = 0; j < BN / 64; ++j)
+              tmaLoad2d(stageB(stage) + j * 64 * BK * 2, &p.b, tn * BN + j * 64, kt * BK,
+                        &full[stage]);
+          }
+          if (++stage == S) {
+            stage = 0;
+            phase ^= 1;
+          }
+        }
+      }
+    }
+  } else {
+    if constexpr (T::CONSUMERS == 2)
+      asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    const int c = wg - 1, tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+    float d[BN / 2];
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i)
+      d[i] = 0.0f;
+    int stage = 0;
+    unsigned phase = 0;
+    const Epilogue epi;
+    __half* C = static_cast<__half*>(a.out);
+    const bool pairs = (N % 2) == 0; // f16 pairs are 4-byte aligned
+    for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+      int tm, tn;
+      tileCoords(t, tilesM, tilesN, tm, tn);
+      int prev = -1;
+      for (int kt = 0; kt < KT; ++kt) {
+        mbarWait(&full[stage], phase);
+#pragma unroll
+        for (int i = 0; i < BN / 2; ++i)
+          fenceOperand(d[i]);
+        wgmmaFence();
+#pragma unroll
+        for (int ks = 0; ks < BK / 16; ++ks) {
+          const uint64_t da = smemDesc(stageA(stage) + c * 64 * 128 + ks * 32, 16, 1024);
+          // K-major B: rows of K, step 32 bytes per 16 k. MN-major B: 16 k rows of 128 bytes
+          // per step, 64-wide N blocks BK * 128 bytes apart.
+          const uint64_t db = TRANS_B ? smemDesc(stageB(stage) + ks * 32, 16, 1024)
+                                      : smemDesc(stageB(stage) + ks * 16 * 128, BK * 128, 1024);
+          wgmma<BN, TRANS_B ? 0 : 1>(d, da, db, kt > 0 || ks > 0);
+        }
+        wgmmaCommit();
+        // One group stays in flight: the previous k-tile's MMAs are done, release its stage.
+        wgmmaWait<1>();
+#pragma unroll
+        for (int i = 0; i < BN / 2; ++i)
+          fenceOperand(d[i]);
+        if (prev >= 0 && lane == 0)
+          mbarArrive(&empty[prev]);
+        prev = stage;
+        if (++stage == S) {
+          stage = 0;
+          phase ^= 1;
+        }
+      }
+      wgmmaWait<0>();
+#pragma unroll
+      for (int i = 0; i < BN / 2; ++i)
+        fenceOperand(d[i]);
+      if (prev >= 0 && lane == 0)
+        mbarArrive(&empty[prev]);
+
+      // Epilogue. Accumulator layout of m64nN: thread (warp w, lane l) holds rows
+      // 16w + l/4 (+8) and columns 8j + 2(l%4) (+1), register 4j + 2*(row half) + column.
+      const int rowBase = tm * BM + c * 64 + warp * 16 + lane / 4;
+      const int colBase = tn * BN + 2 * (lane % 4);
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j) {
+        const int col = colBase + 8 * j;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = rowBase + 8 * h;
+          if (row < M && col < N) {
+            const float v0 = epi(d[4 * j + 2 * h], row, col, a);
+            __half* out = C + static_cast<int64_t>(row) * N + col;
+            if (col + 1 < N) {
+              const float v1 = epi(d[4 * j + 2 * h + 1], row, col + 1, a);
+              if (pairs) {
+                *reinterpret_cast<__half2*>(out) = __floats2half2_rn(v0, v1);
+              } else {
+                out[0] = __float2half(v0);
+                out[1] = __float2half(v1);
+              }
+            } else {
+              out[0] = __float2half(v0);
+            }
+          }
+        }
+      }
+    }
+  }
+#else
+  (void)p;
+  __trap(); // compiled without sm_90a: the host never launches this
+#endif
+}
+
+} // namespace fpat

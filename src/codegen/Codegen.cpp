@@ -12,7 +12,10 @@ namespace fpat::codegen {
 std::string TileConfig::str() const {
   return std::to_string(bm) + "x" + std::to_string(bn) + "x" + std::to_string(bk) + "_w" +
          std::to_string(bm / wm) + "x" + std::to_string(bn / wn) + "_s" + std::to_string(stages) +
-         (backend == Backend::MmaSync ? "_mma" : backend == Backend::Wgmma ? "_wgmma" : "");
+         (backend == Backend::MmaSync         ? "_mma"
+          : backend == Backend::Wgmma         ? "_wgmma"
+          : backend == Backend::WgmmaPingPong ? "_pingpong"
+                                              : "");
 }
 
 std::optional<TileConfig> TileConfig::parse(const std::string& text) {
@@ -26,6 +29,8 @@ std::optional<TileConfig> TileConfig::parse(const std::string& text) {
     t.backend = Backend::MmaSync;
   else if (rest == "_wgmma")
     t.backend = Backend::Wgmma;
+  else if (rest == "_pingpong")
+    t.backend = Backend::WgmmaPingPong;
   else if (!rest.empty())
     return std::nullopt;
   if (t.bm <= 0 || t.bn <= 0 || t.bk <= 0 || warpsM <= 0 || warpsN <= 0 || t.stages <= 0 ||
@@ -36,7 +41,8 @@ std::optional<TileConfig> TileConfig::parse(const std::string& text) {
   if (t.wgmma()) { // only what fpat_wgmma.cuh implements
     auto known = wgmmaConfigs();
     bool shapeKnown = std::any_of(known.begin(), known.end(), [&](const TileConfig& k) {
-      return k.bm == t.bm && k.bn == t.bn && k.bk == t.bk && k.wm == t.wm && k.wn == t.wn;
+      return k.bm == t.bm && k.bn == t.bn && k.bk == t.bk && k.wm == t.wm && k.wn == t.wn &&
+             k.backend == t.backend;
     });
     if (!shapeKnown || t.stages < 2)
       return std::nullopt;
@@ -63,22 +69,27 @@ bool tmaCompatible(int64_t m, int64_t n, int64_t k, bool transB) {
 
 std::vector<TileConfig> wgmmaConfigs() {
   std::vector<TileConfig> out;
-  for (int consumers : {2, 1})
-    for (int bn : {256, 128, 64}) {
-      const int bm = 64 * consumers;
-      const int stage = (bm + bn) * 64 * 2;
-      const int deepest = std::min(8, (232448 - 1024 - 1024) / stage); // 1 KB of static smem
-      for (int stages = deepest; stages >= std::max(2, deepest - 1); --stages)
-        out.push_back(TileConfig{bm, bn, 64, 64, bn, stages, Backend::Wgmma});
-    }
+  auto add = [&](int bm, int bn, Backend b) {
+    const int stage = (bm + bn) * 64 * 2;
+    const int deepest = std::min(8, (232448 - 1024 - 1024) / stage); // 1 KB of static smem
+    const int wm = b == Backend::WgmmaPingPong ? bm : 64;
+    for (int stages = deepest; stages >= std::max(2, deepest - 1); --stages)
+      out.push_back(TileConfig{bm, bn, 64, wm, bn, stages, b});
+  };
+  for (int bm : {128, 64})
+    for (int bn : {256, 128, 64})
+      add(bm, bn, Backend::Wgmma);
+  for (auto [bm, bn] : {std::pair{128, 128}, {64, 256}, {128, 64}, {64, 128}})
+    add(bm, bn, Backend::WgmmaPingPong);
   return out;
 }
 
 namespace {
 
 /// Hopper default: the wgmma configuration that keeps most SMs busy over the whole run (the
-/// last wave's idle SMs count against a tile shape), weighted by how fast each tile shape runs
-/// when the GPU is full (larger tiles reuse more of each loaded byte).
+/// last wave's idle SMs count against a tile shape) on useful work (tiles hanging over the
+/// problem's edge compute padding), weighted by how fast each tile shape runs when the GPU is
+/// full (larger tiles reuse more of each loaded byte).
 TileConfig hopperTile(int64_t m, int64_t n, int numSms) {
   TileConfig best;
   double bestScore = -1;
@@ -88,7 +99,8 @@ TileConfig hopperTile(int64_t m, int64_t n, int numSms) {
     const double tiles =
         static_cast<double>((m + t.bm - 1) / t.bm) * static_cast<double>((n + t.bn - 1) / t.bn);
     const double waves = std::ceil(tiles / numSms);
-    const double score = tiles / (waves * numSms) * perTile;
+    const double useful = static_cast<double>(m) * static_cast<double>(n) / (tiles * t.bm * t.bn);
+    const double score = tiles / (waves * numSms) * useful * perTile;
     if (score > bestScore + 1e-9) {
       best = t;
       bestScore = score;
@@ -307,12 +319,14 @@ KernelUnit generate(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibrary&
              (fallback.empty() ? "" : " (" + fallback + ")");
     std::vector<std::string> lines;
     if (t.wgmma()) {
-      const int consumers = t.bm / t.wm;
+      const bool pp = t.backend == Backend::WgmmaPingPong;
+      const int consumers = pp ? 2 : t.bm / t.wm;
       lines = {"family:   " + u.family + " (TMA + wgmma m64n" + std::to_string(t.bn) +
                    "k16, warp-specialized, persistent; f16 in, f32 accumulate)",
                "config:   CTA " + std::to_string(t.bm) + "x" + std::to_string(t.bn) + "x" +
                    std::to_string(t.bk) + ", " + std::to_string(consumers) +
-                   " consumer warpgroup" + (consumers > 1 ? "s" : "") + " + 1 producer, " +
+                   " consumer warpgroup" + (consumers > 1 ? "s" : "") +
+                   (pp ? " taking alternate tiles (ping-pong)" : "") + " + 1 producer, " +
                    std::to_string(t.stages) + " stages, " + std::to_string(t.threads()) +
                    " threads" + (u.transB ? ", B is [N, K]" : ", B is [K, N]")};
     } else {
@@ -342,7 +356,8 @@ KernelUnit generate(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibrary&
          << "    (void)row;\n    (void)col;\n    (void)a;\n"
          << epi.str() << "    return v;\n  }\n};\n\n";
     if (t.wgmma()) {
-      body << "using Tile = fpat::WgmmaTile<" << t.bn << ", " << t.bm / t.wm << ", " << t.stages
+      body << "using Tile = fpat::WgmmaTile<" << t.bm << ", " << t.bn << ", " << t.stages << ", "
+           << (t.backend == Backend::WgmmaPingPong ? "true" : "false")
            << ">;\n\n} // namespace\n\n"
            << "extern \"C\" __global__ void __launch_bounds__(" << t.threads() << ", 1) " << u.name
            << "(const __grid_constant__ FpatTmaArgs p) {\n"

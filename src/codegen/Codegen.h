@@ -22,21 +22,26 @@ public:
 enum class Backend {
   Wmma,    // WMMA fragments (sm_75+)
   MmaSync, // mma.sync m16n8k16 + ldmatrix (sm_80+)
-  Wgmma,   // TMA + wgmma, warp-specialized, persistent (sm_90a: compute capability 9.0 only)
+  Wgmma,   // TMA + wgmma, warp-specialized, persistent (sm_90a: compute capability 9.0 only),
+           // cooperative: BM / 64 consumer warpgroups share each tile
+  WgmmaPingPong, // the same, with two consumer warpgroups taking alternate whole tiles
 };
 
 /// GEMM tile configuration: CTA tile BM x BN x BK, warp tile WM x WN, pipeline depth.
-/// For the wgmma backend a "warp tile" is a consumer warpgroup's: WM = 64 rows, WN = BN, and
-/// one producer warpgroup comes on top.
+/// For the wgmma backends a "warp tile" is a consumer warpgroup's: WM = 64 rows (cooperative)
+/// or BM (ping-pong), WN = BN; one producer warpgroup comes on top.
 struct TileConfig {
   int bm = 128, bn = 128, bk = 32, wm = 64, wn = 32, stages = 3;
   Backend backend = Backend::Wmma;
-  bool wgmma() const { return backend == Backend::Wgmma; }
+  bool wgmma() const { return backend == Backend::Wgmma || backend == Backend::WgmmaPingPong; }
   int threads() const {
-    return wgmma() ? 128 * (bm / wm + 1) : 32 * (bm / wm) * (bn / wn);
+    return backend == Backend::WgmmaPingPong ? 384
+           : wgmma()                         ? 128 * (bm / wm + 1)
+                                             : 32 * (bm / wm) * (bn / wn);
   }
   /// `128x128x32_w2x4_s3` (warps along M x N), `_mma` for the mma.sync backend;
-  /// `128x256x64_w2x1_s4_wgmma` (consumer warpgroups along M x N) for the wgmma backend.
+  /// `128x256x64_w2x1_s4_wgmma` (consumer warpgroups along M x N) for the wgmma backend,
+  /// `128x128x64_w1x1_s6_pingpong` for its ping-pong schedule.
   std::string str() const;
   /// The inverse of str(); nullopt for text that is not a configuration name.
   static std::optional<TileConfig> parse(const std::string& text);
@@ -51,8 +56,8 @@ int gemmSmemBytes(const TileConfig& t, bool transB);
 /// multiples of 16 bytes (K % 8 == 0, and N % 8 == 0 when B is [K, N]) and 32-bit coordinates.
 bool tmaCompatible(int64_t m, int64_t n, int64_t k, bool transB);
 
-/// The wgmma configurations the kernel template implements (consumers 1 or 2, BN 64/128/256,
-/// the deepest ring that fits in 227 KB).
+/// The wgmma configurations the kernel template implements (cooperative and ping-pong tiles,
+/// the two deepest rings that fit in 227 KB).
 std::vector<TileConfig> wgmmaConfigs();
 
 /// The heuristic default when nothing better is known (no tuning, no GPU): large tiles for

@@ -46,7 +46,8 @@ std::string staticReject(const TileConfig& t, bool transB, const DeviceLimits& d
              std::to_string(d.arch);
     const auto known = codegen::wgmmaConfigs();
     if (std::none_of(known.begin(), known.end(), [&](const TileConfig& k) {
-          return k.bm == t.bm && k.bn == t.bn && k.bk == t.bk && k.wm == t.wm && k.wn == t.wn;
+          return k.bm == t.bm && k.bn == t.bn && k.bk == t.bk && k.wm == t.wm && k.wn == t.wn &&
+                 k.backend == t.backend;
         }))
       return "not a tile shape of the wgmma kernel";
     if (t.threads() > d.maxThreadsPerBlock)
@@ -234,7 +235,10 @@ nlohmann::json readCache(const std::string& path, bool repair, std::vector<std::
 }
 
 const char* backendName(codegen::Backend b) {
-  return b == codegen::Backend::MmaSync ? "mma" : b == codegen::Backend::Wgmma ? "wgmma" : "wmma";
+  return b == codegen::Backend::MmaSync         ? "mma"
+         : b == codegen::Backend::Wgmma         ? "wgmma"
+         : b == codegen::Backend::WgmmaPingPong ? "pingpong"
+                                                : "wmma";
 }
 
 nlohmann::json configJson(const TileConfig& t) {
@@ -278,6 +282,8 @@ std::optional<Entry> TuningCache::lookup(const Key& k) {
       e.config.backend = codegen::Backend::MmaSync;
     else if (backend == "wgmma")
       e.config.backend = codegen::Backend::Wgmma;
+    else if (backend == "pingpong")
+      e.config.backend = codegen::Backend::WgmmaPingPong;
     else if (backend != "wmma")
       throw nlohmann::json::other_error::create(501, "unknown backend " + backend, &c);
     e.ms = it->value("ms", 0.0);

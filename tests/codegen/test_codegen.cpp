@@ -111,6 +111,7 @@ BOOST_AUTO_TEST_CASE(names_encode_the_configuration) {
 BOOST_AUTO_TEST_CASE(sources_say_where_they_came_from_and_are_deterministic) {
   ir::Graph f = fuse(caseGraph("gemm_bias_residual", {64, 64, 64}));
   codegen::CodegenOptions o;
+  o.arch = 80; // the cp.async kernels; the wgmma ones below
   o.sources["gemm_bias_residual"] = "patterns/gemm.fpat:22";
   codegen::KernelUnit a = codegen::generate(f, *f.find("y"), builtinLibrary(), o);
   codegen::KernelUnit b = codegen::generate(f, *f.find("y"), builtinLibrary(), o);
@@ -121,8 +122,15 @@ BOOST_AUTO_TEST_CASE(sources_say_where_they_came_from_and_are_deterministic) {
         "v += fpat::ldh(a.in[2], col); // bias $2",
         "v += fpat::ldh(a.in[3], row * a.N + col); // residual $3",
         "extern \"C\" __global__ void __launch_bounds__(128) "
-        "fpat_gemm_bias_residual_sm90_64x64x32_w2x2_s3_vec"})
+        "fpat_gemm_bias_residual_sm80_64x64x32_w2x2_s3_vec"})
     BOOST_TEST(a.source.find(s) != std::string::npos, s << "\n" << a.source);
+  o.arch = 90;
+  codegen::KernelUnit h = codegen::generate(f, *f.find("y"), builtinLibrary(), o);
+  for (const char* s : {"#include \"fpat_wgmma.cuh\"", "// epilogue: bias $2, residual $3",
+                        "using Tile = fpat::WgmmaTile<64, 64, 8, false>;",
+                        "__launch_bounds__(256, 1) fpat_gemm_bias_residual_sm90a_64x64x64_w1x1_s8_"
+                        "wgmma(const __grid_constant__ FpatTmaArgs p)"})
+    BOOST_TEST(h.source.find(s) != std::string::npos, s << "\n" << h.source);
   // Activation bodies come from the .fpat sources, with their location.
   auto act = unitsFor("activation_leaky_relu", {8, 8, 8}, 90).at(0);
   BOOST_TEST(act.source.find("// from ") != std::string::npos);

@@ -5,9 +5,13 @@
 //
 // Structure (the published fast Hopper GEMMs, HOPPER-GEMM.md in the project's notes):
 //   * One producer warpgroup, of which one thread issues TMA copies of A and B tiles into a
-//     STAGES-deep ring of shared-memory stages (128-byte swizzle), and CONSUMERS consumer
-//     warpgroups, each owning 64 rows of the BM x BN tile and issuing wgmma.m64nBNk16 with the
-//     accumulators in registers. setmaxnreg moves registers from the producer to the consumers.
+//     STAGES-deep ring of shared-memory stages (128-byte swizzle), and consumer warpgroups that
+//     issue wgmma.m64nBNk16 with the accumulators in registers. setmaxnreg moves registers from
+//     the producer to the consumers. Two schedules (CUTLASS's names):
+//     - cooperative: each of BM / 64 consumers owns 64 rows of every tile;
+//     - ping-pong: two consumers own alternate tiles, all BM rows of each (BM / 64 MMAs per k
+//       step). The ring hands out whole tiles in order, so one consumer's MMAs run while the
+//       other applies its epilogue: the epilogue's arithmetic costs no tensor-core time.
 //   * Each stage has a "full" mbarrier (the producer's expected byte count; TMA completes it)
 //     and an "empty" one (one arrival per consumer warp when its MMAs no longer read the stage).
 //     Phase bits flip each time the ring wraps.
@@ -25,15 +29,18 @@
 
 namespace fpat {
 
-/// A wgmma configuration: BM = 64 rows per consumer warpgroup, BN columns, 64-deep k-tiles.
-template <int BN_, int CONSUMERS_, int STAGES_> struct WgmmaTile {
-  static constexpr int BN = BN_, CONSUMERS = CONSUMERS_, STAGES = STAGES_;
-  static constexpr int BM = 64 * CONSUMERS, BK = 64;
+/// A wgmma configuration: a BM x BN tile (64-deep k-tiles), cooperative or ping-pong.
+template <int BM_, int BN_, int STAGES_, bool PINGPONG_> struct WgmmaTile {
+  static constexpr int BM = BM_, BN = BN_, BK = 64, STAGES = STAGES_;
+  static constexpr bool PINGPONG = PINGPONG_;
+  static constexpr int CONSUMERS = PINGPONG ? 2 : BM / 64;
+  static constexpr int MI = PINGPONG ? BM / 64 : 1; // m64 MMAs per consumer and k step
   static constexpr int THREADS = 128 * (CONSUMERS + 1);
   static constexpr int A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2;
   static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
   static_assert(BN == 64 || BN == 128 || BN == 256, "wgmma tiles are 64, 128 or 256 wide");
-  static_assert(CONSUMERS == 1 || CONSUMERS == 2, "one or two consumer warpgroups");
+  static_assert(BM == 64 || BM == 128, "64 or 128 rows");
+  static_assert(MI * BN <= 256, "at most 128 accumulators per thread");
 };
 
 /// Dynamic shared memory of a configuration: the stages, plus 1 KB to align them to the
@@ -236,7 +243,9 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
   if (threadIdx.x == 0) {
     for (int s = 0; s < S; ++s) {
       mbarInit(&full[s], 1);
-      mbarInit(&empty[s], T::CONSUMERS * 4);
+      // Every consumer warp that reads a stage releases it: all consumers (cooperative) or the
+      // one that owns the tile (ping-pong).
+      mbarInit(&empty[s], (T::PINGPONG ? 1 : T::CONSUMERS) * 4);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
@@ -274,41 +283,59 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
   } else {
     if constexpr (T::CONSUMERS == 2)
       asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    constexpr int MI = T::MI;
     const int c = wg - 1, tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
-    float d[BN / 2];
+    float d[MI][BN / 2];
 #pragma unroll
-    for (int i = 0; i < BN / 2; ++i)
-      d[i] = 0.0f;
-    int stage = 0;
-    unsigned phase = 0;
+    for (int m = 0; m < MI; ++m)
+#pragma unroll
+      for (int i = 0; i < BN / 2; ++i)
+        d[m][i] = 0.0f;
     const Epilogue epi;
     __half* C = static_cast<__half*>(a.out);
     const bool pairs = (N % 2) == 0; // f16 pairs are 4-byte aligned
-    for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+    int local = 0;                   // the tile's place in this CTA's sequence
+    for (int t = blockIdx.x; t < tiles; t += gridDim.x, ++local) {
+      if (T::PINGPONG && (local & 1) != c)
+        continue;
       int tm, tn;
       tileCoords(t, tilesM, tilesN, tm, tn);
+      // The ring holds the CTA's tiles one after the other, KT k-tiles each.
+      const long long first = static_cast<long long>(local) * KT;
+      int stage = static_cast<int>(first % S);
+      unsigned phase = static_cast<unsigned>((first / S) & 1);
+      // Rows of the tile this consumer computes: its 64 (cooperative) or all BM (ping-pong).
+      const int row0 = T::PINGPONG ? 0 : c * 64;
       int prev = -1;
       for (int kt = 0; kt < KT; ++kt) {
         mbarWait(&full[stage], phase);
 #pragma unroll
-        for (int i = 0; i < BN / 2; ++i)
-          fenceOperand(d[i]);
+        for (int m = 0; m < MI; ++m)
+#pragma unroll
+          for (int i = 0; i < BN / 2; ++i)
+            fenceOperand(d[m][i]);
         wgmmaFence();
 #pragma unroll
         for (int ks = 0; ks < BK / 16; ++ks) {
-          const uint64_t da = smemDesc(stageA(stage) + c * 64 * 128 + ks * 32, 16, 1024);
           // K-major B: rows of K, step 32 bytes per 16 k. MN-major B: 16 k rows of 128 bytes
           // per step, 64-wide N blocks BK * 128 bytes apart.
           const uint64_t db = TRANS_B ? smemDesc(stageB(stage) + ks * 32, 16, 1024)
                                       : smemDesc(stageB(stage) + ks * 16 * 128, BK * 128, 1024);
-          wgmma<BN, TRANS_B ? 0 : 1>(d, da, db, kt > 0 || ks > 0);
+#pragma unroll
+          for (int m = 0; m < MI; ++m) {
+            const uint64_t da =
+                smemDesc(stageA(stage) + (row0 + m * 64) * 128 + ks * 32, 16, 1024);
+            wgmma<BN, TRANS_B ? 0 : 1>(d[m], da, db, kt > 0 || ks > 0);
+          }
         }
         wgmmaCommit();
         // One group stays in flight: the previous k-tile's MMAs are done, release its stage.
         wgmmaWait<1>();
 #pragma unroll
-        for (int i = 0; i < BN / 2; ++i)
-          fenceOperand(d[i]);
+        for (int m = 0; m < MI; ++m)
+#pragma unroll
+          for (int i = 0; i < BN / 2; ++i)
+            fenceOperand(d[m][i]);
         if (prev >= 0 && lane == 0)
           mbarArrive(&empty[prev]);
         prev = stage;
@@ -319,34 +346,39 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
       }
       wgmmaWait<0>();
 #pragma unroll
-      for (int i = 0; i < BN / 2; ++i)
-        fenceOperand(d[i]);
+      for (int m = 0; m < MI; ++m)
+#pragma unroll
+        for (int i = 0; i < BN / 2; ++i)
+          fenceOperand(d[m][i]);
       if (prev >= 0 && lane == 0)
         mbarArrive(&empty[prev]);
 
       // Epilogue. Accumulator layout of m64nN: thread (warp w, lane l) holds rows
       // 16w + l/4 (+8) and columns 8j + 2(l%4) (+1), register 4j + 2*(row half) + column.
-      const int rowBase = tm * BM + c * 64 + warp * 16 + lane / 4;
-      const int colBase = tn * BN + 2 * (lane % 4);
 #pragma unroll
-      for (int j = 0; j < BN / 8; ++j) {
-        const int col = colBase + 8 * j;
+      for (int m = 0; m < MI; ++m) {
+        const int rowBase = tm * BM + row0 + m * 64 + warp * 16 + lane / 4;
+        const int colBase = tn * BN + 2 * (lane % 4);
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int row = rowBase + 8 * h;
-          if (row < M && col < N) {
-            const float v0 = epi(d[4 * j + 2 * h], row, col, a);
-            __half* out = C + static_cast<int64_t>(row) * N + col;
-            if (col + 1 < N) {
-              const float v1 = epi(d[4 * j + 2 * h + 1], row, col + 1, a);
-              if (pairs) {
-                *reinterpret_cast<__half2*>(out) = __floats2half2_rn(v0, v1);
+        for (int j = 0; j < BN / 8; ++j) {
+          const int col = colBase + 8 * j;
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int row = rowBase + 8 * h;
+            if (row < M && col < N) {
+              const float v0 = epi(d[m][4 * j + 2 * h], row, col, a);
+              __half* out = C + static_cast<int64_t>(row) * N + col;
+              if (col + 1 < N) {
+                const float v1 = epi(d[m][4 * j + 2 * h + 1], row, col + 1, a);
+                if (pairs) {
+                  *reinterpret_cast<__half2*>(out) = __floats2half2_rn(v0, v1);
+                } else {
+                  out[0] = __float2half(v0);
+                  out[1] = __float2half(v1);
+                }
               } else {
                 out[0] = __float2half(v0);
-                out[1] = __float2half(v1);
               }
-            } else {
-              out[0] = __float2half(v0);
             }
           }
         }

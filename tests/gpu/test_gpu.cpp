@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <optional>
 #include <unistd.h>
 
 using namespace fpat;
@@ -246,42 +247,51 @@ BOOST_AUTO_TEST_CASE(wgmma_configurations_match_the_reference) {
 }
 
 BOOST_AUTO_TEST_CASE(wgmma_realistic_shape) {
-  // One LLM-sized problem per B layout on the default (heuristic) configuration: the persistent
-  // schedule walks many tiles per CTA and the ring wraps many times. FPAT_GPU_QUICK (the
-  // compute-sanitizer run) keeps it: the sanitizers must see a realistic shape too.
+  // LLM-sized problems with both B layouts, the default configuration and each tile shape of
+  // both schedules: the persistent schedule walks many tiles per CTA and the ring wraps many
+  // times (ping-pong's hand-over between consumers only shows there). FPAT_GPU_QUICK (the
+  // compute-sanitizer run) keeps the default configuration: the sanitizers see it too.
   if (gpu()->device().arch != 90)
     return;
+  std::vector<std::optional<codegen::TileConfig>> configs = {std::nullopt};
+  if (!quick())
+    for (const codegen::TileConfig& t : wgmmaTiles())
+      configs.push_back(t);
   for (const char* name : {"gemm_bias_gelu", "gemm_bt"})
-    BOOST_TEST_CONTEXT(name) {
-      const Shape s{1024, 4096, 4096};
-      ir::Graph g = caseGraph(name, s);
-      ir::Graph f = fuse(g);
-      runtime::BuildResult b = runtime::buildKernels(f, builtinLibrary(), buildOptions());
-      BOOST_TEST_REQUIRE(b.error.empty(), b.error);
-      BOOST_TEST(b.graph.units[f.outputs()[0]].tile.wgmma());
-      auto inputs = ir::randomInputs(g, 29);
-      runtime::Executor ex(*gpu(), b.graph);
-      runtime::RunResult r = ex.run(inputs, true);
-      // The CPU reference on 16 sampled rows (the whole product takes minutes on the CPU).
-      std::vector<int64_t> rows;
-      for (int64_t i = 0; i < 16; ++i)
-        rows.push_back(i * (s.m - 1) / 15);
-      ir::Graph small = caseGraph(name, {16, s.n, s.k});
-      std::map<std::string, ir::Tensor> in = inputs;
-      ir::Tensor xs{{{16, s.k}, ir::DType::F16}, {}};
-      for (int64_t row : rows)
-        xs.data.insert(xs.data.end(), inputs.at("x").data.begin() + row * s.k,
-                       inputs.at("x").data.begin() + (row + 1) * s.k);
-      in["x"] = xs;
-      ir::Tensor want =
-          ir::evaluate(small, in, builtinLibrary().referenceActivations())[small.outputs()[0]];
-      ir::Tensor got{want.desc, {}};
-      for (int64_t row : rows)
-        got.data.insert(got.data.end(), r.outputs[0].data.begin() + row * s.n,
-                        r.outputs[0].data.begin() + (row + 1) * s.n);
-      runtime::Agreement a = runtime::compareToReference(got, want);
-      BOOST_TEST(a.pass, "max rel err " << a.maxRel << ", non-finite " << a.nonFinite);
-    }
+    for (const auto& cfg : configs)
+      BOOST_TEST_CONTEXT(name << " " << (cfg ? cfg->str() : std::string("default"))) {
+        const Shape s{1024, 4096, 2048};
+        ir::Graph g = caseGraph(name, s);
+        ir::Graph f = fuse(g);
+        runtime::BuildOptions o = buildOptions();
+        if (cfg)
+          o.tile = &*cfg;
+        runtime::BuildResult b = runtime::buildKernels(f, builtinLibrary(), o);
+        BOOST_TEST_REQUIRE(b.error.empty(), b.error);
+        BOOST_TEST(b.graph.units[f.outputs()[0]].tile.wgmma());
+        auto inputs = ir::randomInputs(g, 29);
+        runtime::Executor ex(*gpu(), b.graph);
+        runtime::RunResult r = ex.run(inputs, true);
+        // The CPU reference on 16 sampled rows (the whole product takes minutes on the CPU).
+        std::vector<int64_t> rows;
+        for (int64_t i = 0; i < 16; ++i)
+          rows.push_back(i * (s.m - 1) / 15);
+        ir::Graph small = caseGraph(name, {16, s.n, s.k});
+        std::map<std::string, ir::Tensor> in = inputs;
+        ir::Tensor xs{{{16, s.k}, ir::DType::F16}, {}};
+        for (int64_t row : rows)
+          xs.data.insert(xs.data.end(), inputs.at("x").data.begin() + row * s.k,
+                         inputs.at("x").data.begin() + (row + 1) * s.k);
+        in["x"] = xs;
+        ir::Tensor want =
+            ir::evaluate(small, in, builtinLibrary().referenceActivations())[small.outputs()[0]];
+        ir::Tensor got{want.desc, {}};
+        for (int64_t row : rows)
+          got.data.insert(got.data.end(), r.outputs[0].data.begin() + row * s.n,
+                          r.outputs[0].data.begin() + (row + 1) * s.n);
+        runtime::Agreement a = runtime::compareToReference(got, want);
+        BOOST_TEST(a.pass, "max rel err " << a.maxRel << ", non-finite " << a.nonFinite);
+      }
 }
 
 BOOST_AUTO_TEST_CASE(activation_math_is_within_one_ulp) {

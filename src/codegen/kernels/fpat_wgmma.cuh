@@ -228,7 +228,7 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
   using namespace sm90;
   constexpr int BM = T::BM, BN = T::BN, BK = T::BK, S = T::STAGES;
   extern __shared__ __align__(1024) unsigned char smemRaw[];
-  __shared__ __align__(8) uint64_t full[S], empty[S];
+  __shared__ __align__(8) uint64_t full[S], empty[S], order[2];
   // Swizzled TMA boxes and wgmma descriptors assume 1024-byte aligned stages.
   unsigned char* smem = smemRaw + ((1024 - (smemAddr(smemRaw) & 1023)) & 1023);
   auto stageA = [&](int s) { return smem + s * T::STAGE_BYTES; };
@@ -247,6 +247,8 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
       // one that owns the tile (ping-pong).
       mbarInit(&empty[s], (T::PINGPONG ? 1 : T::CONSUMERS) * 4);
     }
+    mbarInit(&order[0], 1);
+    mbarInit(&order[1], 1);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
@@ -295,9 +297,17 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
     __half* C = static_cast<__half*>(a.out);
     const bool pairs = (N % 2) == 0; // f16 pairs are 4-byte aligned
     int local = 0;                   // the tile's place in this CTA's sequence
+    unsigned orderPhase = 0;
     for (int t = blockIdx.x; t < tiles; t += gridDim.x, ++local) {
       if (T::PINGPONG && (local & 1) != c)
         continue;
+      // Ping-pong: a consumer starts a tile's main loop only once the other has seen every
+      // k-tile of the tile before it arrive. Its waits on the ring are then at most one phase
+      // ahead of each stage, which parity waits need (two phases ahead looks complete).
+      if (T::PINGPONG && local > 0) {
+        mbarWait(&order[c], orderPhase);
+        orderPhase ^= 1;
+      }
       int tm, tn;
       tileCoords(t, tilesM, tilesN, tm, tn);
       // The ring holds the CTA's tiles one after the other, KT k-tiles each.
@@ -309,6 +319,8 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
       int prev = -1;
       for (int kt = 0; kt < KT; ++kt) {
         mbarWait(&full[stage], phase);
+        if (T::PINGPONG && kt == KT - 1 && tid == 0 && t + static_cast<int>(gridDim.x) < tiles)
+          mbarArrive(&order[1 - c]); // the other consumer's tile may start
 #pragma unroll
         for (int m = 0; m < MI; ++m)
 #pragma unroll

@@ -307,10 +307,11 @@ Row benchOne(Env& env, const std::string& pattern, Shape s) {
   // fpat: tune (or take the cached result), then time tuned and heuristic in this process.
   tune::Choice c = tune::tune(*env.drv, fused, out, builtinLibrary(), *env.cache, env.topts);
   row.config = c.config.str();
-  const codegen::TileConfig heur = codegen::defaultTile(
-      s.m, s.n, env.drv->device().arch, env.drv->device().sms,
-      fused.op(out).fused.family == "norm_gemm",
-      codegen::tmaCompatible(s.m, s.n, s.k, fused.op(out).transposeB));
+  // The heuristic's choice, as code generation makes it without a tuned configuration.
+  codegen::CodegenOptions copts;
+  copts.arch = env.drv->device().arch;
+  copts.sms = env.drv->device().sms;
+  const codegen::TileConfig heur = codegen::generate(fused, out, builtinLibrary(), copts).tile;
   for (int variant = 0; variant < 2; ++variant) {
     if (variant == 1 && heur == c.config) {
       row.heuristic = row.fpat; // the same kernel: one measurement for both columns

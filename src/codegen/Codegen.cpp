@@ -84,23 +84,36 @@ std::vector<TileConfig> wgmmaConfigs() {
   return out;
 }
 
+double wgmmaScore(const TileConfig& t, int64_t m, int64_t n, int sms, bool epilogueReads) {
+  const bool pp = t.backend == Backend::WgmmaPingPong;
+  const double tiles =
+      static_cast<double>((m + t.bm - 1) / t.bm) * static_cast<double>((n + t.bn - 1) / t.bn);
+  const double waves = std::ceil(tiles / sms);
+  const double useful = static_cast<double>(m) * static_cast<double>(n) / (tiles * t.bm * t.bn);
+  // Cooperative tiles relative to 128x256; ping-pong relative to that at 4096^3: 0.91-0.96
+  // without epilogue inputs, 1.0-1.06 with a bias (its loads overlap the other consumer's
+  // MMAs). Ping-pong needs two tiles per CTA to overlap anything.
+  double speed = t.bm == 128 ? (t.bn == 256 ? 1.0 : t.bn == 128 ? 0.9 : 0.75)
+                             : (t.bn == 256 ? 0.85 : t.bn == 128 ? 0.75 : 0.6);
+  if (pp) {
+    const double big = t.bm * t.bn >= 128 * 128 ? 1.0 : 0.85;
+    speed = (tiles >= 2.0 * sms ? (epilogueReads ? 1.05 : 0.92) : 0.5) * big *
+            (t.bm == 64 ? 0.97 : 1.0);
+  }
+  // The deepest ring of a shape first.
+  const int stage = (t.bm + t.bn) * t.bk * 2;
+  const bool deepest = (t.stages + 1) * stage + 2048 > 232448 || t.stages >= 8;
+  return tiles / (waves * sms) * useful * speed * (deepest ? 1.0 : 0.98);
+}
+
 namespace {
 
-/// Hopper default: the wgmma configuration that keeps most SMs busy over the whole run (the
-/// last wave's idle SMs count against a tile shape) on useful work (tiles hanging over the
-/// problem's edge compute padding), weighted by how fast each tile shape runs when the GPU is
-/// full (larger tiles reuse more of each loaded byte).
-TileConfig hopperTile(int64_t m, int64_t n, int numSms) {
+/// Hopper default: the wgmma configuration with the best wgmmaScore.
+TileConfig hopperTile(int64_t m, int64_t n, int numSms, bool epilogueReads) {
   TileConfig best;
   double bestScore = -1;
   for (const TileConfig& t : wgmmaConfigs()) {
-    const double perTile = t.bm == 128 ? (t.bn == 256 ? 1.0 : t.bn == 128 ? 0.9 : 0.75)
-                                       : (t.bn == 256 ? 0.85 : t.bn == 128 ? 0.75 : 0.6);
-    const double tiles =
-        static_cast<double>((m + t.bm - 1) / t.bm) * static_cast<double>((n + t.bn - 1) / t.bn);
-    const double waves = std::ceil(tiles / numSms);
-    const double useful = static_cast<double>(m) * static_cast<double>(n) / (tiles * t.bm * t.bn);
-    const double score = tiles / (waves * numSms) * useful * perTile;
+    const double score = wgmmaScore(t, m, n, numSms, epilogueReads);
     if (score > bestScore + 1e-9) {
       best = t;
       bestScore = score;
@@ -111,9 +124,10 @@ TileConfig hopperTile(int64_t m, int64_t n, int numSms) {
 
 } // namespace
 
-TileConfig defaultTile(int64_t m, int64_t n, int arch, int numSms, bool norm, bool tma) {
+TileConfig defaultTile(int64_t m, int64_t n, int arch, int numSms, bool norm, bool tma,
+                       bool epilogueReads) {
   if (arch == 90 && !norm && tma)
-    return hopperTile(m, n, numSms);
+    return hopperTile(m, n, numSms, epilogueReads);
   auto tiles = [&](int bm, int bn) { return ((m + bm - 1) / bm) * ((n + bn - 1) / bn); };
   if (arch < 80) { // no cp.async: the register path, two stages
     if (tiles(128, 128) >= numSms)
@@ -270,7 +284,10 @@ KernelUnit generate(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibrary&
     // The wgmma backend where it applies; otherwise (or when a forced configuration asks for
     // it where it cannot run) the cp.async backends, with the reason in the generated file.
     const bool tmaOk = !norm && o.arch == 90 && tmaCompatible(u.M, u.N, u.K, u.transB);
-    u.tile = o.tile ? *o.tile : defaultTile(u.M, u.N, o.arch, o.sms, norm, tmaOk);
+    if (op.kind == ir::OpKind::Fused)
+      for (const ir::EpilogueStep& s : op.fused.epilogue)
+        u.epilogueReads = u.epilogueReads || s.operand >= 0;
+    u.tile = o.tile ? *o.tile : defaultTile(u.M, u.N, o.arch, o.sms, norm, tmaOk, u.epilogueReads);
     std::string fallback;
     if (u.tile.wgmma() && !tmaOk) {
       fallback = "fallback: " + u.tile.str() + " cannot run here (" +

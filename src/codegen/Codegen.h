@@ -60,12 +60,18 @@ bool tmaCompatible(int64_t m, int64_t n, int64_t k, bool transB);
 /// the two deepest rings that fit in 227 KB).
 std::vector<TileConfig> wgmmaConfigs();
 
+/// How well a wgmma configuration should do on an M x N problem with `sms` SMs (higher is
+/// better): the share of SM time spent on useful tiles, times each schedule's and tile shape's
+/// speed on a full GPU as measured on the H200 (bench/RESULTS.md). `epilogueReads`: the
+/// epilogue loads other tensors (bias, residual), which ping-pong hides behind MMAs.
+double wgmmaScore(const TileConfig& t, int64_t m, int64_t n, int sms, bool epilogueReads);
+
 /// The heuristic default when nothing better is known (no tuning, no GPU): large tiles for
 /// large problems, smaller ones when the large tiles would leave most SMs idle.
 /// `norm`: for norm_gemm, whose in-place normalisation needs about 50 more registers per thread.
-/// On sm_90 a wgmma configuration unless `norm` or `!tma` (see tmaCompatible).
+/// On sm_90 the best wgmma configuration by wgmmaScore unless `norm` or `!tma` (tmaCompatible).
 TileConfig defaultTile(int64_t m, int64_t n, int arch, int numSms = 132, bool norm = false,
-                       bool tma = true);
+                       bool tma = true, bool epilogueReads = false);
 
 /// A TMA tensor map the runtime encodes for a launch: operand `operand` of the op seen as
 /// `outer` rows of `inner` f16 elements (dense rows), read in boxes of boxInner x boxOuter,
@@ -96,7 +102,8 @@ struct KernelUnit {
   TileConfig tile;  // gemm families
   bool vec = false; // gemm: aligned 16-byte path
   bool transB = false;
-  bool sm90a = false; // uses sm_90a-only instructions: compiled for compute_90a / sm_90a
+  bool sm90a = false;         // uses sm_90a-only instructions: compiled for compute_90a / sm_90a
+  bool epilogueReads = false; // gemm families: the epilogue loads bias, residual or scale inputs
   // Argument block values (pointers are bound by the runtime; in[i] = operand i of the op).
   int64_t M = 0, N = 0, K = 0;
   float eps = 0;

@@ -107,13 +107,14 @@ std::vector<TileConfig> fullSpace() {
 }
 
 std::vector<TileConfig> searchSpace(const DeviceLimits& d, bool transB, int64_t m, int64_t n,
-                                    size_t limit, bool norm, bool tma) {
+                                    size_t limit, bool norm, bool tma, bool epilogueReads) {
   auto fitsProblem = [&](const TileConfig& t) {
     // A tile more than twice the problem in a dimension only computes padding.
     return t.bm <= std::max<int64_t>(64, 2 * m) && t.bn <= std::max<int64_t>(64, 2 * n);
   };
   const bool wgmmaOk = d.arch == 90 && tma && !norm;
-  const TileConfig heuristic = codegen::defaultTile(m, n, d.arch, d.sms, norm, wgmmaOk);
+  const TileConfig heuristic =
+      codegen::defaultTile(m, n, d.arch, d.sms, norm, wgmmaOk, epilogueReads);
   std::vector<TileConfig> ok;
   for (const TileConfig& t : fullSpace())
     if (staticReject(t, transB, d).empty() && fitsProblem(t) && !(t == heuristic) &&
@@ -148,7 +149,7 @@ std::vector<TileConfig> searchSpace(const DeviceLimits& d, bool transB, int64_t 
     // The wgmma kernels run about twice as fast as the others on sm_90 (bench/RESULTS.md):
     // all of them rank first, wider tiles first (more reuse of each loaded byte).
     if (t.wgmma())
-      return 10 + fill * (t.bm == 128 ? 1.0 : 0.85) * (t.bn == 256 ? 1.0 : t.bn == 128 ? 0.9 : 0.8);
+      return 10 + codegen::wgmmaScore(t, m, n, d.sms, epilogueReads);
     return fill + 0.05 * std::log2(static_cast<double>(t.wm) * t.wn) +
            0.03 * std::log2(static_cast<double>(t.bm) * t.bn) + 0.02 * (t.bk / 32) +
            0.01 * t.stages;

@@ -40,9 +40,10 @@ std::vector<codegen::TileConfig> fullSpace();
 /// tiles no larger than the problem needs, at most `limit` of them, the heuristic first.
 /// `norm`: for norm_gemm kernels (more registers per thread). `tma`: the problem meets the
 /// wgmma backend's alignment rules (codegen::tmaCompatible); its configurations lead on sm_90.
+/// `epilogueReads`: the epilogue loads other tensors (see codegen::wgmmaScore).
 std::vector<codegen::TileConfig> searchSpace(const DeviceLimits& d, bool transB, int64_t m,
                                              int64_t n, size_t limit = 24, bool norm = false,
-                                             bool tma = true);
+                                             bool tma = true, bool epilogueReads = false);
 
 /// Identifies one tuning problem.
 struct Key {

@@ -78,10 +78,39 @@ BOOST_AUTO_TEST_CASE(norm_gemm_keeps_eight_warps_per_tile) {
   BOOST_TEST((defaultTile(2048, 4096, 90, 132, true) == TileConfig{128, 256, 64, 64, 64, 3}));
   BOOST_TEST((defaultTile(512, 4096, 90, 132, true) == TileConfig{128, 128, 64, 64, 32, 3}));
   BOOST_TEST((defaultTile(8192, 4096, 90, 132, true) == TileConfig{128, 128, 64, 64, 32, 3}));
-  BOOST_TEST((defaultTile(8192, 4096, 90, 132) == TileConfig{256, 128, 64, 64, 64, 3}));
+  BOOST_TEST((defaultTile(8192, 4096, 80, 108) == TileConfig{256, 128, 64, 64, 64, 3}));
   DeviceLimits d = recorded("h200.json");
   auto space = searchSpace(d, false, 512, 4096, 8, /*norm=*/true);
   BOOST_TEST((space[0] == defaultTile(512, 4096, 90, 132, true)));
+}
+
+BOOST_AUTO_TEST_CASE(hopper_defaults_to_the_wgmma_backend) {
+  using codegen::Backend;
+  using codegen::defaultTile;
+  // Large problems: the cooperative 128x256 tile; with a bias to load, ping-pong 128x128.
+  BOOST_TEST((defaultTile(8192, 4096, 90, 132) ==
+              TileConfig{128, 256, 64, 64, 256, 4, Backend::Wgmma}));
+  BOOST_TEST((defaultTile(8192, 4096, 90, 132, false, true, true) ==
+              TileConfig{128, 128, 64, 128, 128, 7, Backend::WgmmaPingPong}));
+  // M = 512: 128x256 tiles would leave half the SMs idle, and ping-pong needs two tiles per
+  // CTA: the cooperative 128x128 tile.
+  BOOST_TEST((defaultTile(512, 4096, 90, 132, false, true, true) ==
+              TileConfig{128, 128, 64, 64, 128, 7, Backend::Wgmma}));
+  // Not where TMA cannot run, not for norm_gemm.
+  BOOST_TEST(!defaultTile(4096, 4096, 90, 132, false, false).wgmma());
+  BOOST_TEST(!defaultTile(4096, 4096, 90, 132, true).wgmma());
+  DeviceLimits d = recorded("h200.json");
+  auto space = searchSpace(d, false, 4096, 4096, 8);
+  BOOST_TEST(space.size() == 8u);
+  for (const TileConfig& t : space)
+    BOOST_TEST(t.wgmma(), t.str()); // the wgmma kernels lead the ranking on sm_90
+  for (const TileConfig& t : searchSpace(d, false, 4096, 4096, 100, false, /*tma=*/false))
+    BOOST_TEST(!t.wgmma(), t.str());
+  for (const TileConfig& t : searchSpace(d, false, 4096, 4096, 100, /*norm=*/true))
+    BOOST_TEST(!t.wgmma(), t.str());
+  // Other GPUs never get it.
+  for (const TileConfig& t : searchSpace(recorded("t4.json"), false, 4096, 4096, 100))
+    BOOST_TEST(!t.wgmma(), t.str());
 }
 
 BOOST_AUTO_TEST_CASE(search_space_respects_an_sm75_device) {

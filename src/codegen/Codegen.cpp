@@ -100,10 +100,13 @@ double wgmmaScore(const TileConfig& t, int64_t m, int64_t n, int sms, bool epilo
     speed = (tiles >= 2.0 * sms ? (epilogueReads ? 1.05 : 0.92) : 0.5) * big *
             (t.bm == 64 ? 0.97 : 1.0);
   }
-  // The deepest ring of a shape first.
+  // The deepest ring of a shape first, except that an epilogue reading inputs wants L1, which
+  // shares the SM's 256 KB with shared memory: its bias/residual loads measured 10-18% slower
+  // with a 226 KB ring than with 194 KB (bench/RESULTS.md, gemm_bias_residual).
   const int stage = (t.bm + t.bn) * t.bk * 2;
   const bool deepest = (t.stages + 1) * stage + 2048 > 232448 || t.stages >= 8;
-  return tiles / (waves * sms) * useful * speed * (deepest ? 1.0 : 0.98);
+  const bool lowL1 = epilogueReads && gemmSmemBytes(t, false) > 200 * 1024;
+  return tiles / (waves * sms) * useful * speed * (deepest ? 1.0 : 0.98) * (lowL1 ? 0.9 : 1.0);
 }
 
 namespace {

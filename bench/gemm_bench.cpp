@@ -105,14 +105,16 @@ template <class F> double timeIt(int warmup, int reps, F body) {
   return median(ms);
 }
 
-/// Row-major C[M,N] = A[M,K] * B[K,N] through column-major cuBLAS: C^T = B^T A^T.
+/// Row-major C[M,N] = A[M,K] * B through column-major cuBLAS: C^T = B^T A^T. B is [K, N]
+/// row-major (cuBLAS "N, N"), or [N, K] with `transB` (nn.Linear's layout, cuBLAS "T, N"), the
+/// same layouts fpat's kernel reads.
 void cublasGemm(cublasHandle_t h, const void* A, const void* B, void* C, int64_t M, int64_t N,
-                int64_t K) {
+                int64_t K, bool transB = false) {
   const float one = 1.0f, zero = 0.0f;
-  CK(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(N), static_cast<int>(M),
-                  static_cast<int>(K), &one, B, CUDA_R_16F, static_cast<int>(N), A, CUDA_R_16F,
-                  static_cast<int>(K), &zero, C, CUDA_R_16F, static_cast<int>(N),
-                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  CK(cublasGemmEx(h, transB ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(N),
+                  static_cast<int>(M), static_cast<int>(K), &one, B, CUDA_R_16F,
+                  static_cast<int>(transB ? K : N), A, CUDA_R_16F, static_cast<int>(K), &zero, C,
+                  CUDA_R_16F, static_cast<int>(N), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
 /// cuBLASLt GEMM with a fused epilogue (bias over the output's columns).
@@ -363,13 +365,13 @@ Row benchOne(Env& env, const std::string& pattern, Shape s) {
   };
   row.gemm = timeIt(3, env.reps, [&](int i) {
     size_t r = static_cast<size_t>(i) % rot;
-    cublasGemm(env.blas, A.ptr[r], B.ptr[r], C.ptr[r], s.m, s.n, s.k);
+    cublasGemm(env.blas, A.ptr[r], B.ptr[r], C.ptr[r], s.m, s.n, s.k, pattern == "gemm_bt");
   });
   row.unfused = timeIt(3, env.reps, [&](int i) {
     size_t r = static_cast<size_t>(i) % rot;
     if (before)
       before->ex->launchAll(false, r);
-    cublasGemm(env.blas, aPtr(r), B.ptr[r], cPtr(r), s.m, s.n, s.k);
+    cublasGemm(env.blas, aPtr(r), B.ptr[r], cPtr(r), s.m, s.n, s.k, pattern == "gemm_bt");
     if (after)
       after->ex->launchAll(false, r);
   });
@@ -526,7 +528,7 @@ bool benchFfn(Env& env) {
     cublasGemm(env.blas, reinterpret_cast<void*>(u.ex->devicePointer(ops[0], set)),
                reinterpret_cast<void*>(u.ex->devicePointer(ops[1], set)),
                reinterpret_cast<void*>(u.ex->devicePointer(v, set)), g.op(ops[0]).type.shape[0],
-               g.op(v).type.shape[1], g.op(ops[0]).type.shape[1]);
+               g.op(v).type.shape[1], g.op(ops[0]).type.shape[1], g.op(v).transposeB);
   });
   u.ex->runBits(bits, false);
   const double unfusedErr =
@@ -637,7 +639,10 @@ int main(int argc, char** argv) {
   if (!onlyShapes.empty())
     shapes = onlyShapes;
   std::cout << "# fpat GEMM benchmark on " << drv->device().name << " (sm_" << drv->device().arch
-            << ", " << drv->device().sms << " SMs); tuning cache " << cache.path() << "\n\n"
+            << ", " << drv->device().sms << " SMs); tuning cache " << cache.path() << "\n"
+            << "# layouts: A [M, K] and C [M, N] row-major; B [K, N] row-major (cuBLAS and "
+               "cuBLASLt run N, N on the transposed view), for gemm_bt B [N, K] (cuBLAS T, N); "
+               "every library call reads fpat's buffers\n\n"
             << std::flush;
   std::vector<Row> rows;
   for (const std::string& p : patterns)

@@ -72,7 +72,8 @@ const Shape kConfigShapes[] = {Shape{64, 64, 64}, Shape{17, 100, 1000}, Shape{10
 /// The wgmma backend (sm_90 only): each tile shape of the template at its deepest ring, every
 /// GEMM-family epilogue, both B layouts, at aligned and ragged shapes: M = 1, N = 8 and N not a
 /// multiple of the tile, K a multiple of 8 but not of the 64-deep k-tile, K = 8, and shapes
-/// where TMA cannot run (K or N not a multiple of 8: the fallback must be right too).
+/// where TMA cannot run (K or N not a multiple of 8: the fallback must be right too); N = 1
+/// runs on wgmma for B [N, K] and falls back for B [K, N].
 std::vector<codegen::TileConfig> wgmmaTiles() {
   std::vector<codegen::TileConfig> t;
   for (const codegen::TileConfig& c : codegen::wgmmaConfigs())
@@ -85,7 +86,7 @@ const char* const kWgmmaCases[] = {"gemm",           "gemm_bt",   "gemm_bias_gel
                                    "gemm_silu"};
 const Shape kWgmmaShapes[] = {Shape{64, 64, 64},     Shape{1, 8, 8},       Shape{1000, 520, 72},
                               Shape{129, 264, 4104}, Shape{300, 1000, 40}, Shape{17, 100, 1000},
-                              Shape{64, 64, 100},    Shape{1, 17, 40}};
+                              Shape{64, 64, 100},    Shape{1, 17, 40},     Shape{100, 1, 64}};
 
 /// Without a GPU the suite ends here with 77 (ctest: skipped). Otherwise every kernel of every
 /// case is compiled up front, in parallel, so the cases find them cached.

@@ -1,0 +1,17 @@
+#!/bin/sh
+# Copies what the GPU machine needs from a build tree (executables, ctest files, no objects or
+# CPU-only test binaries), stripped, into another directory: about 20 MB instead of about 80.
+# usage: scripts/stage-gpu-build.sh [BUILD_DIR [DEST]]   (defaults: build, build-gpu)
+set -e
+src=${1:-build} dest=${2:-build-gpu}
+[ -f "$src/CMakeCache.txt" ] || { echo "stage-gpu-build: '$src' is not a build tree" >&2; exit 1; }
+rm -rf "$dest" && mkdir -p "$dest"
+tar -C "$src" --exclude='*.o' --exclude='*.a' --exclude='CMakeFiles' --exclude='fuzz' \
+  --exclude='test_codegen' --exclude='test_dsl' --exclude='test_ir' --exclude='test_match' \
+  --exclude='test_reference' --exclude='test_support' --exclude='test_text' --exclude='test_tune' \
+  --exclude='fpat-bench-fusion' -cf - . | tar -C "$dest" -xf -
+for f in src/fpatc tests/test_gpu tests/fpat-check bench/fpat-bench-gemm dsl/fpat-tblgen \
+  examples/example_gemm_bias_gelu; do
+  [ -f "$dest/$f" ] && strip "$dest/$f"
+done
+du -sh "$dest"

@@ -93,8 +93,12 @@ double wgmmaScore(const TileConfig& t, int64_t m, int64_t n, int sms, bool epilo
   // Cooperative tiles relative to 128x256; ping-pong relative to that at 4096^3: 0.91-0.96
   // without epilogue inputs, 1.0-1.06 with a bias (its loads overlap the other consumer's
   // MMAs). Ping-pong needs two tiles per CTA to overlap anything.
-  double speed = t.bm == 128 ? (t.bn == 256 ? 1.0 : t.bn == 128 ? 0.9 : 0.75)
-                             : (t.bn == 256 ? 0.85 : t.bn == 128 ? 0.75 : 0.6);
+  double speed = t.bm == 128 ? (t.bn == 256   ? 1.0
+                                : t.bn == 128 ? 0.9
+                                              : 0.75)
+                             : (t.bn == 256   ? 0.85
+                                : t.bn == 128 ? 0.75
+                                              : 0.6);
   if (pp) {
     const double big = t.bm * t.bn >= 128 * 128 ? 1.0 : 0.85;
     speed = (tiles >= 2.0 * sms ? (epilogueReads ? 1.05 : 0.92) : 0.5) * big *
@@ -294,12 +298,11 @@ KernelUnit generate(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibrary&
     std::string fallback;
     if (u.tile.wgmma() && !tmaOk) {
       fallback = "fallback: " + u.tile.str() + " cannot run here (" +
-                 (norm             ? std::string("norm_gemm has no wgmma kernel")
-                  : o.arch != 90   ? "wgmma needs sm_90, not sm_" + std::to_string(o.arch)
-                  : u.K % 8 != 0   ? "TMA needs K % 8 == 0, K is " + std::to_string(u.K)
-                  : u.N % 8 != 0   ? "TMA needs N % 8 == 0 for B [K, N], N is " +
-                                       std::to_string(u.N)
-                                   : std::string("a dimension exceeds 2^31")) +
+                 (norm           ? std::string("norm_gemm has no wgmma kernel")
+                  : o.arch != 90 ? "wgmma needs sm_90, not sm_" + std::to_string(o.arch)
+                  : u.K % 8 != 0 ? "TMA needs K % 8 == 0, K is " + std::to_string(u.K)
+                  : u.N % 8 != 0 ? "TMA needs N % 8 == 0 for B [K, N], N is " + std::to_string(u.N)
+                                 : std::string("a dimension exceeds 2^31")) +
                  ")";
       u.tile = defaultTile(u.M, u.N, o.arch, o.sms, norm, false);
     }
@@ -330,13 +333,15 @@ KernelUnit generate(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibrary&
         throw CodegenError(ref(g, v) + ": unknown epilogue step '" + s.kind + "'");
     }
     const std::string base = op.kind == ir::OpKind::Fused ? sanitize(op.fused.pattern) : "gemm";
-    const std::string cfg =
-        t.str() + (u.transB ? "_bt" : "") + (t.wgmma() ? "" : u.vec ? "_vec" : "_any");
+    const std::string cfg = t.str() + (u.transB ? "_bt" : "") +
+                            (t.wgmma() ? ""
+                             : u.vec   ? "_vec"
+                                       : "_any");
     u.name = "fpat_" + base + "_" + (t.wgmma() ? std::string("sm90a") : arch) + "_" + cfg;
     // The fallback is said in the log line, not in the source: the source describes the kernel
     // (every op that needs it shares one cubin), the log line the op.
-    u.what = ref(g, v) + " = " + (op.kind == ir::OpKind::Fused ? op.fused.pattern : "gemm") + where +
-             (fallback.empty() ? "" : " (" + fallback + ")");
+    u.what = ref(g, v) + " = " + (op.kind == ir::OpKind::Fused ? op.fused.pattern : "gemm") +
+             where + (fallback.empty() ? "" : " (" + fallback + ")");
     std::vector<std::string> lines;
     if (t.wgmma()) {
       const bool pp = t.backend == Backend::WgmmaPingPong;
@@ -344,11 +349,11 @@ KernelUnit generate(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibrary&
       lines = {"family:   " + u.family + " (TMA + wgmma m64n" + std::to_string(t.bn) +
                    "k16, warp-specialized, persistent; f16 in, f32 accumulate)",
                "config:   CTA " + std::to_string(t.bm) + "x" + std::to_string(t.bn) + "x" +
-                   std::to_string(t.bk) + ", " + std::to_string(consumers) +
-                   " consumer warpgroup" + (consumers > 1 ? "s" : "") +
-                   (pp ? " taking alternate tiles (ping-pong)" : "") + " + 1 producer, " +
-                   std::to_string(t.stages) + " stages, " + std::to_string(t.threads()) +
-                   " threads" + (u.transB ? ", B is [N, K]" : ", B is [K, N]")};
+                   std::to_string(t.bk) + ", " + std::to_string(consumers) + " consumer warpgroup" +
+                   (consumers > 1 ? "s" : "") + (pp ? " taking alternate tiles (ping-pong)" : "") +
+                   " + 1 producer, " + std::to_string(t.stages) + " stages, " +
+                   std::to_string(t.threads()) + " threads" +
+                   (u.transB ? ", B is [N, K]" : ", B is [K, N]")};
     } else {
       lines = {"family:   " + u.family +
                    (t.backend == Backend::MmaSync ? " (mma.sync m16n8k16" : " (WMMA") +
@@ -377,8 +382,7 @@ KernelUnit generate(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibrary&
          << epi.str() << "    return v;\n  }\n};\n\n";
     if (t.wgmma()) {
       body << "using Tile = fpat::WgmmaTile<" << t.bm << ", " << t.bn << ", " << t.stages << ", "
-           << (t.backend == Backend::WgmmaPingPong ? "true" : "false")
-           << ">;\n\n} // namespace\n\n"
+           << (t.backend == Backend::WgmmaPingPong ? "true" : "false") << ">;\n\n} // namespace\n\n"
            << "extern \"C\" __global__ void __launch_bounds__(" << t.threads() << ", 1) " << u.name
            << "(const __grid_constant__ FpatTmaArgs p) {\n"
            << "  fpat::gemmWgmma<Tile, " << (u.transB ? "true" : "false") << ", Epilogue>(p);\n}\n";
@@ -406,8 +410,7 @@ KernelUnit generate(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibrary&
          << "  fpat::gemm<Tile, " << (u.transB ? "true" : "false") << ", "
          << (u.vec ? "true" : "false") << ", " << normKind << ", Epilogue"
          << (t.backend == Backend::MmaSync ? ", true" : "") << ">(a);\n}\n";
-    u.launches.push_back(
-        {Launch::GemmTiles, u.name, t.threads(), gemmSmemBytes(t, u.transB), {}});
+    u.launches.push_back({Launch::GemmTiles, u.name, t.threads(), gemmSmemBytes(t, u.transB), {}});
     u.params = acts.params;
     u.source = body.str();
     return u;

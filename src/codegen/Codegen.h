@@ -20,10 +20,10 @@ public:
 
 /// The instruction family of a GEMM kernel's inner product.
 enum class Backend {
-  Wmma,    // WMMA fragments (sm_75+)
-  MmaSync, // mma.sync m16n8k16 + ldmatrix (sm_80+)
-  Wgmma,   // TMA + wgmma, warp-specialized, persistent (sm_90a: compute capability 9.0 only),
-           // cooperative: BM / 64 consumer warpgroups share each tile
+  Wmma,          // WMMA fragments (sm_75+)
+  MmaSync,       // mma.sync m16n8k16 + ldmatrix (sm_80+)
+  Wgmma,         // TMA + wgmma, warp-specialized, persistent (sm_90a: compute capability 9.0 only),
+                 // cooperative: BM / 64 consumer warpgroups share each tile
   WgmmaPingPong, // the same, with two consumer warpgroups taking alternate whole tiles
 };
 

@@ -157,8 +157,8 @@ void Executor::launchAll(bool poison, size_t set) {
     unsigned gx = 1, gy = 1;
     switch (b.launch.grid) {
     case codegen::Launch::Persistent:
-      gx = static_cast<unsigned>(std::min<int64_t>(
-          sms, ((u.N + u.tile.bn - 1) / u.tile.bn) * ((u.M + u.tile.bm - 1) / u.tile.bm)));
+      gx = static_cast<unsigned>(std::min<int64_t>(sms, ((u.N + u.tile.bn - 1) / u.tile.bn) *
+                                                            ((u.M + u.tile.bm - 1) / u.tile.bm)));
       break;
     case codegen::Launch::GemmTiles:
       gx = static_cast<unsigned>((u.N + u.tile.bn - 1) / u.tile.bn);
@@ -186,12 +186,11 @@ void Executor::launchAll(bool poison, size_t set) {
         FpatTensorMap* maps[2] = {&t->a, &t->b};
         for (size_t i = 0; i < b.launch.tma.size() && i < 2; ++i) {
           const codegen::TmaMap& m = b.launch.tma[i];
-          drv_.encodeTensorMap(maps[i]->opaque,
-                               reinterpret_cast<cuda::CUdeviceptr>(args.in[m.operand]),
-                               static_cast<uint64_t>(m.inner), static_cast<uint64_t>(m.outer),
-                               static_cast<uint64_t>(m.inner) * 2,
-                               static_cast<unsigned>(m.boxInner),
-                               static_cast<unsigned>(m.boxOuter));
+          drv_.encodeTensorMap(
+              maps[i]->opaque, reinterpret_cast<cuda::CUdeviceptr>(args.in[m.operand]),
+              static_cast<uint64_t>(m.inner), static_cast<uint64_t>(m.outer),
+              static_cast<uint64_t>(m.inner) * 2, static_cast<unsigned>(m.boxInner),
+              static_cast<unsigned>(m.boxOuter));
         }
         b.tmaArgs[set] = std::move(t);
       }

@@ -243,8 +243,12 @@ const char* backendName(codegen::Backend b) {
 }
 
 nlohmann::json configJson(const TileConfig& t) {
-  return {{"bm", t.bm}, {"bn", t.bn},         {"bk", t.bk},
-          {"wm", t.wm}, {"wn", t.wn},         {"stages", t.stages},
+  return {{"bm", t.bm},
+          {"bn", t.bn},
+          {"bk", t.bk},
+          {"wm", t.wm},
+          {"wn", t.wn},
+          {"stages", t.stages},
           {"backend", backendName(t.backend)}};
 }
 

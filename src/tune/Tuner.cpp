@@ -118,10 +118,9 @@ Choice tune(cuda::Driver& drv, const ir::Graph& g, ir::Vertex v, const dsl::Patt
   const codegen::KernelUnit probe = codegen::generate(sub, subOp, lib, base);
   std::vector<TileConfig> candidates;
   if (o.configs.empty())
-    candidates = searchSpace(lim, probe.transB, probe.M, probe.N, o.maxCandidates,
-                             probe.family == "norm_gemm",
-                             codegen::tmaCompatible(probe.M, probe.N, probe.K, probe.transB),
-                             probe.epilogueReads);
+    candidates = searchSpace(
+        lim, probe.transB, probe.M, probe.N, o.maxCandidates, probe.family == "norm_gemm",
+        codegen::tmaCompatible(probe.M, probe.N, probe.K, probe.transB), probe.epilogueReads);
   else // the heuristic first, as in the search space, so that it is always reported
     candidates = {probe.tile};
   for (const TileConfig& t : o.configs)

@@ -69,10 +69,10 @@ BOOST_AUTO_TEST_CASE(configuration_names_parse_back) {
     BOOST_REQUIRE(back.has_value());
     BOOST_TEST((*back == t), t.str());
   }
-  for (const char* bad : {"", "128x128x32", "128x128x32_w2x4_s3_", "128x128x32_w2x4_s3_mmax",
-                          "128x128x32_w3x4_s3", "128x128x32_w0x4_s3", "-128x128x32_w2x4_s3",
-                          "128x256x32_w2x1_s4_wgmma", "256x256x64_w4x1_s4_wgmma",
-                          "128x256x64_w2x2_s4_wgmma"})
+  for (const char* bad :
+       {"", "128x128x32", "128x128x32_w2x4_s3_", "128x128x32_w2x4_s3_mmax", "128x128x32_w3x4_s3",
+        "128x128x32_w0x4_s3", "-128x128x32_w2x4_s3", "128x256x32_w2x1_s4_wgmma",
+        "256x256x64_w4x1_s4_wgmma", "128x256x64_w2x2_s4_wgmma"})
     BOOST_TEST(!codegen::TileConfig::parse(bad).has_value(), bad);
 }
 

@@ -57,11 +57,12 @@ runtime::BuildOptions buildOptions() {
 /// the software-pipelined loop with 2, 3 and 4 stages and 32- and 64-deep k-tiles, the large
 /// 64x64-warp tiles the heuristic picks on the H200.
 const std::vector<codegen::TileConfig>& configTiles() {
-  static const std::vector<codegen::TileConfig> t = {{128, 256, 64, 64, 64, 3},
-                                                     {256, 128, 64, 64, 64, 4, codegen::Backend::MmaSync},
-                                                     {128, 128, 32, 64, 32, 2},
-                                                     {128, 128, 32, 64, 32, 3, codegen::Backend::MmaSync},
-                                                     {64, 64, 64, 32, 32, 4, codegen::Backend::MmaSync}};
+  static const std::vector<codegen::TileConfig> t = {
+      {128, 256, 64, 64, 64, 3},
+      {256, 128, 64, 64, 64, 4, codegen::Backend::MmaSync},
+      {128, 128, 32, 64, 32, 2},
+      {128, 128, 32, 64, 32, 3, codegen::Backend::MmaSync},
+      {64, 64, 64, 32, 32, 4, codegen::Backend::MmaSync}};
   return t;
 }
 const char* const kConfigCases[] = {

@@ -88,8 +88,8 @@ BOOST_AUTO_TEST_CASE(hopper_defaults_to_the_wgmma_backend) {
   using codegen::Backend;
   using codegen::defaultTile;
   // Large problems: the cooperative 128x256 tile; with a bias to load, ping-pong 128x128.
-  BOOST_TEST((defaultTile(8192, 4096, 90, 132) ==
-              TileConfig{128, 256, 64, 64, 256, 4, Backend::Wgmma}));
+  BOOST_TEST(
+      (defaultTile(8192, 4096, 90, 132) == TileConfig{128, 256, 64, 64, 256, 4, Backend::Wgmma}));
   // (6 stages, 194 KB: 7 stages would leave too little L1 for the bias loads.)
   BOOST_TEST((defaultTile(8192, 4096, 90, 132, false, true, true) ==
               TileConfig{128, 128, 64, 128, 128, 6, Backend::WgmmaPingPong}));

@@ -220,7 +220,7 @@ UnfusedParts unfusedParts(const std::string& p, Shape s) {
     u.before = b.build();
     return u;
   }
-  if (p == "gemm")
+  if (p == "gemm" || p == "gemm_bt")
     return u;
   ir::GraphBuilder b("after", acts);
   auto h = b.input("h", {s.m, s.n});

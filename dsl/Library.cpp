@@ -18,8 +18,7 @@ const ActivationDef* PatternLibrary::findActivation(const std::string& n) const 
 ir::ActivationSet PatternLibrary::activationSet() const {
   ir::ActivationSet s = ir::ActivationSet::builtin();
   for (const ActivationDef& a : activations)
-    if (!s.contains(a.name))
-      s.add(a.name);
+    s.add(a.name, a.paramNames); // a .fpat body replaces a built-in's parameters too
   return s;
 }
 

@@ -417,6 +417,36 @@ int gpuStages(const FpatcOptions& opts, const ir::Graph& fused, const Patterns& 
   return rc;
 }
 
+/// Why the host cannot hold what this run would put in memory, or "": the CPU reference keeps
+/// every value of the graph (and of the fused graph) as f32, the random inputs twice (f32 and
+/// the f16 bits uploaded to the GPU).
+std::string memoryProblem(const ir::Graph& g, const FpatcOptions& opts) {
+  long double inputs = 0, values = 0, largest = 0;
+  std::string largestName;
+  for (ir::Vertex v : g.vertices()) {
+    const long double bytes = static_cast<long double>(g.op(v).type.numel()) * 4;
+    (g.op(v).kind == ir::OpKind::Input ? inputs : values) += bytes;
+    if (bytes > largest) {
+      largest = bytes;
+      largestName = g.op(v).name;
+    }
+  }
+  const long double need =
+      inputs * 1.5L + (opts.reference ? (inputs + values) * (opts.fuse ? 2 : 1) : 0);
+  const unsigned long long have = availableMemory();
+  if (have == 0 || need <= have)
+    return "";
+  auto gb = [](long double b) {
+    return b >= 1e9L ? fixed(static_cast<double>(b / 1e9L), 1) + " GB"
+                     : fixed(static_cast<double>(b / 1e6L), 1) + " MB";
+  };
+  return std::string(opts.reference ? "the CPU reference and the inputs need "
+                                    : "the inputs need ") +
+         "about " + gb(need) + " of memory (%" + largestName + " alone " + gb(largest) +
+         " as f32); this machine has " + gb(have) + " available" +
+         (opts.reference ? "; --no-reference skips the reference" : "");
+}
+
 } // namespace
 
 int runFpatc(const FpatcOptions& opts, std::ostream& out, std::ostream& err) {
@@ -471,6 +501,25 @@ int runFpatc(const FpatcOptions& opts, std::ostream& out, std::ostream& err) {
     err << "fpatc: error: " << p << '\n';
   if (!problems.empty())
     return 1;
+
+  // What cannot work is said before any work is done. The GPU kernels take f16 tensors only:
+  // f32 graphs can be fused and checked on the CPU (--no-compile), not compiled.
+  if (opts.compile || opts.emit == "cuda") {
+    for (ir::Vertex v : g->vertices())
+      if (g->op(v).kind == ir::OpKind::Input && g->op(v).type.dtype != ir::DType::F16)
+        diags.error(g->op(v).loc,
+                    "input '%" + g->op(v).name + "' is " + g->op(v).type.str() +
+                        ": fpat's GPU kernels take f16 tensors only (use --no-compile to fuse "
+                        "and check an f32 graph on the CPU)");
+    if (diags.errorCount() > 0)
+      return failed();
+  }
+  if (opts.emit.empty()) {
+    if (std::string why = memoryProblem(*g, opts); !why.empty()) {
+      err << "fpatc: error: " << why << "\n";
+      return 1;
+    }
+  }
 
   ir::Graph fused = *g;
   match::MatchResult mr;
@@ -554,8 +603,8 @@ int runFpatc(const FpatcOptions& opts, std::ostream& out, std::ostream& err) {
   }
   if (opts.compile) {
     // A failure found on the CPU wins over a skip (77) or a pass from the GPU stages.
-    const int gpu = gpuStages(opts, fused, pats, &inputs, opts.reference ? &vals : nullptr, *g,
-                              out, err);
+    const int gpu =
+        gpuStages(opts, fused, pats, &inputs, opts.reference ? &vals : nullptr, *g, out, err);
     rc = rc ? rc : gpu;
   }
   if (opts.graphviz) {

@@ -26,6 +26,14 @@ Value GraphBuilder::append(Op op, const std::vector<Value>& operands, const std:
 }
 
 Value GraphBuilder::input(const std::string& name, std::vector<int64_t> shape, DType dtype) {
+  // The text form's limits (Parser.cpp): dimensions 1 to 2^40, at most 2^40 elements.
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    if (d < 1 || d > (int64_t{1} << 40) || n > (int64_t{1} << 40) / d)
+      throw BuildError("input %" + name + ": shape out of range (dimensions 1 to " +
+                       "2^40, at most 2^40 elements)");
+    n *= d;
+  }
   Op op;
   op.kind = OpKind::Input;
   op.type = {std::move(shape), dtype};

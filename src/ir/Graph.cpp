@@ -102,6 +102,22 @@ bool ActivationSet::contains(std::string_view name) const {
   return std::find(names_.begin(), names_.end(), name) != names_.end();
 }
 
+void ActivationSet::add(std::string name, std::vector<std::string> params) {
+  auto it = std::find(names_.begin(), names_.end(), name);
+  if (it != names_.end()) {
+    params_[static_cast<size_t>(it - names_.begin())] = std::move(params);
+    return;
+  }
+  names_.push_back(std::move(name));
+  params_.push_back(std::move(params));
+}
+
+const std::vector<std::string>& ActivationSet::params(std::string_view name) const {
+  static const std::vector<std::string> none;
+  auto it = std::find(names_.begin(), names_.end(), name);
+  return it == names_.end() ? none : params_[static_cast<size_t>(it - names_.begin())];
+}
+
 namespace {
 
 std::string opRef(const Op& op) {
@@ -176,6 +192,11 @@ std::optional<TensorDesc> inferType(const Op& op, const std::vector<OperandInfo>
       return fail(-1, "missing activation function name (fn)");
     if (!acts.contains(op.fn))
       return fail(-1, "unknown activation '" + op.fn + "'");
+    for (const auto& [key, value] : op.params) {
+      const std::vector<std::string>& known = acts.params(op.fn);
+      if (std::find(known.begin(), known.end(), key) == known.end())
+        return fail(-1, "activation '" + op.fn + "' has no parameter '" + key + "'");
+    }
     return in[0].type;
   case OpKind::Add:
   case OpKind::Mul:
@@ -200,6 +221,16 @@ std::optional<TensorDesc> inferType(const Op& op, const std::vector<OperandInfo>
   case OpKind::Fused:
     if (op.fused.pattern.empty())
       return fail(-1, "fused op without a pattern");
+    for (const auto& [key, value] : op.params) {
+      bool known = false;
+      for (const EpilogueStep& s : op.fused.epilogue)
+        if (s.kind == "activation") {
+          const std::vector<std::string>& ps = acts.params(s.fn);
+          known = known || std::find(ps.begin(), ps.end(), key) != ps.end();
+        }
+      if (!known)
+        return fail(-1, "no activation of the fused op's epilogue has a parameter '" + key + "'");
+    }
     return op.type;
   }
   return fail(-1, "unhandled op kind");
@@ -351,6 +382,8 @@ std::string attrString(const Op& op) {
       attrs.push_back("transpose_b = true");
     if (op.eps != 1e-5)
       attrs.push_back("eps = " + formatDouble(op.eps));
+    for (auto& [k, v] : op.params) // the epilogue's activation parameters
+      attrs.push_back(k + " = " + formatDouble(v));
     break;
   }
   default:

@@ -127,12 +127,16 @@ struct TypeError {
 class ActivationSet {
 public:
   static const ActivationSet& builtin();
-  void add(std::string name) { names_.push_back(std::move(name)); }
+  /// Adds `name` with its parameter names, or replaces the parameters of a known name.
+  void add(std::string name, std::vector<std::string> params = {});
   bool contains(std::string_view name) const;
   const std::vector<std::string>& names() const { return names_; }
+  /// The parameter names of `name` (empty for unknown names).
+  const std::vector<std::string>& params(std::string_view name) const;
 
 private:
   std::vector<std::string> names_;
+  std::vector<std::vector<std::string>> params_; // parallel to names_
 };
 
 /// Result type of `op` applied to `operands`, or the reason it is ill-typed. Messages name the

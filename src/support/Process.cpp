@@ -3,6 +3,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <sstream>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -62,6 +63,20 @@ ProcessResult runProcess(const std::vector<std::string>& argv) {
   }
   r.exitCode = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   return r;
+}
+
+unsigned long long availableMemory() {
+  if (const char* e = std::getenv("FPAT_MEMORY_LIMIT"); e && *e)
+    return std::strtoull(e, nullptr, 10);
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  unsigned long long kb = 0;
+  std::string unit;
+  while (in >> key >> kb >> unit)
+    if (key == "MemAvailable:")
+      return kb * 1024;
+  const long pages = ::sysconf(_SC_AVPHYS_PAGES), size = ::sysconf(_SC_PAGESIZE);
+  return pages > 0 && size > 0 ? static_cast<unsigned long long>(pages) * size : 0;
 }
 
 } // namespace fpat

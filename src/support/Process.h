@@ -17,4 +17,9 @@ ProcessResult runProcess(const std::vector<std::string>& argv);
 /// Full path of `program` on PATH, or "" when it is not there.
 std::string findProgram(const std::string& program);
 
+/// Memory this process can still allocate without swapping: MemAvailable from /proc/meminfo
+/// (Linux), else free physical pages; 0 when unknown. $FPAT_MEMORY_LIMIT (bytes) overrides it,
+/// for tests and for machines shared with other jobs.
+unsigned long long availableMemory();
+
 } // namespace fpat

@@ -203,6 +203,15 @@ private:
                    "tensors are 1-D or 2-D; this type has rank " + std::to_string(t.rank()));
       return std::nullopt;
     }
+    // The product is checked too: each dimension fits, their product need not (2^40 x 2^40
+    // wraps to 0 in 64 bits). 2^40 elements is far beyond any device and keeps byte counts
+    // exact in 64 bits.
+    if (t.rank() == 2 && t.shape[0] > (int64_t{1} << 40) / t.shape[1]) {
+      diags_.error(tokenLoc(fileId_, tt->dtype),
+                   "tensor " + t.str() + " has more than 2^40 elements (" +
+                       std::to_string(t.shape[0]) + " x " + std::to_string(t.shape[1]) + ")");
+      return std::nullopt;
+    }
     return t;
   }
 
@@ -239,6 +248,7 @@ private:
   bool applyAttrs(Op& op, FGraphParser::AttrDictContext* dict) {
     bool ok = true;
     std::map<std::string, SourceLoc> seen;
+    std::map<std::string, SourceLoc> paramLocs; // activation parameters, checked at the end
     for (auto* a : dict->attr()) {
       const std::string key = a->key->getText();
       const SourceLoc loc = tokenLoc(fileId_, a->key);
@@ -273,8 +283,10 @@ private:
             op.fn = v.str;
           continue;
         }
-        if (expect(AttrVal::Number, "a number"))
+        if (expect(AttrVal::Number, "a number")) {
           op.params[key] = v.num;
+          paramLocs[key] = loc;
+        }
         continue;
       case OpKind::LayerNorm:
       case OpKind::RmsNorm:
@@ -307,11 +319,43 @@ private:
             op.eps = v.num;
           continue;
         }
+        if (v.kind == AttrVal::Number) { // a parameter of an epilogue activation
+          op.params[key] = v.num;
+          paramLocs[key] = loc;
+          continue;
+        }
         break;
       default:
         break;
       }
       diags_.error(loc, "unknown attribute '" + key + "' for " + opKindName(op.kind));
+      ok = false;
+    }
+    // Parameters must belong to the activation (of the epilogue, for fused ops): a misspelt
+    // one would otherwise be ignored and the default used silently.
+    std::vector<std::string> fns;
+    if (op.kind == OpKind::Activation && acts_.contains(op.fn))
+      fns.push_back(op.fn);
+    for (const EpilogueStep& s : op.fused.epilogue)
+      if (s.kind == "activation")
+        fns.push_back(s.fn);
+    if (op.kind == OpKind::Activation && !acts_.contains(op.fn))
+      return ok; // inferType reports the unknown activation
+    for (const auto& [key, loc] : paramLocs) {
+      std::vector<std::string> known;
+      for (const std::string& fn : fns)
+        for (const std::string& p : acts_.params(fn))
+          if (std::find(known.begin(), known.end(), p) == known.end())
+            known.push_back(p);
+      if (std::find(known.begin(), known.end(), key) != known.end())
+        continue;
+      std::string what =
+          op.kind == OpKind::Activation ? "activation '" + op.fn + "'" : "the fused op's epilogue";
+      std::string list;
+      for (const std::string& p : known)
+        list += (list.empty() ? "" : ", ") + p;
+      diags_.error(loc, "unknown parameter '" + key + "' for " + what +
+                            (known.empty() ? " (it takes none)" : " (it takes: " + list + ")"));
       ok = false;
     }
     return ok;

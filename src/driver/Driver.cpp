@@ -351,6 +351,8 @@ int gpuStages(const FpatcOptions& opts, const ir::Graph& fused, const Patterns& 
     err << "fpatc: error: " << built.error << (built.error.back() == '\n' ? "" : "\n");
     return 1;
   }
+  for (const std::string& w : built.warnings)
+    err << "fpatc: warning: " << w << "\n";
   const int failed = static_cast<int>(built.kernels.size()) - built.compiled - built.cached;
   out << "== nvcc: " << built.compiled << " compiled, " << built.cached << " from the cache ("
       << (opts.cacheDir.empty() ? runtime::defaultCacheDir() : opts.cacheDir) << "), "

@@ -5,7 +5,9 @@
 #include "support/Process.h"
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
+#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -119,9 +121,24 @@ CompiledKernel compileOne(const codegen::KernelUnit& u, const NvccOptions& o,
   if (o.ptx)
     k.ptxPath = stem.string() + ".ptx";
   std::error_code ec;
+  // A cache entry is the cubin plus a record of its size and content hash, written after it;
+  // an entry that does not match its record (truncated, emptied, edited, or a write that never
+  // finished) is compiled again.
+  const std::string record = stem.string() + ".cubin.sha256";
   if (fs::exists(k.cubinPath, ec) && (!o.ptx || fs::exists(k.ptxPath, ec))) {
-    k.cached = true;
-    return k;
+    std::string cubin, want;
+    if (readFile(k.cubinPath, cubin) && readFile(record, want) &&
+        want == std::to_string(cubin.size()) + " " + sha256Hex(cubin) + "\n") {
+      k.cached = true;
+      return k;
+    }
+    k.warning = "kernel cache entry '" + k.cubinPath + "' is damaged (" +
+                (cubin.empty()             ? std::string("empty")
+                 : !fs::exists(record, ec) ? "no size and hash record"
+                                           : "its size or hash does not match the record") +
+                "); compiling it again";
+    fs::remove(k.cubinPath, ec);
+    fs::remove(record, ec);
   }
   auto t0 = std::chrono::steady_clock::now();
   writeFileAtomic(k.sourcePath, u.source);
@@ -154,13 +171,37 @@ CompiledKernel compileOne(const codegen::KernelUnit& u, const NvccOptions& o,
     }
     return true;
   };
-  if (build("-cubin", k.cubinPath) && o.ptx)
-    build("-ptx", k.ptxPath);
+  if (build("-cubin", k.cubinPath)) {
+    std::string cubin;
+    if (readFile(k.cubinPath, cubin))
+      writeFileAtomic(record, std::to_string(cubin.size()) + " " + sha256Hex(cubin) + "\n");
+    if (o.ptx)
+      build("-ptx", k.ptxPath);
+  }
   k.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return k;
 }
 
 } // namespace
+
+int removeStaleTemporaries(const std::string& dir) {
+  int removed = 0;
+  std::error_code ec;
+  const auto now = fs::file_time_type::clock::now();
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    const size_t at = name.find(".tmp.");
+    if (at == std::string::npos)
+      continue;
+    const long pid = std::strtol(name.c_str() + at + 5, nullptr, 10);
+    const bool dead = pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH;
+    std::error_code tec;
+    const auto age = now - fs::last_write_time(it->path(), tec);
+    if ((dead || (!tec && age > std::chrono::hours(24))) && fs::remove(it->path(), tec))
+      ++removed;
+  }
+  return removed;
+}
 
 std::vector<CompiledKernel> compileAll(const std::vector<codegen::KernelUnit>& units,
                                        const NvccOptions& o) {
@@ -175,6 +216,7 @@ std::vector<CompiledKernel> compileAll(const std::vector<codegen::KernelUnit>& u
   if (ec)
     throw std::runtime_error("cannot create the kernel cache in '" + cache + "': " + ec.message());
   const std::string include = materialiseHeaders(cache);
+  removeStaleTemporaries((fs::path(cache) / "kernels").string());
 
   // Distinct units only (the same source under the same name compiles once). A name is the
   // kernel's entry point: two different sources under one name would clash in a module.

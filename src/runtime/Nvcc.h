@@ -25,6 +25,7 @@ struct CompiledKernel {
   std::string ptxPath;    // when requested
   std::string sourcePath; // the .cu nvcc compiled (kept in the cache)
   bool cached = false;    // found in the cache, not compiled now
+  std::string warning;    // e.g. a damaged cache entry that was compiled again
   double seconds = 0;     // compile time
   std::string error;      // non-empty: nvcc failed; its output, naming the .cu file and line
 };
@@ -40,6 +41,10 @@ std::string defaultCacheDir();
 /// the cache directory is unusable.
 std::vector<CompiledKernel> compileAll(const std::vector<codegen::KernelUnit>& units,
                                        const NvccOptions& o);
+
+/// Removes temporary files (`*.tmp.PID.*`) that a process killed mid-write left in `dir`: those
+/// of processes that no longer run, and any older than a day. Returns how many it removed.
+int removeStaleTemporaries(const std::string& dir);
 
 /// Writes `data` to `path` atomically (temporary file in the same directory, then rename), so
 /// concurrent writers and killed processes never leave a partial file behind.

@@ -1,5 +1,6 @@
 #include "runtime/Pipeline.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 
@@ -38,6 +39,9 @@ BuildResult buildKernels(const ir::Graph& fused, const dsl::PatternLibrary& lib,
   }
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   for (const CompiledKernel& k : r.kernels) {
+    if (!k.warning.empty() &&
+        std::find(r.warnings.begin(), r.warnings.end(), k.warning) == r.warnings.end())
+      r.warnings.push_back(k.warning);
     if (!k.error.empty()) {
       r.error += k.error;
       continue;

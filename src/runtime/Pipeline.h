@@ -21,6 +21,7 @@ struct BuildResult {
   CompiledGraph graph;
   std::vector<CompiledKernel> kernels; // one per distinct unit
   std::string error;                   // codegen or nvcc failure, or ""
+  std::vector<std::string> warnings;   // e.g. damaged cache entries, compiled again
   int compiled = 0, cached = 0;
   double seconds = 0;
 };

@@ -1,11 +1,15 @@
 #include "support/Process.h"
 
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <sys/stat.h>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -33,6 +37,7 @@ ProcessResult runProcess(const std::vector<std::string>& argv) {
   int fds[2];
   if (pipe(fds) != 0)
     return r;
+  const pid_t parent = getpid();
   pid_t pid = fork();
   if (pid < 0) {
     close(fds[0]);
@@ -40,6 +45,12 @@ ProcessResult runProcess(const std::vector<std::string>& argv) {
     return r;
   }
   if (pid == 0) {
+#ifdef __linux__
+    // The child dies with us (an fpatc killed by the OOM killer leaves no nvcc running on).
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent)
+      _exit(127); // we died before prctl took effect
+#endif
     dup2(fds[1], 1);
     dup2(fds[1], 2);
     close(fds[0]);

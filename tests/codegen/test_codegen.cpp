@@ -8,6 +8,7 @@
 
 #include <boost/test/unit_test.hpp>
 #include <filesystem>
+#include <sys/wait.h>
 #include <thread>
 #include <unistd.h>
 
@@ -330,4 +331,57 @@ BOOST_AUTO_TEST_CASE(wgmma_backend_compiles_for_sm90a_without_serialization,
   o.cacheDir = cache.path.string();
   for (const runtime::CompiledKernel& k : runtime::compileAll(units, o))
     BOOST_TEST(k.error.empty(), k.name << ": " << k.error);
+}
+
+BOOST_AUTO_TEST_CASE(damaged_cache_entries_are_compiled_again,
+                     *boost::unit_test::precondition(nvccPresent)) {
+  TempDir cache;
+  runtime::NvccOptions o;
+  o.arch = 80;
+  o.cacheDir = cache.path.string();
+  std::vector<codegen::KernelUnit> units = unitsFor("add", {8, 8, 8}, 80);
+  BOOST_REQUIRE(units.size() == 1u);
+  auto first = runtime::compileAll(units, o).at(0);
+  BOOST_REQUIRE(first.error.empty());
+  BOOST_TEST(!first.cached);
+  std::string good;
+  BOOST_REQUIRE(readFile(first.cubinPath, good));
+  BOOST_TEST(runtime::compileAll(units, o).at(0).cached); // intact: served from the cache
+  // Emptied, truncated, or without its size/hash record: compiled again, with a warning.
+  for (int damage = 0; damage < 3; ++damage)
+    BOOST_TEST_CONTEXT("damage " << damage) {
+      if (damage == 2)
+        fs::remove(first.cubinPath + ".sha256");
+      else
+        runtime::writeFileAtomic(first.cubinPath,
+                                 damage == 0 ? "" : good.substr(0, good.size() / 2));
+      auto again = runtime::compileAll(units, o).at(0);
+      BOOST_TEST(again.error.empty(), again.error);
+      BOOST_TEST(!again.cached);
+      BOOST_TEST(again.warning.find("is damaged") != std::string::npos, again.warning);
+      std::string now; // nvcc's output is not byte-for-byte reproducible: whole, not equal
+      BOOST_TEST(readFile(again.cubinPath, now));
+      BOOST_TEST(now.size() > good.size() / 2);
+      BOOST_TEST(runtime::compileAll(units, o).at(0).cached);
+    }
+}
+
+BOOST_AUTO_TEST_CASE(temporaries_of_dead_processes_are_removed) {
+  // What a process killed mid-write leaves (its PID is gone) is removed by the next run; a live
+  // writer's file stays.
+  TempDir dir;
+  pid_t dead = fork();
+  if (dead == 0)
+    _exit(0);
+  BOOST_REQUIRE(dead > 0);
+  waitpid(dead, nullptr, 0);
+  const fs::path stale = dir.path / ("k.cubin.tmp." + std::to_string(dead) + ".1");
+  const fs::path live = dir.path / ("k.cubin.tmp." + std::to_string(::getpid()) + ".1");
+  const fs::path entry = dir.path / "k.cubin";
+  for (const fs::path& p : {stale, live, entry})
+    runtime::writeFileAtomic(p.string(), "x");
+  BOOST_TEST(runtime::removeStaleTemporaries(dir.path.string()) == 1);
+  BOOST_TEST(!fs::exists(stale));
+  BOOST_TEST(fs::exists(live));
+  BOOST_TEST(fs::exists(entry));
 }

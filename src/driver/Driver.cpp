@@ -232,7 +232,7 @@ int gpuStages(const FpatcOptions& opts, const ir::Graph& fused, const Patterns& 
               const std::map<std::string, ir::Tensor>* inputs,
               const std::vector<ir::Tensor>* reference, const ir::Graph& original,
               std::ostream& out, std::ostream& err) {
-  std::string why;
+  std::string why = !opts.run ? "--no-run" : "only --emit=" + opts.emit + " was asked for";
   cuda::Driver* drv = opts.run && opts.emit.empty() ? cuda::Driver::get(&why) : nullptr;
   const int arch = opts.arch ? opts.arch : drv ? drv->device().arch : 90;
   runtime::BuildOptions bopts;

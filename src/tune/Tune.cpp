@@ -202,36 +202,68 @@ nlohmann::json emptyCache() {
   return nlohmann::json{{"schema", TuningCache::kSchema}, {"entries", nlohmann::json::object()}};
 }
 
-/// Reads the cache file; a missing file is empty, an unreadable one is moved aside (the caller
-/// holds the exclusive lock when `repair` is set).
-nlohmann::json readCache(const std::string& path, bool repair, std::vector<std::string>& warnings) {
-  std::string text;
+/// What is wrong with the cache file's contents, or "" (and `j` holds them). Messages never
+/// quote the file's bytes: they may be anything.
+std::string inspect(const std::string& path, nlohmann::json& j, int& schema) {
   std::error_code ec;
-  if (!fs::exists(path, ec) || !readFile(path, text))
-    return emptyCache();
-  std::string problem;
-  nlohmann::json j;
+  schema = TuningCache::kSchema;
+  if (fs::is_directory(path, ec))
+    return "it is a directory, not a file";
+  std::string text;
+  if (!readFile(path, text))
+    return "it cannot be read";
   try {
     j = nlohmann::json::parse(text);
-    if (!j.is_object() || !j.contains("schema") || !j.contains("entries") ||
-        !j["entries"].is_object())
-      problem = "not an fpat tuning cache";
-    else if (j["schema"] != TuningCache::kSchema)
-      problem = "schema " + j["schema"].dump() + " (this fpat writes " +
-                std::to_string(TuningCache::kSchema) + ")";
-  } catch (const nlohmann::json::exception& e) {
-    problem = std::string("corrupt JSON (") + e.what() + ")";
+  } catch (const nlohmann::json::parse_error& e) {
+    return "not valid JSON (at byte " + std::to_string(e.byte) + ")";
+  } catch (const nlohmann::json::exception&) {
+    return "not valid JSON";
   }
+  if (!j.is_object() || !j.contains("schema") || !j.contains("entries") ||
+      !j["entries"].is_object() || !j["schema"].is_number_integer())
+    return "not an fpat tuning cache";
+  schema = j["schema"].get<int>();
+  if (schema != TuningCache::kSchema)
+    return "schema " + std::to_string(schema) + " (this fpat reads and writes " +
+           std::to_string(TuningCache::kSchema) + ")";
+  return "";
+}
+
+/// Reads the cache file; a missing file is empty. A reader (`repair` false) never changes the
+/// file: it ignores a bad one with a warning. A writer (holding the exclusive lock) moves a bad
+/// one aside and starts afresh, except one written by a newer fpat (higher schema), which it
+/// leaves alone: `writable` is then false.
+nlohmann::json readCache(const std::string& path, bool repair, std::vector<std::string>& warnings,
+                         bool* writable = nullptr) {
+  std::error_code ec;
+  if (writable)
+    *writable = true;
+  if (!fs::exists(path, ec))
+    return emptyCache();
+  nlohmann::json j;
+  int schema = 0;
+  const std::string problem = inspect(path, j, schema);
   if (problem.empty())
     return j;
-  std::string aside;
-  if (repair) {
-    aside = path + ".bad-" + std::to_string(::getpid()) + "-" +
-            std::to_string(std::chrono::system_clock::now().time_since_epoch().count());
+  const bool newer = schema > TuningCache::kSchema;
+  const bool directory = fs::is_directory(path, ec);
+  std::string what = "; ignored";
+  if (repair && (newer || directory)) {
+    what = newer ? "; left as it is (a newer fpat wrote it), results of this run are not saved"
+                 : "; results of this run are not saved";
+    if (writable)
+      *writable = false;
+  } else if (repair) {
+    const std::string aside =
+        path + ".bad-" + std::to_string(::getpid()) + "-" +
+        std::to_string(std::chrono::system_clock::now().time_since_epoch().count());
     fs::rename(path, aside, ec);
+    what = ec ? "; cannot move it aside (" + ec.message() + "), results are not saved"
+              : "; moved to '" + aside + "' and rebuilt";
+    if (ec && writable)
+      *writable = false;
   }
-  warnings.push_back("tuning cache '" + path + "' is unusable: " + problem +
-                     (repair ? "; moved to '" + aside + "' and rebuilt" : "; ignored"));
+  warnings.push_back("tuning cache '" + path + "' is unusable: " + problem + what);
   return emptyCache();
 }
 
@@ -264,17 +296,9 @@ TuningCache::TuningCache(std::string path) : path_(std::move(path)) {
 }
 
 std::optional<Entry> TuningCache::lookup(const Key& k) {
-  nlohmann::json j;
-  std::vector<std::string> problems;
-  {
-    FileLock lock(path_, false);
-    j = readCache(path_, false, problems);
-  }
-  if (!problems.empty()) {
-    // Repair under the exclusive lock; another process may have done it meanwhile.
-    FileLock lock(path_, true);
-    j = readCache(path_, true, warnings_);
-  }
+  // No lock: writers replace the file atomically, so a reader sees a whole old or new file.
+  // Nor any repair: a run that only reads leaves the file (and creates no lock file).
+  nlohmann::json j = readCache(path_, false, warnings_);
   auto it = j["entries"].find(k.str());
   if (it == j["entries"].end())
     return std::nullopt;
@@ -303,7 +327,10 @@ std::optional<Entry> TuningCache::lookup(const Key& k) {
 
 void TuningCache::store(const Key& k, const Entry& e) {
   FileLock lock(path_, true);
-  nlohmann::json j = readCache(path_, true, warnings_);
+  bool writable = true;
+  nlohmann::json j = readCache(path_, true, warnings_, &writable);
+  if (!writable)
+    return;
   j["entries"][k.str()] = {{"config", configJson(e.config)},
                            {"config_name", e.config.str()},
                            {"ms", e.ms},
@@ -313,8 +340,7 @@ void TuningCache::store(const Key& k, const Entry& e) {
 }
 
 size_t TuningCache::size() {
-  FileLock lock(path_, true);
-  return readCache(path_, true, warnings_)["entries"].size();
+  return readCache(path_, false, warnings_)["entries"].size();
 }
 
 std::vector<std::string> TuningCache::takeWarnings() {

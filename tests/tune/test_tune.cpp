@@ -24,7 +24,9 @@ DeviceLimits recorded(const std::string& name) {
 }
 
 struct TempCache {
-  fs::path dir = fs::temp_directory_path() / ("fpat-tune-test-" + std::to_string(::getpid()));
+  static inline int made = 0; // several per test: distinct directories
+  fs::path dir = fs::temp_directory_path() /
+                 ("fpat-tune-test-" + std::to_string(::getpid()) + "-" + std::to_string(made++));
   std::string path = (dir / "tuning.json").string();
   TempCache() {
     fs::remove_all(dir);
@@ -168,25 +170,66 @@ BOOST_AUTO_TEST_CASE(cache_round_trip) {
 }
 
 BOOST_AUTO_TEST_CASE(corrupt_caches_are_moved_aside_and_rebuilt) {
+  // A reader ignores a bad file with a warning and changes nothing; the next writer moves it
+  // aside and starts afresh. Warnings never quote the file's bytes.
   for (const char* junk : {"{\"schema\": 1, \"entries\": {\"x\": ", "not json at all \x01\x02",
-                           "{\"schema\": 999, \"entries\": {}}", "[1, 2, 3]", ""}) {
-    TempCache tc;
-    std::ofstream(tc.path) << junk;
-    TuningCache c(tc.path);
-    BOOST_TEST(!c.lookup(key("a")).has_value());
-    auto w = c.takeWarnings();
-    if (std::string(junk).empty()) {
-      BOOST_TEST(w.size() == 1u); // an empty file is corrupt too
+                           "{\"schema\": 0, \"entries\": {}}", "[1, 2, 3]", ""}) {
+    BOOST_TEST_CONTEXT("junk " << junk) {
+      TempCache tc;
+      std::ofstream(tc.path) << junk;
+      TuningCache c(tc.path);
+      auto count = [&](const char* part) {
+        int n = 0;
+        for (const auto& f : fs::directory_iterator(tc.dir))
+          n += f.path().filename().string().find(part) != std::string::npos;
+        return n;
+      };
+      BOOST_TEST(!c.lookup(key("a")).has_value());
+      auto w = c.takeWarnings();
+      BOOST_REQUIRE(w.size() == 1u); // an empty file is corrupt too
+      BOOST_TEST(w[0].find("ignored") != std::string::npos, w[0]);
+      BOOST_TEST(w[0].find("json at all") == std::string::npos, w[0]);
+      BOOST_TEST(w[0].find('\x01') == std::string::npos);
+      BOOST_TEST(count(".bad-") == 0); // reading changes nothing
+      BOOST_TEST(count(".lock") == 0); // and takes no lock
+      c.store(key("b"), Entry{{64, 64, 32, 32, 32, 3}, 1, 1, 1});
+      w = c.takeWarnings();
+      BOOST_REQUIRE(w.size() == 1u);
+      BOOST_TEST(w[0].find("moved to") != std::string::npos, w[0]);
+      BOOST_TEST(count(".bad-") == 1);
+      BOOST_TEST(TuningCache(tc.path).lookup(key("b")).has_value());
     }
-    BOOST_REQUIRE(w.size() == 1u);
-    BOOST_TEST(w[0].find("moved to") != std::string::npos, w[0]);
-    int aside = 0;
-    for (const auto& f : fs::directory_iterator(tc.dir))
-      aside += f.path().filename().string().find(".bad-") != std::string::npos;
-    BOOST_TEST(aside == 1);
-    c.store(key("b"), Entry{{64, 64, 32, 32, 32, 3}, 1, 1, 1});
-    BOOST_TEST(TuningCache(tc.path).lookup(key("b")).has_value());
   }
+}
+
+BOOST_AUTO_TEST_CASE(a_newer_or_misplaced_cache_is_left_alone) {
+  // A file a newer fpat wrote (higher schema) is not moved aside by an older one, not even by
+  // a writer: its entries stay for the newer binary. A directory in its place is reported as
+  // such.
+  TempCache tc;
+  const std::string newer = "{\"schema\": 999, \"entries\": {\"k\": 1}}";
+  std::ofstream(tc.path) << newer;
+  TuningCache c(tc.path);
+  BOOST_TEST(!c.lookup(key("a")).has_value());
+  c.store(key("b"), Entry{{64, 64, 32, 32, 32, 3}, 1, 1, 1});
+  auto w = c.takeWarnings();
+  BOOST_REQUIRE(w.size() == 2u);
+  BOOST_TEST(w[0].find("schema 999") != std::string::npos, w[0]);
+  BOOST_TEST(w[1].find("left as it is") != std::string::npos, w[1]);
+  std::string text;
+  BOOST_REQUIRE(readFile(tc.path, text));
+  BOOST_TEST(text == newer);
+
+  TempCache dir;
+  fs::create_directories(dir.path);
+  TuningCache d(dir.path);
+  BOOST_TEST(!d.lookup(key("a")).has_value());
+  d.store(key("b"), Entry{{64, 64, 32, 32, 32, 3}, 1, 1, 1});
+  w = d.takeWarnings();
+  BOOST_REQUIRE(w.size() == 2u);
+  BOOST_TEST(w[0].find("is a directory") != std::string::npos, w[0]);
+  BOOST_TEST(w[0].find("JSON") == std::string::npos, w[0]);
+  BOOST_TEST(fs::is_directory(dir.path));
 }
 
 BOOST_AUTO_TEST_CASE(concurrent_writers_lose_no_entries) {

@@ -1,9 +1,11 @@
 #!/bin/sh
-# Builds the .fpat front end with clang, libFuzzer, ASan and UBSan in a build tree of its own and
-# fuzzes it for SECONDS. Exits 77 (ctest: skipped) when clang or its fuzzer runtime is missing.
-# usage: run_fuzz.sh SOURCE_DIR WORK_DIR SECONDS
+# Builds a libFuzzer target with clang, ASan and UBSan in a build tree of its own and fuzzes it
+# for SECONDS (or RUNS inputs). Exits 77 (ctest: skipped) when clang or its fuzzer runtime is
+# missing. Targets: fpat_fuzz (the .fpat front end), fgraph_fuzz (the .fgraph front end and its
+# print/parse round trip), fusion_fuzz (fusion over random graphs against the unfused graph).
+# usage: run_fuzz.sh SOURCE_DIR WORK_DIR SECONDS [TARGET] [RUNS]
 set -e
-src=$1 work=$2 secs=${3:-60}
+src=$1 work=$2 secs=${3:-60} target=${4:-fpat_fuzz} runs=${5:--1}
 command -v clang++ >/dev/null 2>&1 || { echo "clang++ not found; skipped"; exit 77; }
 printf 'extern "C" int LLVMFuzzerTestOneInput(const char*, unsigned long) { return 0; }\n' \
   > /tmp/fpat_fuzz_probe.cpp
@@ -15,19 +17,31 @@ mkdir -p "$work"
 cmake -S "$src" -B "$work/build" -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DFPAT_FUZZ=ON -DBUILD_TESTING=OFF >"$work/configure.log" 2>&1 ||
   { cat "$work/configure.log"; exit 1; }
-cmake --build "$work/build" --target fpat_fuzz -j "$(nproc)" >"$work/build.log" 2>&1 ||
-  { tail -50 "$work/build.log"; exit 1; }
-# Seed corpus: the built-in patterns and every golden .fpat file.
-rm -rf "$work/corpus" && mkdir -p "$work/corpus"
-for f in "$src"/patterns/*.fpat "$src"/tests/golden/fpat/*.fpat "$src"/tests/golden/records/*.fpat \
-         "$src"/examples/custom_activation/*.fpat; do
-  cp "$f" "$work/corpus/$(echo "$f" | tr '/' '_')"
+cmake --build "$work/build" --target "$target" -j "$(nproc)" >"$work/build-$target.log" 2>&1 ||
+  { tail -50 "$work/build-$target.log"; exit 1; }
+# Seed corpus: for the .fpat target the built-in patterns and every golden .fpat file; for the
+# .fgraph target the examples and every golden .fgraph file; fusion starts from nothing (its
+# input is a recipe of bytes, not text).
+corpus="$work/corpus-$target"
+rm -rf "$corpus" && mkdir -p "$corpus"
+case $target in
+fpat_fuzz) seeds="$src/patterns/*.fpat $src/tests/golden/fpat/*.fpat $src/tests/golden/records/*.fpat
+                  $src/examples/custom_activation/*.fpat" ;;
+fgraph_fuzz) seeds="$src/examples/*.fgraph $src/examples/*/*.fgraph $src/tests/golden/fgraph/*.fgraph
+                    $src/tests/golden/explain/*.fgraph $src/tests/cli/inputs/*.fgraph" ;;
+*) seeds="" ;;
+esac
+for f in $seeds; do
+  cp "$f" "$corpus/$(echo "$f" | tr '/' '_')"
 done
+bin=$(find "$work/build" -name "$target" -type f -perm -u+x | head -1)
 cd "$work"
 status=0
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-  ./build/dsl/fpat_fuzz -max_total_time="$secs" -max_len=4096 -timeout=10 -rss_limit_mb=4096 \
-  -print_final_stats=1 corpus >fuzz.log 2>&1 || status=$?
-tail -25 fuzz.log
-ls crash-* leak-* timeout-* oom-* 2>/dev/null && { echo "fuzzer found a problem"; exit 1; }
+  "$bin" -max_total_time="$secs" -runs="$runs" -max_len=4096 -timeout=10 -rss_limit_mb=4096 \
+  -print_final_stats=1 -artifact_prefix="$work/$target-" "$corpus" >"$target.log" 2>&1 ||
+  status=$?
+tail -25 "$target.log"
+ls "$work/$target"-crash-* "$work/$target"-leak-* "$work/$target"-timeout-* \
+  "$work/$target"-oom-* 2>/dev/null && { echo "fuzzer found a problem"; exit 1; }
 exit $status

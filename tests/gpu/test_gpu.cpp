@@ -393,3 +393,34 @@ BOOST_AUTO_TEST_CASE(tuning_smoke_test) {
   std::filesystem::remove(path);
   std::filesystem::remove(path + ".lock");
 }
+
+BOOST_AUTO_TEST_CASE(planted_out_of_bounds_write) {
+  // Only for gpu.sanitizer.catches_planted_error (FPAT_PLANT_OOB=1): a kernel that writes one
+  // element past its output, which compute-sanitizer memcheck must report, so that its clean
+  // reports on the real suite mean something. Without the variable this case does nothing.
+  const char* plant = std::getenv("FPAT_PLANT_OOB");
+  if (!plant || std::string(plant) != "1")
+    return;
+  ir::Graph g = caseGraph("add", {64, 64, 64});
+  ir::Graph f = fuse(g);
+  runtime::BuildResult b = runtime::buildKernels(f, builtinLibrary(), buildOptions());
+  BOOST_TEST_REQUIRE(b.error.empty(), b.error);
+  codegen::KernelUnit& u = b.graph.units[f.outputs()[0]];
+  u.name += "_planted_oob";
+  u.launches.at(0).entry = u.name;
+  u.source = "#include \"fpat_common.cuh\"\n"
+             "extern \"C\" __global__ void " +
+             u.name +
+             "(const FpatKernelArgs a) {\n"
+             "  if (blockIdx.x == 0 && threadIdx.x == 0)\n"
+             "    static_cast<__half*>(a.out)[a.M * a.N] = __float2half(1.0f); // one past the end\n"
+             "}\n";
+  runtime::NvccOptions n;
+  n.arch = gpu()->device().arch;
+  n.cacheDir = cacheDir();
+  auto k = runtime::compileAll({u}, n).at(0);
+  BOOST_TEST_REQUIRE(k.error.empty(), k.error);
+  b.graph.cubins[u.name] = k.cubinPath;
+  runtime::Executor ex(*gpu(), b.graph);
+  ex.run(ir::randomInputs(g, 1), false);
+}

@@ -422,7 +422,8 @@ int gpuStages(const FpatcOptions& opts, const ir::Graph& fused, const Patterns& 
 /// Why the host cannot hold what this run would put in memory, or "": the CPU reference keeps
 /// every value of the graph (and of the fused graph) as f32, the random inputs twice (f32 and
 /// the f16 bits uploaded to the GPU).
-std::string memoryProblem(const ir::Graph& g, const FpatcOptions& opts) {
+/// `where` is set to the largest value's definition, where the error points.
+std::string memoryProblem(const ir::Graph& g, const FpatcOptions& opts, SourceLoc& where) {
   long double inputs = 0, values = 0, largest = 0;
   std::string largestName;
   for (ir::Vertex v : g.vertices()) {
@@ -431,6 +432,7 @@ std::string memoryProblem(const ir::Graph& g, const FpatcOptions& opts) {
     if (bytes > largest) {
       largest = bytes;
       largestName = g.op(v).name;
+      where = g.op(v).loc;
     }
   }
   const long double need =
@@ -517,9 +519,10 @@ int runFpatc(const FpatcOptions& opts, std::ostream& out, std::ostream& err) {
       return failed();
   }
   if (opts.emit.empty()) {
-    if (std::string why = memoryProblem(*g, opts); !why.empty()) {
-      err << "fpatc: error: " << why << "\n";
-      return 1;
+    SourceLoc where;
+    if (std::string why = memoryProblem(*g, opts, where); !why.empty()) {
+      diags.error(where, why);
+      return failed();
     }
   }
 

@@ -61,6 +61,11 @@ BufferPlan planBuffers(const ir::Graph& g) {
 Executor::Executor(cuda::Driver& drv, const CompiledGraph& cg) : drv_(drv), cg_(cg) {
   const ir::Graph& g = cg_.graph;
   plan_ = planBuffers(g);
+  // Say so before allocating: a graph larger than the GPU fails clearly, not halfway through.
+  if (const size_t free = drv_.freeMemory(); free > 0 && plan_.plannedBytes > free)
+    throw cuda::CudaError("the graph needs " + std::to_string(plan_.plannedBytes >> 20) +
+                          " MiB of device memory (buffers planned by liveness); the GPU has " +
+                          std::to_string(free >> 20) + " MiB free");
   slotSets_.emplace_back();
   for (size_t b : plan_.slotBytes)
     slotSets_[0].push_back(drv_.alloc(b));

@@ -408,13 +408,14 @@ BOOST_AUTO_TEST_CASE(planted_out_of_bounds_write) {
   codegen::KernelUnit& u = b.graph.units[f.outputs()[0]];
   u.name += "_planted_oob";
   u.launches.at(0).entry = u.name;
-  u.source = "#include \"fpat_common.cuh\"\n"
-             "extern \"C\" __global__ void " +
-             u.name +
-             "(const FpatKernelArgs a) {\n"
-             "  if (blockIdx.x == 0 && threadIdx.x == 0)\n"
-             "    static_cast<__half*>(a.out)[a.M * a.N] = __float2half(1.0f); // one past the end\n"
-             "}\n";
+  u.source =
+      "#include \"fpat_common.cuh\"\n"
+      "extern \"C\" __global__ void " +
+      u.name +
+      "(const FpatKernelArgs a) {\n"
+      "  if (blockIdx.x == 0 && threadIdx.x == 0)\n"
+      "    static_cast<__half*>(a.out)[a.M * a.N] = __float2half(1.0f); // one past the end\n"
+      "}\n";
   runtime::NvccOptions n;
   n.arch = gpu()->device().arch;
   n.cacheDir = cacheDir();

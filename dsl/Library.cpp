@@ -551,6 +551,11 @@ private:
     }
     const Field* fam = r.field("family");
     p.family = fam && fam->value->kind == Value::String ? fam->value->s : "gemm";
+    if (!ir::isKernelFamily(p.family)) {
+      fail(fam && fam->value->loc.valid() ? fam->value->loc : r.loc,
+           "unknown kernel family \"" + p.family + "\" (fpat has " + ir::kernelFamilyList() + ")");
+      return;
+    }
     int64_t benefit = intField(r, "benefit", -1);
     if (benefit < -1 || benefit > 1000000) {
       fail(r.field("benefit")->value->loc, "benefit must be -1 (automatic) or 0 to 1000000");

@@ -98,6 +98,21 @@ const ActivationSet& ActivationSet::builtin() {
   return set;
 }
 
+bool isKernelFamily(std::string_view name) {
+  for (const char* f : kKernelFamilies)
+    if (name == f)
+      return true;
+  return false;
+}
+
+std::string kernelFamilyList() {
+  std::string s;
+  const size_t n = std::size(kKernelFamilies);
+  for (size_t i = 0; i < n; ++i)
+    s += std::string(i == 0 ? "" : i + 1 == n ? " or " : ", ") + kKernelFamilies[i];
+  return s;
+}
+
 bool ActivationSet::contains(std::string_view name) const {
   return std::find(names_.begin(), names_.end(), name) != names_.end();
 }

@@ -30,6 +30,13 @@ inline std::ostream& operator<<(std::ostream& os, OpKind k) {
   return os << opKindName(k);
 }
 
+/// The kernel families a fused op can name (`let family = ...` in .fpat, `family = ...` in
+/// .fgraph): the one list that sema, the text parser and the reference check names against.
+inline constexpr const char* kKernelFamilies[] = {"gemm", "norm_gemm"};
+bool isKernelFamily(std::string_view name);
+/// "gemm or norm_gemm", for messages.
+std::string kernelFamilyList();
+
 /// One step of a fused op's epilogue chain, applied to the accumulator in order.
 struct EpilogueStep {
   std::string kind; // "bias", "activation", "residual", "mul", "scale"

@@ -297,6 +297,12 @@ private:
         }
         break;
       case OpKind::Fused:
+        if (key == "family" && v.kind != AttrVal::Number && !isKernelFamily(v.str)) {
+          diags_.error(loc, "unknown kernel family '" + v.str + "' (fpat has " +
+                                kernelFamilyList() + ")");
+          ok = false;
+          continue;
+        }
         if (key == "pattern" || key == "family" || key == "norm") {
           if (expect(AttrVal::Ident, "a name"))
             (key == "pattern"  ? op.fused.pattern

@@ -292,8 +292,8 @@ namespace {
 
 class LibraryBuilder {
 public:
-  LibraryBuilder(const RecordKeeper& rk, DiagEngine& d, PatternLibrary& out)
-      : rk(rk), diags(d), lib(out) {}
+  LibraryBuilder(const RecordKeeper& rk, DiagEngine& d, PatternLibrary& out, bool anyFamily)
+      : rk(rk), diags(d), lib(out), anyFamily_(anyFamily) {}
 
   bool run() {
     for (const Record* r : rk.defsOf("Op"))
@@ -551,7 +551,7 @@ private:
     }
     const Field* fam = r.field("family");
     p.family = fam && fam->value->kind == Value::String ? fam->value->s : "gemm";
-    if (!ir::isKernelFamily(p.family)) {
+    if (!anyFamily_ && !ir::isKernelFamily(p.family)) {
       fail(fam && fam->value->loc.valid() ? fam->value->loc : r.loc,
            "unknown kernel family \"" + p.family + "\" (fpat has " + ir::kernelFamilyList() + ")");
       return;
@@ -583,6 +583,7 @@ private:
   const RecordKeeper& rk;
   DiagEngine& diags;
   PatternLibrary& lib;
+  bool anyFamily_;
   bool ok = true;
 };
 
@@ -658,8 +659,8 @@ std::string lowerCuda(const Expr& e, const ActivationDef& a, const std::set<std:
 
 } // namespace
 
-bool buildLibrary(const RecordKeeper& rk, DiagEngine& diags, PatternLibrary& out) {
-  return LibraryBuilder(rk, diags, out).run();
+bool buildLibrary(const RecordKeeper& rk, DiagEngine& diags, PatternLibrary& out, bool anyFamily) {
+  return LibraryBuilder(rk, diags, out, anyFamily).run();
 }
 
 std::string emitActivationFunction(const ActivationDef& a) {
@@ -697,7 +698,7 @@ std::optional<Compilation> compileFpat(int fileId, SourceManager& sm, DiagEngine
   c.records = buildRecords(fileId, sm, diags, opts, &c.dependencies);
   if (diags.errorCount() > before)
     return std::nullopt;
-  buildLibrary(*c.records, diags, c.library);
+  buildLibrary(*c.records, diags, c.library, opts.anyFamily);
   if (diags.errorCount() > before)
     return std::nullopt;
   return c;

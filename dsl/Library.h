@@ -125,7 +125,8 @@ struct PatternLibrary {
 
 /// Extracts and checks the vocabulary. Errors (unknown op, arity mismatch, unbound binding,
 /// unknown intrinsic, ...) go to `diags`.
-bool buildLibrary(const RecordKeeper& rk, DiagEngine& diags, PatternLibrary& out);
+bool buildLibrary(const RecordKeeper& rk, DiagEngine& diags, PatternLibrary& out,
+                  bool anyFamily = false);
 
 /// Lowers every activation to a CUDA device function `fpat_act_<name>(float x[, params])`.
 std::string emitEpilogueFunctions(const PatternLibrary& lib, const std::string& source);

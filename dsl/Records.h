@@ -81,6 +81,9 @@ private:
 
 struct CompileOptions {
   std::vector<std::string> includeDirs;
+  /// Accept kernel families fpat has no kernel for (matcher tests of patterns ahead of their
+  /// kernels); fpat-tblgen and fpatc never set it.
+  bool anyFamily = false;
 };
 
 /// Parses `fileId` (and its includes, read through `diags.sources()`) and builds the records.

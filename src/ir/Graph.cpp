@@ -233,9 +233,62 @@ std::optional<TensorDesc> inferType(const Op& op, const std::vector<OperandInfo>
                                              "] to match the rows of operand 0");
     return in[0].type;
   }
-  case OpKind::Fused:
+  case OpKind::Fused: {
     if (op.fused.pattern.empty())
       return fail(-1, "fused op without a pattern");
+    // The structure every kernel family and the reference rely on, checked here so that a
+    // hand-written fused op is a located error, not an internal one later.
+    const FusedAttrs& f = op.fused;
+    if (!isKernelFamily(f.family))
+      return fail(-1,
+                  "unknown kernel family '" + f.family + "' (fpat has " + kernelFamilyList() + ")");
+    const bool norm = f.family == "norm_gemm";
+    if (norm != !f.norm.empty() || (norm && f.norm != "layernorm" && f.norm != "rmsnorm"))
+      return fail(-1, norm ? "a norm_gemm op needs norm = layernorm or norm = rmsnorm"
+                           : "norm = " + f.norm + " belongs to family norm_gemm, not " + f.family);
+    // Main operands: gemm A, B; norm_gemm x, gamma[, beta], B.
+    const size_t bIdx = !norm ? 1 : f.norm == "layernorm" ? 3 : 2;
+    if (in.size() <= bIdx)
+      return fail(-1, "family " + f.family + (norm ? " (" + f.norm + ")" : "") + " takes " +
+                          std::to_string(bIdx + 1) + " main operands but was given " +
+                          std::to_string(in.size()));
+    if (!requireRank(0, 2) || !requireRank(bIdx, 2))
+      return fail(requireRank(0, 2) ? static_cast<int>(bIdx) : 0,
+                  "the GEMM's operands must be 2-D");
+    const int64_t m = in[0].type.shape[0], k = in[0].type.shape[1];
+    const std::vector<int64_t>& bs = in[bIdx].type.shape;
+    if ((op.transposeB ? bs[1] : bs[0]) != k)
+      return fail(static_cast<int>(bIdx),
+                  operandRef(in, bIdx) + " does not fit operand 0's K = " + std::to_string(k) +
+                      (op.transposeB ? " (B is [N, K])" : " (B is [K, N])"));
+    const int64_t cols = op.transposeB ? bs[0] : bs[1];
+    for (size_t i = 1; i < bIdx; ++i)
+      if (in[i].type.shape != std::vector<int64_t>{k})
+        return fail(static_cast<int>(i),
+                    operandRef(in, i) + " must have shape [" + std::to_string(k) + "]");
+    for (const EpilogueStep& st : f.epilogue) {
+      if (st.kind == "activation") {
+        if (!acts.contains(st.fn))
+          return fail(-1, "unknown activation '" + st.fn + "' in the epilogue");
+        continue;
+      }
+      if (st.kind != "bias" && st.kind != "residual" && st.kind != "scale")
+        return fail(-1, "unknown epilogue step '" + st.kind +
+                            "' (steps: bias $i, residual $i, scale $i, activation NAME)");
+      if (st.operand <= static_cast<int>(bIdx) || st.operand >= n)
+        return fail(-1, "epilogue step '" + st.kind + " $" + std::to_string(st.operand) +
+                            "' needs an operand after the main ones (" +
+                            (static_cast<int>(bIdx) + 1 < n
+                                 ? "$" + std::to_string(bIdx + 1) + " to $" + std::to_string(n - 1)
+                                 : std::string("this op has none")) +
+                            ")");
+      const std::vector<int64_t> want =
+          st.kind == "bias" ? std::vector<int64_t>{cols} : std::vector<int64_t>{m, cols};
+      const size_t o = static_cast<size_t>(st.operand);
+      if (in[o].type.shape != want)
+        return fail(st.operand, "the " + st.kind + " " + operandRef(in, o) + " must have shape " +
+                                    TensorDesc{want, in[o].type.dtype}.shapeStr());
+    }
     for (const auto& [key, value] : op.params) {
       bool known = false;
       for (const EpilogueStep& s : op.fused.epilogue)
@@ -246,7 +299,8 @@ std::optional<TensorDesc> inferType(const Op& op, const std::vector<OperandInfo>
       if (!known)
         return fail(-1, "no activation of the fused op's epilogue has a parameter '" + key + "'");
     }
-    return op.type;
+    return TensorDesc{{m, cols}, in[0].type.dtype};
+  }
   }
   return fail(-1, "unhandled op kind");
 }

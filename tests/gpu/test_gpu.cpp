@@ -159,6 +159,26 @@ void runCase(const std::string& name, Shape s, uint64_t seed) {
   }
 }
 
+/// Runs case `name` at `s` with configuration `t` forced and compares its output with the CPU
+/// reference; returns the configuration the GEMM op actually ran with (codegen falls back
+/// where a backend cannot run the shape).
+codegen::TileConfig runWithTile(const std::string& name, Shape s, const codegen::TileConfig& t,
+                                uint64_t seed) {
+  ir::Graph g = caseGraph(name, s);
+  ir::Graph f = fuse(g);
+  runtime::BuildOptions o = buildOptions();
+  o.tile = &t;
+  runtime::BuildResult b = runtime::buildKernels(f, builtinLibrary(), o);
+  BOOST_TEST_REQUIRE(b.error.empty(), b.error);
+  auto inputs = ir::randomInputs(g, seed);
+  auto want = ir::evaluate(g, inputs, builtinLibrary().referenceActivations());
+  runtime::Executor ex(*gpu(), b.graph);
+  runtime::RunResult r = ex.run(inputs, true);
+  runtime::Agreement a = runtime::compareToReference(r.outputs[0], want[g.outputs()[0]]);
+  BOOST_TEST(a.pass, "max rel err " << a.maxRel << ", non-finite " << a.nonFinite);
+  return b.graph.units[f.outputs()[0]].tile;
+}
+
 } // namespace
 
 BOOST_AUTO_TEST_CASE(device_is_described) {
@@ -205,18 +225,7 @@ BOOST_AUTO_TEST_CASE(tile_configurations_match_the_reference) {
       for (const codegen::TileConfig& t : configTiles())
         if (!(quick() && s.m * s.n * s.k > 1000000))
           BOOST_TEST_CONTEXT(name << " " << s.str() << " " << t.str()) {
-            ir::Graph g = caseGraph(name, s);
-            ir::Graph f = fuse(g);
-            runtime::BuildOptions o = buildOptions();
-            o.tile = &t;
-            runtime::BuildResult b = runtime::buildKernels(f, builtinLibrary(), o);
-            BOOST_TEST_REQUIRE(b.error.empty(), b.error);
-            auto inputs = ir::randomInputs(g, 11);
-            auto want = ir::evaluate(g, inputs, builtinLibrary().referenceActivations());
-            runtime::Executor ex(*gpu(), b.graph);
-            runtime::RunResult r = ex.run(inputs, true);
-            runtime::Agreement a = runtime::compareToReference(r.outputs[0], want[g.outputs()[0]]);
-            BOOST_TEST(a.pass, "max rel err " << a.maxRel << ", non-finite " << a.nonFinite);
+            runWithTile(name, s, t, 11);
           }
 }
 
@@ -228,22 +237,10 @@ BOOST_AUTO_TEST_CASE(wgmma_configurations_match_the_reference) {
     for (Shape s : kWgmmaShapes)
       for (const codegen::TileConfig& t : wgmmaTiles())
         BOOST_TEST_CONTEXT(name << " " << s.str() << " " << t.str()) {
-          ir::Graph g = caseGraph(name, s);
-          ir::Graph f = fuse(g);
-          runtime::BuildOptions o = buildOptions();
-          o.tile = &t;
-          runtime::BuildResult b = runtime::buildKernels(f, builtinLibrary(), o);
-          BOOST_TEST_REQUIRE(b.error.empty(), b.error);
-          const codegen::KernelUnit& u = b.graph.units[f.outputs()[0]];
+          const codegen::TileConfig ran = runWithTile(name, s, t, 13);
           const bool tma = codegen::tmaCompatible(s.m, s.n, s.k, std::string(name) == "gemm_bt");
-          BOOST_TEST(u.tile.wgmma() == tma, "ran as " << u.tile.str());
-          onWgmma += u.tile.wgmma();
-          auto inputs = ir::randomInputs(g, 13);
-          auto want = ir::evaluate(g, inputs, builtinLibrary().referenceActivations());
-          runtime::Executor ex(*gpu(), b.graph);
-          runtime::RunResult r = ex.run(inputs, true);
-          runtime::Agreement a = runtime::compareToReference(r.outputs[0], want[g.outputs()[0]]);
-          BOOST_TEST(a.pass, "max rel err " << a.maxRel << ", non-finite " << a.nonFinite);
+          BOOST_TEST(ran.wgmma() == tma, "ran as " << ran.str());
+          onWgmma += ran.wgmma();
         }
   BOOST_TEST(onWgmma > 0);
 }

@@ -51,9 +51,13 @@ namespace {
 
 /// Runs fn(begin, end) over [0, n) split across the machine's cores. Each index is computed
 /// by exactly one thread in the same way, so results do not depend on the thread count.
-void parallelRows(size_t n, const std::function<void(size_t, size_t)>& fn) {
+/// Runs fn over row ranges on the machine's cores; `workPerRow` (multiply-adds) keeps small
+/// problems on one thread, where starting threads would cost more than the work.
+void parallelRows(size_t n, size_t workPerRow, const std::function<void(size_t, size_t)>& fn) {
   size_t threads = std::max(1u, std::thread::hardware_concurrency());
   threads = std::min(threads, std::max<size_t>(1, n / 8));
+  if (n * workPerRow < (size_t{1} << 20))
+    threads = 1;
   if (threads <= 1) {
     fn(0, n);
     return;
@@ -79,7 +83,7 @@ Tensor randomTensor(const TensorDesc& desc, uint64_t seed, double lo, double hi)
   constexpr size_t kBlock = size_t{1} << 16;
   Tensor t{desc, std::vector<float>(static_cast<size_t>(desc.numel()))};
   const size_t blocks = (t.data.size() + kBlock - 1) / kBlock;
-  parallelRows(blocks, [&](size_t first, size_t last) {
+  parallelRows(blocks, kBlock, [&](size_t first, size_t last) {
     for (size_t b = first; b < last; ++b) {
       std::mt19937_64 rng((seed + 0x9E3779B97F4A7C15ull * b) * 0x9E3779B97F4A7C15ull +
                           0x632BE59BD9B4E019ull);
@@ -122,7 +126,7 @@ void gemm(const Tensor& a, const Tensor& b, bool transB, Tensor& c) {
   const size_t m = static_cast<size_t>(c.desc.shape[0]);
   const size_t n = static_cast<size_t>(c.desc.shape[1]);
   const size_t k = static_cast<size_t>(a.desc.shape[1]);
-  parallelRows(m, [&](size_t rowBegin, size_t rowEnd) {
+  parallelRows(m, n * k, [&](size_t rowBegin, size_t rowEnd) {
     std::vector<double> acc(n);
     std::vector<double> arow(k);
     for (size_t i = rowBegin; i < rowEnd; ++i) {
@@ -212,7 +216,7 @@ void evalFused(const Op& op, const std::vector<Vertex>& ops, const std::vector<T
   const size_t n = static_cast<size_t>(out.desc.shape[1]);
   const size_t k = static_cast<size_t>(a->desc.shape[1]);
   std::vector<double> acc(m * n, 0.0);
-  parallelRows(m, [&](size_t rowBegin, size_t rowEnd) {
+  parallelRows(m, n * k, [&](size_t rowBegin, size_t rowEnd) {
     for (size_t i = rowBegin; i < rowEnd; ++i)
       for (size_t p = 0; p < k; ++p) {
         const double av = a->data[i * k + p];

@@ -5,6 +5,7 @@
 #include "codegen/Codegen.h"
 #include "runtime/Executor.h"
 #include "runtime/Nvcc.h"
+#include "runtime/Pipeline.h"
 
 #include <boost/test/unit_test.hpp>
 #include <filesystem>
@@ -384,4 +385,17 @@ BOOST_AUTO_TEST_CASE(temporaries_of_dead_processes_are_removed) {
   BOOST_TEST(!fs::exists(stale));
   BOOST_TEST(fs::exists(live));
   BOOST_TEST(fs::exists(entry));
+}
+
+BOOST_AUTO_TEST_CASE(validation_scale_has_a_floor_at_the_smallest_normal_f16) {
+  // One subnormal step (2^-24) between outputs of about 1e-7 is rounding, not a wrong kernel;
+  // a difference of the values' own size at a normal scale still fails.
+  const ir::TensorDesc d{{1, 4}, ir::DType::F16};
+  const float s = 0x1p-24f;
+  ir::Tensor want{d, {2 * s, 3 * s, -2 * s, 1 * s}}, got{d, {3 * s, 3 * s, -2 * s, 2 * s}};
+  BOOST_TEST(runtime::compareToReference(got, want).pass);
+  ir::Tensor bigWant{d, {0.5f, 1.0f, -0.25f, 2.0f}}, bigGot{d, {0.5f, 1.0f, -0.25f, 2.1f}};
+  BOOST_TEST(!runtime::compareToReference(bigGot, bigWant).pass);
+  ir::Tensor off{d, {20 * s, 3 * s, -2 * s, 1 * s}}; // 18 steps: more than the 1e-2 * 2^-14
+  BOOST_TEST(!runtime::compareToReference(off, want).pass);
 }

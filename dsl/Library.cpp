@@ -563,7 +563,170 @@ private:
     }
     p.benefit = benefit == -1 ? p.numOps : static_cast<int>(benefit);
     p.singleUse = intField(r, "single_use", 1) != 0;
+    if (!anyFamily_ && (!familyCanImplement(p) || !epilogueListAgrees(p, r)))
+      return;
     lib.patterns.push_back(std::move(p));
+  }
+
+  static bool elementwise(ir::OpKind k) {
+    return k == ir::OpKind::BiasAdd || k == ir::OpKind::Add || k == ir::OpKind::Mul ||
+           k == ir::OpKind::Activation;
+  }
+  static bool isNorm(ir::OpKind k) {
+    return k == ir::OpKind::LayerNorm || k == ir::OpKind::RmsNorm;
+  }
+  static std::string text(const MatchNode& n) {
+    if (n.leaf)
+      return "$" + n.binding;
+    std::string s = "(" + (n.kind == ir::OpKind::Activation ? n.fn : ir::opKindName(n.kind));
+    for (size_t i = 0; i < n.operands.size(); ++i)
+      s += (i ? ", " : " ") + text(n.operands[i]);
+    return s + ")";
+  }
+  static bool hasGemm(const MatchNode& n) {
+    if (n.leaf)
+      return false;
+    if (n.kind == ir::OpKind::Gemm)
+      return true;
+    for (const MatchNode& c : n.operands)
+      if (hasGemm(c))
+        return true;
+    return false;
+  }
+
+  /// Legality: families gemm and norm_gemm compute one GEMM whose operands come from memory
+  /// (norm_gemm: A normalised on load) and apply a tree of elementwise ops to its result.
+  /// Anything else would be a kernel that silently computes less than the match.
+  bool familyCanImplement(const PatternDef& p) {
+    if (p.family != "gemm" && p.family != "norm_gemm")
+      return true;
+    const bool normFamily = p.family == "norm_gemm";
+    std::vector<const MatchNode*> gemms;
+    std::vector<std::string> distinct;
+    bool good = true;
+    std::function<void(const MatchNode&, bool)> walk = [&](const MatchNode& n, bool normA) {
+      if (n.leaf)
+        return;
+      if (n.kind == ir::OpKind::Gemm) {
+        gemms.push_back(&n);
+        if (std::find(distinct.begin(), distinct.end(), text(n)) == distinct.end())
+          distinct.push_back(text(n));
+        for (size_t i = 0; i < n.operands.size(); ++i) {
+          const MatchNode& o = n.operands[i];
+          if (o.leaf)
+            continue;
+          if (normFamily && i == 0 && isNorm(o.kind)) {
+            walk(o, true);
+            continue;
+          }
+          fail(o.loc, "family " + p.family + " cannot compute " + text(o) + " inside the kernel: " +
+                          (normFamily ? "it normalises A (layernorm or rmsnorm of inputs) and "
+                                        "loads B from memory"
+                                      : "it loads the GEMM's operands from memory"));
+          if (!normFamily && i == 0 && isNorm(o.kind))
+            diags.note(p.loc, "family norm_gemm normalises A as it loads it: add "
+                              "`let family = \"norm_gemm\";` to '" +
+                                  p.name + "'");
+          good = false;
+        }
+        return;
+      }
+      if (isNorm(n.kind) && normA) {
+        for (const MatchNode& o : n.operands)
+          if (!o.leaf) {
+            fail(o.loc, "family norm_gemm normalises inputs; it cannot compute " + text(o) +
+                            " before the norm");
+            good = false;
+          }
+        return;
+      }
+      if (!elementwise(n.kind)) {
+        fail(n.loc, "family " + p.family + " cannot compute " + ir::opKindName(n.kind) +
+                        " in its epilogue: the epilogue applies elementwise ops (bias_add, add, "
+                        "mul, activations) to the GEMM's result");
+        good = false;
+        return;
+      }
+      for (const MatchNode& o : n.operands)
+        walk(o, false);
+    };
+    walk(p.root, false);
+    if (!good)
+      return false;
+    if (distinct.size() != 1) {
+      fail(distinct.empty() ? p.root.loc : gemms.back()->loc,
+           distinct.empty()
+               ? "family " + p.family + " implements a GEMM, but the match of '" + p.name +
+                     "' has none"
+               : "family " + p.family + " computes one GEMM per kernel; the match of '" + p.name +
+                     "' has " + std::to_string(distinct.size()));
+      if (distinct.size() > 1)
+        diags.note(gemms.front()->loc,
+                   "two GEMMs sharing A (SwiGLU's gate and up projections) need a dual-GEMM "
+                   "family, which fpat does not have yet; match each GEMM in a pattern of its own");
+      return false;
+    }
+    if (normFamily && (gemms[0]->operands[0].leaf || !isNorm(gemms[0]->operands[0].kind))) {
+      fail(gemms[0]->loc, "family norm_gemm needs the GEMM's A operand to be (layernorm ...) or "
+                          "(rmsnorm ...) of inputs");
+      return false;
+    }
+    return true;
+  }
+
+  /// The optional `epilogue` list must say what the match computes: the epilogue is derived
+  /// from the match, and a list that disagrees is a mistake in one of the two.
+  bool epilogueListAgrees(const PatternDef& p, const Record& r) {
+    if (p.epilogue.empty())
+      return true;
+    std::vector<std::string> derived; // bottom-up, as the list is written
+    const MatchNode* n = &p.root;
+    bool chain = true;
+    while (chain && !n->leaf && n->kind != ir::OpKind::Gemm) {
+      if (n->kind == ir::OpKind::Activation) {
+        derived.insert(derived.begin(), "(activation " + n->fn + ")");
+        n = &n->operands[0];
+        continue;
+      }
+      if (n->operands.size() != 2) {
+        chain = false;
+        break;
+      }
+      const bool left = hasGemm(n->operands[0]);
+      const MatchNode& other = n->operands[left ? 1 : 0];
+      if ((!left && n->kind == ir::OpKind::BiasAdd) || !other.leaf || hasGemm(other)) {
+        chain = false;
+        break;
+      }
+      const char* step = n->kind == ir::OpKind::BiasAdd ? "bias"
+                         : n->kind == ir::OpKind::Add   ? "residual"
+                                                        : "scale";
+      derived.insert(derived.begin(), "(" + std::string(step) + " $" + other.binding + ")");
+      n = &n->operands[left ? 0 : 1];
+    }
+    const Field* e = r.field("epilogue");
+    const SourceLoc at = e && e->value->loc.valid() ? e->value->loc : p.loc;
+    if (!chain) {
+      fail(at, "the epilogue list of '" + p.name +
+                   "' cannot describe its match (not a chain of bias, activation, residual and "
+                   "scale steps); leave the list out: the epilogue is derived from the match");
+      return false;
+    }
+    std::vector<std::string> given;
+    for (const EpilogueStepDef& s : p.epilogue)
+      given.push_back("(" + s.kind + " " + (s.kind == "activation" ? s.fn : "$" + s.binding) + ")");
+    if (given == derived)
+      return true;
+    auto join = [](const std::vector<std::string>& v) {
+      std::string o;
+      for (const std::string& x : v)
+        o += (o.empty() ? "" : ", ") + x;
+      return o.empty() ? std::string("nothing") : o;
+    };
+    fail(at, "the epilogue list of '" + p.name + "' says " + join(given) +
+                 ", but the match computes " + join(derived));
+    diags.note(p.root.loc, "the epilogue is derived from this match; the list can be left out");
+    return false;
   }
 
   bool requireLeafOrNode(const Value& v, const std::map<std::string, std::string>& bound,

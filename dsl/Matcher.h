@@ -52,8 +52,7 @@ struct PatternMeta {
   std::string family;
   bool singleUse = true;
   std::vector<SlotInfo> slots;
-  std::vector<std::string> inputs;        // fused op operands, by binding name
-  std::vector<ir::EpilogueStep> epilogue; // operand = index into inputs
+  std::vector<std::string> inputs; // fused op operands, by binding name
   int numVariants = 1;
 };
 

@@ -269,15 +269,6 @@ MatcherTable compileMatcherTable(const PatternLibrary& lib, const SourceManager&
     meta.family = p.family;
     meta.singleUse = p.singleUse;
     meta.inputs = p.inputs;
-    for (const EpilogueStepDef& s : p.epilogue) {
-      ir::EpilogueStep e;
-      e.kind = s.kind;
-      e.fn = s.fn;
-      if (!s.binding.empty())
-        e.operand = static_cast<int>(std::find(p.inputs.begin(), p.inputs.end(), s.binding) -
-                                     p.inputs.begin());
-      meta.epilogue.push_back(e);
-    }
     const int comm = std::min(countCommutative(p.root), 8);
     std::vector<Program> variants;
     for (uint32_t v = 0; v < (1u << comm); ++v) {
@@ -586,10 +577,6 @@ std::string emitMatcherTableInc(const MatcherTable& t, const std::string& source
     os << "};\n    p.inputs = {";
     for (size_t k = 0; k < p.inputs.size(); ++k)
       os << (k ? ", " : "") << cppString(p.inputs[k]);
-    os << "};\n    p.epilogue = {";
-    for (size_t k = 0; k < p.epilogue.size(); ++k)
-      os << (k ? ", " : "") << "{" << cppString(p.epilogue[k].kind) << ", "
-         << cppString(p.epilogue[k].fn) << ", " << p.epilogue[k].operand << "}";
     os << "};\n  }\n";
   }
   os << "  return t;\n}\n";

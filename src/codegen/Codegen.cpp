@@ -185,36 +185,82 @@ std::string sanitize(const std::string& s) {
   return o;
 }
 
-/// Device functions of the activations an op uses, and their parameter lists.
+/// Device functions of the activations an op uses, and their parameter values: each use of
+/// an activation with its own parameters gets its own block of a.params[].
 struct ActivationCode {
   std::vector<float> params;            // values for a.params[], in order of first use
-  std::map<std::string, int> paramBase; // activation -> index of its first parameter
+  std::vector<std::string> fns;         // activations used, in order of first use
+  std::map<std::string, int> paramBase; // "fn(values)" -> index of its first parameter
 };
 
-void useActivation(const std::string& fn, const ir::Op& op, const dsl::PatternLibrary& lib,
-                   ActivationCode& code) {
-  if (code.paramBase.count(fn))
-    return;
+/// Registers one use of `fn` with the given parameters (the rest take their defaults) and
+/// returns the CUDA call on `arg`.
+std::string callActivation(const std::string& fn, const std::map<std::string, double>& given,
+                           const std::string& arg, const std::string& who,
+                           const dsl::PatternLibrary& lib, ActivationCode& code) {
   const dsl::ActivationDef* a = lib.findActivation(fn);
   if (!a)
-    throw CodegenError("no .fpat body for activation '" + fn + "' (used by %" + op.name + ")");
-  code.paramBase[fn] = static_cast<int>(code.params.size());
+    throw CodegenError("no .fpat body for activation '" + fn + "' (used by " + who + ")");
+  if (std::find(code.fns.begin(), code.fns.end(), fn) == code.fns.end())
+    code.fns.push_back(fn);
+  std::vector<float> values;
+  std::string key = fn + "(";
   for (size_t i = 0; i < a->paramNames.size(); ++i) {
-    auto it = op.params.find(a->paramNames[i]);
-    code.params.push_back(
-        static_cast<float>(it != op.params.end() ? it->second : a->paramDefaults[i]));
+    auto it = given.find(a->paramNames[i]);
+    values.push_back(static_cast<float>(it != given.end() ? it->second : a->paramDefaults[i]));
+    key += formatDouble(values.back()) + ",";
   }
+  auto [it, fresh] = code.paramBase.emplace(key, static_cast<int>(code.params.size()));
+  if (fresh)
+    code.params.insert(code.params.end(), values.begin(), values.end());
   if (code.params.size() > 8)
-    throw CodegenError("%" + op.name + " needs more than 8 activation parameters");
-}
-
-std::string callActivation(const std::string& fn, const std::string& arg,
-                           const dsl::PatternLibrary& lib, const ActivationCode& code) {
-  const dsl::ActivationDef* a = lib.findActivation(fn);
+    throw CodegenError(who + " needs more than 8 activation parameters");
   std::string s = "fpat_act_" + fn + "(" + arg;
   for (size_t i = 0; i < a->paramNames.size(); ++i)
-    s += ", a.params[" + std::to_string(code.paramBase.at(fn) + static_cast<int>(i)) + "]";
+    s += ", a.params[" + std::to_string(it->second + static_cast<int>(i)) + "]";
   return s + ")";
+}
+
+/// The body of a fused op's epilogue functor: one named value per node of its tree, in
+/// evaluation order. Operands of shape [N] are read at the column, [M, N] at (row, col).
+std::string epilogueBody(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibrary& lib,
+                         ActivationCode& acts) {
+  const ir::Op& op = g.op(v);
+  const ir::Epilogue& e = op.fused.epilogue;
+  if (op.kind != ir::OpKind::Fused || e.identity())
+    return "    return v;\n";
+  const std::vector<ir::Vertex> ins = g.operands(v);
+  std::ostringstream os;
+  auto name = [](int i) { return "t" + std::to_string(i); };
+  for (size_t i = 0; i < e.nodes.size(); ++i) {
+    const ir::EpilogueNode& n = e.nodes[i];
+    os << "    const float " << name(static_cast<int>(i)) << " = ";
+    switch (n.kind) {
+    case ir::EpiKind::Acc:
+      os << "v; // acc\n";
+      break;
+    case ir::EpiKind::Operand: {
+      const bool vec = g.op(ins.at(static_cast<size_t>(n.operand))).type.rank() == 1;
+      os << "fpat::ldh(a.in[" << n.operand << "], " << (vec ? "col" : "row * a.N + col")
+         << "); // $" << n.operand << (vec ? " [N]" : " [M, N]") << "\n";
+      break;
+    }
+    case ir::EpiKind::BiasAdd:
+    case ir::EpiKind::Add:
+    case ir::EpiKind::Mul:
+      os << name(n.lhs) << (n.kind == ir::EpiKind::Mul ? " * " : " + ") << name(n.rhs) << "; // "
+         << (n.kind == ir::EpiKind::BiasAdd ? "bias_add"
+             : n.kind == ir::EpiKind::Add   ? "add"
+                                            : "mul")
+         << "\n";
+      break;
+    case ir::EpiKind::Activation:
+      os << callActivation(n.fn, n.params, name(n.lhs), ref(g, v), lib, acts) << ";\n";
+      break;
+    }
+  }
+  os << "    return " << name(static_cast<int>(e.nodes.size()) - 1) << ";\n";
+  return os.str();
 }
 
 void requireF16(const ir::Graph& g, ir::Vertex v) {
@@ -242,7 +288,7 @@ std::string header(const std::string& kernel, const CodegenOptions& o,
 
 std::string activationFunctions(const ActivationCode& code, const dsl::PatternLibrary& lib) {
   std::string out;
-  for (auto& [fn, base] : code.paramBase)
+  for (const std::string& fn : code.fns)
     out += dsl::emitActivationFunction(*lib.findActivation(fn));
   return out;
 }
@@ -291,9 +337,7 @@ KernelUnit generate(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibrary&
     // The wgmma backend where it applies; otherwise (or when a forced configuration asks for
     // it where it cannot run) the cp.async backends, with the reason in the generated file.
     const bool tmaOk = !norm && o.arch == 90 && tmaCompatible(u.M, u.N, u.K, u.transB);
-    if (op.kind == ir::OpKind::Fused)
-      for (const ir::EpilogueStep& s : op.fused.epilogue)
-        u.epilogueReads = u.epilogueReads || s.operand >= 0;
+    u.epilogueReads = op.kind == ir::OpKind::Fused && !op.fused.epilogue.operands().empty();
     u.tile = o.tile ? *o.tile : defaultTile(u.M, u.N, o.arch, o.sms, norm, tmaOk, u.epilogueReads);
     std::string fallback;
     if (u.tile.wgmma() && !tmaOk) {
@@ -309,29 +353,7 @@ KernelUnit generate(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibrary&
     const TileConfig& t = u.tile;
     u.sm90a = t.wgmma();
 
-    // The epilogue functor, one statement per step.
-    std::ostringstream epi;
-    std::string chain;
-    const std::vector<ir::EpilogueStep> steps =
-        op.kind == ir::OpKind::Fused ? op.fused.epilogue : std::vector<ir::EpilogueStep>{};
-    for (const ir::EpilogueStep& s : steps) {
-      chain += (chain.empty() ? "" : ", ") + s.kind + (s.fn.empty() ? "" : " " + s.fn) +
-               (s.operand >= 0 ? " $" + std::to_string(s.operand) : "");
-      const std::string in = "a.in[" + std::to_string(s.operand) + "]";
-      if (s.kind == "bias")
-        epi << "    v += fpat::ldh(" << in << ", col); // bias $" << s.operand << "\n";
-      else if (s.kind == "residual")
-        epi << "    v += fpat::ldh(" << in << ", row * a.N + col); // residual $" << s.operand
-            << "\n";
-      else if (s.kind == "scale")
-        epi << "    v *= fpat::ldh(" << in << ", row * a.N + col); // scale $" << s.operand << "\n";
-      else if (s.kind == "activation") {
-        useActivation(s.fn, op, lib, acts);
-        epi << "    v = " << callActivation(s.fn, "v", lib, acts) << "; // activation " << s.fn
-            << "\n";
-      } else
-        throw CodegenError(ref(g, v) + ": unknown epilogue step '" + s.kind + "'");
-    }
+    const std::string epi = epilogueBody(g, v, lib, acts);
     const std::string base = op.kind == ir::OpKind::Fused ? sanitize(op.fused.pattern) : "gemm";
     const std::string cfg = t.str() + (u.transB ? "_bt" : "") +
                             (t.wgmma() ? ""
@@ -366,7 +388,9 @@ KernelUnit generate(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibrary&
                    (u.vec ? "16-byte loads" : "bounds-checked loads") +
                    (u.transB ? ", B is [N, K]" : ", B is [K, N]")};
     }
-    lines.push_back("epilogue: " + (chain.empty() ? std::string("none") : chain));
+    lines.push_back("epilogue: " + (op.kind == ir::OpKind::Fused
+                                        ? ir::printEpilogue(op.fused.epilogue)
+                                        : std::string("acc")));
     body << header(op.kind == ir::OpKind::Fused ? "pattern " + op.fused.pattern + where
                                                 : std::string("gemm (not fused)"),
                    o, lines)
@@ -374,12 +398,12 @@ KernelUnit generate(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibrary&
     if (norm)
       body << "#include \"fpat_rowwise.cuh\"\n";
     body << "\n" << activationFunctions(acts, lib);
-    body << (acts.paramBase.empty() ? "" : "\n") << "namespace {\n\n"
+    body << (acts.fns.empty() ? "" : "\n") << "namespace {\n\n"
          << "struct Epilogue {\n"
          << "  __device__ __forceinline__ float operator()(float v, int64_t row, int64_t col,\n"
          << "                                              const FpatKernelArgs& a) const {\n"
          << "    (void)row;\n    (void)col;\n    (void)a;\n"
-         << epi.str() << "    return v;\n  }\n};\n\n";
+         << epi << "  }\n};\n\n";
     if (t.wgmma()) {
       body << "using Tile = fpat::WgmmaTile<" << t.bm << ", " << t.bn << ", " << t.stages << ", "
            << (t.backend == Backend::WgmmaPingPong ? "true" : "false") << ">;\n\n} // namespace\n\n"
@@ -461,8 +485,7 @@ KernelUnit generate(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibrary&
     suffix = "mul";
     break;
   case ir::OpKind::Activation:
-    useActivation(op.fn, op, lib, acts);
-    expr = callActivation(op.fn, "in[0]", lib, acts);
+    expr = callActivation(op.fn, op.params, "in[0]", ref(g, v), lib, acts);
     kinds = "FPAT_IN_FULL";
     suffix = sanitize(op.fn);
     break;
@@ -478,7 +501,7 @@ KernelUnit generate(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibrary&
                      " (not fused)",
                  o, {"family:   elementwise (8 elements per thread, 16-byte vectors)"})
        << "#include \"fpat_elementwise.cuh\"\n\n"
-       << activationFunctions(acts, lib) << (acts.paramBase.empty() ? "" : "\n")
+       << activationFunctions(acts, lib) << (acts.fns.empty() ? "" : "\n")
        << "namespace {\n\nstruct Op {\n"
        << "  static constexpr int kInputs = " << nin << ";\n"
        << "  __host__ __device__ static constexpr int kind(int k) {\n"

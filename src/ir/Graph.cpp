@@ -266,39 +266,66 @@ std::optional<TensorDesc> inferType(const Op& op, const std::vector<OperandInfo>
       if (in[i].type.shape != std::vector<int64_t>{k})
         return fail(static_cast<int>(i),
                     operandRef(in, i) + " must have shape [" + std::to_string(k) + "]");
-    for (const EpilogueStep& st : f.epilogue) {
-      if (st.kind == "activation") {
-        if (!acts.contains(st.fn))
-          return fail(-1, "unknown activation '" + st.fn + "' in the epilogue");
-        continue;
+    if (!op.params.empty())
+      return fail(-1, "parameter '" + op.params.begin()->first +
+                          "' belongs to an activation inside the epilogue, e.g. "
+                          "epilogue = \"leaky_relu(acc, slope = 0.5)\"");
+    if (std::string why = checkEpilogueStructure(f.epilogue); !why.empty())
+      return fail(-1, why);
+    // Each node is [M, N] (full) or [N] (a vector broadcast over rows); the result is full.
+    std::vector<bool> full(f.epilogue.nodes.size());
+    for (size_t i = 0; i < f.epilogue.nodes.size(); ++i) {
+      const EpilogueNode& e = f.epilogue.nodes[i];
+      const auto lhs = static_cast<size_t>(e.lhs), rhs = static_cast<size_t>(e.rhs);
+      switch (e.kind) {
+      case EpiKind::Acc:
+        full[i] = true;
+        break;
+      case EpiKind::Operand: {
+        if (e.operand <= static_cast<int>(bIdx) || e.operand >= n)
+          return fail(-1, "the epilogue reads $" + std::to_string(e.operand) +
+                              ", which is not an operand after the main ones (" +
+                              (static_cast<int>(bIdx) + 1 < n ? "$" + std::to_string(bIdx + 1) +
+                                                                    " to $" + std::to_string(n - 1)
+                                                              : std::string("this op has none")) +
+                              ")");
+        const size_t o = static_cast<size_t>(e.operand);
+        const std::vector<int64_t>& s = in[o].type.shape;
+        full[i] = s == std::vector<int64_t>{m, cols};
+        if (!full[i] && s != std::vector<int64_t>{cols})
+          return fail(e.operand, "the epilogue's " + operandRef(in, o) + " must have shape [" +
+                                     std::to_string(m) + ", " + std::to_string(cols) + "] or [" +
+                                     std::to_string(cols) + "]");
+        break;
       }
-      if (st.kind != "bias" && st.kind != "residual" && st.kind != "scale")
-        return fail(-1, "unknown epilogue step '" + st.kind +
-                            "' (steps: bias $i, residual $i, scale $i, activation NAME)");
-      if (st.operand <= static_cast<int>(bIdx) || st.operand >= n)
-        return fail(-1, "epilogue step '" + st.kind + " $" + std::to_string(st.operand) +
-                            "' needs an operand after the main ones (" +
-                            (static_cast<int>(bIdx) + 1 < n
-                                 ? "$" + std::to_string(bIdx + 1) + " to $" + std::to_string(n - 1)
-                                 : std::string("this op has none")) +
-                            ")");
-      const std::vector<int64_t> want =
-          st.kind == "bias" ? std::vector<int64_t>{cols} : std::vector<int64_t>{m, cols};
-      const size_t o = static_cast<size_t>(st.operand);
-      if (in[o].type.shape != want)
-        return fail(st.operand, "the " + st.kind + " " + operandRef(in, o) + " must have shape " +
-                                    TensorDesc{want, in[o].type.dtype}.shapeStr());
+      case EpiKind::BiasAdd:
+        if (!full[lhs] || full[rhs])
+          return fail(-1, "bias_add in the epilogue needs an [M, N] value and an [N] vector");
+        full[i] = true;
+        break;
+      case EpiKind::Add:
+      case EpiKind::Mul:
+        if (full[lhs] != full[rhs])
+          return fail(-1, std::string(e.kind == EpiKind::Add ? "add" : "mul") +
+                              " in the epilogue needs operands of one shape (use bias_add to "
+                              "add an [N] vector)");
+        full[i] = full[lhs];
+        break;
+      case EpiKind::Activation: {
+        if (!acts.contains(e.fn))
+          return fail(-1, "unknown activation '" + e.fn + "' in the epilogue");
+        const std::vector<std::string>& ps = acts.params(e.fn);
+        for (const auto& [key, value] : e.params)
+          if (std::find(ps.begin(), ps.end(), key) == ps.end())
+            return fail(-1,
+                        "activation '" + e.fn + "' in the epilogue has no parameter '" + key + "'");
+        full[i] = full[lhs];
+        break;
+      }
+      }
     }
-    for (const auto& [key, value] : op.params) {
-      bool known = false;
-      for (const EpilogueStep& s : op.fused.epilogue)
-        if (s.kind == "activation") {
-          const std::vector<std::string>& ps = acts.params(s.fn);
-          known = known || std::find(ps.begin(), ps.end(), key) != ps.end();
-        }
-      if (!known)
-        return fail(-1, "no activation of the fused op's epilogue has a parameter '" + key + "'");
-    }
+    if (!f.epilogue.identity() && !full.back())
+      return fail(-1, "the epilogue's result must be [M, N], not an [N] vector");
     return TensorDesc{{m, cols}, in[0].type.dtype};
   }
   }
@@ -435,24 +462,12 @@ std::string attrString(const Op& op) {
       attrs.push_back("family = " + op.fused.family);
     if (!op.fused.norm.empty())
       attrs.push_back("norm = " + op.fused.norm);
-    std::string chain;
-    for (const EpilogueStep& s : op.fused.epilogue) {
-      if (!chain.empty())
-        chain += ", ";
-      chain += s.kind;
-      if (!s.fn.empty())
-        chain += " " + s.fn;
-      if (s.operand >= 0)
-        chain += " $" + std::to_string(s.operand);
-    }
-    if (!chain.empty())
-      attrs.push_back("epilogue = \"" + chain + "\"");
+    if (!op.fused.epilogue.identity())
+      attrs.push_back("epilogue = \"" + printEpilogue(op.fused.epilogue) + "\"");
     if (op.transposeB)
       attrs.push_back("transpose_b = true");
     if (op.eps != 1e-5)
       attrs.push_back("eps = " + formatDouble(op.eps));
-    for (auto& [k, v] : op.params) // the epilogue's activation parameters
-      attrs.push_back(k + " = " + formatDouble(v));
     break;
   }
   default:

@@ -1,6 +1,7 @@
 // The dataflow IR: ops are vertices of a bidirectional Boost.Graph, edges carry operand indices.
 #pragma once
 
+#include "ir/Epilogue.h"
 #include "ir/Types.h"
 #include "support/Diagnostics.h"
 
@@ -37,22 +38,14 @@ bool isKernelFamily(std::string_view name);
 /// "gemm or norm_gemm", for messages.
 std::string kernelFamilyList();
 
-/// One step of a fused op's epilogue chain, applied to the accumulator in order.
-struct EpilogueStep {
-  std::string kind; // "bias", "activation", "residual", "mul", "scale"
-  std::string fn;   // activation name for kind == "activation"
-  int operand = -1; // fused-op operand it reads, or -1
-  bool operator==(const EpilogueStep&) const = default;
-};
-
 /// Attributes of a fused op, filled in by the rewriter. Operands are in kernel order: the main
-/// computation's operands first (gemm: A, B; norm_gemm: x, gamma[, beta], B), then those of
-/// the epilogue steps, in step order.
+/// computation's operands first (gemm: A, B; norm_gemm: x, gamma[, beta], B), then those the
+/// epilogue reads, in order of first use.
 struct FusedAttrs {
   std::string pattern; // fusion pattern name
   std::string family;  // kernel family that implements it
   std::string norm;    // norm_gemm: "layernorm" or "rmsnorm"
-  std::vector<EpilogueStep> epilogue;
+  Epilogue epilogue;   // the elementwise part of the match, over the accumulator
   bool operator==(const FusedAttrs&) const = default;
 };
 

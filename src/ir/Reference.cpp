@@ -224,27 +224,45 @@ void evalFused(const Op& op, const std::vector<Vertex>& ops, const std::vector<T
           acc[i * n + j] += av * (op.transposeB ? b->data[j * k + p] : b->data[p * n + j]);
       }
   });
-  for (const EpilogueStep& s : f.epilogue) {
-    if (s.kind == "activation") {
-      const ActivationFn* fn = acts.find(s.fn);
-      if (!fn)
-        throw ReferenceError("the reference has no activation '" + s.fn + "'");
-      for (double& v : acc)
-        v = (*fn)(v, op.params);
-      continue;
-    }
-    const Tensor& t = in(static_cast<size_t>(s.operand));
-    for (size_t i = 0; i < acc.size(); ++i) {
-      if (s.kind == "bias")
-        acc[i] += t.data[i % n];
-      else if (s.kind == "residual")
-        acc[i] += t.data[i];
-      else if (s.kind == "scale")
-        acc[i] *= t.data[i];
-      else
-        throw ReferenceError("unknown epilogue step '" + s.kind + "'");
-    }
-  }
+  // The epilogue, element by element, in double like the unfused ops it replaces (without
+  // their intermediate roundings).
+  const std::vector<EpilogueNode>& nodes = f.epilogue.nodes;
+  std::vector<const ActivationFn*> fns(nodes.size(), nullptr);
+  for (size_t e = 0; e < nodes.size(); ++e)
+    if (nodes[e].kind == EpiKind::Activation && !(fns[e] = acts.find(nodes[e].fn)))
+      throw ReferenceError("the reference has no activation '" + nodes[e].fn + "'");
+  if (!nodes.empty())
+    parallelRows(m, n * nodes.size() * 4, [&](size_t rowBegin, size_t rowEnd) {
+      std::vector<double> val(nodes.size());
+      for (size_t i = rowBegin; i < rowEnd; ++i)
+        for (size_t j = 0; j < n; ++j) {
+          for (size_t x = 0; x < nodes.size(); ++x) {
+            const EpilogueNode& e = nodes[x];
+            const auto l = static_cast<size_t>(e.lhs), r = static_cast<size_t>(e.rhs);
+            switch (e.kind) {
+            case EpiKind::Acc:
+              val[x] = acc[i * n + j];
+              break;
+            case EpiKind::Operand: {
+              const Tensor& t = in(static_cast<size_t>(e.operand));
+              val[x] = t.desc.rank() == 1 ? t.data[j] : t.data[i * n + j];
+              break;
+            }
+            case EpiKind::BiasAdd:
+            case EpiKind::Add:
+              val[x] = val[l] + val[r];
+              break;
+            case EpiKind::Mul:
+              val[x] = val[l] * val[r];
+              break;
+            case EpiKind::Activation:
+              val[x] = (*fns[x])(val[l], e.params);
+              break;
+            }
+          }
+          acc[i * n + j] = val.back();
+        }
+    });
   for (size_t i = 0; i < acc.size(); ++i)
     out.data[i] = store(acc[i], out.desc.dtype);
 }

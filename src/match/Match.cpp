@@ -41,6 +41,7 @@ private:
     Vertex cur;
     std::vector<Vertex> stack;
     std::vector<Vertex> slots;
+    std::vector<Vertex> oneUse; // checked once the whole match is known
   };
 
   std::string ref(Vertex v) const { return "%" + g_.op(v).name; }
@@ -107,13 +108,9 @@ private:
                                " are different values; the pattern needs the same one twice");
         break;
       }
-      case OPC_CheckOneUse: {
-        size_t uses = g_.useCount(s.cur);
-        if (uses != 1)
-          return fail(why, ref(s.cur) + " has " + std::to_string(uses) +
-                               " users; the pattern requires one");
+      case OPC_CheckOneUse:
+        s.oneUse.push_back(s.cur);
         break;
-      }
       case OPC_CheckDtype: {
         Vertex v = s.slots.at(b[pos + 1]);
         auto dt = static_cast<ir::DType>(b[pos + 2]);
@@ -141,6 +138,22 @@ private:
           return fail(why, "disabled by --disable-pattern");
         if (!opts_.only.empty() && !opts_.only.count(meta.name))
           return fail(why, "not selected by --only-pattern");
+        // single_use: intermediates may be read several times, but only inside the match
+        // (a DAG pattern such as (mul (relu $t), (relu $t)) reads one value twice).
+        std::vector<Vertex> inside;
+        for (size_t k = 0; k < s.slots.size(); ++k)
+          if (meta.slots[k].role != SlotInfo::Input)
+            inside.push_back(s.slots[k]);
+        for (Vertex v : s.oneUse) {
+          if (g_.isOutput(v))
+            return fail(why, ref(v) + " is a graph output; the pattern requires that "
+                                      "intermediates have no users outside the match");
+          for (Vertex u : g_.users(v))
+            if (std::find(inside.begin(), inside.end(), u) == inside.end())
+              return fail(why, ref(v) + " is also used by " + ref(u) +
+                                   ", outside the match; the pattern requires that "
+                                   "intermediates have no users outside it");
+        }
         for (size_t k = 0; k < s.slots.size(); ++k) {
           if (meta.slots[k].role == SlotInfo::Input)
             continue;
@@ -180,7 +193,8 @@ std::vector<Vertex> mainOperands(const Graph& g, const Match& m, const PatternMe
                                  ir::FusedAttrs& fused) {
   std::vector<Vertex> gemms;
   for (size_t k = 0; k < m.slots.size(); ++k)
-    if (meta.slots[k].role != SlotInfo::Input && g.op(m.slots[k]).kind == ir::OpKind::Gemm)
+    if (meta.slots[k].role != SlotInfo::Input && g.op(m.slots[k]).kind == ir::OpKind::Gemm &&
+        std::find(gemms.begin(), gemms.end(), m.slots[k]) == gemms.end())
       gemms.push_back(m.slots[k]);
   if (gemms.size() != 1 || (meta.family != "gemm" && meta.family != "norm_gemm"))
     return {};
@@ -200,6 +214,88 @@ std::vector<Vertex> mainOperands(const Graph& g, const Match& m, const PatternMe
     return ab;
   return {};
 }
+
+/// Why the pattern's kernel family cannot implement this match, or "". Sema rejects patterns
+/// whose shape no family can implement; this catches what only the graph shows (a pattern
+/// naming two structurally equal GEMMs that are different ops in the graph).
+std::string familyRejects(const Graph& g, const Match& m, const PatternMeta& meta) {
+  if (meta.family != "gemm" && meta.family != "norm_gemm")
+    return "";
+  std::vector<Vertex> gemms;
+  for (size_t k = 0; k < m.slots.size(); ++k)
+    if (meta.slots[k].role != SlotInfo::Input && g.op(m.slots[k]).kind == ir::OpKind::Gemm &&
+        std::find(gemms.begin(), gemms.end(), m.slots[k]) == gemms.end())
+      gemms.push_back(m.slots[k]);
+  if (gemms.size() != 1)
+    return "the match holds " + std::to_string(gemms.size()) + " different GEMMs; family " +
+           meta.family + " computes one";
+  return "";
+}
+
+/// The fused op's epilogue: the matched subgraph above the GEMM, with the GEMM as the
+/// accumulator and every value from outside the match as an operand.
+struct EpilogueBuilder {
+  const Graph& g;
+  std::vector<Vertex> inside; // non-input slots of the match
+  Vertex gemm;
+  std::vector<Vertex> values; // what Operand nodes read, before numbering
+  ir::Epilogue out;
+  std::map<Vertex, int> done;
+
+  /// The canonical epilogue, its operands numbered from `first` in order of first use and
+  /// appended to `operands` (a value may be both a main operand and an epilogue one).
+  ir::Epilogue finish(std::vector<Vertex>& operands) {
+    ir::Epilogue e = ir::canonicalize(out);
+    std::map<int, int> number;
+    for (ir::EpilogueNode& n : e.nodes)
+      if (n.kind == ir::EpiKind::Operand) {
+        auto [it, fresh] = number.emplace(n.operand, static_cast<int>(operands.size()));
+        if (fresh)
+          operands.push_back(values[static_cast<size_t>(n.operand)]);
+        n.operand = it->second;
+      }
+    return e;
+  }
+
+  int build(Vertex u) {
+    if (auto it = done.find(u); it != done.end())
+      return it->second;
+    ir::EpilogueNode n;
+    if (u == gemm) {
+      n.kind = ir::EpiKind::Acc;
+    } else if (std::find(inside.begin(), inside.end(), u) == inside.end()) {
+      n.kind = ir::EpiKind::Operand;
+      auto at = std::find(values.begin(), values.end(), u);
+      n.operand = static_cast<int>(at - values.begin());
+      if (at == values.end())
+        values.push_back(u);
+    } else {
+      const ir::Op& op = g.op(u);
+      const std::vector<Vertex> ins = g.operands(u);
+      switch (op.kind) {
+      case ir::OpKind::BiasAdd:
+      case ir::OpKind::Add:
+      case ir::OpKind::Mul:
+        n.kind = op.kind == ir::OpKind::BiasAdd ? ir::EpiKind::BiasAdd
+                 : op.kind == ir::OpKind::Add   ? ir::EpiKind::Add
+                                                : ir::EpiKind::Mul;
+        n.lhs = build(ins[0]);
+        n.rhs = build(ins[1]);
+        break;
+      case ir::OpKind::Activation:
+        n.kind = ir::EpiKind::Activation;
+        n.fn = op.fn;
+        n.params = op.params;
+        n.lhs = build(ins[0]);
+        break;
+      default:
+        throw std::logic_error("pattern matched " + std::string(ir::opKindName(op.kind)) + " %" +
+                               op.name + " into an epilogue");
+      }
+    }
+    return done[u] = out.add(std::move(n));
+  }
+};
 
 } // namespace
 
@@ -242,6 +338,11 @@ MatchResult findMatches(const Graph& g, const MatcherTable& table, const MatchOp
     if (!found)
       continue;
     const PatternMeta& meta = table.patterns[m.pattern];
+    if (std::string why = familyRejects(g, m, meta); !why.empty()) {
+      if (opts.explain)
+        r.attempts.push_back({root, meta.name, why + "; not fused"});
+      continue;
+    }
     for (size_t k = 0; k < m.slots.size(); ++k)
       if (meta.slots[k].role != SlotInfo::Input)
         claimedBy[m.slots[k]] = static_cast<int>(root);
@@ -297,35 +398,38 @@ Graph rewrite(const Graph& g, const MatcherTable& table, const std::vector<Match
     f.loc = g.op(v).loc;
     f.fused.pattern = meta.name;
     f.fused.family = meta.family;
-    f.fused.epilogue = meta.epilogue;
-    // Attributes of the matched ops travel with the fused op.
+    // Attributes of the matched GEMM and norm travel with the fused op; those of the
+    // activations stay on their epilogue nodes.
+    std::vector<Vertex> inside;
+    Vertex gemm = v;
     for (size_t k = 0; k < m.slots.size(); ++k) {
       if (meta.slots[k].role == SlotInfo::Input)
         continue;
+      inside.push_back(m.slots[k]);
       const ir::Op& op = g.op(m.slots[k]);
-      if (op.kind == ir::OpKind::Gemm)
+      if (op.kind == ir::OpKind::Gemm) {
         f.transposeB = op.transposeB;
+        gemm = m.slots[k];
+      }
       if (op.kind == ir::OpKind::LayerNorm || op.kind == ir::OpKind::RmsNorm)
         f.eps = op.eps;
-      for (auto& [name, val] : op.params)
-        f.params[name] = val;
     }
-    // Operands in kernel order (see ir::FusedAttrs): main computation, then epilogue steps,
-    // then any other input of the pattern.
     auto bound = [&](const std::string& binding) {
       for (size_t k = 0; k < m.slots.size(); ++k)
         if (meta.slots[k].role == SlotInfo::Input && meta.slots[k].binding == binding)
           return m.slots[k];
       throw std::logic_error("pattern " + meta.name + " has no input $" + binding);
     };
+    // Operands in kernel order (see ir::FusedAttrs): the main computation's, then those the
+    // epilogue reads, then any other input of the pattern.
     std::vector<Vertex> kernelOrder = mainOperands(g, m, meta, f.fused);
-    std::vector<Vertex> epilogueOps;
-    for (ir::EpilogueStep& s : f.fused.epilogue)
-      if (s.operand >= 0) {
-        epilogueOps.push_back(bound(meta.inputs[static_cast<size_t>(s.operand)]));
-        s.operand = static_cast<int>(kernelOrder.size() + epilogueOps.size() - 1);
-      }
-    kernelOrder.insert(kernelOrder.end(), epilogueOps.begin(), epilogueOps.end());
+    if (!kernelOrder.empty()) {
+      EpilogueBuilder eb{g, inside, gemm, {}, {}, {}};
+      eb.build(v);
+      f.fused.epilogue = eb.finish(kernelOrder);
+      if (f.fused.epilogue.nodes.size() == 1) // the GEMM itself
+        f.fused.epilogue.nodes.clear();
+    }
     for (const std::string& input : meta.inputs) {
       Vertex u = bound(input);
       if (std::find(kernelOrder.begin(), kernelOrder.end(), u) == kernelOrder.end())

@@ -26,8 +26,8 @@ Key keyFor(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibrary& lib, int
   const ir::Op& op = g.op(v);
   Key k;
   k.signature = u.family + ":" + (op.kind == ir::OpKind::Fused ? op.fused.pattern : "gemm");
-  for (const ir::EpilogueStep& s : op.fused.epilogue)
-    k.signature += "," + s.kind + (s.fn.empty() ? "" : " " + s.fn);
+  if (op.kind == ir::OpKind::Fused)
+    k.signature += "," + ir::printEpilogue(op.fused.epilogue);
   if (!op.fused.norm.empty())
     k.signature += ":" + op.fused.norm;
   k.signature += std::string(u.transB ? ":bt" : "") + (u.vec ? ":vec" : ":any");
@@ -66,9 +66,10 @@ namespace {
 ir::Graph isolate(const ir::Graph& g, ir::Vertex v, int64_t rows = 0) {
   const ir::Op& op = g.op(v);
   std::set<int> rowWise = {0};
-  for (const ir::EpilogueStep& s : op.fused.epilogue)
-    if (s.kind == "residual" || s.kind == "scale")
-      rowWise.insert(s.operand);
+  const std::vector<ir::Vertex> all = g.operands(v);
+  for (int i : op.fused.epilogue.operands())
+    if (g.op(all[static_cast<size_t>(i)]).type.rank() == 2)
+      rowWise.insert(i);
   ir::Graph sub(g.name() + "." + op.name);
   std::vector<ir::Vertex> ins;
   std::vector<ir::Vertex> operands = g.operands(v);

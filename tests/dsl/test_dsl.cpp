@@ -175,8 +175,7 @@ BOOST_AUTO_TEST_CASE(pattern_library_fields) {
   BOOST_TEST(gbg.benefit == 3);
   BOOST_TEST(gbg.numOps == 3);
   BOOST_TEST(gbg.inputs == (std::vector<std::string>{"a", "w", "b"}));
-  BOOST_REQUIRE(gbg.epilogue.size() == 2u);
-  BOOST_TEST(gbg.epilogue[1].fn == "gelu");
+  BOOST_TEST(gbg.epilogue.empty()); // derived from the match, not written out
   BOOST_TEST(find("layernorm_gemm").family == "norm_gemm");
   BOOST_TEST(find("layernorm_gemm").inputs ==
              (std::vector<std::string>{"x", "gamma", "beta", "w"}));

@@ -109,9 +109,10 @@ BOOST_AUTO_TEST_CASE(fused_ops_and_activation_params_round_trip) {
                      "  %w = input : f16[8, 2]\n"
                      "  %b = input : f16[2]\n"
                      "  %y = fused %x, %w, %b {pattern = gemm_bias_gelu, family = gemm, "
-                     "epilogue = \"bias $2, activation gelu\"} : f16[4, 2]\n"
-                     "  %l = fused %x, %w {pattern = gemm_leaky, family = gemm, "
-                     "epilogue = \"activation leaky_relu\", slope = 0.5} : f16[4, 2]\n"
+                     "epilogue = \"gelu(bias_add(acc, $2))\"} : f16[4, 2]\n"
+                     "  %l = fused %x, %w {pattern = gemm_leaky2, family = gemm, "
+                     "epilogue = \"leaky_relu(leaky_relu(acc, slope = 0.5), slope = 0.01)\"} : "
+                     "f16[4, 2]\n"
                      "  %z = activation %y {fn = leaky_relu, slope = 0.25} : f16[4, 2]\n"
                      "  output %z, %l\n"
                      "}\n";
@@ -119,11 +120,15 @@ BOOST_AUTO_TEST_CASE(fused_ops_and_activation_params_round_trip) {
   BOOST_TEST_REQUIRE(p.graph.has_value());
   const Op& y = p.graph->op(*p.graph->find("y"));
   BOOST_TEST(y.fused.pattern == "gemm_bias_gelu");
-  BOOST_REQUIRE(y.fused.epilogue.size() == 2u);
-  BOOST_TEST(y.fused.epilogue[0].kind == "bias");
-  BOOST_TEST(y.fused.epilogue[0].operand == 2);
-  BOOST_TEST(y.fused.epilogue[1].fn == "gelu");
-  BOOST_TEST(p.graph->op(*p.graph->find("l")).params.at("slope") == 0.5);
+  BOOST_REQUIRE(y.fused.epilogue.nodes.size() == 4u);
+  BOOST_TEST((y.fused.epilogue.nodes[2].kind == EpiKind::BiasAdd));
+  BOOST_TEST(y.fused.epilogue.nodes[1].operand == 2);
+  BOOST_TEST(y.fused.epilogue.nodes[3].fn == "gelu");
+  // Each activation keeps its own parameters.
+  const Epilogue& l = p.graph->op(*p.graph->find("l")).fused.epilogue;
+  BOOST_REQUIRE(l.nodes.size() == 3u);
+  BOOST_TEST(l.nodes[1].params.at("slope") == 0.5);
+  BOOST_TEST(l.nodes[2].params.at("slope") == 0.01);
   const std::string printed = printGraph(*p.graph);
   BOOST_TEST(printed == text);
   Parsed again = parse(printed, "t.fgraph", acts); // print -> parse -> print: a fixed point

@@ -311,8 +311,19 @@ private:
           continue;
         }
         if (key == "epilogue") {
-          if (expect(AttrVal::String, "a string such as \"bias $2, activation gelu\""))
-            ok = parseEpilogue(v.str, op.fused.epilogue, loc) && ok;
+          if (expect(AttrVal::String, "a string such as \"gelu(bias_add(acc, $2))\"")) {
+            std::string why;
+            size_t col = 0;
+            if (!parseEpilogue(v.str, op.fused.epilogue, why, col)) {
+              // Point into the string (the token starts with its quote; no escapes exist).
+              SourceLoc at = a->attrValue() ? tokenLoc(fileId_, a->attrValue()->getStart()) : loc;
+              at.col += 1 + static_cast<int>(col);
+              at.len = 1;
+              diags_.error(at, "malformed epilogue: " + why +
+                                   " (the form is e.g. \"gelu(bias_add(acc, $2))\")");
+              ok = false;
+            }
+          }
           continue;
         }
         if (key == "transpose_b") {
@@ -325,9 +336,12 @@ private:
             op.eps = v.num;
           continue;
         }
-        if (v.kind == AttrVal::Number) { // a parameter of an epilogue activation
-          op.params[key] = v.num;
-          paramLocs[key] = loc;
+        if (v.kind == AttrVal::Number) {
+          diags_.error(loc, "unknown attribute '" + key +
+                                "' for fused; activation parameters go inside the epilogue, "
+                                "e.g. epilogue = \"leaky_relu(acc, " +
+                                key + " = 0.5)\"");
+          ok = false;
           continue;
         }
         break;
@@ -337,14 +351,11 @@ private:
       diags_.error(loc, "unknown attribute '" + key + "' for " + opKindName(op.kind));
       ok = false;
     }
-    // Parameters must belong to the activation (of the epilogue, for fused ops): a misspelt
-    // one would otherwise be ignored and the default used silently.
+    // Parameters must belong to the activation: a misspelt one would otherwise be ignored and
+    // the default used silently. (Those inside a fused op's epilogue are checked by inferType.)
     std::vector<std::string> fns;
     if (op.kind == OpKind::Activation && acts_.contains(op.fn))
       fns.push_back(op.fn);
-    for (const EpilogueStep& s : op.fused.epilogue)
-      if (s.kind == "activation")
-        fns.push_back(s.fn);
     if (op.kind == OpKind::Activation && !acts_.contains(op.fn))
       return ok; // inferType reports the unknown activation
     for (const auto& [key, loc] : paramLocs) {
@@ -365,40 +376,6 @@ private:
       ok = false;
     }
     return ok;
-  }
-
-  bool parseEpilogue(const std::string& s, std::vector<EpilogueStep>& out, SourceLoc loc) {
-    size_t start = 0;
-    while (start <= s.size()) {
-      size_t comma = s.find(',', start);
-      std::string part =
-          s.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-      EpilogueStep step;
-      std::istringstream words(part);
-      std::string w;
-      while (words >> w) {
-        if (step.kind.empty())
-          step.kind = w;
-        else if (w[0] == '$' && w.size() > 1 && w.size() < 6 &&
-                 w.find_first_not_of("0123456789", 1) == std::string::npos)
-          step.operand = std::stoi(w.substr(1));
-        else if (step.fn.empty())
-          step.fn = w;
-        else {
-          diags_.error(loc, "malformed epilogue step '" + part + "'");
-          return false;
-        }
-      }
-      if (step.kind.empty()) {
-        diags_.error(loc, "empty epilogue step in \"" + s + "\"");
-        return false;
-      }
-      out.push_back(step);
-      if (comma == std::string::npos)
-        break;
-      start = comma + 1;
-    }
-    return true;
   }
 
   int fileId_;

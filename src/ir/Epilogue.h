@@ -1,0 +1,64 @@
+// A fused op's epilogue: the elementwise part of its matched subgraph, kept as an expression
+// over the main computation's accumulator and the op's operands. The code generator compiles
+// it into the kernel and the CPU reference evaluates it, so both follow the match itself.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace fpat::ir {
+
+enum class EpiKind : uint8_t {
+  Acc,        // the accumulator of the main computation (the GEMM)
+  Operand,    // a fused-op operand: [N] (broadcast over rows) or [M, N]
+  BiasAdd,    // lhs [M, N] + rhs [N]
+  Add,        // lhs + rhs, same shape
+  Mul,        // lhs * rhs, same shape
+  Activation, // fn(lhs; params)
+};
+
+struct EpilogueNode {
+  EpiKind kind = EpiKind::Acc;
+  int lhs = -1, rhs = -1;               // child nodes (Activation: lhs only)
+  int operand = -1;                     // Operand: index into the fused op's operands
+  std::string fn;                       // Activation: its name
+  std::map<std::string, double> params; // Activation: parameters given (the rest default)
+  bool operator==(const EpilogueNode&) const = default;
+};
+
+/// Nodes in evaluation order (children before parents); the last one is the result. No nodes:
+/// the result is the accumulator.
+struct Epilogue {
+  std::vector<EpilogueNode> nodes;
+  bool operator==(const Epilogue&) const = default;
+
+  bool identity() const { return nodes.empty(); }
+  /// Adds a node and returns its index.
+  int add(EpilogueNode n);
+  /// Distinct operand indices, in order of first use.
+  std::vector<int> operands() const;
+  /// Activation names, in order of first use (with repeats removed).
+  std::vector<std::string> activations() const;
+};
+
+/// The same expression in canonical form: the operands of add and mul ordered (the one that
+/// reads the accumulator first, else by text), nodes in post-order from the result with shared
+/// nodes kept once. Equal expressions written in either operand order become equal.
+Epilogue canonicalize(const Epilogue& e);
+
+/// The text form, e.g. `gelu(bias_add(acc, $2))` or `leaky_relu(acc, slope = 0.5)`. Shared
+/// subexpressions are written out at each use.
+std::string printEpilogue(const Epilogue& e);
+
+/// Parses the text form. On failure returns false with `error` and `column` (0-based offset
+/// into `text`). Activation names are not checked here (inferType does, against the known set).
+bool parseEpilogue(std::string_view text, Epilogue& out, std::string& error, size_t& column);
+
+/// Checks the structure: child indices before their parents, every node reachable from the
+/// result, and the result depending on the accumulator. Returns "" or the first problem.
+std::string checkEpilogueStructure(const Epilogue& e);
+
+} // namespace fpat::ir

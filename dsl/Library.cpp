@@ -340,7 +340,8 @@ private:
     a.name = r.name;
     a.loc = r.loc;
     if (r.loc.file >= 0)
-      a.where = diags.sources().file(r.loc.file).name + ":" + std::to_string(r.loc.line);
+      a.where =
+          displayPath(diags.sources().file(r.loc.file).name) + ":" + std::to_string(r.loc.line);
     const Field* body = r.field("body");
     if (!body || body->value->kind != Value::Body) {
       fail(r.loc, "activation '" + r.name + "' has no body; write let body = expr { ... };");
@@ -865,6 +866,18 @@ std::optional<Compilation> compileFpat(int fileId, SourceManager& sm, DiagEngine
   if (diags.errorCount() > before)
     return std::nullopt;
   return c;
+}
+
+std::optional<Compilation> compileBuiltinPatterns(SourceManager& sm, DiagEngine& diags) {
+  const std::string_view* all = embeddedPattern("all.fpat");
+  if (!all) {
+    diags.error({}, "the built-in patterns are missing from this binary");
+    return std::nullopt;
+  }
+  CompileOptions opts;
+  opts.mainIsEmbedded = true;
+  return compileFpat(sm.addBuffer(std::string(kEmbeddedPrefix) + "all.fpat", std::string(*all)), sm,
+                     diags, opts);
 }
 
 } // namespace fpat::dsl

@@ -141,5 +141,8 @@ struct Compilation {
 };
 std::optional<Compilation> compileFpat(int fileId, SourceManager& sm, DiagEngine& diags,
                                        const CompileOptions& opts);
+/// The built-in patterns embedded in the binary ("patterns/all.fpat" and what it includes),
+/// compiled into `sm`/`diags`: no source tree needed.
+std::optional<Compilation> compileBuiltinPatterns(SourceManager& sm, DiagEngine& diags);
 
 } // namespace fpat::dsl

@@ -7,6 +7,8 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 namespace fpat::dsl {
@@ -79,8 +81,20 @@ private:
   std::vector<std::unique_ptr<File>> files_;
 };
 
+/// The built-in pattern files (patterns/*.fpat), embedded at build time: name -> text.
+const std::vector<std::pair<std::string_view, std::string_view>>& embeddedPatterns();
+/// The text of the embedded built-in file `name` (e.g. "activations.fpat"), or null.
+const std::string_view* embeddedPattern(std::string_view name);
+/// Built-in files show up in diagnostics and generated code as "patterns/NAME".
+inline constexpr std::string_view kEmbeddedPrefix = "patterns/";
+
 struct CompileOptions {
   std::vector<std::string> includeDirs;
+  /// Includes found neither next to the including file nor in includeDirs come from the
+  /// embedded built-in files (so user files can include "fpat.fpat" with no source tree).
+  bool builtinIncludes = true;
+  /// The main file is an embedded built-in one: its includes come only from the embedded files.
+  bool mainIsEmbedded = false;
   /// Accept kernel families fpat has no kernel for (matcher tests of patterns ahead of their
   /// kernels); fpat-tblgen and fpatc never set it.
   bool anyFamily = false;

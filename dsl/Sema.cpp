@@ -11,6 +11,13 @@
 
 namespace fpat::dsl {
 
+const std::string_view* embeddedPattern(std::string_view name) {
+  for (const auto& [n, text] : embeddedPatterns())
+    if (n == name)
+      return &text;
+  return nullptr;
+}
+
 // --- records -------------------------------------------------------------------------------
 
 const Field* Record::field(const std::string& n) const {
@@ -226,7 +233,9 @@ public:
     deps_ = deps;
     namespace fs = std::filesystem;
     std::error_code ec;
-    std::string canon = fs::weakly_canonical(sm_.file(fileId).name, ec).string();
+    std::string canon = opts_.mainIsEmbedded
+                            ? embeddedCanon(fs::path(sm_.file(fileId).name).filename().string())
+                            : fs::weakly_canonical(sm_.file(fileId).name, ec).string();
     included_.insert(canon);
     if (deps_)
       deps_->push_back(sm_.file(fileId).name);
@@ -267,7 +276,11 @@ private:
     const std::string& from = sm_.file(s.loc.file).name;
     std::vector<fs::path> candidates;
     fs::path p(s.name);
-    if (p.is_absolute()) {
+    // An embedded file includes only embedded ones; others look on disk first.
+    const bool embeddedParent = isEmbeddedCanon(includeStack_.back().canon);
+    const bool fromEmbedded = embeddedParent || opts_.builtinIncludes;
+    if (embeddedParent) {
+    } else if (p.is_absolute()) {
       candidates.push_back(p);
     } else {
       candidates.push_back(fs::path(from).parent_path() / p);
@@ -303,12 +316,34 @@ private:
       includeLocs_.pop_back();
       return;
     }
+    if (const std::string_view* text = fromEmbedded ? embeddedPattern(s.name) : nullptr) {
+      const std::string canon = embeddedCanon(s.name);
+      for (size_t i = 0; i < includeStack_.size(); ++i)
+        if (includeStack_[i].canon == canon) {
+          diags_.error(s.loc, "include cycle: '" + s.name + "' is already being included");
+          return;
+        }
+      if (!included_.insert(canon).second)
+        return;
+      int id = sm_.addBuffer(std::string(kEmbeddedPrefix) + s.name, std::string(*text));
+      if (deps_)
+        deps_->push_back(sm_.file(id).name);
+      includeLocs_.push_back(s.loc);
+      processFile(id, canon);
+      includeLocs_.pop_back();
+      return;
+    }
     diags_.error(s.loc, "include file '" + s.name + "' not found");
     std::string where = "searched: " + fs::path(from).parent_path().string();
     for (const std::string& d : opts_.includeDirs)
       where += ", " + d;
+    if (fromEmbedded)
+      where += ", the built-in patterns";
     diags_.note(s.loc, where);
   }
+
+  static std::string embeddedCanon(const std::string& name) { return "embedded:" + name; }
+  static bool isEmbeddedCanon(const std::string& canon) { return canon.rfind("embedded:", 0) == 0; }
 
   // ---- statements ----
 

@@ -31,15 +31,10 @@ int main() {
   ir::Graph fused = match::rewrite(g, table, matches.matches);
   std::cout << "fused " << matches.matches.size() << " pattern(s):\n" << ir::printGraph(fused);
 
-  // 3. The activation bodies come from patterns/*.fpat.
+  // 3. The activation bodies come from the built-in patterns/*.fpat, embedded in the library.
   SourceManager sm;
   DiagEngine diags(sm, &std::cerr);
-  std::string path = std::string(FPAT_SOURCE_DIR) + "/patterns/all.fpat", text;
-  if (!readFile(path, text)) {
-    std::cerr << "cannot read " << path << "\n";
-    return 1;
-  }
-  auto patterns = dsl::compileFpat(sm.addBuffer(path, text), sm, diags, {});
+  auto patterns = dsl::compileBuiltinPatterns(sm, diags);
   if (!patterns)
     return 1;
 

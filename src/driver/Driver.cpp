@@ -26,7 +26,7 @@ namespace fs = std::filesystem;
 std::string builtinPatternsDir() {
   if (const char* env = std::getenv("FPAT_PATTERNS_DIR"); env && *env)
     return env;
-  return FPAT_SOURCE_PATTERNS_DIR;
+  return "";
 }
 
 namespace {
@@ -117,14 +117,20 @@ struct Patterns {
 bool loadPatterns(const FpatcOptions& opts, SourceManager& sm, DiagEngine& diags, Patterns& p,
                   std::ostream& err) {
   std::vector<std::string> includes = opts.includeDirs;
-  includes.push_back(builtinPatternsDir());
-  // The built-in activation bodies come from the .fpat sources; the built-in table was
-  // generated from the same files at build time.
-  auto builtin =
-      compilePatterns((fs::path(builtinPatternsDir()) / "all.fpat").string(), sm, diags, includes);
+  // The built-in activation bodies come from the .fpat sources embedded in the binary (or
+  // $FPAT_PATTERNS_DIR); the built-in table was generated from the same files at build time.
+  const std::string dir = builtinPatternsDir();
+  std::optional<dsl::Compilation> builtin;
+  if (!dir.empty()) {
+    includes.push_back(dir);
+    builtin = compilePatterns((fs::path(dir) / "all.fpat").string(), sm, diags, includes);
+  } else {
+    builtin = dsl::compileBuiltinPatterns(sm, diags);
+  }
   if (!builtin) {
-    err << "fpatc: error: the built-in patterns in '" << builtinPatternsDir()
-        << "' do not compile (set FPAT_PATTERNS_DIR?)\n";
+    err << "fpatc: error: the built-in patterns"
+        << (dir.empty() ? std::string() : " in '" + dir + "' (FPAT_PATTERNS_DIR)")
+        << " do not compile\n";
     return false;
   }
   dsl::PatternLibrary lib = builtin->library;
@@ -138,8 +144,13 @@ bool loadPatterns(const FpatcOptions& opts, SourceManager& sm, DiagEngine& diags
     std::set<std::string> builtinFiles;
     for (const std::string& d : builtin->dependencies)
       builtinFiles.insert(fs::weakly_canonical(d).string());
+    // A built-in file may also be reached through the user's -I (the source tree's patterns/):
+    // the same name with the same text is the same file.
     auto isBuiltin = [&](const SourceLoc& loc) {
-      return builtinFiles.count(fs::weakly_canonical(sm.file(loc.file).name).string()) > 0;
+      const SourceFile& f = sm.file(loc.file);
+      const std::string_view* same = dsl::embeddedPattern(fs::path(f.name).filename().string());
+      return builtinFiles.count(fs::weakly_canonical(f.name).string()) > 0 ||
+             (dir.empty() && same && *same == f.text);
     };
     dsl::PatternLibrary mine;
     for (const dsl::PatternDef& pd : user->library.patterns)
@@ -242,7 +253,7 @@ int gpuStages(const FpatcOptions& opts, const ir::Graph& fused, const Patterns& 
   bopts.jobs = opts.jobs;
   bopts.ptx = opts.ptx;
   for (const dsl::PatternMeta& m : pats.table.patterns)
-    bopts.patternSources[m.name] = m.file + ":" + std::to_string(m.line);
+    bopts.patternSources[m.name] = displayPath(m.file) + ":" + std::to_string(m.line);
 
   // GEMM configurations: tuned now (fpatc tune), from the tuning cache, or the heuristic.
   std::map<ir::Vertex, tune::Choice> choices;

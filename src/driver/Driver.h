@@ -38,7 +38,7 @@ struct FpatcOptions {
   int errorLimit = 50;                   // 0 = unlimited
 };
 
-/// Directory of the built-in .fpat files: $FPAT_PATTERNS_DIR, else the source tree's.
+/// Directory of the built-in .fpat files: $FPAT_PATTERNS_DIR, or "" for the embedded ones.
 std::string builtinPatternsDir();
 
 /// Runs the pipeline; returns the process exit code (0 ok, 1 user error or failed check).

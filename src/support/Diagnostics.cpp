@@ -188,6 +188,12 @@ bool validateUtf8(std::string_view s, size_t* badOffset) {
   return true;
 }
 
+std::string displayPath(const std::string& path) {
+  if (path.empty() || path[0] != '/')
+    return path;
+  return path.substr(path.find_last_of('/') + 1);
+}
+
 std::string formatDouble(double v) {
   if (std::isnan(v))
     return "nan";

@@ -111,6 +111,10 @@ bool validateUtf8(std::string_view text, size_t* badOffset);
 /// Shortest decimal form of `v` that parses back to the same double (for round trips).
 std::string formatDouble(double v);
 
+/// A source file's name as generated code may mention it: relative names as given, absolute
+/// ones by their last component (generated code must not depend on where files live).
+std::string displayPath(const std::string& path);
+
 /// Reads a whole file; returns false (and leaves `out` empty) when it cannot be read.
 bool readFile(const std::string& path, std::string& out);
 

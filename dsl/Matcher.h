@@ -67,6 +67,10 @@ struct MatcherTable {
 MatcherTable compileMatcherTable(const PatternLibrary& lib, const SourceManager& sm,
                                  DiagEngine& diags);
 
+/// Warns about each pattern of `later` that can never be selected because a pattern of
+/// `earlier` (tried first at equal benefit, as merged tables do) matches all it matches.
+void warnShadowedBy(const PatternLibrary& earlier, const PatternLibrary& later, DiagEngine& diags);
+
 /// The table as a C++ `.inc` defining `fpat::dsl::MatcherTable <function>()`, every entry
 /// commented with its pattern, .fpat file:line and benefit. Deterministic.
 std::string emitMatcherTableInc(const MatcherTable& t, const std::string& source,

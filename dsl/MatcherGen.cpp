@@ -228,6 +228,32 @@ std::string relFile(const SourceManager& sm, const SourceLoc& loc) {
 
 } // namespace
 
+namespace {
+
+/// Warns when `first`, tried before `later`, matches everything `later` matches.
+bool warnIfShadowed(const PatternDef& first, const PatternDef& later, DiagEngine& diags) {
+  if (!patternSubsumes(first, later))
+    return false;
+  if (patternSubsumes(later, first))
+    diags.warning(later.loc, "duplicate match tree: '" + later.name + "' matches exactly what '" +
+                                 first.name + "' matches, and '" + first.name + "' is tried first");
+  else
+    diags.warning(later.loc, "pattern '" + later.name + "' can never be selected: '" + first.name +
+                                 "' (benefit " + std::to_string(first.benefit) +
+                                 ") matches everything it matches and is tried first");
+  diags.note(first.loc, "'" + first.name + "' is defined here");
+  return true;
+}
+
+} // namespace
+
+void warnShadowedBy(const PatternLibrary& earlier, const PatternLibrary& later, DiagEngine& diags) {
+  for (const PatternDef& l : later.patterns)
+    for (const PatternDef& e : earlier.patterns)
+      if (e.benefit >= l.benefit && warnIfShadowed(e, l, diags))
+        break;
+}
+
 MatcherTable compileMatcherTable(const PatternLibrary& lib, const SourceManager& sm,
                                  DiagEngine& diags) {
   MatcherTable t;
@@ -241,22 +267,9 @@ MatcherTable compileMatcherTable(const PatternLibrary& lib, const SourceManager&
   });
 
   for (size_t j = 0; j < order.size(); ++j)
-    for (size_t i = 0; i < j; ++i) {
-      if (!patternSubsumes(*order[i], *order[j]))
-        continue;
-      if (patternSubsumes(*order[j], *order[i])) {
-        diags.warning(order[j]->loc, "duplicate match tree: '" + order[j]->name +
-                                         "' matches exactly what '" + order[i]->name +
-                                         "' matches, and '" + order[i]->name + "' is tried first");
-      } else {
-        diags.warning(order[j]->loc, "pattern '" + order[j]->name + "' can never be selected: '" +
-                                         order[i]->name + "' (benefit " +
-                                         std::to_string(order[i]->benefit) +
-                                         ") matches everything it matches and is tried first");
-      }
-      diags.note(order[i]->loc, "'" + order[i]->name + "' is defined here");
-      break;
-    }
+    for (size_t i = 0; i < j; ++i)
+      if (warnIfShadowed(*order[i], *order[j], diags))
+        break;
 
   std::vector<Program> programs;
   for (size_t k = 0; k < order.size(); ++k) {

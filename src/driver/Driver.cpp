@@ -134,6 +134,7 @@ bool loadPatterns(const FpatcOptions& opts, SourceManager& sm, DiagEngine& diags
     return false;
   }
   dsl::PatternLibrary lib = builtin->library;
+  dsl::PatternLibrary earlier = builtin->library; // patterns of the files compiled so far
   p.table = match::builtinTable();
   for (const std::string& file : opts.patternFiles) {
     auto user = compilePatterns(file, sm, diags, includes);
@@ -171,6 +172,8 @@ bool loadPatterns(const FpatcOptions& opts, SourceManager& sm, DiagEngine& diags
     if (clashed)
       return false;
     dsl::MatcherTable userTable = dsl::compileMatcherTable(mine, sm, diags);
+    dsl::warnShadowedBy(earlier, mine, diags); // built-in ones win ties: say so
+    earlier.patterns.insert(earlier.patterns.end(), mine.patterns.begin(), mine.patterns.end());
     dsl::MatcherTable merged;
     std::string clash;
     if (!match::mergeTables(p.table, userTable, merged, clash)) {

@@ -599,9 +599,10 @@ private:
   /// (norm_gemm: A normalised on load) and apply a tree of elementwise ops to its result.
   /// Anything else would be a kernel that silently computes less than the match.
   bool familyCanImplement(const PatternDef& p) {
-    if (p.family != "gemm" && p.family != "norm_gemm")
+    const ir::FamilyInfo* family = ir::findFamily(p.family);
+    if (!family)
       return true;
-    const bool normFamily = p.family == "norm_gemm";
+    const bool normFamily = family->normalisesA;
     std::vector<const MatchNode*> gemms;
     std::vector<std::string> distinct;
     bool good = true;

@@ -311,11 +311,8 @@ KernelUnit generate(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibrary&
   ActivationCode acts;
   std::ostringstream body;
 
-  const bool isGemm = op.kind == ir::OpKind::Gemm ||
-                      (op.kind == ir::OpKind::Fused &&
-                       (op.fused.family == "gemm" || op.fused.family == "norm_gemm"));
-  if (isGemm) {
-    const bool norm = op.kind == ir::OpKind::Fused && op.fused.family == "norm_gemm";
+  if (const ir::FamilyInfo* family = ir::familyOf(op)) {
+    const bool norm = family->normalisesA;
     const int normKind = !norm                          ? 0
                          : op.fused.norm == "layernorm" ? 1
                          : op.fused.norm == "rmsnorm"   ? 2
@@ -331,12 +328,13 @@ KernelUnit generate(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibrary&
     u.K = A.shape[1];
     u.eps = static_cast<float>(op.eps);
     u.transB = op.transposeB;
-    u.vec = u.K % 8 == 0 && (u.transB || u.N % 8 == 0);
-    u.family = norm ? "norm_gemm" : "gemm";
+    u.vec = vectorLoads(u.M, u.N, u.K, u.transB);
+    u.family = family->name;
     u.needsRowStats = norm;
     // The wgmma backend where it applies; otherwise (or when a forced configuration asks for
     // it where it cannot run) the cp.async backends, with the reason in the generated file.
-    const bool tmaOk = !norm && o.arch == 90 && tmaCompatible(u.M, u.N, u.K, u.transB);
+    const bool tmaOk =
+        family->hasWgmmaPath && o.arch == 90 && tmaCompatible(u.M, u.N, u.K, u.transB);
     u.epilogueReads = op.kind == ir::OpKind::Fused && !op.fused.epilogue.operands().empty();
     u.tile = o.tile ? *o.tile : defaultTile(u.M, u.N, o.arch, o.sms, norm, tmaOk, u.epilogueReads);
     std::string fallback;
@@ -406,7 +404,10 @@ KernelUnit generate(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibrary&
          << epi << "  }\n};\n\n";
     if (t.wgmma()) {
       body << "using Tile = fpat::WgmmaTile<" << t.bm << ", " << t.bn << ", " << t.stages << ", "
-           << (t.backend == Backend::WgmmaPingPong ? "true" : "false") << ">;\n\n} // namespace\n\n"
+           << (t.backend == Backend::WgmmaPingPong ? "true" : "false") << ">;\n"
+           << "// The launch's dynamic shared memory (computed on the host) must be the kernel's.\n"
+           << "static_assert(fpat::wgmmaSmemBytes<Tile>() == " << gemmSmemBytes(t, u.transB)
+           << ", \"host and device disagree on shared memory\");\n\n} // namespace\n\n"
            << "extern \"C\" __global__ void __launch_bounds__(" << t.threads() << ", 1) " << u.name
            << "(const __grid_constant__ FpatTmaArgs p) {\n"
            << "  fpat::gemmWgmma<Tile, " << (u.transB ? "true" : "false") << ", Epilogue>(p);\n}\n";
@@ -422,7 +423,11 @@ KernelUnit generate(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibrary&
       return u;
     }
     body << "using Tile = fpat::GemmTile<" << t.bm << ", " << t.bn << ", " << t.bk << ", " << t.wm
-         << ", " << t.wn << ", " << t.stages << ">;\n\n} // namespace\n\n";
+         << ", " << t.wn << ", " << t.stages << ">;\n"
+         << "// The launch's dynamic shared memory (computed on the host) must be the kernel's.\n"
+         << "static_assert(fpat::gemmSmemBytes<Tile, " << (u.transB ? "true" : "false")
+         << ">() == " << gemmSmemBytes(t, u.transB)
+         << ", \"host and device disagree on shared memory\");\n\n} // namespace\n\n";
     if (norm) {
       body << "extern \"C\" __global__ void __launch_bounds__(256) " << u.name
            << "_rowstats(const FpatKernelArgs a) {\n"

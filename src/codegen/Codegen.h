@@ -64,6 +64,13 @@ std::vector<TileConfig> wgmmaConfigs();
 /// better): the share of SM time spent on useful tiles, times each schedule's and tile shape's
 /// speed on a full GPU as measured on the H200 (bench/RESULTS.md). `epilogueReads`: the
 /// epilogue loads other tensors (bias, residual), which ping-pong hides behind MMAs.
+/// Whether the cp.async GEMM kernels can use 16-byte loads of A and B (K, and N for B [K, N],
+/// multiples of 8).
+inline bool vectorLoads(int64_t m, int64_t n, int64_t k, bool transB) {
+  (void)m;
+  return k % 8 == 0 && (transB || n % 8 == 0);
+}
+
 double wgmmaScore(const TileConfig& t, int64_t m, int64_t n, int sms, bool epilogueReads);
 
 /// The heuristic default when nothing better is known (no tuning, no GPU): large tiles for

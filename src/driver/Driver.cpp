@@ -58,7 +58,8 @@ std::string sci(double v) {
 }
 
 int writeGraphviz(const ir::Graph& g, const std::string& stem, const FpatcOptions& opts,
-                  std::ostream& out, std::ostream& err) {
+                  std::ostream& out, std::ostream& err,
+                  const std::vector<ir::DotCluster>& clusters = {}) {
   std::error_code ec;
   fs::create_directories(opts.outDir, ec);
   if (ec) {
@@ -69,7 +70,7 @@ int writeGraphviz(const ir::Graph& g, const std::string& stem, const FpatcOption
   const std::string dotPath = (fs::path(opts.outDir) / (stem + ".dot")).string();
   {
     std::ofstream f(dotPath);
-    ir::writeDot(g, f);
+    ir::writeDot(g, f, clusters);
     if (!f) {
       err << "fpatc: error: cannot write '" << dotPath << "'\n";
       return 1;
@@ -630,9 +631,24 @@ int runFpatc(const FpatcOptions& opts, std::ostream& out, std::ostream& err) {
     out << "== graphviz\n";
     if (int r = writeGraphviz(*g, g->name(), opts, out, err))
       return r;
-    if (opts.fuse)
-      if (int r = writeGraphviz(fused, g->name() + ".fused", opts, out, err))
+    // After fusion: the original ops, each fused op drawn as a box around the ops it absorbed,
+    // labelled with its pattern and where the pattern is defined.
+    if (opts.fuse) {
+      std::vector<ir::DotCluster> clusters;
+      for (const match::Match& m : mr.matches) {
+        const dsl::PatternMeta& meta = pats.table.patterns[m.pattern];
+        ir::DotCluster c;
+        c.label = "%" + g->op(m.slots[0]).name + " = " + meta.name + " (" + displayPath(meta.file) +
+                  ":" + std::to_string(meta.line) + ", family " + meta.family + ")";
+        for (size_t k = 0; k < m.slots.size(); ++k)
+          if (meta.slots[k].role != dsl::SlotInfo::Input &&
+              std::find(c.members.begin(), c.members.end(), m.slots[k]) == c.members.end())
+            c.members.push_back(m.slots[k]);
+        clusters.push_back(std::move(c));
+      }
+      if (int r = writeGraphviz(*g, g->name() + ".fused", opts, out, err, clusters))
         return r;
+    }
   }
   return rc;
 }

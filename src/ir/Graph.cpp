@@ -98,18 +98,36 @@ const ActivationSet& ActivationSet::builtin() {
   return set;
 }
 
-bool isKernelFamily(std::string_view name) {
-  for (const char* f : kKernelFamilies)
-    if (name == f)
-      return true;
-  return false;
+const std::vector<FamilyInfo>& kernelFamilies() {
+  static const std::vector<FamilyInfo> table = {
+      {Family::Gemm, "gemm", false, true},
+      {Family::NormGemm, "norm_gemm", true, false},
+  };
+  return table;
+}
+
+const FamilyInfo* findFamily(std::string_view name) {
+  for (const FamilyInfo& f : kernelFamilies())
+    if (name == f.name)
+      return &f;
+  return nullptr;
+}
+
+const FamilyInfo& familyInfo(Family f) {
+  return kernelFamilies().at(static_cast<size_t>(f));
+}
+
+const FamilyInfo* familyOf(const Op& op) {
+  if (op.kind == OpKind::Gemm)
+    return &familyInfo(Family::Gemm);
+  return op.kind == OpKind::Fused ? findFamily(op.fused.family) : nullptr;
 }
 
 std::string kernelFamilyList() {
   std::string s;
-  const size_t n = std::size(kKernelFamilies);
+  const size_t n = kernelFamilies().size();
   for (size_t i = 0; i < n; ++i)
-    s += std::string(i == 0 ? "" : i + 1 == n ? " or " : ", ") + kKernelFamilies[i];
+    s += std::string(i == 0 ? "" : i + 1 == n ? " or " : ", ") + kernelFamilies()[i].name;
   return s;
 }
 
@@ -242,7 +260,7 @@ std::optional<TensorDesc> inferType(const Op& op, const std::vector<OperandInfo>
     if (!isKernelFamily(f.family))
       return fail(-1,
                   "unknown kernel family '" + f.family + "' (fpat has " + kernelFamilyList() + ")");
-    const bool norm = f.family == "norm_gemm";
+    const bool norm = findFamily(f.family)->normalisesA;
     if (norm != !f.norm.empty() || (norm && f.norm != "layernorm" && f.norm != "rmsnorm"))
       return fail(-1, norm ? "a norm_gemm op needs norm = layernorm or norm = rmsnorm"
                            : "norm = " + f.norm + " belongs to family norm_gemm, not " + f.family);
@@ -495,30 +513,37 @@ std::string dotEscape(const std::string& s) {
 
 } // namespace
 
-void writeDot(const Graph& g, std::ostream& os) {
-  const GraphImpl& gi = g.impl();
-  auto vertexWriter = [&](std::ostream& out, Vertex v) {
-    const Op& op = gi[v];
+void writeDot(const Graph& g, std::ostream& os, const std::vector<DotCluster>& clusters) {
+  os << "digraph G {\nlabel=\"" << dotEscape(g.name())
+     << "\";\nrankdir=TB;\nnode [fontname=\"monospace\"];\n";
+  for (size_t c = 0; c < clusters.size(); ++c) {
+    os << "subgraph cluster_" << c << " {\nlabel=\"" << dotEscape(clusters[c].label)
+       << "\";\nstyle=filled;\nfillcolor=\"#dbe9f6\";\nfontname=\"monospace\";\n";
+    for (Vertex v : clusters[c].members)
+      os << v << ";\n";
+    os << "}\n";
+  }
+  for (Vertex v : g.vertices()) {
+    const Op& op = g.op(v);
     std::string label = "%" + op.name + " = " + opKindName(op.kind);
-    std::string attrs = attrString(op);
-    if (!attrs.empty())
+    if (std::string attrs = attrString(op); !attrs.empty())
       label += "\\n" + dotEscape(attrs);
     label += "\\n" + op.type.str();
-    const char* shape = op.kind == OpKind::Input ? "ellipse" : "box";
     const char* fill = op.kind == OpKind::Fused   ? "lightblue"
                        : op.kind == OpKind::Input ? "lightgray"
                                                   : "white";
-    out << "[label=\"" << label << "\", shape=" << shape << ", style=filled, fillcolor=" << fill
-        << (g.isOutput(v) ? ", peripheries=2" : "") << "]";
-  };
-  auto edgeWriter = [&](std::ostream& out, GraphImpl::edge_descriptor e) {
-    out << "[label=\"" << gi[boost::source(e, gi)].type.shapeStr() << " #" << gi[e].index << "\"]";
-  };
-  auto graphWriter = [&](std::ostream& out) {
-    out << "label=\"" << dotEscape(g.name())
-        << "\";\nrankdir=TB;\nnode [fontname=\"monospace\"];\n";
-  };
-  boost::write_graphviz(os, gi, vertexWriter, edgeWriter, graphWriter);
+    os << v << " [label=\"" << label
+       << "\", shape=" << (op.kind == OpKind::Input ? "ellipse" : "box")
+       << ", style=filled, fillcolor=" << fill << (g.isOutput(v) ? ", peripheries=2" : "")
+       << "];\n";
+  }
+  for (Vertex v : g.vertices()) {
+    const std::vector<Vertex> ops = g.operands(v);
+    for (size_t i = 0; i < ops.size(); ++i)
+      os << ops[i] << "->" << v << " [label=\"" << g.op(ops[i]).type.shapeStr() << " #" << i
+         << "\"];\n";
+  }
+  os << "}\n";
 }
 
 } // namespace fpat::ir

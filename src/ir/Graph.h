@@ -31,10 +31,27 @@ inline std::ostream& operator<<(std::ostream& os, OpKind k) {
   return os << opKindName(k);
 }
 
-/// The kernel families a fused op can name (`let family = ...` in .fpat, `family = ...` in
-/// .fgraph): the one list that sema, the text parser and the reference check names against.
-inline constexpr const char* kKernelFamilies[] = {"gemm", "norm_gemm"};
-bool isKernelFamily(std::string_view name);
+/// The kernel families: what a fused op's main computation is and what the family can do.
+/// Names are how .fpat (`let family = ...`) and .fgraph (`family = ...`) write them; every
+/// phase decides through this one table (sema's legality, the matcher's operand order, type
+/// inference, the reference, codegen, the tuner), never by comparing names.
+enum class Family : uint8_t {
+  Gemm,     // C = epilogue(A B), A and B loaded from memory
+  NormGemm, // C = epilogue(norm(A) B), A normalised (layernorm or rmsnorm) on load
+};
+struct FamilyInfo {
+  Family family;
+  const char* name;
+  bool normalisesA;  // the GEMM's A is (layernorm ...) or (rmsnorm ...) of inputs
+  bool hasWgmmaPath; // the Hopper backend implements it
+};
+const std::vector<FamilyInfo>& kernelFamilies();
+/// The family named `name`, or null.
+const FamilyInfo* findFamily(std::string_view name);
+const FamilyInfo& familyInfo(Family f);
+inline bool isKernelFamily(std::string_view name) {
+  return findFamily(name) != nullptr;
+}
 /// "gemm or norm_gemm", for messages.
 std::string kernelFamilyList();
 
@@ -60,6 +77,10 @@ struct Op {
   FusedAttrs fused;                     // fused ops only
   SourceLoc loc;                        // where it was defined, when it came from text
 };
+
+/// The kernel family that computes `op`: Gemm for a plain gemm, the fused op's family, or
+/// null (other ops, or a fused op naming no known family).
+const FamilyInfo* familyOf(const Op& op);
 
 struct Operand {
   unsigned index = 0;
@@ -163,8 +184,15 @@ std::vector<std::string> validate(const Graph& g,
 /// problems found, as `validate` does.
 std::vector<std::string> inferTypes(Graph& g, const ActivationSet& acts = ActivationSet::builtin());
 
-/// Graphviz rendering: ops as nodes (kind, name, attributes), tensor shapes on edges.
-void writeDot(const Graph& g, std::ostream& os);
+/// A group of ops drawn inside one labelled box (e.g. the ops one fused op absorbed).
+struct DotCluster {
+  std::string label;
+  std::vector<Vertex> members;
+};
+
+/// Graphviz rendering: ops as nodes (kind, name, attributes), tensor shapes on edges, and
+/// each cluster as a filled box around its members. Deterministic.
+void writeDot(const Graph& g, std::ostream& os, const std::vector<DotCluster>& clusters = {});
 
 /// One-line description of an op's attributes (`{eps = 1e-05}`, `{fn = gelu}`), or "".
 std::string attrString(const Op& op);

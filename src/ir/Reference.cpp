@@ -196,10 +196,11 @@ void evalFused(const Op& op, const std::vector<Vertex>& ops, const std::vector<T
   const Tensor* a = nullptr;
   const Tensor* b = nullptr;
   Tensor normed;
-  if (f.family == "gemm") {
+  const FamilyInfo* family = findFamily(f.family);
+  if (family && !family->normalisesA) {
     a = &in(0);
     b = &in(1);
-  } else if (f.family == "norm_gemm") {
+  } else if (family) {
     const bool layer = f.norm == "layernorm";
     if (!layer && f.norm != "rmsnorm")
       throw ReferenceError("fused op %" + op.name + " of family norm_gemm has no norm kind");

@@ -196,21 +196,22 @@ std::vector<Vertex> mainOperands(const Graph& g, const Match& m, const PatternMe
     if (meta.slots[k].role != SlotInfo::Input && g.op(m.slots[k]).kind == ir::OpKind::Gemm &&
         std::find(gemms.begin(), gemms.end(), m.slots[k]) == gemms.end())
       gemms.push_back(m.slots[k]);
-  if (gemms.size() != 1 || (meta.family != "gemm" && meta.family != "norm_gemm"))
+  const ir::FamilyInfo* family = ir::findFamily(meta.family);
+  if (gemms.size() != 1 || !family)
     return {};
   std::vector<Vertex> ab = g.operands(gemms[0]);
   const ir::Op& a = g.op(ab[0]);
   bool absorbedA = false; // is the gemm's A operand computed inside the match?
   for (size_t k = 0; k < m.slots.size(); ++k)
     absorbedA = absorbedA || (m.slots[k] == ab[0] && meta.slots[k].role != SlotInfo::Input);
-  if (meta.family == "norm_gemm" && absorbedA &&
+  if (family->normalisesA && absorbedA &&
       (a.kind == ir::OpKind::LayerNorm || a.kind == ir::OpKind::RmsNorm)) {
     fused.norm = a.kind == ir::OpKind::LayerNorm ? "layernorm" : "rmsnorm";
     std::vector<Vertex> out = g.operands(ab[0]);
     out.push_back(ab[1]);
     return out;
   }
-  if (meta.family == "gemm" && !absorbedA)
+  if (!family->normalisesA && !absorbedA)
     return ab;
   return {};
 }
@@ -219,7 +220,7 @@ std::vector<Vertex> mainOperands(const Graph& g, const Match& m, const PatternMe
 /// whose shape no family can implement; this catches what only the graph shows (a pattern
 /// naming two structurally equal GEMMs that are different ops in the graph).
 std::string familyRejects(const Graph& g, const Match& m, const PatternMeta& meta) {
-  if (meta.family != "gemm" && meta.family != "norm_gemm")
+  if (!ir::findFamily(meta.family))
     return "";
   std::vector<Vertex> gemms;
   for (size_t k = 0; k < m.slots.size(); ++k)

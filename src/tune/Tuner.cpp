@@ -7,33 +7,35 @@
 #include <algorithm>
 #include <cmath>
 #include <set>
+#include <stdexcept>
 
 namespace fpat::tune {
 using codegen::TileConfig;
 
 bool tunable(const ir::Graph& g, ir::Vertex v) {
-  const ir::Op& op = g.op(v);
-  return op.kind == ir::OpKind::Gemm ||
-         (op.kind == ir::OpKind::Fused &&
-          (op.fused.family == "gemm" || op.fused.family == "norm_gemm"));
+  return ir::familyOf(g.op(v)) != nullptr;
 }
 
 Key keyFor(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibrary& lib, int arch,
            const std::string& nvccVersion) {
-  codegen::CodegenOptions o;
-  o.arch = arch;
-  codegen::KernelUnit u = codegen::generate(g, v, lib, o);
+  // From the op alone (what the kernel computes and its shape), without generating code.
+  (void)lib;
   const ir::Op& op = g.op(v);
+  const ir::FamilyInfo* family = ir::familyOf(op);
+  if (!family)
+    throw std::logic_error("tuning key for %" + op.name + ", which no GEMM family computes");
   Key k;
-  k.signature = u.family + ":" + (op.kind == ir::OpKind::Fused ? op.fused.pattern : "gemm");
+  k.m = op.type.shape.at(0);
+  k.n = op.type.shape.at(1);
+  k.k = g.op(g.operands(v).at(0)).type.shape.at(1);
+  k.signature =
+      std::string(family->name) + ":" + (op.kind == ir::OpKind::Fused ? op.fused.pattern : "gemm");
   if (op.kind == ir::OpKind::Fused)
     k.signature += "," + ir::printEpilogue(op.fused.epilogue);
   if (!op.fused.norm.empty())
     k.signature += ":" + op.fused.norm;
-  k.signature += std::string(u.transB ? ":bt" : "") + (u.vec ? ":vec" : ":any");
-  k.m = u.M;
-  k.n = u.N;
-  k.k = u.K;
+  k.signature += std::string(op.transposeB ? ":bt" : "") +
+                 (codegen::vectorLoads(k.m, k.n, k.k, op.transposeB) ? ":vec" : ":any");
   k.arch = arch;
   k.templateVersion = codegen::kernelHeadersHash().substr(0, 16);
   k.nvccVersion = nvccVersion;
@@ -52,8 +54,9 @@ Choice choose(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibrary& lib, 
       c.heuristicMs = e->heuristicMs;
       return c;
     }
+  const ir::FamilyInfo* family = ir::familyOf(op);
   c.config = codegen::defaultTile(op.type.shape[0], op.type.shape[1], arch, sms,
-                                  op.kind == ir::OpKind::Fused && op.fused.family == "norm_gemm");
+                                  family && family->normalisesA);
   c.source = "heuristic";
   return c;
 }
@@ -120,7 +123,7 @@ Choice tune(cuda::Driver& drv, const ir::Graph& g, ir::Vertex v, const dsl::Patt
   std::vector<TileConfig> candidates;
   if (o.configs.empty())
     candidates = searchSpace(
-        lim, probe.transB, probe.M, probe.N, o.maxCandidates, probe.family == "norm_gemm",
+        lim, probe.transB, probe.M, probe.N, o.maxCandidates, probe.needsRowStats,
         codegen::tmaCompatible(probe.M, probe.N, probe.K, probe.transB), probe.epilogueReads);
   else // the heuristic first, as in the search space, so that it is always reported
     candidates = {probe.tile};

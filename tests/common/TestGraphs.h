@@ -34,7 +34,7 @@ inline const dsl::PatternLibrary& builtinLibrary() {
   return lib;
 }
 
-/// Names of the graphs `caseGraph` builds: the nine patterns, then the fallback kernels.
+/// Names of the graphs `caseGraph` builds: the built-in patterns, then the fallback kernels.
 inline std::vector<std::string> caseNames() {
   return {"gemm_bias_gelu",
           "gemm_bias_silu",
@@ -43,8 +43,11 @@ inline std::vector<std::string> caseNames() {
           "gemm_bias_residual",
           "gemm_gelu",
           "gemm_silu",
+          "gemm_residual",
+          "gemm_silu_mul",
           "layernorm_gemm",
           "rmsnorm_gemm",
+          "layernorm_gemm_bias_gelu",
           "gemm",
           "gemm_bt",
           "bias_add",
@@ -71,6 +74,14 @@ inline ir::Graph caseGraph(const std::string& name, Shape s) {
   } else if (name == "gemm_bias_residual") {
     auto r = b.input("r", {s.m, s.n});
     b.output(b.add(r, b.bias(b.gemm(x, w()), bias()), "y")); // residual first: commutativity
+  } else if (name == "gemm_residual") {
+    b.output(b.add(b.gemm(x, w()), b.input("r", {s.m, s.n}), "y"));
+  } else if (name == "gemm_silu_mul") {
+    auto up = b.input("up", {s.m, s.n});
+    b.output(b.mul(up, b.activation(b.gemm(x, w()), "silu"), "y")); // up first: commutativity
+  } else if (name == "layernorm_gemm_bias_gelu") {
+    auto g = b.input("g", {s.k}), be = b.input("be", {s.k});
+    b.output(b.activation(b.bias(b.gemm(b.layernorm(x, g, be, 1e-5), w()), bias()), "gelu", "y"));
   } else if (name == "gemm_gelu" || name == "gemm_silu") {
     b.output(b.activation(b.gemm(x, w()), name.substr(5), "y"));
   } else if (name == "layernorm_gemm") {

@@ -59,15 +59,16 @@ double evalBody(const std::string& body, double x, std::vector<double> params = 
 
 } // namespace
 
-BOOST_AUTO_TEST_CASE(builtin_patterns_are_the_seeds_nine) {
+BOOST_AUTO_TEST_CASE(builtin_patterns_are_the_seeds_nine_and_the_llm_blocks) {
   auto r = compileBuiltin();
   BOOST_TEST_REQUIRE(r->c.has_value(), r->errors());
   std::vector<std::string> names;
   for (const PatternDef& p : r->c->library.patterns)
     names.push_back(p.name);
-  std::vector<std::string> want = {"gemm_bias_gelu",     "gemm_gelu",      "gemm_bias_silu",
-                                   "gemm_silu",          "gemm_bias_relu", "gemm_bias",
-                                   "gemm_bias_residual", "layernorm_gemm", "rmsnorm_gemm"};
+  std::vector<std::string> want = {
+      "gemm_bias_gelu", "gemm_gelu",      "gemm_bias_silu",     "gemm_silu",
+      "gemm_bias_relu", "gemm_bias",      "gemm_bias_residual", "gemm_residual",
+      "gemm_silu_mul",  "layernorm_gemm", "rmsnorm_gemm",       "layernorm_gemm_bias_gelu"};
   BOOST_TEST(names == want, boost::test_tools::per_element());
   BOOST_TEST(r->diags->diagnostics().empty(), r->errors());
 }
@@ -187,23 +188,25 @@ BOOST_AUTO_TEST_CASE(table_order_variants_and_round_trip) {
   BOOST_TEST_REQUIRE(r->c.has_value());
   MatcherTable t = compileMatcherTable(r->c->library, r->sm, *r->diags);
   BOOST_TEST(r->diags->warningCount() == 0);
-  BOOST_REQUIRE(t.patterns.size() == 9u);
+  BOOST_REQUIRE(t.patterns.size() == 12u);
   // Benefit first, then source order.
   for (size_t i = 1; i < t.patterns.size(); ++i)
     BOOST_TEST(t.patterns[i - 1].benefit >= t.patterns[i].benefit);
-  BOOST_TEST(t.patterns[0].name == "gemm_bias_gelu");
-  BOOST_TEST(t.patterns[3].name == "gemm_bias_residual");
-  BOOST_TEST(t.patterns[3].numVariants == 2); // add is commutative
-  // Flattening the factored table gives one program per variant, in pattern order.
+  BOOST_TEST(t.patterns[0].name == "layernorm_gemm_bias_gelu"); // benefit 4
+  BOOST_TEST(t.patterns[1].name == "gemm_bias_gelu");
+  BOOST_TEST(t.patterns[4].name == "gemm_bias_residual");
+  BOOST_TEST(t.patterns[4].numVariants == 2); // add is commutative
+  // Flattening the factored table gives one program per variant, in pattern order:
+  // gemm_bias_residual, gemm_silu_mul and gemm_residual have two each.
   auto progs = flattenPrograms(t);
-  BOOST_TEST(progs.size() == 10u);
+  BOOST_TEST(progs.size() == 15u);
   // Merging with an empty table changes nothing.
   MatcherTable merged;
   std::string clash;
   BOOST_TEST(mergeMatcherTables(t, MatcherTable{}, merged, clash));
   BOOST_TEST(merged.bytes == t.bytes);
   BOOST_TEST(!mergeMatcherTables(t, t, merged, clash));
-  BOOST_TEST(clash == "gemm_bias_gelu");
+  BOOST_TEST(clash == "layernorm_gemm_bias_gelu");
 }
 
 BOOST_AUTO_TEST_CASE(merged_tables_order_user_patterns_by_benefit) {
@@ -228,7 +231,7 @@ BOOST_AUTO_TEST_CASE(merged_tables_order_user_patterns_by_benefit) {
   BOOST_TEST(order.front() == "top");
   // Ties keep built-ins first: "tie" (benefit 2) comes after every built-in of benefit 2.
   BOOST_TEST(order.back() == "tie");
-  BOOST_TEST(flattenPrograms(merged).size() == 12u);
+  BOOST_TEST(flattenPrograms(merged).size() == 17u);
 }
 
 BOOST_AUTO_TEST_CASE(hostile_inputs_are_diagnosed_not_crashed_on) {

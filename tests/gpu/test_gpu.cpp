@@ -66,7 +66,8 @@ const std::vector<codegen::TileConfig>& configTiles() {
   return t;
 }
 const char* const kConfigCases[] = {
-    "gemm", "gemm_bt", "gemm_bias_gelu", "gemm_bias_residual", "layernorm_gemm", "rmsnorm_gemm"};
+    "gemm",           "gemm_bt",      "gemm_bias_gelu",          "gemm_bias_residual",
+    "layernorm_gemm", "rmsnorm_gemm", "layernorm_gemm_bias_gelu"};
 const Shape kConfigShapes[] = {Shape{64, 64, 64}, Shape{17, 100, 1000}, Shape{1000, 520, 64},
                                Shape{1, 17, 40}, Shape{1000, 1000, 1000}};
 
@@ -82,9 +83,9 @@ std::vector<codegen::TileConfig> wgmmaTiles() {
       t.push_back(c);
   return t;
 }
-const char* const kWgmmaCases[] = {"gemm",           "gemm_bt",   "gemm_bias_gelu",
-                                   "gemm_bias_silu", "gemm_bias", "gemm_bias_residual",
-                                   "gemm_silu"};
+const char* const kWgmmaCases[] = {"gemm",           "gemm_bt",       "gemm_bias_gelu",
+                                   "gemm_bias_silu", "gemm_bias",     "gemm_bias_residual",
+                                   "gemm_silu",      "gemm_residual", "gemm_silu_mul"};
 const Shape kWgmmaShapes[] = {Shape{64, 64, 64},     Shape{1, 8, 8},       Shape{1000, 520, 72},
                               Shape{129, 264, 4104}, Shape{300, 1000, 40}, Shape{17, 100, 1000},
                               Shape{64, 64, 100},    Shape{1, 17, 40},     Shape{100, 1, 64}};
@@ -203,8 +204,11 @@ FPAT_GPU_CASE(gemm_bias)
 FPAT_GPU_CASE(gemm_bias_residual)
 FPAT_GPU_CASE(gemm_gelu)
 FPAT_GPU_CASE(gemm_silu)
+FPAT_GPU_CASE(gemm_residual)
+FPAT_GPU_CASE(gemm_silu_mul)
 FPAT_GPU_CASE(layernorm_gemm)
 FPAT_GPU_CASE(rmsnorm_gemm)
+FPAT_GPU_CASE(layernorm_gemm_bias_gelu)
 FPAT_GPU_CASE(gemm)
 FPAT_GPU_CASE(gemm_bt)
 FPAT_GPU_CASE(bias_add)

@@ -211,14 +211,15 @@ struct UnfusedParts {
 UnfusedParts unfusedParts(const std::string& p, Shape s) {
   UnfusedParts u;
   ir::ActivationSet acts = builtinLibrary().activationSet();
-  if (p == "layernorm_gemm" || p == "rmsnorm_gemm") {
+  if (p == "layernorm_gemm" || p == "rmsnorm_gemm" || p == "layernorm_gemm_bias_gelu") {
     ir::GraphBuilder b("before", acts);
     auto x = b.input("x", {s.m, s.k});
     auto g = b.input("g", {s.k});
-    b.output(p == "layernorm_gemm" ? b.layernorm(x, g, b.input("be", {s.k}), 1e-5, "n")
-                                   : b.rmsnorm(x, g, 1e-6, "n"));
+    b.output(p != "rmsnorm_gemm" ? b.layernorm(x, g, b.input("be", {s.k}), 1e-5, "n")
+                                 : b.rmsnorm(x, g, 1e-6, "n"));
     u.before = b.build();
-    return u;
+    if (p != "layernorm_gemm_bias_gelu")
+      return u;
   }
   if (p == "gemm" || p == "gemm_bt")
     return u;
@@ -231,6 +232,12 @@ UnfusedParts unfusedParts(const std::string& p, Shape s) {
     b.output(b.bias(h, bias(), "y"));
   else if (p == "gemm_bias_residual")
     b.output(b.add(b.input("r", {s.m, s.n}), b.bias(h, bias()), "y"));
+  else if (p == "gemm_residual")
+    b.output(b.add(h, b.input("r", {s.m, s.n}), "y"));
+  else if (p == "gemm_silu_mul")
+    b.output(b.mul(b.input("up", {s.m, s.n}), b.activation(h, "silu"), "y"));
+  else if (p == "layernorm_gemm_bias_gelu")
+    b.output(b.activation(b.bias(h, bias()), "gelu", "y"));
   else
     b.output(b.activation(b.bias(h, bias()), p.substr(10), "y"));
   u.after = b.build();
@@ -623,9 +630,10 @@ int main(int argc, char** argv) {
   std::vector<Shape> shapes = {{512, 4096, 4096},   {1024, 4096, 4096}, {2048, 4096, 4096},
                                {4096, 4096, 4096},  {8192, 4096, 4096}, {4096, 11008, 4096},
                                {4096, 4096, 11008}, {4096, 14336, 4096}};
-  std::vector<std::string> patterns = {"gemm_bias_gelu", "gemm_bias_silu",     "gemm_bias_relu",
-                                       "gemm_bias",      "gemm_bias_residual", "gemm_gelu",
-                                       "gemm_silu",      "layernorm_gemm",     "rmsnorm_gemm"};
+  std::vector<std::string> patterns = {
+      "gemm_bias_gelu",     "gemm_bias_silu", "gemm_bias_relu", "gemm_bias",
+      "gemm_bias_residual", "gemm_gelu",      "gemm_silu",      "gemm_residual",
+      "gemm_silu_mul",      "layernorm_gemm", "rmsnorm_gemm",   "layernorm_gemm_bias_gelu"};
   if (quick) {
     shapes = {{2048, 4096, 4096}};
     patterns = {"gemm_bias_gelu"};

@@ -554,7 +554,8 @@ private:
     p.family = fam && fam->value->kind == Value::String ? fam->value->s : "gemm";
     if (!anyFamily_ && !ir::isKernelFamily(p.family)) {
       fail(fam && fam->value->loc.valid() ? fam->value->loc : r.loc,
-           "unknown kernel family \"" + p.family + "\" (fpat has " + ir::kernelFamilyList() + ")");
+           "unknown kernel family \"" + p.family + "\" (fpat has " + ir::kernelFamilyList() + ")" +
+               ir::familyDidYouMean(p.family));
       return;
     }
     int64_t benefit = intField(r, "benefit", -1);

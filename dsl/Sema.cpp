@@ -929,8 +929,18 @@ private:
     }
     if (rk_->findClass(n))
       diags().error(loc, "'" + n + "' is a class; a value needs a def (or " + n + "<...>)");
-    else
-      diags().error(loc, "unknown record or value '" + n + "'");
+    else {
+      // Did-you-mean over the defs, defvars and names in scope.
+      std::vector<std::string> known;
+      for (const auto& [name, rec] : rk_->defs_)
+        known.push_back(name);
+      for (const auto& [name, value] : defvars_)
+        known.push_back(name);
+      for (const Env* e = &env; e; e = e->parent)
+        for (const auto& [name, value] : e->vars)
+          known.push_back(name);
+      diags().error(loc, "unknown record or value '" + n + "'" + didYouMean(n, known));
+    }
     return nullptr;
   }
 

@@ -123,6 +123,13 @@ const FamilyInfo* familyOf(const Op& op) {
   return op.kind == OpKind::Fused ? findFamily(op.fused.family) : nullptr;
 }
 
+std::string familyDidYouMean(std::string_view name) {
+  std::vector<std::string> names;
+  for (const FamilyInfo& f : kernelFamilies())
+    names.push_back(f.name);
+  return didYouMean(name, names);
+}
+
 std::string kernelFamilyList() {
   std::string s;
   const size_t n = kernelFamilies().size();
@@ -224,7 +231,7 @@ std::optional<TensorDesc> inferType(const Op& op, const std::vector<OperandInfo>
     if (op.fn.empty())
       return fail(-1, "missing activation function name (fn)");
     if (!acts.contains(op.fn))
-      return fail(-1, "unknown activation '" + op.fn + "'");
+      return fail(-1, "unknown activation '" + op.fn + "'" + didYouMean(op.fn, acts.names()));
     for (const auto& [key, value] : op.params) {
       const std::vector<std::string>& known = acts.params(op.fn);
       if (std::find(known.begin(), known.end(), key) == known.end())
@@ -258,8 +265,8 @@ std::optional<TensorDesc> inferType(const Op& op, const std::vector<OperandInfo>
     // hand-written fused op is a located error, not an internal one later.
     const FusedAttrs& f = op.fused;
     if (!isKernelFamily(f.family))
-      return fail(-1,
-                  "unknown kernel family '" + f.family + "' (fpat has " + kernelFamilyList() + ")");
+      return fail(-1, "unknown kernel family '" + f.family + "' (fpat has " + kernelFamilyList() +
+                          ")" + familyDidYouMean(f.family));
     const bool norm = findFamily(f.family)->normalisesA;
     if (norm != !f.norm.empty() || (norm && f.norm != "layernorm" && f.norm != "rmsnorm"))
       return fail(-1, norm ? "a norm_gemm op needs norm = layernorm or norm = rmsnorm"
@@ -331,7 +338,8 @@ std::optional<TensorDesc> inferType(const Op& op, const std::vector<OperandInfo>
         break;
       case EpiKind::Activation: {
         if (!acts.contains(e.fn))
-          return fail(-1, "unknown activation '" + e.fn + "' in the epilogue");
+          return fail(-1, "unknown activation '" + e.fn + "' in the epilogue" +
+                              didYouMean(e.fn, acts.names()));
         const std::vector<std::string>& ps = acts.params(e.fn);
         for (const auto& [key, value] : e.params)
           if (std::find(ps.begin(), ps.end(), key) == ps.end())

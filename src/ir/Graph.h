@@ -54,6 +54,8 @@ inline bool isKernelFamily(std::string_view name) {
 }
 /// "gemm or norm_gemm", for messages.
 std::string kernelFamilyList();
+/// " (did you mean 'gemm'?)" for a misspelt family name, or "".
+std::string familyDidYouMean(std::string_view name);
 
 /// Attributes of a fused op, filled in by the rewriter. Operands are in kernel order: the main
 /// computation's operands first (gemm: A, B; norm_gemm: x, gamma[, beta], B), then those the

@@ -188,6 +188,51 @@ bool validateUtf8(std::string_view s, size_t* badOffset) {
   return true;
 }
 
+std::string closestMatch(std::string_view word, const std::vector<std::string>& candidates) {
+  const size_t limit = std::max<size_t>(1, word.size() / 3);
+  std::string best;
+  size_t bestDist = limit + 1;
+  for (const std::string& c : candidates) {
+    if (c == word)
+      continue;
+    // Levenshtein distance with transpositions counted as one edit (Damerau, restricted).
+    const size_t n = word.size(), m = c.size();
+    if ((n > m ? n - m : m - n) > limit)
+      continue; // too far apart in length to be within the limit
+    std::vector<std::vector<size_t>> d(n + 1, std::vector<size_t>(m + 1));
+    for (size_t i = 0; i <= n; ++i)
+      d[i][0] = i;
+    for (size_t j = 0; j <= m; ++j)
+      d[0][j] = j;
+    for (size_t i = 1; i <= n; ++i)
+      for (size_t j = 1; j <= m; ++j) {
+        const size_t cost = word[i - 1] == c[j - 1] ? 0 : 1;
+        d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
+        if (i > 1 && j > 1 && word[i - 1] == c[j - 2] && word[i - 2] == c[j - 1])
+          d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+      }
+    if (d[n][m] < bestDist) {
+      bestDist = d[n][m];
+      best = c;
+    }
+  }
+  if (!best.empty())
+    return best;
+  // A word that is the start of a name, or starts with one ("transpose" for "transpose_b",
+  // "epsilon" for "eps").
+  for (const std::string& c : candidates) {
+    const size_t k = std::min(c.size(), word.size());
+    if (k >= 3 && c != word && c.compare(0, k, word.substr(0, k)) == 0)
+      return c;
+  }
+  return "";
+}
+
+std::string didYouMean(std::string_view word, const std::vector<std::string>& candidates) {
+  const std::string c = closestMatch(word, candidates);
+  return c.empty() ? "" : " (did you mean '" + c + "'?)";
+}
+
 std::string displayPath(const std::string& path) {
   if (path.empty() || path[0] != '/')
     return path;

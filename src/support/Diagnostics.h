@@ -111,6 +111,12 @@ bool validateUtf8(std::string_view text, size_t* badOffset);
 /// Shortest decimal form of `v` that parses back to the same double (for round trips).
 std::string formatDouble(double v);
 
+/// The candidate closest to `word` by edit distance, if it is close enough to be a likely typo
+/// (at most a third of the word's length, at least 1); "" otherwise. For did-you-mean notes.
+std::string closestMatch(std::string_view word, const std::vector<std::string>& candidates);
+/// " (did you mean 'x'?)" for closestMatch's answer, or "".
+std::string didYouMean(std::string_view word, const std::vector<std::string>& candidates);
+
 /// A source file's name as generated code may mention it: relative names as given, absolute
 /// ones by their last component (generated code must not depend on where files live).
 std::string displayPath(const std::string& path);

@@ -1,7 +1,9 @@
 // fpatc: the graph compiler driver. All the work is in the driver library.
 #include "driver/Driver.h"
+#include "support/Diagnostics.h"
 
 #include <CLI/CLI.hpp>
+#include <cctype>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -17,7 +19,18 @@ int main(int argc, char** argv) {
   argc = static_cast<int>(args.size());
   argv = args.data();
   CLI::App app{"fpatc " FPAT_VERSION " - fuse, generate, compile, run and validate an fpat graph\n"
-               "usage: fpatc [tune] GRAPH [options]"};
+               "(`fpatc tune GRAPH [OPTIONS]` is `fpatc GRAPH --tune [OPTIONS]`)",
+               "fpatc"};
+  app.footer("Environment:\n"
+             "  FPAT_CACHE_DIR       kernel cache directory (default ~/.cache/fpat)\n"
+             "  FPAT_TUNE_CACHE      tuning cache file (default <cache dir>/tuning.json)\n"
+             "  FPAT_RETUNE=1        ignore cached tuning results\n"
+             "  FPAT_NVCC            the nvcc to run (default: nvcc on PATH, then CUDA's)\n"
+             "  FPAT_PATTERNS_DIR    read the built-in .fpat files from this directory instead\n"
+             "                       of the copies embedded in fpatc\n"
+             "  FPAT_KERNEL_HEADERS  replace the embedded kernel headers with this directory's\n"
+             "  FPAT_MEMORY_LIMIT    bytes of host memory the CPU reference may use\n"
+             "                       (default: MemAvailable)");
   app.add_option("graph", opts.input, "the .fgraph file")->required();
   app.add_option("--patterns", opts.patternFiles,
                  "a .fpat file of extra activations and patterns (repeatable)")
@@ -29,7 +42,8 @@ int main(int argc, char** argv) {
       ->allow_extra_args(false);
   app.add_option("--only-pattern", opts.only, "use only these patterns (repeatable)")
       ->allow_extra_args(false);
-  app.add_flag("!--no-fuse", opts.fuse, "skip fusion");
+  bool noFuse = false, noCompile = false, noRun = false, noReference = false, noGraphviz = false;
+  app.add_flag("--no-fuse", noFuse, "skip fusion");
   app.add_option("--seed", opts.seed, "seed of the random inputs")->capture_default_str();
   app.add_option("--inputs", opts.inputsDir,
                  "read input NAME from DIR/NAME.f16 (raw little-endian f16) when it exists");
@@ -39,8 +53,8 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"fgraph", "fused", "table", "cuda"}));
   std::string arch;
   app.add_option("--arch", arch, "compile for sm_ARCH, e.g. sm_90 or 90 (default: the GPU's)");
-  app.add_flag("!--no-compile", opts.compile, "stop before code generation");
-  app.add_flag("!--no-run", opts.run, "stop after compiling the kernels");
+  app.add_flag("--no-compile", noCompile, "stop before code generation");
+  app.add_flag("--no-run", noRun, "stop after compiling the kernels");
   app.add_flag("--require-gpu", opts.requireGpu,
                "exit with 77 (a skipped test for ctest) when there is no GPU to run on");
   app.add_flag("--tune", opts.tune, "measure GEMM configurations on the GPU first (= fpatc tune)");
@@ -51,8 +65,8 @@ int main(int argc, char** argv) {
   app.add_option("-j,--jobs", opts.jobs, "parallel nvcc processes (default: one per core)");
   app.add_option("--cache-dir", opts.cacheDir,
                  "kernel cache (default: $FPAT_CACHE_DIR or ~/.cache/fpat)");
-  app.add_flag("!--no-reference", opts.reference, "skip the CPU reference evaluation");
-  app.add_flag("!--no-graphviz", opts.graphviz, "do not write .dot/.svg");
+  app.add_flag("--no-reference", noReference, "skip the CPU reference evaluation");
+  app.add_flag("--no-graphviz", noGraphviz, "do not write .dot/.svg");
   app.add_flag("--verify-diagnostics", opts.verifyDiagnostics,
                "check the file's expected-error comments instead of printing diagnostics");
   app.add_option("--error-limit", opts.errorLimit, "stop after this many errors (0: no limit)")
@@ -60,9 +74,39 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "fpatc " FPAT_VERSION);
   try {
     app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
+    // One line in the tool's voice, a did-you-mean for a misspelt option, and where to look.
+    std::string msg = e.what(), hint;
+    if (const CLI::ExtrasError* extra = dynamic_cast<const CLI::ExtrasError*>(&e)) {
+      (void)extra;
+      std::vector<std::string> flags;
+      for (const CLI::Option* o : app.get_options())
+        for (const std::string& n : o->get_lnames())
+          flags.push_back("--" + n);
+      for (int i = 1; i < argc; ++i) {
+        const std::string a = argv[i];
+        const std::string word = a.substr(0, a.find('='));
+        if (word.rfind("--", 0) == 0 && app.get_option_no_throw(word) == nullptr)
+          if (std::string c = fpat::closestMatch(word, flags); !c.empty()) {
+            hint = " (did you mean '" + c + "'?)";
+            break;
+          }
+      }
+    }
+    if (!msg.empty())
+      msg[0] = static_cast<char>(std::tolower(static_cast<unsigned char>(msg[0])));
+    std::cerr << "fpatc: error: " << msg << hint << "\nrun 'fpatc --help' for the options\n";
+    return 2;
   }
+  opts.fuse = !noFuse;
+  opts.compile = !noCompile;
+  opts.run = !noRun;
+  opts.reference = !noReference;
+  opts.graphviz = !noGraphviz;
   if (!arch.empty()) {
     std::string digits = arch.rfind("sm_", 0) == 0 ? arch.substr(3) : arch;
     if (digits.empty() || digits.size() > 3 ||

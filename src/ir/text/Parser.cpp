@@ -17,6 +17,23 @@ using namespace fpat_fgraph;
 
 using antlr::tokenLoc;
 
+/// The attributes an op of this kind takes, for did-you-mean notes.
+std::vector<std::string> attributeNames(const Op& op) {
+  switch (op.kind) {
+  case OpKind::Gemm:
+    return {"transpose_b"};
+  case OpKind::Activation:
+    return {"fn"};
+  case OpKind::LayerNorm:
+  case OpKind::RmsNorm:
+    return {"eps"};
+  case OpKind::Fused:
+    return {"pattern", "family", "norm", "epilogue", "transpose_b", "eps"};
+  default:
+    return {};
+  }
+}
+
 bool subtreeHasErrors(antlr4::tree::ParseTree* t) {
   if (dynamic_cast<antlr4::tree::ErrorNode*>(t))
     return true;
@@ -74,7 +91,11 @@ public:
     op.loc = nameLoc;
     auto kind = parseOpKind(ctx->op->getText());
     if (!kind) {
-      diags_.error(opLoc, "unknown op '" + ctx->op->getText() + "'");
+      std::vector<std::string> names;
+      for (const OpKindInfo& k : opKinds())
+        names.push_back(k.name);
+      diags_.error(opLoc, "unknown op '" + ctx->op->getText() + "'" +
+                              didYouMean(ctx->op->getText(), names));
       poisoned_.insert(name);
       return nullptr;
     }
@@ -299,7 +320,7 @@ private:
       case OpKind::Fused:
         if (key == "family" && v.kind != AttrVal::Number && !isKernelFamily(v.str)) {
           diags_.error(loc, "unknown kernel family '" + v.str + "' (fpat has " +
-                                kernelFamilyList() + ")");
+                                kernelFamilyList() + ")" + familyDidYouMean(v.str));
           ok = false;
           continue;
         }
@@ -348,7 +369,8 @@ private:
       default:
         break;
       }
-      diags_.error(loc, "unknown attribute '" + key + "' for " + opKindName(op.kind));
+      diags_.error(loc, "unknown attribute '" + key + "' for " + opKindName(op.kind) +
+                            didYouMean(key, attributeNames(op)));
       ok = false;
     }
     // Parameters must belong to the activation: a misspelt one would otherwise be ignored and

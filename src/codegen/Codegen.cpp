@@ -263,6 +263,48 @@ std::string epilogueBody(const ir::Graph& g, ir::Vertex v, const dsl::PatternLib
   return os.str();
 }
 
+/// The same epilogue on two adjacent columns (col even, N even): operands load as one
+/// 4-byte pair, halving the epilogue's load instructions. Kernels that store f16 pairs call it.
+std::string epiloguePairBody(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibrary& lib,
+                             ActivationCode& acts) {
+  const ir::Op& op = g.op(v);
+  const ir::Epilogue& e = op.fused.epilogue;
+  if (op.kind != ir::OpKind::Fused || e.identity())
+    return "    return v;\n";
+  const std::vector<ir::Vertex> ins = g.operands(v);
+  std::ostringstream os;
+  auto name = [](int i) { return "t" + std::to_string(i); };
+  for (size_t i = 0; i < e.nodes.size(); ++i) {
+    const ir::EpilogueNode& n = e.nodes[i];
+    os << "    const float2 " << name(static_cast<int>(i)) << " = ";
+    switch (n.kind) {
+    case ir::EpiKind::Acc:
+      os << "v;\n";
+      break;
+    case ir::EpiKind::Operand: {
+      const bool vec = g.op(ins.at(static_cast<size_t>(n.operand))).type.rank() == 1;
+      os << "fpat::ldh2(a.in[" << n.operand << "], " << (vec ? "col" : "row * a.N + col") << ");\n";
+      break;
+    }
+    case ir::EpiKind::BiasAdd:
+    case ir::EpiKind::Add:
+    case ir::EpiKind::Mul: {
+      const char* o = n.kind == ir::EpiKind::Mul ? " * " : " + ";
+      os << "make_float2(" << name(n.lhs) << ".x" << o << name(n.rhs) << ".x, " << name(n.lhs)
+         << ".y" << o << name(n.rhs) << ".y);\n";
+      break;
+    }
+    case ir::EpiKind::Activation:
+      os << "make_float2("
+         << callActivation(n.fn, n.params, name(n.lhs) + ".x", ref(g, v), lib, acts) << ", "
+         << callActivation(n.fn, n.params, name(n.lhs) + ".y", ref(g, v), lib, acts) << ");\n";
+      break;
+    }
+  }
+  os << "    return " << name(static_cast<int>(e.nodes.size()) - 1) << ";\n";
+  return os.str();
+}
+
 void requireF16(const ir::Graph& g, ir::Vertex v) {
   auto check = [&](ir::Vertex u) {
     if (g.op(u).type.dtype != ir::DType::F16)
@@ -401,7 +443,13 @@ KernelUnit generate(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibrary&
          << "  __device__ __forceinline__ float operator()(float v, int64_t row, int64_t col,\n"
          << "                                              const FpatKernelArgs& a) const {\n"
          << "    (void)row;\n    (void)col;\n    (void)a;\n"
-         << epi << "  }\n};\n\n";
+         << epi << "  }\n";
+    if (t.wgmma())
+      body << "  __device__ __forceinline__ float2 pair(float2 v, int64_t row, int64_t col,\n"
+           << "                                         const FpatKernelArgs& a) const {\n"
+           << "    (void)row;\n    (void)col;\n    (void)a;\n"
+           << epiloguePairBody(g, v, lib, acts) << "  }\n";
+    body << "};\n\n";
     if (t.wgmma()) {
       body << "using Tile = fpat::WgmmaTile<" << t.bm << ", " << t.bn << ", " << t.stages << ", "
            << (t.backend == Backend::WgmmaPingPong ? "true" : "false") << ">;\n"

@@ -49,4 +49,9 @@ __device__ __forceinline__ float ldh(const void* p, int64_t i) {
   return __half2float(static_cast<const __half*>(p)[i]);
 }
 
+/// Elements i and i + 1 as one 4-byte load; i must be even (and the base 4-byte aligned).
+__device__ __forceinline__ float2 ldh2(const void* p, int64_t i) {
+  return __half22float2(*reinterpret_cast<const __half2*>(static_cast<const __half*>(p) + i));
+}
+
 } // namespace fpat

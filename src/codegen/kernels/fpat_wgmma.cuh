@@ -364,8 +364,9 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
 
       // Epilogue. Accumulator layout of m64nN: thread (warp w, lane l) holds rows
       // 16w + l/4 (+8) and columns 8j + 2(l%4) (+1), register 4j + 2*(row half) + column.
-      // Tiles inside the problem (all of them but the last row and column of tiles) store
-      // f16 pairs without bounds checks; edge tiles check every element.
+      // Tiles inside the problem (all of them but the last row and column of tiles) run the
+      // epilogue on column pairs (its operands load as 4-byte pairs) and store f16 pairs
+      // without bounds checks; edge tiles check every element.
       const bool inside = (tm + 1) * BM <= M && (tn + 1) * BN <= N && pairs;
 #pragma unroll
       for (int m = 0; m < MI; ++m) {
@@ -377,10 +378,10 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
               const int row = rowBase + 8 * h, col = colBase + 8 * j;
-              const float v0 = epi(d[m][4 * j + 2 * h], row, col, a);
-              const float v1 = epi(d[m][4 * j + 2 * h + 1], row, col + 1, a);
+              const float2 r =
+                  epi.pair(make_float2(d[m][4 * j + 2 * h], d[m][4 * j + 2 * h + 1]), row, col, a);
               *reinterpret_cast<__half2*>(C + static_cast<int64_t>(row) * N + col) =
-                  __floats2half2_rn(v0, v1);
+                  __float22half2_rn(r);
             }
           continue;
         }

@@ -1,0 +1,249 @@
+// Code generator of the GEMM kernel families (gemm, norm_gemm): picks the backend (wgmma,
+// mma.sync, WMMA) and configuration, and compiles the fused op's epilogue tree into the
+// kernel's Epilogue functor.
+#include "codegen/Lowering.h"
+
+#include <sstream>
+
+namespace fpat::codegen::detail {
+
+namespace {
+
+/// The body of a fused op's epilogue functor: one named value per node of its tree, in
+/// evaluation order. Operands of shape [N] are read at the column, [M, N] at (row, col).
+std::string epilogueBody(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibrary& lib,
+                         ActivationCode& acts) {
+  const ir::Op& op = g.op(v);
+  const ir::Epilogue& e = op.fused.epilogue;
+  if (op.kind != ir::OpKind::Fused || e.identity())
+    return "    return v;\n";
+  const std::vector<ir::Vertex> ins = g.operands(v);
+  std::ostringstream os;
+  auto name = [](int i) { return "t" + std::to_string(i); };
+  for (size_t i = 0; i < e.nodes.size(); ++i) {
+    const ir::EpilogueNode& n = e.nodes[i];
+    os << "    const float " << name(static_cast<int>(i)) << " = ";
+    switch (n.kind) {
+    case ir::EpiKind::Acc:
+      os << "v; // acc\n";
+      break;
+    case ir::EpiKind::Operand: {
+      const bool vec = g.op(ins.at(static_cast<size_t>(n.operand))).type.rank() == 1;
+      os << "fpat::ldh(a.in[" << n.operand << "], " << (vec ? "col" : "row * a.N + col")
+         << "); // $" << n.operand << (vec ? " [N]" : " [M, N]") << "\n";
+      break;
+    }
+    case ir::EpiKind::BiasAdd:
+    case ir::EpiKind::Add:
+    case ir::EpiKind::Mul:
+      os << name(n.lhs) << (n.kind == ir::EpiKind::Mul ? " * " : " + ") << name(n.rhs) << "; // "
+         << (n.kind == ir::EpiKind::BiasAdd ? "bias_add"
+             : n.kind == ir::EpiKind::Add   ? "add"
+                                            : "mul")
+         << "\n";
+      break;
+    case ir::EpiKind::Activation:
+      os << callActivation(n.fn, n.params, name(n.lhs), ref(g, v), lib, acts) << ";\n";
+      break;
+    }
+  }
+  os << "    return " << name(static_cast<int>(e.nodes.size()) - 1) << ";\n";
+  return os.str();
+}
+
+/// The same epilogue on two adjacent columns (col even, N even): operands load as one
+/// 4-byte pair, halving the epilogue's load instructions. Kernels that store f16 pairs call it.
+std::string epiloguePairBody(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibrary& lib,
+                             ActivationCode& acts) {
+  const ir::Op& op = g.op(v);
+  const ir::Epilogue& e = op.fused.epilogue;
+  if (op.kind != ir::OpKind::Fused || e.identity())
+    return "    return v;\n";
+  const std::vector<ir::Vertex> ins = g.operands(v);
+  std::ostringstream os;
+  auto name = [](int i) { return "t" + std::to_string(i); };
+  for (size_t i = 0; i < e.nodes.size(); ++i) {
+    const ir::EpilogueNode& n = e.nodes[i];
+    os << "    const float2 " << name(static_cast<int>(i)) << " = ";
+    switch (n.kind) {
+    case ir::EpiKind::Acc:
+      os << "v;\n";
+      break;
+    case ir::EpiKind::Operand: {
+      const bool vec = g.op(ins.at(static_cast<size_t>(n.operand))).type.rank() == 1;
+      os << "fpat::ldh2(a.in[" << n.operand << "], " << (vec ? "col" : "row * a.N + col") << ");\n";
+      break;
+    }
+    case ir::EpiKind::BiasAdd:
+    case ir::EpiKind::Add:
+    case ir::EpiKind::Mul: {
+      const char* o = n.kind == ir::EpiKind::Mul ? " * " : " + ";
+      os << "make_float2(" << name(n.lhs) << ".x" << o << name(n.rhs) << ".x, " << name(n.lhs)
+         << ".y" << o << name(n.rhs) << ".y);\n";
+      break;
+    }
+    case ir::EpiKind::Activation:
+      os << "make_float2("
+         << callActivation(n.fn, n.params, name(n.lhs) + ".x", ref(g, v), lib, acts) << ", "
+         << callActivation(n.fn, n.params, name(n.lhs) + ".y", ref(g, v), lib, acts) << ");\n";
+      break;
+    }
+  }
+  os << "    return " << name(static_cast<int>(e.nodes.size()) - 1) << ";\n";
+  return os.str();
+}
+
+} // namespace
+
+KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibrary& lib,
+                        const CodegenOptions& o, const ir::FamilyInfo& familyInfo) {
+  const ir::Op& op = g.op(v);
+  KernelUnit u;
+  const std::vector<ir::Vertex> ins = g.operands(v);
+  const std::string arch = "sm" + std::to_string(o.arch);
+  const std::string where = [&] {
+    auto it = o.sources.find(op.fused.pattern);
+    return it == o.sources.end() ? std::string() : " [" + it->second + "]";
+  }();
+  const ir::FamilyInfo* family = &familyInfo;
+  ActivationCode acts;
+  std::ostringstream body;
+  const bool norm = family->normalisesA;
+  const int normKind = !norm                          ? 0
+                       : op.fused.norm == "layernorm" ? 1
+                       : op.fused.norm == "rmsnorm"   ? 2
+                                                      : -1;
+  if (normKind < 0)
+    throw CodegenError(ref(g, v) + ": norm_gemm without a norm kind");
+  const size_t bIdx = normKind == 0 ? 1 : normKind == 1 ? 3 : 2;
+  if (ins.size() <= bIdx)
+    throw CodegenError(ref(g, v) + ": too few operands for its kernel family");
+  const ir::TensorDesc& A = g.op(ins[0]).type;
+  u.M = op.type.shape[0];
+  u.N = op.type.shape[1];
+  u.K = A.shape[1];
+  u.eps = static_cast<float>(op.eps);
+  u.transB = op.transposeB;
+  u.vec = vectorLoads(u.M, u.N, u.K, u.transB);
+  u.family = family->name;
+  u.needsRowStats = norm;
+  // The wgmma backend where it applies; otherwise (or when a forced configuration asks for
+  // it where it cannot run) the cp.async backends, with the reason in the generated file.
+  const bool tmaOk = family->hasWgmmaPath && o.arch == 90 && tmaCompatible(u.M, u.N, u.K, u.transB);
+  u.epilogueReads = op.kind == ir::OpKind::Fused && !op.fused.epilogue.operands().empty();
+  u.tile = o.tile ? *o.tile : defaultTile(u.M, u.N, o.arch, o.sms, norm, tmaOk, u.epilogueReads);
+  std::string fallback;
+  if (u.tile.wgmma() && !tmaOk) {
+    fallback = "fallback: " + u.tile.str() + " cannot run here (" +
+               (norm           ? std::string("norm_gemm has no wgmma kernel")
+                : o.arch != 90 ? "wgmma needs sm_90, not sm_" + std::to_string(o.arch)
+                : u.K % 8 != 0 ? "TMA needs K % 8 == 0, K is " + std::to_string(u.K)
+                : u.N % 8 != 0 ? "TMA needs N % 8 == 0 for B [K, N], N is " + std::to_string(u.N)
+                               : std::string("a dimension exceeds 2^31")) +
+               ")";
+    u.tile = defaultTile(u.M, u.N, o.arch, o.sms, norm, false);
+  }
+  const TileConfig& t = u.tile;
+  u.sm90a = t.wgmma();
+
+  const std::string epi = epilogueBody(g, v, lib, acts);
+  const std::string base = op.kind == ir::OpKind::Fused ? sanitize(op.fused.pattern) : "gemm";
+  const std::string cfg = t.str() + (u.transB ? "_bt" : "") +
+                          (t.wgmma() ? ""
+                           : u.vec   ? "_vec"
+                                     : "_any");
+  u.name = "fpat_" + base + "_" + (t.wgmma() ? std::string("sm90a") : arch) + "_" + cfg;
+  // The fallback is said in the log line, not in the source: the source describes the kernel
+  // (every op that needs it shares one cubin), the log line the op.
+  u.what = ref(g, v) + " = " + (op.kind == ir::OpKind::Fused ? op.fused.pattern : "gemm") + where +
+           (fallback.empty() ? "" : " (" + fallback + ")");
+  std::vector<std::string> lines;
+  if (t.wgmma()) {
+    const bool pp = t.backend == Backend::WgmmaPingPong;
+    const int consumers = pp ? 2 : t.bm / t.wm;
+    lines = {"family:   " + u.family + " (TMA + wgmma m64n" + std::to_string(t.bn) +
+                 "k16, warp-specialized, persistent; f16 in, f32 accumulate)",
+             "config:   CTA " + std::to_string(t.bm) + "x" + std::to_string(t.bn) + "x" +
+                 std::to_string(t.bk) + ", " + std::to_string(consumers) + " consumer warpgroup" +
+                 (consumers > 1 ? "s" : "") + (pp ? " taking alternate tiles (ping-pong)" : "") +
+                 " + 1 producer, " + std::to_string(t.stages) + " stages, " +
+                 std::to_string(t.threads()) + " threads" +
+                 (u.transB ? ", B is [N, K]" : ", B is [K, N]")};
+  } else {
+    lines = {"family:   " + u.family +
+                 (t.backend == Backend::MmaSync ? " (mma.sync m16n8k16" : " (WMMA") +
+                 ", f16 in, f32 accumulate)" +
+                 (norm ? ", A normalised on load (" + op.fused.norm + ")" : ""),
+             "config:   CTA " + std::to_string(t.bm) + "x" + std::to_string(t.bn) + "x" +
+                 std::to_string(t.bk) + ", warp " + std::to_string(t.wm) + "x" +
+                 std::to_string(t.wn) + ", " + std::to_string(t.stages) + " stages, " +
+                 std::to_string(t.threads()) + " threads, " +
+                 (u.vec ? "16-byte loads" : "bounds-checked loads") +
+                 (u.transB ? ", B is [N, K]" : ", B is [K, N]")};
+  }
+  lines.push_back("epilogue: " + (op.kind == ir::OpKind::Fused
+                                      ? ir::printEpilogue(op.fused.epilogue)
+                                      : std::string("acc")));
+  body << header(op.kind == ir::OpKind::Fused ? "pattern " + op.fused.pattern + where
+                                              : std::string("gemm (not fused)"),
+                 o, lines)
+       << (t.wgmma() ? "#include \"fpat_wgmma.cuh\"\n" : "#include \"fpat_gemm.cuh\"\n");
+  if (norm)
+    body << "#include \"fpat_rowwise.cuh\"\n";
+  body << "\n" << activationFunctions(acts, lib);
+  body << (acts.fns.empty() ? "" : "\n") << "namespace {\n\n"
+       << "struct Epilogue {\n"
+       << "  __device__ __forceinline__ float operator()(float v, int64_t row, int64_t col,\n"
+       << "                                              const FpatKernelArgs& a) const {\n"
+       << "    (void)row;\n    (void)col;\n    (void)a;\n"
+       << epi << "  }\n";
+  if (t.wgmma())
+    body << "  __device__ __forceinline__ float2 pair(float2 v, int64_t row, int64_t col,\n"
+         << "                                         const FpatKernelArgs& a) const {\n"
+         << "    (void)row;\n    (void)col;\n    (void)a;\n"
+         << epiloguePairBody(g, v, lib, acts) << "  }\n";
+  body << "};\n\n";
+  if (t.wgmma()) {
+    body << "using Tile = fpat::WgmmaTile<" << t.bm << ", " << t.bn << ", " << t.stages << ", "
+         << (t.backend == Backend::WgmmaPingPong ? "true" : "false") << ">;\n"
+         << "// The launch's dynamic shared memory (computed on the host) must be the kernel's.\n"
+         << "static_assert(fpat::wgmmaSmemBytes<Tile>() == " << gemmSmemBytes(t, u.transB)
+         << ", \"host and device disagree on shared memory\");\n\n} // namespace\n\n"
+         << "extern \"C\" __global__ void __launch_bounds__(" << t.threads() << ", 1) " << u.name
+         << "(const __grid_constant__ FpatTmaArgs p) {\n"
+         << "  fpat::gemmWgmma<Tile, " << (u.transB ? "true" : "false") << ", Epilogue>(p);\n}\n";
+    Launch l{Launch::Persistent, u.name, t.threads(), gemmSmemBytes(t, u.transB), {}};
+    // Box shapes as fpat_wgmma.cuh loads them: A in BK x BM boxes; B [N, K] in BK x BN
+    // boxes, B [K, N] in 64-column x BK boxes.
+    l.tma.push_back({0, u.K, u.M, t.bk, t.bm});
+    const int b = static_cast<int>(bIdx);
+    l.tma.push_back(u.transB ? TmaMap{b, u.K, u.N, t.bk, t.bn} : TmaMap{b, u.N, u.K, 64, t.bk});
+    u.launches.push_back(l);
+    u.params = acts.params;
+    u.source = body.str();
+    return u;
+  }
+  body << "using Tile = fpat::GemmTile<" << t.bm << ", " << t.bn << ", " << t.bk << ", " << t.wm
+       << ", " << t.wn << ", " << t.stages << ">;\n"
+       << "// The launch's dynamic shared memory (computed on the host) must be the kernel's.\n"
+       << "static_assert(fpat::gemmSmemBytes<Tile, " << (u.transB ? "true" : "false")
+       << ">() == " << gemmSmemBytes(t, u.transB)
+       << ", \"host and device disagree on shared memory\");\n\n} // namespace\n\n";
+  if (norm) {
+    body << "extern \"C\" __global__ void __launch_bounds__(256) " << u.name
+         << "_rowstats(const FpatKernelArgs a) {\n"
+         << "  fpat::rowStatsPass<" << (normKind == 1 ? "true" : "false") << ">(a);\n}\n\n";
+    u.launches.push_back({Launch::Rows, u.name + "_rowstats", 256, 0, {}});
+  }
+  body << "extern \"C\" __global__ void __launch_bounds__(" << t.threads() << ") " << u.name
+       << "(const FpatKernelArgs a) {\n"
+       << "  fpat::gemm<Tile, " << (u.transB ? "true" : "false") << ", "
+       << (u.vec ? "true" : "false") << ", " << normKind << ", Epilogue"
+       << (t.backend == Backend::MmaSync ? ", true" : "") << ">(a);\n}\n";
+  u.launches.push_back({Launch::GemmTiles, u.name, t.threads(), gemmSmemBytes(t, u.transB), {}});
+  u.params = acts.params;
+  u.source = body.str();
+  return u;
+}
+
+} // namespace fpat::codegen::detail

@@ -1,5 +1,6 @@
 // fpat-tblgen: the pattern compiler. All the work is in the dsl library.
 #include "dsl/Tblgen.h"
+#include "support/CliError.h"
 
 #include <CLI/CLI.hpp>
 #include <iostream>
@@ -7,7 +8,7 @@
 int main(int argc, char** argv) {
   using fpat::dsl::TblgenOptions;
   TblgenOptions opts;
-  CLI::App app{"fpat-tblgen " FPAT_VERSION " - compile .fpat fusion patterns"};
+  CLI::App app{"fpat-tblgen " FPAT_VERSION " - compile .fpat fusion patterns", "fpat-tblgen"};
   app.add_option("input", opts.input, "the .fpat file")->required();
   app.add_option("-I", opts.includeDirs, "directory searched by include \"...\"")
       ->allow_extra_args(false);
@@ -42,7 +43,7 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
+    return fpat::reportCliError(app, e, argc, argv, "fpat-tblgen");
   }
   try {
     return fpat::dsl::runTblgen(opts, std::cout, std::cerr);

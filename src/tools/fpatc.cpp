@@ -1,9 +1,8 @@
 // fpatc: the graph compiler driver. All the work is in the driver library.
 #include "driver/Driver.h"
-#include "support/Diagnostics.h"
+#include "support/CliError.h"
 
 #include <CLI/CLI.hpp>
-#include <cctype>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -74,33 +73,8 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "fpatc " FPAT_VERSION);
   try {
     app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::CallForVersion& e) {
-    return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    // One line in the tool's voice, a did-you-mean for a misspelt option, and where to look.
-    std::string msg = e.what(), hint;
-    if (const CLI::ExtrasError* extra = dynamic_cast<const CLI::ExtrasError*>(&e)) {
-      (void)extra;
-      std::vector<std::string> flags;
-      for (const CLI::Option* o : app.get_options())
-        for (const std::string& n : o->get_lnames())
-          flags.push_back("--" + n);
-      for (int i = 1; i < argc; ++i) {
-        const std::string a = argv[i];
-        const std::string word = a.substr(0, a.find('='));
-        if (word.rfind("--", 0) == 0 && app.get_option_no_throw(word) == nullptr)
-          if (std::string c = fpat::closestMatch(word, flags); !c.empty()) {
-            hint = " (did you mean '" + c + "'?)";
-            break;
-          }
-      }
-    }
-    if (!msg.empty())
-      msg[0] = static_cast<char>(std::tolower(static_cast<unsigned char>(msg[0])));
-    std::cerr << "fpatc: error: " << msg << hint << "\nrun 'fpatc --help' for the options\n";
-    return 2;
+    return fpat::reportCliError(app, e, argc, argv, "fpatc");
   }
   opts.fuse = !noFuse;
   opts.compile = !noCompile;

@@ -1,0 +1,49 @@
+// How fpat's tools report command-line mistakes: one line in the tool's voice, a did-you-mean
+// for a misspelt option, where to look, exit 2. Header-only: only the tools link CLI11.
+#pragma once
+
+#include "support/Diagnostics.h"
+
+#include <CLI/CLI.hpp>
+#include <cctype>
+#include <iostream>
+#include <string>
+#include <vector>
+
+namespace fpat {
+
+inline void collectOptionNames(const CLI::App& app, std::vector<std::string>& out) {
+  for (const CLI::Option* o : app.get_options())
+    for (const std::string& n : o->get_lnames())
+      out.push_back("--" + n);
+  // Option groups are nameless subcommands.
+  for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; }))
+    if (sub->get_name().empty())
+      collectOptionNames(*sub, out);
+}
+
+/// Handles a parse exception of `app` (help and version print normally). Returns the exit code.
+inline int reportCliError(const CLI::App& app, const CLI::ParseError& e, int argc, char** argv,
+                          const std::string& tool) {
+  if (dynamic_cast<const CLI::CallForHelp*>(&e) || dynamic_cast<const CLI::CallForVersion*>(&e))
+    return app.exit(e);
+  std::string msg = e.what(), hint;
+  if (dynamic_cast<const CLI::ExtrasError*>(&e)) {
+    std::vector<std::string> names;
+    collectOptionNames(app, names);
+    for (int i = 1; i < argc && hint.empty(); ++i) {
+      const std::string a = argv[i];
+      const std::string word = a.substr(0, a.find('='));
+      if (word.rfind("--", 0) == 0 && std::find(names.begin(), names.end(), word) == names.end())
+        if (std::string c = closestMatch(word, names); !c.empty())
+          hint = " (did you mean '" + c + "'?)";
+    }
+  }
+  if (!msg.empty())
+    msg[0] = static_cast<char>(std::tolower(static_cast<unsigned char>(msg[0])));
+  std::cerr << tool << ": error: " << msg << hint << "\nrun '" << tool
+            << " --help' for the options\n";
+  return 2;
+}
+
+} // namespace fpat

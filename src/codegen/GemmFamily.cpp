@@ -115,7 +115,7 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
                                                       : -1;
   if (normKind < 0)
     throw CodegenError(ref(g, v) + ": norm_gemm without a norm kind");
-  const size_t bIdx = normKind == 0 ? 1 : normKind == 1 ? 3 : 2;
+  const size_t bIdx = ir::gemmBIndex(op);
   if (ins.size() <= bIdx)
     throw CodegenError(ref(g, v) + ": too few operands for its kernel family");
   const ir::TensorDesc& A = g.op(ins[0]).type;

@@ -117,6 +117,13 @@ const FamilyInfo& familyInfo(Family f) {
   return kernelFamilies().at(static_cast<size_t>(f));
 }
 
+size_t gemmBIndex(const Op& op) {
+  const FamilyInfo* f = familyOf(op);
+  if (!f || !f->normalisesA)
+    return 1;
+  return op.fused.norm == "layernorm" ? 3 : 2;
+}
+
 const FamilyInfo* familyOf(const Op& op) {
   if (op.kind == OpKind::Gemm)
     return &familyInfo(Family::Gemm);
@@ -272,7 +279,7 @@ std::optional<TensorDesc> inferType(const Op& op, const std::vector<OperandInfo>
       return fail(-1, norm ? "a norm_gemm op needs norm = layernorm or norm = rmsnorm"
                            : "norm = " + f.norm + " belongs to family norm_gemm, not " + f.family);
     // Main operands: gemm A, B; norm_gemm x, gamma[, beta], B.
-    const size_t bIdx = !norm ? 1 : f.norm == "layernorm" ? 3 : 2;
+    const size_t bIdx = gemmBIndex(op);
     if (in.size() <= bIdx)
       return fail(-1, "family " + f.family + (norm ? " (" + f.norm + ")" : "") + " takes " +
                           std::to_string(bIdx + 1) + " main operands but was given " +

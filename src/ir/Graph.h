@@ -80,6 +80,11 @@ struct Op {
   SourceLoc loc;                        // where it was defined, when it came from text
 };
 
+/// The operand index of a GEMM-family op's B (its main operands are 0 .. that index): gemm
+/// A, B; norm_gemm x, gamma, B (rmsnorm) or x, gamma, beta, B (layernorm). The one place that
+/// layout is written down; the rewriter, type inference, the reference and codegen use it.
+size_t gemmBIndex(const Op& op);
+
 /// The kernel family that computes `op`: Gemm for a plain gemm, the fused op's family, or
 /// null (other ops, or a fused op naming no known family).
 const FamilyInfo* familyOf(const Op& op);

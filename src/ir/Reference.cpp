@@ -208,7 +208,7 @@ void evalFused(const Op& op, const std::vector<Vertex>& ops, const std::vector<T
     normed = Tensor{x.desc, std::vector<float>(x.data.size())};
     norm(x, in(1), layer ? &in(2) : nullptr, op.eps, /*rms=*/!layer, normed);
     a = &normed;
-    b = &in(layer ? 3 : 2);
+    b = &in(gemmBIndex(op));
   } else {
     throw ReferenceError("the reference has no semantics for kernel family '" + f.family +
                          "' (fused op %" + op.name + ")");

@@ -7,9 +7,17 @@ file(REMOVE_RECURSE ${dir})
 file(MAKE_DIRECTORY ${dir})
 file(COPY ${SRC}/examples/transformer_mlp.fgraph ${SRC}/tests/patterns/epilogue_trees.fpat
      ${SRC}/tests/cli/inputs/epilogue_trees.fgraph DESTINATION ${dir})
+# A copy of the binary: it must not name the source tree at all (nothing compiled in to read).
+file(COPY ${CMD} DESTINATION ${dir})
+get_filename_component(exe ${CMD} NAME)
+string(REGEX REPLACE "([][+.*()^$?|\\])" "\\\\\\1" srcRe "${SRC}")
+file(STRINGS ${dir}/${exe} hits REGEX "${srcRe}")
+if(hits)
+  message(FATAL_ERROR "${exe} names the source tree: ${hits}")
+endif()
 foreach(run "transformer_mlp.fgraph" "--patterns;${dir}/epilogue_trees.fpat;epilogue_trees.fgraph")
   execute_process(COMMAND ${CMAKE_COMMAND} -E env --unset=FPAT_PATTERNS_DIR
-                          ${CMD} --emit=cuda --out-dir out ${run}
+                          ${dir}/${exe} --emit=cuda --out-dir out ${run}
     WORKING_DIRECTORY ${dir} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
   if(NOT rc STREQUAL "0")
     message(FATAL_ERROR "fpatc ${run} in ${dir}: exit ${rc}\n${out}\n${err}")

@@ -122,12 +122,12 @@ bool writeOutput(const std::string& path, const std::string& text, bool ifChange
 
 int runTblgen(const TblgenOptions& opts, std::ostream& out, std::ostream& err) {
   std::string text;
-  if (!readFile(opts.input, text)) {
-    err << "fpat-tblgen: error: cannot read '" << opts.input << "'\n";
+  if (std::string why; !readInput(opts.input, text, &why)) {
+    err << "fpat-tblgen: error: cannot read '" << opts.input << "': " << why << "\n";
     return 1;
   }
   SourceManager sm;
-  int fileId = sm.addBuffer(opts.input, std::move(text));
+  int fileId = sm.addBuffer(inputName(opts.input), std::move(text));
   DiagEngine diags(sm, opts.verifyDiagnostics ? nullptr : &err);
   diags.setErrorLimit(opts.verifyDiagnostics ? 0 : opts.errorLimit);
   diags.setWarningsAsErrors(opts.warningsAsErrors);

@@ -9,7 +9,7 @@ int main(int argc, char** argv) {
   using fpat::dsl::TblgenOptions;
   TblgenOptions opts;
   CLI::App app{"fpat-tblgen " FPAT_VERSION " - compile .fpat fusion patterns", "fpat-tblgen"};
-  app.add_option("input", opts.input, "the .fpat file")->required();
+  app.add_option("input", opts.input, "the .fpat file (- reads standard input)")->required();
   app.add_option("-I", opts.includeDirs, "directory searched by include \"...\"")
       ->allow_extra_args(false);
   app.add_option("-o", opts.output, "output file (default: stdout)");

@@ -96,8 +96,8 @@ std::optional<dsl::Compilation> compilePatterns(const std::string& path, SourceM
                                                 DiagEngine& diags,
                                                 const std::vector<std::string>& includeDirs) {
   std::string text;
-  if (!readFile(path, text)) {
-    diags.error({}, "cannot read pattern file '" + path + "'");
+  if (std::string why; !readFile(path, text, &why)) {
+    diags.error({}, "cannot read pattern file '" + path + "': " + why);
     return std::nullopt;
   }
   int id = sm.addBuffer(path, std::move(text));
@@ -488,11 +488,11 @@ int runFpatc(const FpatcOptions& opts, std::ostream& out, std::ostream& err) {
   }
 
   std::string text;
-  if (!readFile(opts.input, text)) {
-    err << "fpatc: error: cannot read '" << opts.input << "'\n";
+  if (std::string why; !readInput(opts.input, text, &why)) {
+    err << "fpatc: error: cannot read '" << opts.input << "': " << why << "\n";
     return 1;
   }
-  const int fileId = sm.addBuffer(opts.input, std::move(text));
+  const int fileId = sm.addBuffer(inputName(opts.input), std::move(text));
   std::optional<ir::Graph> g = ir::parseGraph(fileId, diags, pats.activations);
   diags.flush();
   if (opts.verifyDiagnostics) {

@@ -1,10 +1,15 @@
 #include "support/Diagnostics.h"
 
 #include <algorithm>
+#include <cctype>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <sstream>
 
 namespace fpat {
@@ -257,16 +262,45 @@ std::string formatDouble(double v) {
   return s;
 }
 
-bool readFile(const std::string& path, std::string& out) {
+bool readFile(const std::string& path, std::string& out, std::string* why) {
   out.clear();
-  std::ifstream in(path, std::ios::binary);
-  if (!in)
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    if (why)
+      *why = "is a directory";
     return false;
+  }
+  errno = 0;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    if (why)
+      *why = errno ? std::strerror(errno) : "cannot be opened";
+    if (why && !why->empty())
+      (*why)[0] = static_cast<char>(std::tolower(static_cast<unsigned char>((*why)[0])));
+    return false;
+  }
   std::ostringstream ss;
   ss << in.rdbuf();
-  if (in.bad())
+  if (in.bad()) {
+    if (why)
+      *why = "read error";
     return false;
+  }
   out = ss.str();
+  return true;
+}
+
+bool readInput(const std::string& path, std::string& out, std::string* why) {
+  if (path != "-")
+    return readFile(path, out, why);
+  std::ostringstream ss;
+  ss << std::cin.rdbuf();
+  out = ss.str();
+  if (std::cin.bad()) {
+    if (why)
+      *why = "read error on standard input";
+    return false;
+  }
   return true;
 }
 

@@ -121,7 +121,14 @@ std::string didYouMean(std::string_view word, const std::vector<std::string>& ca
 /// ones by their last component (generated code must not depend on where files live).
 std::string displayPath(const std::string& path);
 
-/// Reads a whole file; returns false (and leaves `out` empty) when it cannot be read.
-bool readFile(const std::string& path, std::string& out);
+/// Reads a whole file; returns false (and leaves `out` empty) when it cannot be read, with the
+/// reason ("no such file or directory", "is a directory", ...) in `why` if given.
+bool readFile(const std::string& path, std::string& out, std::string* why = nullptr);
+/// readFile, where "-" means standard input (the tools' convention).
+bool readInput(const std::string& path, std::string& out, std::string* why = nullptr);
+/// How diagnostics name an input: "<stdin>" for "-", else the path.
+inline std::string inputName(const std::string& path) {
+  return path == "-" ? "<stdin>" : path;
+}
 
 } // namespace fpat

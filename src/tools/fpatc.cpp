@@ -30,7 +30,10 @@ int main(int argc, char** argv) {
              "  FPAT_KERNEL_HEADERS  replace the embedded kernel headers with this directory's\n"
              "  FPAT_MEMORY_LIMIT    bytes of host memory the CPU reference may use\n"
              "                       (default: MemAvailable)");
-  app.add_option("graph", opts.input, "the .fgraph file")->required();
+  app.add_option("graph", opts.input, "the .fgraph file (- reads standard input)")->required();
+  bool quiet = false;
+  app.add_flag("-q,--quiet", quiet,
+               "print only diagnostics; the exit code says whether every stage and check passed");
   app.add_option("--patterns", opts.patternFiles,
                  "a .fpat file of extra activations and patterns (repeatable)")
       ->allow_extra_args(false);
@@ -90,8 +93,9 @@ int main(int argc, char** argv) {
     }
     opts.arch = std::stoi(digits);
   }
+  std::ostream nowhere(nullptr); // a stream without a buffer discards what it is given
   try {
-    return fpat::runFpatc(opts, std::cout, std::cerr);
+    return fpat::runFpatc(opts, quiet ? nowhere : std::cout, std::cerr);
   } catch (const std::exception& e) {
     std::cerr << "fpatc: internal error: " << e.what() << '\n';
     return 70;

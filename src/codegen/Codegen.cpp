@@ -69,11 +69,19 @@ bool tmaCompatible(int64_t m, int64_t n, int64_t k, bool transB) {
          (transB || n % 8 == 0);
 }
 
+namespace {
+// Static shared memory of a wgmma kernel: its barriers (1 KB with alignment) and the epilogue's
+// store slabs, 16 x 72 halves per consumer warp, for two consumer warpgroups
+// (fpat_wgmma.cuh; without room for them it stores straight from registers, measured up to
+// 12% slower on the H200: bench/RESULTS.md, session 5).
+constexpr int kWgmmaStaticSmem = 1024 + 8 * 16 * 72 * 2;
+} // namespace
+
 std::vector<TileConfig> wgmmaConfigs() {
   std::vector<TileConfig> out;
   auto add = [&](int bm, int bn, Backend b) {
     const int stage = (bm + bn) * 64 * 2;
-    const int deepest = std::min(8, (232448 - 1024 - 1024) / stage); // 1 KB of static smem
+    const int deepest = std::min(8, (232448 - 1024 - kWgmmaStaticSmem) / stage);
     const int wm = b == Backend::WgmmaPingPong ? bm : 64;
     for (int stages = deepest; stages >= std::max(2, deepest - 1); --stages)
       out.push_back(TileConfig{bm, bn, 64, wm, bn, stages, b});
@@ -92,9 +100,10 @@ double wgmmaScore(const TileConfig& t, int64_t m, int64_t n, int sms, bool epilo
       static_cast<double>((m + t.bm - 1) / t.bm) * static_cast<double>((n + t.bn - 1) / t.bn);
   const double waves = std::ceil(tiles / sms);
   const double useful = static_cast<double>(m) * static_cast<double>(n) / (tiles * t.bm * t.bn);
-  // Cooperative tiles relative to 128x256; ping-pong relative to that at 4096^3: 0.91-0.96
-  // without epilogue inputs, 1.0-1.06 with a bias (its loads overlap the other consumer's
-  // MMAs). Ping-pong needs two tiles per CTA to overlap anything.
+  // Cooperative tiles relative to 128x256; ping-pong relative to that at 4096^3 with the
+  // staged stores: 0.91-0.96, and with epilogue inputs too (the tuner chose 128x256 for bias
+  // and residual at 1024-4096 rows, bench/RESULTS.md session 5; before the staged stores
+  // ping-pong won those by hiding slow stores). Ping-pong needs two tiles per CTA.
   double speed = t.bm == 128 ? (t.bn == 256   ? 1.0
                                 : t.bn == 128 ? 0.9
                                               : 0.75)
@@ -103,15 +112,16 @@ double wgmmaScore(const TileConfig& t, int64_t m, int64_t n, int sms, bool epilo
                                               : 0.6);
   if (pp) {
     const double big = t.bm * t.bn >= 128 * 128 ? 1.0 : 0.85;
-    speed = (tiles >= 2.0 * sms ? (epilogueReads ? 1.05 : 0.92) : 0.5) * big *
+    speed = (tiles >= 2.0 * sms ? (epilogueReads ? 0.95 : 0.92) : 0.5) * big *
             (t.bm == 64 ? 0.97 : 1.0);
   }
   // The deepest ring of a shape first, except that an epilogue reading inputs wants L1, which
   // shares the SM's 256 KB with shared memory: its bias/residual loads measured 10-18% slower
-  // with a 226 KB ring than with 194 KB (bench/RESULTS.md, gemm_bias_residual).
+  // with a 226 KB ring than with 194 KB (bench/RESULTS.md, gemm_bias_residual), and the tuner
+  // chose 145 KB over 193 KB at 4 of 5 shapes once the stores were staged (session 5).
   const int stage = (t.bm + t.bn) * t.bk * 2;
-  const bool deepest = (t.stages + 1) * stage + 2048 > 232448 || t.stages >= 8;
-  const bool lowL1 = epilogueReads && gemmSmemBytes(t, false) > 200 * 1024;
+  const bool deepest = (t.stages + 1) * stage + 1024 + kWgmmaStaticSmem > 232448 || t.stages >= 8;
+  const bool lowL1 = epilogueReads && gemmSmemBytes(t, false) > 160 * 1024;
   return tiles / (waves * sms) * useful * speed * (deepest ? 1.0 : 0.98) * (lowL1 ? 0.9 : 1.0);
 }
 

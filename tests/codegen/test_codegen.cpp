@@ -85,12 +85,12 @@ BOOST_AUTO_TEST_CASE(names_encode_the_configuration) {
   BOOST_TEST(u.launches.at(0).threads == 256);
   // sm_90: the wgmma backend, 2 consumer warpgroups + 1 producer, persistent, two TMA maps.
   auto h = unitsFor("gemm_bias_gelu", {1024, 4096, 4096}, 90).at(0);
-  BOOST_TEST(h.name == "fpat_gemm_bias_gelu_sm90a_128x256x64_w2x1_s4_wgmma");
+  BOOST_TEST(h.name == "fpat_gemm_bias_gelu_sm90a_128x256x64_w2x1_s3_wgmma");
   BOOST_TEST(h.sm90a);
   BOOST_TEST(h.launches.at(0).threads == 384);
   BOOST_TEST(h.launches.at(0).grid == codegen::Launch::Persistent);
   BOOST_TEST(h.launches.at(0).tma.size() == 2u);
-  BOOST_TEST(h.source.find("128x256x64, 2 consumer warpgroups + 1 producer, 4 stages") !=
+  BOOST_TEST(h.source.find("128x256x64, 2 consumer warpgroups + 1 producer, 3 stages") !=
              std::string::npos);
   // M = 512: 128x256 tiles would fill half the SMs; 128x128 fills them.
   BOOST_TEST(unitsFor("gemm_bias_gelu", {512, 4096, 4096}, 90).at(0).tile.bn == 128);

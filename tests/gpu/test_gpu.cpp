@@ -260,7 +260,7 @@ BOOST_AUTO_TEST_CASE(wgmma_realistic_shape) {
   if (!quick())
     for (const codegen::TileConfig& t : wgmmaTiles())
       configs.push_back(t);
-  for (const char* name : {"gemm_bias_gelu", "gemm_bt"})
+  for (const char* name : {"gemm_bias_gelu", "gemm_bt", "gemm_silu_mul", "gemm_residual"})
     for (const auto& cfg : configs)
       BOOST_TEST_CONTEXT(name << " " << (cfg ? cfg->str() : std::string("default"))) {
         const Shape s{1024, 4096, 2048};
@@ -280,12 +280,18 @@ BOOST_AUTO_TEST_CASE(wgmma_realistic_shape) {
         for (int64_t i = 0; i < 16; ++i)
           rows.push_back(i * (s.m - 1) / 15);
         ir::Graph small = caseGraph(name, {16, s.n, s.k});
+        // Every input with one row per output row (x, a residual, SwiGLU's up) is sliced.
         std::map<std::string, ir::Tensor> in = inputs;
-        ir::Tensor xs{{{16, s.k}, ir::DType::F16}, {}};
-        for (int64_t row : rows)
-          xs.data.insert(xs.data.end(), inputs.at("x").data.begin() + row * s.k,
-                         inputs.at("x").data.begin() + (row + 1) * s.k);
-        in["x"] = xs;
+        for (auto& [inputName, t] : in) {
+          if (t.desc.shape.size() != 2 || t.desc.shape[0] != s.m)
+            continue;
+          const int64_t w = t.desc.shape[1];
+          ir::Tensor sliced{{{16, w}, t.desc.dtype}, {}};
+          for (int64_t row : rows)
+            sliced.data.insert(sliced.data.end(), inputs.at(inputName).data.begin() + row * w,
+                               inputs.at(inputName).data.begin() + (row + 1) * w);
+          t = sliced;
+        }
         ir::Tensor want =
             ir::evaluate(small, in, builtinLibrary().referenceActivations())[small.outputs()[0]];
         ir::Tensor got{want.desc, {}};

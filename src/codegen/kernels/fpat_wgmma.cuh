@@ -19,8 +19,10 @@
 //     producer loads the next tile while the consumers run the epilogue of the current one.
 //   * Ragged M, N, K: TMA zero-fills out-of-range elements of a box (they add nothing to the dot
 //     products) and the epilogue's stores are predicated.
-//   * The epilogue functor runs on the accumulators in registers; results go to global memory
-//     as f16 pairs.
+//   * The epilogue functor runs on the accumulators in registers, all of a thread's first, then
+//     the stores. Interior tiles store through a small shared-memory slab per warp, so that
+//     each store instruction writes whole 128-byte row segments (a thread's own f16 pairs
+//     would write 16 bytes of each of 8 rows); edge tiles store checked pairs from registers.
 // Requirements, checked by the host before choosing this backend: A and B 16-byte aligned, K a
 // multiple of 8 (and N too unless TRANS_B): TMA's global strides are multiples of 16 bytes.
 #pragma once
@@ -227,6 +229,14 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
   constexpr int BM = T::BM, BN = T::BN, BK = T::BK, S = T::STAGES;
   extern __shared__ __align__(1024) unsigned char smemRaw[];
   __shared__ __align__(8) uint64_t full[S], empty[S], order[2];
+  // Interior tiles store through one 16 x 64 slab of shared memory per consumer warp (padded
+  // rows: the pair writes are free of bank conflicts), where the configuration leaves room.
+  constexpr int kSlabRows = 16, kSlabPitch = 72;
+  constexpr int kSlabs = T::CONSUMERS * 4;
+  // sm_90 allows 227 KB of shared memory per block; 1 KB each for alignment and barriers.
+  constexpr bool kStagedStore =
+      T::STAGES * T::STAGE_BYTES + 1024 + kSlabs * kSlabRows * kSlabPitch * 2 + 1024 <= 232448;
+  __shared__ __align__(16) __half epiSlab[kStagedStore ? kSlabs : 1][kSlabRows * kSlabPitch];
   // Swizzled TMA boxes and wgmma descriptors assume 1024-byte aligned stages.
   unsigned char* smem = smemRaw + ((1024 - (smemAddr(smemRaw) & 1023)) & 1023);
   auto stageA = [&](int s) { return smem + s * T::STAGE_BYTES; };
@@ -294,7 +304,9 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
     const Epilogue epi;
     __half* C = static_cast<__half*>(a.out);
     const bool pairs = (N % 2) == 0; // f16 pairs are 4-byte aligned
-    int local = 0;                   // the tile's place in this CTA's sequence
+    // Rows start 16-byte aligned: the slab stores write 16 bytes at a time.
+    const bool rows16B = N % 8 == 0 && reinterpret_cast<uintptr_t>(C) % 16 == 0;
+    int local = 0; // the tile's place in this CTA's sequence
     unsigned orderPhase = 0;
     for (int t = blockIdx.x; t < tiles; t += gridDim.x, ++local) {
       if (T::PINGPONG && (local & 1) != c)
@@ -365,24 +377,62 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
       // Epilogue. Accumulator layout of m64nN: thread (warp w, lane l) holds rows
       // 16w + l/4 (+8) and columns 8j + 2(l%4) (+1), register 4j + 2*(row half) + column.
       // Tiles inside the problem (all of them but the last row and column of tiles) run the
-      // epilogue on column pairs (its operands load as 4-byte pairs) and store f16 pairs
-      // without bounds checks; edge tiles check every element.
+      // epilogue on column pairs (its operands load as 4-byte pairs) and store without bounds
+      // checks; edge tiles check every element.
       const bool inside = (tm + 1) * BM <= M && (tn + 1) * BN <= N && pairs;
 #pragma unroll
       for (int m = 0; m < MI; ++m) {
         const int rowBase = tm * BM + row0 + m * 64 + warp * 16 + lane / 4;
         const int colBase = tn * BN + 2 * (lane % 4);
         if (inside) {
+          // First the epilogue of every accumulator pair, then the stores: C may alias an
+          // operand as far as the compiler knows, so interleaving them would order each
+          // operand load after the previous store and expose its latency 2 * BN / 8 times.
 #pragma unroll
           for (int j = 0; j < BN / 8; ++j)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-              const int row = rowBase + 8 * h, col = colBase + 8 * j;
-              const float2 r =
-                  epi.pair(make_float2(d[m][4 * j + 2 * h], d[m][4 * j + 2 * h + 1]), row, col, a);
-              *reinterpret_cast<__half2*>(C + static_cast<int64_t>(row) * N + col) =
-                  __float22half2_rn(r);
+              const float2 r = epi.pair(make_float2(d[m][4 * j + 2 * h], d[m][4 * j + 2 * h + 1]),
+                                        rowBase + 8 * h, colBase + 8 * j, a);
+              d[m][4 * j + 2 * h] = r.x;
+              d[m][4 * j + 2 * h + 1] = r.y;
             }
+          if constexpr (kStagedStore) {
+            if (rows16B) {
+              // Through the warp's shared-memory slab, 64 columns at a time: each thread
+              // writes its pairs, then the warp stores whole 128-byte row segments.
+              __half* slab = epiSlab[c * 4 + warp];
+              const int64_t row0g = tm * BM + row0 + m * 64 + warp * 16;
+#pragma unroll
+              for (int q = 0; q < BN / 64; ++q) {
+#pragma unroll
+                for (int jj = 0; jj < 8; ++jj)
+#pragma unroll
+                  for (int h = 0; h < 2; ++h) {
+                    const int j = 8 * q + jj;
+                    *reinterpret_cast<__half2*>(slab + (lane / 4 + 8 * h) * kSlabPitch + 8 * jj +
+                                                2 * (lane % 4)) =
+                        __floats2half2_rn(d[m][4 * j + 2 * h], d[m][4 * j + 2 * h + 1]);
+                  }
+                __syncwarp();
+#pragma unroll
+                for (int pass = 0; pass < 4; ++pass) {
+                  const int r = 4 * pass + lane / 8, chunk = lane % 8;
+                  *reinterpret_cast<uint4*>(C + (row0g + r) * N + tn * BN + 64 * q + 8 * chunk) =
+                      *reinterpret_cast<const uint4*>(slab + r * kSlabPitch + 8 * chunk);
+                }
+                __syncwarp();
+              }
+              continue;
+            }
+          }
+#pragma unroll
+          for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+              *reinterpret_cast<__half2*>(C + static_cast<int64_t>(rowBase + 8 * h) * N + colBase +
+                                          8 * j) =
+                  __floats2half2_rn(d[m][4 * j + 2 * h], d[m][4 * j + 2 * h + 1]);
           continue;
         }
 #pragma unroll

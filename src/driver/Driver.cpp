@@ -256,6 +256,7 @@ int gpuStages(const FpatcOptions& opts, const ir::Graph& fused, const Patterns& 
   bopts.cacheDir = opts.cacheDir;
   bopts.jobs = opts.jobs;
   bopts.ptx = opts.ptx;
+  bopts.nvccFlags = opts.nvccFlags;
   for (const dsl::PatternMeta& m : pats.table.patterns)
     bopts.patternSources[m.name] = displayPath(m.file) + ":" + std::to_string(m.line);
 
@@ -263,7 +264,7 @@ int gpuStages(const FpatcOptions& opts, const ir::Graph& fused, const Patterns& 
   std::map<ir::Vertex, tune::Choice> choices;
   {
     tune::TuningCache cache(opts.tuneCache);
-    const std::string nvccVer = runtime::nvccVersion(runtime::findNvcc({}));
+    const std::string nvccVer = runtime::nvccIdentity(runtime::findNvcc({}), opts.nvccFlags);
     std::vector<ir::Vertex> ops;
     for (ir::Vertex v : fused.vertices())
       if (tune::tunable(fused, v))
@@ -278,6 +279,7 @@ int gpuStages(const FpatcOptions& opts, const ir::Graph& fused, const Patterns& 
       topts.retune = opts.retune;
       topts.cacheDir = opts.cacheDir;
       topts.jobs = opts.jobs;
+      topts.nvccFlags = opts.nvccFlags;
       topts.log = &out;
       for (size_t i = 0; i < ops.size(); ++i) {
         const ir::Op& op = fused.op(ops[i]);
@@ -375,6 +377,15 @@ int gpuStages(const FpatcOptions& opts, const ir::Graph& fused, const Patterns& 
       << (failed ? ", " + std::to_string(failed) + " FAILED" : "") << "\n";
   if (failed) {
     err << "fpatc: error: " << built.error;
+    std::vector<std::string> extra = opts.nvccFlags;
+    for (const std::string& f : runtime::nvccFlagsFromEnvironment())
+      extra.push_back(f);
+    if (!extra.empty()) {
+      err << "fpatc: note: nvcc ran with these extra flags (--nvcc-flag, FPAT_NVCC_FLAGS):";
+      for (const std::string& f : extra)
+        err << " " << f;
+      err << "\n";
+    }
     return 1;
   }
   if (!opts.run) {

@@ -33,6 +33,7 @@ struct FpatcOptions {
   std::string tuneCache;                 // "" : $FPAT_TUNE_CACHE or <cache dir>/tuning.json
   bool ptx = false;                      // keep PTX next to each cubin
   int jobs = 0;                          // parallel nvcc processes (0: one per core)
+  std::vector<std::string> nvccFlags;    // passed to nvcc after fpat's flags
   std::string cacheDir;                  // kernel cache ("" : $FPAT_CACHE_DIR or ~/.cache/fpat)
   bool verifyDiagnostics = false;        // golden mode: check expected-* comments
   int errorLimit = 50;                   // 0 = unlimited

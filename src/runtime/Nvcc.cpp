@@ -13,6 +13,7 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <sstream>
 #include <stdexcept>
 #include <thread>
 #include <unistd.h>
@@ -78,6 +79,29 @@ void writeFileAtomic(const std::string& path, const std::string& data) {
   }
 }
 
+std::vector<std::string> nvccFlagsFromEnvironment() {
+  std::vector<std::string> out;
+  if (const char* env = std::getenv("FPAT_NVCC_FLAGS")) {
+    std::istringstream in(env);
+    for (std::string f; in >> f;)
+      out.push_back(f);
+  }
+  return out;
+}
+
+std::string nvccIdentity(const std::string& nvcc, const std::vector<std::string>& extra) {
+  std::string id = nvccVersion(nvcc);
+  std::vector<std::string> flags = extra;
+  for (const std::string& f : nvccFlagsFromEnvironment())
+    flags.push_back(f);
+  if (!flags.empty()) {
+    id += " | flags";
+    for (const std::string& f : flags)
+      id += " " + f;
+  }
+  return id;
+}
+
 namespace {
 
 /// The kernel headers, materialised once per content in <cache>/include/<hash>/.
@@ -110,6 +134,8 @@ CompiledKernel compileOne(const codegen::KernelUnit& u, const NvccOptions& o,
   if (o.lineInfo)
     flags.push_back("-lineinfo");
   flags.insert(flags.end(), o.extraFlags.begin(), o.extraFlags.end());
+  for (const std::string& f : nvccFlagsFromEnvironment())
+    flags.push_back(f);
   std::string key = u.source + "\n" + codegen::kernelHeadersHash() + "\n" + version;
   for (const std::string& f : flags)
     key += "\n" + f;

@@ -16,6 +16,7 @@ struct NvccOptions {
   bool ptx = false;     // also keep the PTX next to the cubin
   bool lineInfo = true; // -lineinfo (compute-sanitizer reports source lines)
   int jobs = 0;         // parallel compiles (0: hardware threads)
+  /// Passed to nvcc after fpat's own flags (fpatc --nvcc-flag); $FPAT_NVCC_FLAGS follows them.
   std::vector<std::string> extraFlags;
 };
 
@@ -35,6 +36,11 @@ std::string findNvcc(const NvccOptions& o);
 /// `nvcc --version`'s release line ("" when nvcc is missing); part of every cache key.
 std::string nvccVersion(const std::string& nvcc);
 std::string defaultCacheDir();
+/// $FPAT_NVCC_FLAGS split at whitespace (no quoting: a flag with spaces cannot be passed).
+std::vector<std::string> nvccFlagsFromEnvironment();
+/// What decides the code nvcc makes besides the source: its version and the extra flags
+/// (`extra`, then the environment's). Part of the tuning cache's keys.
+std::string nvccIdentity(const std::string& nvcc, const std::vector<std::string>& extra);
 
 /// Compiles every unit (duplicates by name are compiled once). Never throws for compile
 /// errors: they are in each result's `error`. Throws std::runtime_error when nvcc is missing or

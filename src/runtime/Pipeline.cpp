@@ -30,6 +30,7 @@ BuildResult buildKernels(const ir::Graph& fused, const dsl::PatternLibrary& lib,
   n.cacheDir = o.cacheDir;
   n.jobs = o.jobs;
   n.ptx = o.ptx;
+  n.extraFlags = o.nvccFlags;
   auto t0 = std::chrono::steady_clock::now();
   try {
     r.kernels = compileAll(r.graph.units, n);

@@ -12,6 +12,7 @@ struct BuildOptions {
   std::string cacheDir; // "" : default cache
   int jobs = 0;
   bool ptx = false;
+  std::vector<std::string> nvccFlags;                // extra nvcc flags (NvccOptions::extraFlags)
   const codegen::TileConfig* tile = nullptr;         // force one GEMM configuration
   std::map<ir::Vertex, codegen::TileConfig> tiles;   // per-op configurations (tuner, cache)
   std::map<std::string, std::string> patternSources; // pattern -> "file:line"

@@ -25,6 +25,7 @@ int main(int argc, char** argv) {
              "  FPAT_TUNE_CACHE      tuning cache file (default <cache dir>/tuning.json)\n"
              "  FPAT_RETUNE=1        ignore cached tuning results\n"
              "  FPAT_NVCC            the nvcc to run (default: nvcc on PATH, then CUDA's)\n"
+             "  FPAT_NVCC_FLAGS      more nvcc flags, separated by spaces (after --nvcc-flag's)\n"
              "  FPAT_PATTERNS_DIR    read the built-in .fpat files from this directory instead\n"
              "                       of the copies embedded in fpatc\n"
              "  FPAT_KERNEL_HEADERS  replace the embedded kernel headers with this directory's\n"
@@ -65,6 +66,10 @@ int main(int argc, char** argv) {
                  "tuning cache file (default: $FPAT_TUNE_CACHE or <cache dir>/tuning.json)");
   app.add_flag("--ptx", opts.ptx, "keep PTX next to each cubin in the cache");
   app.add_option("-j,--jobs", opts.jobs, "parallel nvcc processes (default: one per core)");
+  app.add_option("--nvcc-flag", opts.nvccFlags,
+                 "pass this flag to nvcc after fpat's own, e.g. --nvcc-flag=-Xptxas=-v "
+                 "(repeatable; part of the kernel and tuning cache keys)")
+      ->allow_extra_args(false);
   app.add_option("--cache-dir", opts.cacheDir,
                  "kernel cache (default: $FPAT_CACHE_DIR or ~/.cache/fpat)");
   app.add_flag("--no-reference", noReference, "skip the CPU reference evaluation");

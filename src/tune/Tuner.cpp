@@ -102,7 +102,7 @@ double median(std::vector<float> v) {
 Choice tune(cuda::Driver& drv, const ir::Graph& g, ir::Vertex v, const dsl::PatternLibrary& lib,
             TuningCache& cache, const TuneOptions& o) {
   const DeviceLimits lim = DeviceLimits::from(drv.device());
-  const std::string nvcc = runtime::nvccVersion(runtime::findNvcc({}));
+  const std::string nvcc = runtime::nvccIdentity(runtime::findNvcc({}), o.nvccFlags);
   const Key key = keyFor(g, v, lib, lim.arch, nvcc);
   if (!o.retune && !retuneFromEnvironment() && o.configs.empty())
     if (auto e = cache.lookup(key)) {
@@ -148,6 +148,7 @@ Choice tune(cuda::Driver& drv, const ir::Graph& g, ir::Vertex v, const dsl::Patt
   n.arch = lim.arch;
   n.cacheDir = o.cacheDir;
   n.jobs = o.jobs;
+  n.extraFlags = o.nvccFlags;
   std::vector<runtime::CompiledKernel> compiled = runtime::compileAll(units, n);
 
   // Inputs (converted to f16 once) and the CPU reference of 16 sampled output rows.

@@ -20,6 +20,7 @@ struct TuneOptions {
   bool retune = false;  // ignore cached results (FPAT_RETUNE=1 does the same)
   std::string cacheDir; // kernel cache for the candidates' cubins
   int jobs = 0;
+  std::vector<std::string> nvccFlags; // extra nvcc flags for the candidates (and the key)
   std::ostream* log = nullptr; // one line per candidate: time and best so far, or why rejected
 };
 

@@ -1,8 +1,8 @@
 // Fusion at scale: matching and rewriting synthetic graphs of stacked transformer MLP blocks,
 // to show that fusion time grows linearly with graph size. Prints a markdown table.
 //   fpat-bench-fusion [max_blocks]
-#include "ir/Builder.h"
-#include "match/Match.h"
+#include "fpat/ir/Builder.h"
+#include "fpat/match/Match.h"
 
 #include <algorithm>
 #include <chrono>

@@ -10,9 +10,9 @@
 //   [--svg F]
 //                   [--candidates N] [--configs LIST] [--reps N]
 #include "../tests/common/TestGraphs.h"
-#include "ir/Reference.h"
-#include "runtime/Pipeline.h"
-#include "tune/Tuner.h"
+#include "fpat/ir/Reference.h"
+#include "fpat/runtime/Pipeline.h"
+#include "fpat/tune/Tuner.h"
 
 #include <algorithm>
 #include <cmath>

@@ -22,7 +22,7 @@ function(fpat_antlr_grammar target)
     COMMENT "ANTLR4: generating the ${name} parser"
     VERBATIM)
   add_library(${target} STATIC ${srcs})
-  target_include_directories(${target} SYSTEM PUBLIC ${out})
+  target_include_directories(${target} SYSTEM PUBLIC $<BUILD_INTERFACE:${out}>)
   target_link_libraries(${target} PUBLIC fpat_antlr_runtime)
   # Generated code is not ours to clean up: relax warnings for it alone.
   # ANTLR 4.7 emits u8"" literals, which are char8_t in C++20.

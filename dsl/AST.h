@@ -1,7 +1,7 @@
 // The .fpat syntax tree, produced by the parser and consumed by sema. No ANTLR types here.
 #pragma once
 
-#include "support/Diagnostics.h"
+#include "fpat/support/Diagnostics.h"
 
 #include <memory>
 #include <string>

@@ -1,4 +1,4 @@
-#include "dsl/Library.h"
+#include "fpat/dsl/Library.h"
 
 #include <cmath>
 #include <functional>

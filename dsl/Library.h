@@ -2,9 +2,9 @@
 // and checked against the IR.
 #pragma once
 
-#include "dsl/Records.h"
-#include "ir/Graph.h"
-#include "ir/Reference.h"
+#include "fpat/dsl/Records.h"
+#include "fpat/ir/Graph.h"
+#include "fpat/ir/Reference.h"
 
 namespace fpat::dsl {
 

@@ -13,7 +13,7 @@
 //   Scope, {size16, child...}*, 0x0000
 #pragma once
 
-#include "dsl/Library.h"
+#include "fpat/dsl/Library.h"
 
 #include <cstdint>
 #include <string>

@@ -1,5 +1,5 @@
 // The pattern compiler: patterns -> matcher programs -> ordered, prefix-factored byte code.
-#include "dsl/Matcher.h"
+#include "fpat/dsl/Matcher.h"
 
 #include <algorithm>
 #include <functional>

@@ -2,8 +2,8 @@
 #include "FpatBaseVisitor.h"
 #include "FpatLexer.h"
 #include "FpatParser.h"
-#include "dsl/AST.h"
-#include "support/antlr/AntlrDiagnostics.h"
+#include "fpat/dsl/AST.h"
+#include "fpat/support/antlr/AntlrDiagnostics.h"
 
 #include <cctype>
 #include <functional>

@@ -2,7 +2,7 @@
 // that builds it from the AST.
 #pragma once
 
-#include "dsl/AST.h"
+#include "fpat/dsl/AST.h"
 
 #include <map>
 #include <memory>

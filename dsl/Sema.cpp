@@ -1,6 +1,6 @@
 // .fpat sema: includes, classes, defs, let, multiclass/defm, defvar; type checking of every
 // value, with errors located and related places noted.
-#include "dsl/Records.h"
+#include "fpat/dsl/Records.h"
 
 #include <algorithm>
 #include <filesystem>

@@ -1,7 +1,7 @@
-#include "dsl/Tblgen.h"
+#include "fpat/dsl/Tblgen.h"
 
-#include "dsl/Matcher.h"
-#include "support/Verify.h"
+#include "fpat/dsl/Matcher.h"
+#include "fpat/support/Verify.h"
 
 #include <filesystem>
 #include <fstream>

@@ -1,6 +1,6 @@
 // libFuzzer target over the whole .fpat front end: parse, sema, library, matcher table.
 // Any input must produce diagnostics or a result, never a crash, hang, leak or UB report.
-#include "dsl/Matcher.h"
+#include "fpat/dsl/Matcher.h"
 
 #include <cstddef>
 #include <cstdint>

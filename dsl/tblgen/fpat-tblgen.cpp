@@ -1,6 +1,6 @@
 // fpat-tblgen: the pattern compiler. All the work is in the dsl library.
-#include "dsl/Tblgen.h"
-#include "support/CliError.h"
+#include "fpat/dsl/Tblgen.h"
+#include "fpat/support/CliError.h"
 
 #include <CLI/CLI.hpp>
 #include <iostream>

@@ -2,12 +2,12 @@
 // becomes one gemm_bias_gelu kernel, which is generated, compiled, run on the GPU and checked
 // against the CPU reference. Without a GPU it stops after compiling and exits with 77 (ctest:
 // skipped).
-#include "dsl/Library.h"
-#include "ir/Builder.h"
-#include "ir/Reference.h"
-#include "ir/text/Text.h"
-#include "match/Match.h"
-#include "runtime/Pipeline.h"
+#include "fpat/dsl/Library.h"
+#include "fpat/ir/Builder.h"
+#include "fpat/ir/Reference.h"
+#include "fpat/ir/text/Text.h"
+#include "fpat/match/Match.h"
+#include "fpat/runtime/Pipeline.h"
 
 #include <iostream>
 

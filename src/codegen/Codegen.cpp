@@ -1,6 +1,6 @@
-#include "codegen/Codegen.h"
+#include "fpat/codegen/Codegen.h"
 
-#include "codegen/Lowering.h"
+#include "fpat/codegen/Lowering.h"
 
 #include <algorithm>
 #include <cmath>

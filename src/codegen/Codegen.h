@@ -2,8 +2,8 @@
 // kernel-family template (kernels/*.cuh) with an epilogue lowered from the .fpat bodies.
 #pragma once
 
-#include "dsl/Library.h"
-#include "ir/Graph.h"
+#include "fpat/dsl/Library.h"
+#include "fpat/ir/Graph.h"
 
 #include <map>
 #include <optional>

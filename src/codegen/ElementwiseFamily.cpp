@@ -1,6 +1,6 @@
 // Code generators of the kernels for ops that no GEMM absorbed: row-wise norms and elementwise
 // ops (activation bodies lowered from .fpat).
-#include "codegen/Lowering.h"
+#include "fpat/codegen/Lowering.h"
 
 #include <sstream>
 

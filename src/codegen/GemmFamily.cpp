@@ -1,7 +1,7 @@
 // Code generator of the GEMM kernel families (gemm, norm_gemm): picks the backend (wgmma,
 // mma.sync, WMMA) and configuration, and compiles the fused op's epilogue tree into the
 // kernel's Epilogue functor.
-#include "codegen/Lowering.h"
+#include "fpat/codegen/Lowering.h"
 
 #include <sstream>
 

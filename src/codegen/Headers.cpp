@@ -1,6 +1,6 @@
 // The embedded kernel headers and their content hash.
-#include "codegen/Codegen.h"
-#include "support/Hash.h"
+#include "fpat/codegen/Codegen.h"
+#include "fpat/support/Hash.h"
 
 #include <cstdlib>
 #include <deque>

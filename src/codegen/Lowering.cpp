@@ -1,4 +1,4 @@
-#include "codegen/Lowering.h"
+#include "fpat/codegen/Lowering.h"
 
 #include <algorithm>
 #include <cctype>

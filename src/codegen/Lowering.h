@@ -1,7 +1,7 @@
 // Helpers shared by the kernel families' code generators (internal to fpat_codegen).
 #pragma once
 
-#include "codegen/Codegen.h"
+#include "fpat/codegen/Codegen.h"
 
 #include <map>
 #include <string>

@@ -1,14 +1,14 @@
-#include "driver/Driver.h"
+#include "fpat/driver/Driver.h"
 
-#include "codegen/Codegen.h"
-#include "dsl/Library.h"
-#include "ir/Reference.h"
-#include "ir/text/Text.h"
-#include "match/Match.h"
-#include "runtime/Pipeline.h"
-#include "support/Process.h"
-#include "support/Verify.h"
-#include "tune/Tuner.h"
+#include "fpat/codegen/Codegen.h"
+#include "fpat/dsl/Library.h"
+#include "fpat/ir/Reference.h"
+#include "fpat/ir/text/Text.h"
+#include "fpat/match/Match.h"
+#include "fpat/runtime/Pipeline.h"
+#include "fpat/support/Process.h"
+#include "fpat/support/Verify.h"
+#include "fpat/tune/Tuner.h"
 
 #include <chrono>
 #include <cmath>

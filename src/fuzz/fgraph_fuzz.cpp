@@ -1,7 +1,7 @@
 // libFuzzer target over the .fgraph front end: any input gives diagnostics or a graph, never a
 // crash, hang, leak or UB report; and every graph it accepts prints to text that parses back
 // to the same text (the round-trip property of every --emit stage).
-#include "ir/text/Text.h"
+#include "fpat/ir/text/Text.h"
 
 #include <cstddef>
 #include <cstdint>

@@ -2,13 +2,13 @@
 // activations, adds, muls, norms, values used once or many times, several outputs, small
 // shapes); the built-in patterns fuse it, and the fused graph evaluated on the CPU (fused-op
 // semantics) must agree with the unfused graph, as `fpatc` checks for every run.
-#include "dsl/Library.h"
-#include "dsl/Matcher.h"
-#include "ir/Builder.h"
-#include "ir/Reference.h"
-#include "ir/text/Text.h"
-#include "match/Match.h"
-#include "runtime/Pipeline.h"
+#include "fpat/dsl/Library.h"
+#include "fpat/dsl/Matcher.h"
+#include "fpat/ir/Builder.h"
+#include "fpat/ir/Reference.h"
+#include "fpat/ir/text/Text.h"
+#include "fpat/match/Match.h"
+#include "fpat/runtime/Pipeline.h"
 
 #include <cmath>
 #include <cstddef>

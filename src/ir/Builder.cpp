@@ -1,4 +1,4 @@
-#include "ir/Builder.h"
+#include "fpat/ir/Builder.h"
 
 namespace fpat::ir {
 

@@ -1,7 +1,7 @@
 // Fluent C++ construction of IR graphs; every op is type-checked as it is added.
 #pragma once
 
-#include "ir/Graph.h"
+#include "fpat/ir/Graph.h"
 
 #include <stdexcept>
 

@@ -1,6 +1,6 @@
-#include "ir/Epilogue.h"
+#include "fpat/ir/Epilogue.h"
 
-#include "support/Diagnostics.h"
+#include "fpat/support/Diagnostics.h"
 
 #include <algorithm>
 #include <cctype>

@@ -1,4 +1,4 @@
-#include "ir/Graph.h"
+#include "fpat/ir/Graph.h"
 
 #include <algorithm>
 #include <boost/graph/graphviz.hpp>

@@ -1,9 +1,9 @@
 // The dataflow IR: ops are vertices of a bidirectional Boost.Graph, edges carry operand indices.
 #pragma once
 
-#include "ir/Epilogue.h"
-#include "ir/Types.h"
-#include "support/Diagnostics.h"
+#include "fpat/ir/Epilogue.h"
+#include "fpat/ir/Types.h"
+#include "fpat/support/Diagnostics.h"
 
 #include <boost/graph/adjacency_list.hpp>
 #include <map>

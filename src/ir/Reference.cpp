@@ -1,4 +1,4 @@
-#include "ir/Reference.h"
+#include "fpat/ir/Reference.h"
 
 #include <algorithm>
 #include <cmath>

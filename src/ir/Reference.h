@@ -1,7 +1,7 @@
 // The CPU reference interpreter: the oracle every GPU result is validated against.
 #pragma once
 
-#include "ir/Graph.h"
+#include "fpat/ir/Graph.h"
 
 #include <functional>
 #include <map>

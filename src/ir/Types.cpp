@@ -1,4 +1,4 @@
-#include "ir/Types.h"
+#include "fpat/ir/Types.h"
 
 #include <cstring>
 

@@ -1,5 +1,5 @@
 // The built-in matcher table, generated at build time by fpat-tblgen from patterns/all.fpat.
-#include "match/Match.h"
+#include "fpat/match/Match.h"
 
 namespace {
 #include "BuiltinMatcherTable.inc"

@@ -1,4 +1,4 @@
-#include "match/Match.h"
+#include "fpat/match/Match.h"
 
 #include <algorithm>
 #include <map>

@@ -2,8 +2,8 @@
 // into fused ops, and explains its decisions.
 #pragma once
 
-#include "dsl/Matcher.h"
-#include "ir/Graph.h"
+#include "fpat/dsl/Matcher.h"
+#include "fpat/ir/Graph.h"
 
 #include <set>
 #include <string>

@@ -1,4 +1,4 @@
-#include "runtime/Cuda.h"
+#include "fpat/runtime/Cuda.h"
 
 #include <dlfcn.h>
 #include <mutex>

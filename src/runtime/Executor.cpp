@@ -1,6 +1,6 @@
-#include "runtime/Executor.h"
+#include "fpat/runtime/Executor.h"
 
-#include "support/Diagnostics.h"
+#include "fpat/support/Diagnostics.h"
 
 #include <algorithm>
 #include <cstring>

@@ -2,11 +2,11 @@
 // kernels launched in topological order, outputs copied back.
 #pragma once
 
-#include "codegen/Codegen.h"
-#include "codegen/kernels/fpat_abi.h"
-#include "ir/Reference.h"
-#include "runtime/Cuda.h"
-#include "runtime/Nvcc.h"
+#include "fpat/codegen/Codegen.h"
+#include "fpat/codegen/kernels/fpat_abi.h"
+#include "fpat/ir/Reference.h"
+#include "fpat/runtime/Cuda.h"
+#include "fpat/runtime/Nvcc.h"
 
 #include <functional>
 #include <map>

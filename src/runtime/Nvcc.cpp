@@ -1,8 +1,8 @@
-#include "runtime/Nvcc.h"
+#include "fpat/runtime/Nvcc.h"
 
-#include "support/Diagnostics.h"
-#include "support/Hash.h"
-#include "support/Process.h"
+#include "fpat/support/Diagnostics.h"
+#include "fpat/support/Hash.h"
+#include "fpat/support/Process.h"
 
 #include <atomic>
 #include <cerrno>

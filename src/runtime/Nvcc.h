@@ -2,7 +2,7 @@
 // cache whose writes are atomic, several compiles at a time.
 #pragma once
 
-#include "codegen/Codegen.h"
+#include "fpat/codegen/Codegen.h"
 
 #include <string>
 #include <vector>

@@ -1,4 +1,4 @@
-#include "runtime/Pipeline.h"
+#include "fpat/runtime/Pipeline.h"
 
 #include <algorithm>
 #include <chrono>

@@ -2,7 +2,7 @@
 // graph, run it, validate outputs. fpatc, the examples and the GPU tests all go through here.
 #pragma once
 
-#include "runtime/Executor.h"
+#include "fpat/runtime/Executor.h"
 
 namespace fpat::runtime {
 

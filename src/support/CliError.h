@@ -2,7 +2,7 @@
 // for a misspelt option, where to look, exit 2. Header-only: only the tools link CLI11.
 #pragma once
 
-#include "support/Diagnostics.h"
+#include "fpat/support/Diagnostics.h"
 
 #include <CLI/CLI.hpp>
 #include <cctype>

@@ -1,4 +1,4 @@
-#include "support/Diagnostics.h"
+#include "fpat/support/Diagnostics.h"
 
 #include <algorithm>
 #include <cctype>

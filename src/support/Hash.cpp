@@ -1,5 +1,5 @@
 // A compact SHA-256 (FIPS 180-4).
-#include "support/Hash.h"
+#include "fpat/support/Hash.h"
 
 #include <cstdint>
 #include <cstdio>

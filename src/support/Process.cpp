@@ -1,4 +1,4 @@
-#include "support/Process.h"
+#include "fpat/support/Process.h"
 
 #include <cerrno>
 #include <csignal>

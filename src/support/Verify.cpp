@@ -1,4 +1,4 @@
-#include "support/Verify.h"
+#include "fpat/support/Verify.h"
 
 #include <cstdlib>
 

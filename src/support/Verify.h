@@ -1,7 +1,7 @@
 // Golden-test support: expectations written inside a test file, checked against diagnostics.
 #pragma once
 
-#include "support/Diagnostics.h"
+#include "fpat/support/Diagnostics.h"
 
 #include <string>
 #include <vector>

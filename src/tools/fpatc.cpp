@@ -1,6 +1,6 @@
 // fpatc: the graph compiler driver. All the work is in the driver library.
-#include "driver/Driver.h"
-#include "support/CliError.h"
+#include "fpat/driver/Driver.h"
+#include "fpat/support/CliError.h"
 
 #include <CLI/CLI.hpp>
 #include <iostream>

@@ -1,7 +1,7 @@
-#include "tune/Tune.h"
+#include "fpat/tune/Tune.h"
 
-#include "runtime/Nvcc.h"
-#include "support/Diagnostics.h"
+#include "fpat/runtime/Nvcc.h"
+#include "fpat/support/Diagnostics.h"
 
 #include <algorithm>
 #include <chrono>

@@ -3,8 +3,8 @@
 // results kept in a persistent JSON cache.
 #pragma once
 
-#include "codegen/Codegen.h"
-#include "runtime/Cuda.h"
+#include "fpat/codegen/Codegen.h"
+#include "fpat/runtime/Cuda.h"
 
 #include <optional>
 #include <ostream>

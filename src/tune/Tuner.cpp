@@ -1,8 +1,8 @@
-#include "tune/Tuner.h"
+#include "fpat/tune/Tuner.h"
 
-#include "ir/Reference.h"
-#include "runtime/Executor.h"
-#include "runtime/Pipeline.h"
+#include "fpat/ir/Reference.h"
+#include "fpat/runtime/Executor.h"
+#include "fpat/runtime/Pipeline.h"
 
 #include <algorithm>
 #include <cmath>

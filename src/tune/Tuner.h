@@ -2,9 +2,9 @@
 // the heuristic when neither is possible.
 #pragma once
 
-#include "dsl/Library.h"
-#include "ir/Graph.h"
-#include "tune/Tune.h"
+#include "fpat/dsl/Library.h"
+#include "fpat/ir/Graph.h"
+#include "fpat/tune/Tune.h"
 
 #include <ostream>
 

@@ -2,10 +2,10 @@
 // family for sm_75, sm_80 and sm_90 (no GPU needed; skipped without nvcc).
 #define BOOST_TEST_MODULE codegen
 #include "../common/TestGraphs.h"
-#include "codegen/Codegen.h"
-#include "runtime/Executor.h"
-#include "runtime/Nvcc.h"
-#include "runtime/Pipeline.h"
+#include "fpat/codegen/Codegen.h"
+#include "fpat/runtime/Executor.h"
+#include "fpat/runtime/Nvcc.h"
+#include "fpat/runtime/Pipeline.h"
 
 #include <boost/test/unit_test.hpp>
 #include <filesystem>

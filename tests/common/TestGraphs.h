@@ -2,9 +2,9 @@
 // per built-in pattern and per fallback kernel, at a given (M, N, K).
 #pragma once
 
-#include "dsl/Library.h"
-#include "ir/Builder.h"
-#include "match/Match.h"
+#include "fpat/dsl/Library.h"
+#include "fpat/ir/Builder.h"
+#include "fpat/match/Match.h"
 
 #include <string>
 #include <vector>

@@ -1,7 +1,7 @@
 // The .fpat front end, the pattern library, the matcher table compiler and fpat-tblgen.
 #define BOOST_TEST_MODULE dsl
-#include "dsl/Matcher.h"
-#include "dsl/Tblgen.h"
+#include "fpat/dsl/Matcher.h"
+#include "fpat/dsl/Tblgen.h"
 
 #include <boost/test/unit_test.hpp>
 #include <chrono>

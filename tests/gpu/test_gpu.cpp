@@ -4,10 +4,10 @@
 // compute-sanitizer, which slows kernels down a hundredfold).
 #define BOOST_TEST_MODULE gpu
 #include "../common/TestGraphs.h"
-#include "ir/Reference.h"
-#include "ir/text/Text.h"
-#include "runtime/Pipeline.h"
-#include "tune/Tuner.h"
+#include "fpat/ir/Reference.h"
+#include "fpat/ir/text/Text.h"
+#include "fpat/runtime/Pipeline.h"
+#include "fpat/tune/Tuner.h"
 
 #include <boost/test/unit_test.hpp>
 #include <cmath>

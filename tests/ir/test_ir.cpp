@@ -1,6 +1,6 @@
 // The IR: builder, type inference and its messages, validation, topological order, Graphviz.
 #define BOOST_TEST_MODULE ir
-#include "ir/Builder.h"
+#include "fpat/ir/Builder.h"
 
 #include <boost/test/unit_test.hpp>
 #include <sstream>

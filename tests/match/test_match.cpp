@@ -1,9 +1,9 @@
 // The matcher runtime: matching, priority, multi-use intermediates, commutativity, predicates,
 // DAG patterns, rewriting, user tables, explain.
 #define BOOST_TEST_MODULE match
-#include "ir/Reference.h"
-#include "ir/text/Text.h"
-#include "match/Match.h"
+#include "fpat/ir/Reference.h"
+#include "fpat/ir/text/Text.h"
+#include "fpat/match/Match.h"
 
 #include <boost/test/unit_test.hpp>
 #include <cmath>

@@ -1,7 +1,7 @@
 // The CPU reference interpreter against hand-computed values and identities.
 #define BOOST_TEST_MODULE reference
-#include "ir/Builder.h"
-#include "ir/Reference.h"
+#include "fpat/ir/Builder.h"
+#include "fpat/ir/Reference.h"
 
 #include <boost/test/unit_test.hpp>
 #include <cmath>

@@ -1,7 +1,7 @@
 // Diagnostics engine, golden-expectation verifier and small utilities.
 #define BOOST_TEST_MODULE support
-#include "support/Diagnostics.h"
-#include "support/Verify.h"
+#include "fpat/support/Diagnostics.h"
+#include "fpat/support/Verify.h"
 
 #include <boost/test/unit_test.hpp>
 #include <cstdlib>

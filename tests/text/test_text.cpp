@@ -1,7 +1,7 @@
 // The .fgraph text form: round trips, diagnostics and robustness against hostile input.
 #define BOOST_TEST_MODULE text
-#include "ir/Builder.h"
-#include "ir/text/Text.h"
+#include "fpat/ir/Builder.h"
+#include "fpat/ir/text/Text.h"
 
 #include <boost/test/unit_test.hpp>
 #include <filesystem>

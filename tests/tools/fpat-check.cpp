@@ -4,7 +4,7 @@
 //   CHECK-NEXT: text   the very next line contains text
 //   CHECK-NOT: text    no line between the previous and the next match contains text
 // Exit code 0 when every check holds; otherwise each failure is printed with its line.
-#include "support/Diagnostics.h"
+#include "fpat/support/Diagnostics.h"
 
 #include <iostream>
 #include <sstream>

@@ -2,7 +2,7 @@
 // the persistent cache (round trip, corruption, concurrent writers), the heuristic fallback.
 #define BOOST_TEST_MODULE tune
 #include "../common/TestGraphs.h"
-#include "tune/Tuner.h"
+#include "fpat/tune/Tuner.h"
 
 #include <boost/test/unit_test.hpp>
 #include <filesystem>

@@ -2,8 +2,8 @@
 #include "FGraphBaseVisitor.h"
 #include "FGraphLexer.h"
 #include "FGraphParser.h"
-#include "ir/text/Text.h"
-#include "support/antlr/AntlrDiagnostics.h"
+#include "fpat/ir/text/Text.h"
+#include "fpat/support/antlr/AntlrDiagnostics.h"
 
 #include <cctype>
 #include <map>

@@ -1,4 +1,4 @@
-#include "ir/text/Text.h"
+#include "fpat/ir/text/Text.h"
 
 #include <sstream>
 

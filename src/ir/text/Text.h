@@ -1,8 +1,8 @@
 // The .fgraph text form: printing and parsing IR graphs.
 #pragma once
 
-#include "ir/Graph.h"
-#include "support/Diagnostics.h"
+#include "fpat/ir/Graph.h"
+#include "fpat/support/Diagnostics.h"
 
 #include <optional>
 #include <string>

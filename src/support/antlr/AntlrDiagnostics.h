@@ -3,7 +3,7 @@
 // .cpp; ANTLR types go no further.
 #pragma once
 
-#include "support/Diagnostics.h"
+#include "fpat/support/Diagnostics.h"
 
 #include <antlr4-runtime.h>
 #include <cctype>

@@ -183,6 +183,13 @@ private:
 
 } // namespace
 
+std::vector<std::string> intrinsicNames() {
+  std::vector<std::string> out;
+  for (const Intrinsic& i : intrinsics())
+    out.push_back(i.name);
+  return out;
+}
+
 double CompiledExpr::eval(double x, const double* params) const {
   double stack[64];
   double localVals[64];

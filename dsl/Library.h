@@ -132,6 +132,8 @@ bool buildLibrary(const RecordKeeper& rk, DiagEngine& diags, PatternLibrary& out
 std::string emitEpilogueFunctions(const PatternLibrary& lib, const std::string& source);
 /// One activation as a CUDA device function.
 std::string emitActivationFunction(const ActivationDef& a);
+/// The functions expression bodies may call (exp, tanh, ...), e.g. for editor grammars.
+std::vector<std::string> intrinsicNames();
 
 /// A whole .fpat compilation: records plus library, as fpat-tblgen and fpatc use it.
 struct Compilation {

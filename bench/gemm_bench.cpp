@@ -6,12 +6,15 @@
 // each checked against the CPU reference on sampled rows. Then the SwiGLU FFN block end to end.
 // Writes a markdown table (stdout), a CSV and an SVG plot.
 //
-//   fpat-bench-gemm [--quick] [--only PATTERN[,PATTERN]...] [--no-ffn] [--shape MxNxK]... [--csv F]
-//   [--svg F]
-//                   [--candidates N] [--configs LIST] [--reps N]
+//   fpat-bench-gemm [--quick] [--only PATTERN[,PATTERN]...] [--no-ffn] [--shape MxNxK]...
+//                   [--csv F] [--svg F] [--candidates N] [--configs LIST] [--reps N]
+// Every result names the GPU, its driver, nvcc and the commit the benchmark was built from.
 #include "../tests/common/TestGraphs.h"
+#include "FpatCommit.h"
 #include "fpat/ir/Reference.h"
+#include "fpat/runtime/Nvcc.h"
 #include "fpat/runtime/Pipeline.h"
+#include "fpat/support/CliError.h"
 #include "fpat/tune/Tuner.h"
 
 #include <algorithm>
@@ -268,6 +271,47 @@ std::string sci(double v) {
   std::ostringstream os;
   os << std::scientific << std::setprecision(1) << v;
   return os.str();
+}
+
+/// What produced the numbers: written into every table and CSV row.
+struct Provenance {
+  std::string gpu, driver, nvcc, commit;
+};
+
+Provenance provenance(const cuda::Driver& drv) {
+  Provenance p;
+  const cuda::DeviceInfo& d = drv.device();
+  p.gpu = d.name + " (sm_" + std::to_string(d.arch) + ", " + std::to_string(d.sms) + " SMs)";
+  // The kernel module's version ("580.159.04") where Linux shows it, and the CUDA version the
+  // driver supports either way.
+  std::ifstream proc("/proc/driver/nvidia/version");
+  std::string line;
+  if (std::getline(proc, line)) {
+    std::istringstream words(line);
+    for (std::string w; words >> w;)
+      if (!w.empty() && std::isdigit(static_cast<unsigned char>(w[0])) &&
+          w.find('.') != std::string::npos) {
+        p.driver = w;
+        break;
+      }
+  }
+  int v = 0;
+  if (cudaDriverGetVersion(&v) == cudaSuccess)
+    p.driver += (p.driver.empty() ? "" : " ") + std::string("(CUDA ") + std::to_string(v / 1000) +
+                "." + std::to_string(v % 1000 / 10) + ")";
+  p.nvcc = "nvcc " + runtime::nvccIdentity(runtime::findNvcc({}), {});
+  p.commit = FPAT_COMMIT;
+  return p;
+}
+
+/// A CSV field, quoted when it holds a comma or a quote.
+std::string csvField(const std::string& s) {
+  if (s.find_first_of(",\"") == std::string::npos)
+    return s;
+  std::string q = "\"";
+  for (char c : s)
+    q += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return q + "\"";
 }
 
 struct Env {
@@ -561,53 +605,92 @@ bool benchFfn(Env& env) {
 int main(int argc, char** argv) {
   bool quick = false;
   std::string csvPath = "bench-gemm.csv", svgPath = "bench-gemm.svg";
-  int candidates = 8, reps = 20; // 8 candidates: the full run fits one 10-minute GPU call
-  std::string only;              // pattern names, comma-separated: benchmark just those
-  bool ffn = true;
-  std::vector<Shape> onlyShapes; // --shape MxNxK (repeatable)
+  int candidates = 8, reps = 20;        // 8 candidates: the full run fits one 10-minute GPU call
+  std::vector<std::string> patternList; // --only: benchmark just these patterns
+  bool noFfn = false;
+  std::vector<std::string> shapeArgs, configArgs;
+  CLI::App app{"fpat-bench-gemm - fpat's fused GEMM kernels against cuBLAS and cuBLASLt, in one "
+               "process on the same data",
+               "fpat-bench-gemm"};
+  app.footer("Writes a markdown table (stdout), a CSV and an SVG plot, each naming the GPU, the "
+             "driver, nvcc and the commit. Exits 77 without a GPU (ctest: skipped), 1 if any "
+             "result disagrees with the CPU reference.");
+  app.add_flag("--quick", quick, "one pattern (gemm_bias_gelu) at one shape, no FFN block");
+  app.add_option("--only", patternList, "benchmark only these patterns (comma-separated)")
+      ->delimiter(',')
+      ->allow_extra_args(false);
+  app.add_option("--shape", shapeArgs,
+                 "a problem size MxNxK instead of the default list "
+                 "(repeatable)")
+      ->allow_extra_args(false);
+  app.add_flag("--no-ffn", noFfn, "skip the SwiGLU FFN block");
+  app.add_option("--csv", csvPath, "CSV output file")->capture_default_str();
+  app.add_option("--svg", svgPath, "SVG plot output file")->capture_default_str();
+  app.add_option("--candidates", candidates, "configurations the tuner times per op")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--configs", configArgs,
+                 "time these configurations (comma-separated names, e.g. "
+                 "128x256x64_w2x1_s4_wgmma) instead of the search space; the heuristic's is "
+                 "always timed too")
+      ->delimiter(',')
+      ->allow_extra_args(false);
+  app.add_option("--reps", reps, "timed runs per measurement (at least 20)")
+      ->check(CLI::Range(20, 100000))
+      ->capture_default_str();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return fpat::reportCliError(app, e, argc, argv, "fpat-bench-gemm");
+  }
   std::vector<codegen::TileConfig> configs;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "--quick")
-      quick = true;
-    else if (a == "--csv" && i + 1 < argc)
-      csvPath = argv[++i];
-    else if (a == "--svg" && i + 1 < argc)
-      svgPath = argv[++i];
-    else if (a == "--candidates" && i + 1 < argc)
-      candidates = std::atoi(argv[++i]);
-    else if (a == "--only" && i + 1 < argc)
-      only = argv[++i];
-    else if (a == "--configs" && i + 1 < argc) {
-      // Comma-separated configuration names (128x128x32_w2x4_s3[_mma]) to time instead of the
-      // search space; the heuristic's choice is always timed too.
-      std::stringstream list(argv[++i]);
-      for (std::string item; std::getline(list, item, ',');) {
-        auto t = codegen::TileConfig::parse(item);
-        if (!t) {
-          std::cerr << "--configs: '" << item << "' is not a configuration name\n";
-          return 2;
-        }
-        configs.push_back(*t);
-      }
-    } else if (a == "--no-ffn")
-      ffn = false;
-    else if (a == "--shape" && i + 1 < argc) {
-      Shape sh{};
-      if (std::sscanf(argv[++i], "%ldx%ldx%ld", &sh.m, &sh.n, &sh.k) != 3) {
-        std::cerr << "--shape wants MxNxK\n";
-        return 2;
-      }
-      onlyShapes.push_back(sh);
-    } else if (a == "--reps" && i + 1 < argc)
-      reps = std::max(20, std::atoi(argv[++i]));
-    else {
-      std::cerr
-          << "usage: fpat-bench-gemm [--quick] [--only PATTERN[,...]] [--no-ffn] [--csv F] "
-             "[--svg F] [--shape MxNxK]... [--candidates N] [--configs LIST] [--reps N>=20]\n";
+  for (const std::string& item : configArgs) {
+    auto t = codegen::TileConfig::parse(item);
+    if (!t) {
+      std::cerr << "fpat-bench-gemm: error: --configs: '" << item
+                << "' is not a configuration name (e.g. 128x256x64_w2x1_s4_wgmma)\n";
       return 2;
     }
+    configs.push_back(*t);
   }
+  std::vector<Shape> onlyShapes;
+  for (const std::string& a : shapeArgs) {
+    Shape sh{};
+    char tail = 0;
+    if (std::sscanf(a.c_str(), "%ldx%ldx%ld%c", &sh.m, &sh.n, &sh.k, &tail) != 3 || sh.m < 1 ||
+        sh.n < 1 || sh.k < 1) {
+      std::cerr << "fpat-bench-gemm: error: --shape '" << a
+                << "': want MxNxK with positive sizes, e.g. 4096x4096x4096\n";
+      return 2;
+    }
+    onlyShapes.push_back(sh);
+  }
+  const bool ffn = !noFfn;
+  std::vector<Shape> shapes = {{512, 4096, 4096},   {1024, 4096, 4096}, {2048, 4096, 4096},
+                               {4096, 4096, 4096},  {8192, 4096, 4096}, {4096, 11008, 4096},
+                               {4096, 4096, 11008}, {4096, 14336, 4096}};
+  const std::vector<std::string> builtinPatterns = {
+      "gemm_bias_gelu",     "gemm_bias_silu", "gemm_bias_relu", "gemm_bias",
+      "gemm_bias_residual", "gemm_gelu",      "gemm_silu",      "gemm_residual",
+      "gemm_silu_mul",      "layernorm_gemm", "rmsnorm_gemm",   "layernorm_gemm_bias_gelu"};
+  std::vector<std::string> patterns = builtinPatterns;
+  if (quick) {
+    shapes = {{2048, 4096, 4096}};
+    patterns = {"gemm_bias_gelu"};
+  }
+  if (!patternList.empty()) {
+    std::vector<std::string> known = builtinPatterns;
+    known.insert(known.end(), {"gemm", "gemm_bt"});
+    for (const std::string& p : patternList)
+      if (std::find(known.begin(), known.end(), p) == known.end()) {
+        std::cerr << "fpat-bench-gemm: error: --only: no benchmark for '" << p << "'"
+                  << fpat::didYouMean(p, known) << "\n";
+        return 2;
+      }
+    patterns = patternList;
+  }
+  if (!onlyShapes.empty())
+    shapes = onlyShapes;
   std::string why;
   cuda::Driver* drv = cuda::Driver::get(&why);
   if (!drv) {
@@ -629,27 +712,10 @@ int main(int argc, char** argv) {
   env.reps = reps;
   env.l2 = static_cast<size_t>(drv->device().l2Bytes);
 
-  std::vector<Shape> shapes = {{512, 4096, 4096},   {1024, 4096, 4096}, {2048, 4096, 4096},
-                               {4096, 4096, 4096},  {8192, 4096, 4096}, {4096, 11008, 4096},
-                               {4096, 4096, 11008}, {4096, 14336, 4096}};
-  std::vector<std::string> patterns = {
-      "gemm_bias_gelu",     "gemm_bias_silu", "gemm_bias_relu", "gemm_bias",
-      "gemm_bias_residual", "gemm_gelu",      "gemm_silu",      "gemm_residual",
-      "gemm_silu_mul",      "layernorm_gemm", "rmsnorm_gemm",   "layernorm_gemm_bias_gelu"};
-  if (quick) {
-    shapes = {{2048, 4096, 4096}};
-    patterns = {"gemm_bias_gelu"};
-  }
-  if (!only.empty()) { // comma-separated pattern names
-    patterns.clear();
-    std::stringstream list(only);
-    for (std::string item; std::getline(list, item, ',');)
-      patterns.push_back(item);
-  }
-  if (!onlyShapes.empty())
-    shapes = onlyShapes;
-  std::cout << "# fpat GEMM benchmark on " << drv->device().name << " (sm_" << drv->device().arch
-            << ", " << drv->device().sms << " SMs); tuning cache " << cache.path() << "\n"
+  const Provenance prov = provenance(*drv);
+  std::cout << "# fpat GEMM benchmark on " << prov.gpu << ", driver " << prov.driver << "; "
+            << prov.nvcc << "; fpat commit " << prov.commit << "; tuning cache " << cache.path()
+            << "\n"
             << "# layouts: A [M, K] and C [M, N] row-major; B [K, N] row-major (cuBLAS and "
                "cuBLASLt run N, N on the transposed view), for gemm_bt B [N, K] (cuBLAS T, N); "
                "every library call reads fpat's buffers\n\n"
@@ -678,7 +744,7 @@ int main(int argc, char** argv) {
   std::ofstream csv(csvPath);
   csv << "pattern,M,N,K,config,fpat_ms,fpat_tflops,heuristic_ms,cublas_gemm_ms,"
          "cublas_unfused_ms,cublaslt_fused_ms,fpat_pct_of_cublas_gemm,speedup_vs_unfused,"
-         "speedup_vs_cublaslt,err_fpat,err_unfused,err_cublaslt\n";
+         "speedup_vs_cublaslt,err_fpat,err_unfused,err_cublaslt,gpu,driver,nvcc,commit\n";
   std::cout << "| pattern | M x N x K | config | fpat ms | TFLOP/s | heuristic ms | cuBLAS GEMM ms "
                "| cuBLAS+epilogue ms | cuBLASLt fused ms | % of cuBLAS GEMM | vs unfused | vs "
                "Lt | max rel err fpat / unfused / Lt |\n"
@@ -694,7 +760,9 @@ int main(int argc, char** argv) {
     csv << r.pattern << "," << r.s.m << "," << r.s.n << "," << r.s.k << "," << r.config << ","
         << r.fpat << "," << r.tflops(r.fpat) << "," << r.heuristic << "," << r.gemm << ","
         << r.unfused << "," << r.lt << "," << pct << "," << r.unfused / r.fpat << ","
-        << r.lt / r.fpat << "," << r.errFpat << "," << r.errUnfused << "," << r.errLt << "\n";
+        << r.lt / r.fpat << "," << r.errFpat << "," << r.errUnfused << "," << r.errLt << ","
+        << csvField(prov.gpu) << "," << csvField(prov.driver) << "," << csvField(prov.nvcc) << ","
+        << csvField(prov.commit) << "\n";
   }
   writeSvg(svgPath, rows, "gemm_bias_gelu", drv->device().name);
   int bad = 0;

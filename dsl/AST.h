@@ -4,6 +4,7 @@
 #include "fpat/support/Diagnostics.h"
 
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -100,6 +101,16 @@ struct File {
 };
 
 /// Parses buffer `fileId`; syntax errors go to `diags`. Returns null when there were any.
-std::unique_ptr<File> parseFile(int fileId, DiagEngine& diags);
+/// `macros` are the names defined so far (-D, and `#define` in earlier files); the file's
+/// `#define`, `#ifdef`, `#ifndef`, `#else` and `#endif` lines are applied to them (TableGen's
+/// preprocessor). Null: the file has no preprocessor.
+std::unique_ptr<File> parseFile(int fileId, DiagEngine& diags,
+                                std::set<std::string>* macros = nullptr);
+
+/// Applies the preprocessor lines of `text` (file `fileId`) to `macros`, returning the text with
+/// directive lines and inactive regions blanked (newlines kept, so locations do not move).
+/// Errors (unbalanced `#endif`, a missing name, ...) go to `diags`.
+std::string preprocess(const std::string& text, int fileId, DiagEngine& diags,
+                       std::set<std::string>& macros);
 
 } // namespace fpat::dsl

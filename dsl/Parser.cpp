@@ -410,15 +410,108 @@ void runWithBigStack(const std::function<void()>& fn) {
 
 } // namespace
 
-std::unique_ptr<File> parseFile(int fileId, DiagEngine& diags) {
-  const std::string& text = diags.sources().file(fileId).text;
+std::string preprocess(const std::string& text, int fileId, DiagEngine& diags,
+                       std::set<std::string>& macros) {
+  struct Open {
+    SourceLoc loc;     // of the #ifdef / #ifndef
+    bool parentActive; // whether the enclosing region is active
+    bool taken;        // the condition held (the #if part is active)
+    bool sawElse = false;
+  };
+  std::vector<Open> open;
+  auto active = [&] { return open.empty() || (open.back().parentActive && open.back().taken); };
+  std::string out;
+  out.reserve(text.size());
+  size_t pos = 0;
+  while (pos < text.size() || pos == 0) {
+    const size_t end = std::min(text.find('\n', pos), text.size());
+    const std::string_view line(text.data() + pos, end - pos);
+    size_t i = line.find_first_not_of(" \t\r");
+    std::string_view word;
+    if (i != std::string_view::npos && line[i] == '#') {
+      size_t j = i + 1;
+      while (j < line.size() && std::isalpha(static_cast<unsigned char>(line[j])))
+        ++j;
+      word = line.substr(i + 1, j - i - 1);
+      if (word != "define" && word != "ifdef" && word != "ifndef" && word != "else" &&
+          word != "endif")
+        word = {}; // `#` is also the paste operator
+    }
+    if (word.empty()) {
+      if (active())
+        out.append(line);
+      else // keep the line's length out of the lexer but its newline for the locations
+        for (char c : line)
+          out += c == '\r' ? '\r' : ' ';
+    } else {
+      const SourceLoc at =
+          diags.sources().locForOffset(fileId, pos + i, 1 + static_cast<int>(word.size()));
+      // The rest of the line: a name where one is wanted, then nothing but a comment.
+      std::string_view rest = line.substr(i + 1 + word.size());
+      const size_t comment = rest.find("//");
+      if (comment != std::string_view::npos)
+        rest = rest.substr(0, comment);
+      size_t a = rest.find_first_not_of(" \t\r"), b = a;
+      while (b < rest.size() &&
+             (std::isalnum(static_cast<unsigned char>(rest[b])) || rest[b] == '_'))
+        ++b;
+      const std::string name =
+          a == std::string_view::npos ? "" : std::string(rest.substr(a, b - a));
+      const bool wantsName = word == "define" || word == "ifdef" || word == "ifndef";
+      const bool nameOk = !name.empty() && !std::isdigit(static_cast<unsigned char>(name[0]));
+      const size_t tail = rest.find_first_not_of(
+          " \t\r", wantsName && nameOk ? b : (a == std::string_view::npos ? rest.size() : a));
+      if (wantsName && !nameOk)
+        diags.error(at, "'#" + std::string(word) + "' needs a name");
+      else if (tail != std::string_view::npos)
+        diags.error(diags.sources().locForOffset(fileId, pos + i + 1 + word.size() + tail),
+                    "unexpected text after '#" + std::string(word) + "'");
+      else if (word == "define") {
+        if (active())
+          macros.insert(name);
+      } else if (word == "ifdef" || word == "ifndef") {
+        const bool defined = macros.count(name) > 0;
+        open.push_back({at, active(), word == "ifdef" ? defined : !defined});
+      } else if (open.empty()) {
+        diags.error(at, "'#" + std::string(word) + "' without '#ifdef' or '#ifndef'");
+      } else if (word == "else") {
+        if (open.back().sawElse) {
+          diags.error(at, "a second '#else' for the same '#ifdef'");
+          diags.note(open.back().loc, "the '#ifdef' is here");
+        }
+        open.back().sawElse = true;
+        open.back().taken = !open.back().taken;
+      } else { // endif
+        open.pop_back();
+      }
+      for (char c : line) // the directive line itself is blank for the parser
+        out += c == '\r' ? '\r' : ' ';
+    }
+    if (end >= text.size())
+      break;
+    out += '\n';
+    pos = end + 1;
+  }
+  for (const Open& o : open)
+    diags.error(o.loc, "'#ifdef' or '#ifndef' without '#endif' at the end of the file");
+  return out;
+}
+
+std::unique_ptr<File> parseFile(int fileId, DiagEngine& diags, std::set<std::string>* macros) {
+  const std::string& raw = diags.sources().file(fileId).text;
   size_t bad = 0;
-  if (!validateUtf8(text, &bad)) {
+  if (!validateUtf8(raw, &bad)) {
     diags.error(diags.sources().locForOffset(fileId, bad),
                 "invalid UTF-8 byte; .fpat files are UTF-8 text");
     return nullptr;
   }
   const int before = diags.errorCount();
+  std::string preprocessed;
+  if (macros)
+    preprocessed = preprocess(raw, fileId, diags, *macros);
+  const std::string& text = macros ? preprocessed : raw;
+  if (diags.errorCount() > before)
+    return nullptr;
   std::unique_ptr<File> file;
   std::exception_ptr failure;
   runWithBigStack([&] {

@@ -98,6 +98,8 @@ struct CompileOptions {
   /// Accept kernel families fpat has no kernel for (matcher tests of patterns ahead of their
   /// kernels); fpat-tblgen and fpatc never set it.
   bool anyFamily = false;
+  /// Names defined for the preprocessor (fpat-tblgen -D NAME), as by `#define NAME`.
+  std::vector<std::string> defines;
 };
 
 /// Parses `fileId` (and its includes, read through `diags.sources()`) and builds the records.

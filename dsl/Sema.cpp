@@ -227,7 +227,8 @@ constexpr int kMaxDepth = 200; // class chains, defm nesting and include depth
 class Sema {
 public:
   Sema(SourceManager& sm, DiagEngine& diags, const CompileOptions& opts)
-      : sm_(sm), diags_(diags), opts_(opts), rk_(std::make_unique<RecordKeeper>()) {}
+      : sm_(sm), diags_(diags), opts_(opts), rk_(std::make_unique<RecordKeeper>()),
+        macros_(opts.defines.begin(), opts.defines.end()) {}
 
   std::unique_ptr<RecordKeeper> run(int fileId, std::vector<std::string>* deps) {
     deps_ = deps;
@@ -253,7 +254,7 @@ private:
   // ---- files and includes ----
 
   void processFile(int fileId, const std::string& canon) {
-    std::unique_ptr<File> file = parseFile(fileId, diags_);
+    std::unique_ptr<File> file = parseFile(fileId, diags_, &macros_);
     if (!file)
       return;
     includeStack_.push_back({canon, fileId});
@@ -1041,6 +1042,7 @@ private:
   DiagEngine* active_ = &diags_;
   const CompileOptions& opts_;
   std::unique_ptr<RecordKeeper> rk_;
+  std::set<std::string> macros_; // the preprocessor's defined names, across includes
   std::map<std::string, const Stmt*> multiclasses_;
   std::map<std::string, ValuePtr> defvars_;
   std::set<std::string> included_;

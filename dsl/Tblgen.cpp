@@ -133,10 +133,12 @@ int runTblgen(const TblgenOptions& opts, std::ostream& out, std::ostream& err) {
   diags.setWarningsAsErrors(opts.warningsAsErrors);
   CompileOptions copts;
   copts.includeDirs = opts.includeDirs;
+  copts.defines = opts.defines;
   std::optional<Compilation> c = compileFpat(fileId, sm, diags, copts);
   MatcherTable table;
-  if (c && (opts.action == TblgenOptions::GenMatcherTable ||
-            opts.action == TblgenOptions::PrintTable || opts.verifyDiagnostics))
+  if (c &&
+      (opts.action == TblgenOptions::GenMatcherTable || opts.action == TblgenOptions::PrintTable ||
+       opts.action == TblgenOptions::Check || opts.verifyDiagnostics))
     table = compileMatcherTable(c->library, sm, diags);
   diags.flush();
   if (opts.verifyDiagnostics) {
@@ -170,9 +172,13 @@ int runTblgen(const TblgenOptions& opts, std::ostream& out, std::ostream& err) {
   case TblgenOptions::PrintTable:
     result = disassemble(table);
     break;
+  case TblgenOptions::Check:
+    break;
   }
   const bool toStdout = opts.output.empty() || opts.output == "-";
-  if (toStdout)
+  if (opts.action == TblgenOptions::Check)
+    ; // nothing to write
+  else if (toStdout)
     out << result;
   else if (!writeOutput(opts.output, result, opts.writeIfChanged, err))
     return 1;

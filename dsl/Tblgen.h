@@ -18,8 +18,10 @@ struct TblgenOptions {
     DumpJson,
     GenMatcherTable,
     GenEpilogues,
-    PrintTable
+    PrintTable,
+    Check // compile everything (matcher table included), write nothing
   } action = PrintRecords;
+  std::vector<std::string> defines; // -D NAME
   std::string tableFunction = "fpatBuiltinMatcherTable";
   bool verifyDiagnostics = false;
   bool warningsAsErrors = false;

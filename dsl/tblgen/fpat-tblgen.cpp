@@ -12,6 +12,9 @@ int main(int argc, char** argv) {
   app.add_option("input", opts.input, "the .fpat file (- reads standard input)")->required();
   app.add_option("-I", opts.includeDirs, "directory searched by include \"...\"")
       ->allow_extra_args(false);
+  app.add_option("-D", opts.defines,
+                 "define NAME for the preprocessor (#ifdef NAME ... #else ... #endif)")
+      ->allow_extra_args(false);
   app.add_option("-o", opts.output, "output file (default: stdout)");
   app.add_option("-d", opts.depfile, "write a make-style depfile of every file read");
   app.add_flag("--write-if-changed", opts.writeIfChanged, "leave outputs untouched when equal");
@@ -30,6 +33,9 @@ int main(int argc, char** argv) {
   g->add_flag_callback(
       "--print-table", [&] { opts.action = TblgenOptions::PrintTable; },
       "a readable listing of the matcher byte code");
+  g->add_flag_callback(
+      "--check", [&] { opts.action = TblgenOptions::Check; },
+      "only check: compile everything (the matcher table too) and report, write nothing");
   g->require_option(0, 1);
   app.add_option("--table-function", opts.tableFunction,
                  "name of the function --gen-matcher-table defines")

@@ -3,9 +3,11 @@
 #include "fpat/codegen/Codegen.h"
 #include "fpat/dsl/Library.h"
 #include "fpat/ir/Reference.h"
+#include "fpat/ir/Rows.h"
 #include "fpat/ir/text/Text.h"
 #include "fpat/match/Match.h"
 #include "fpat/runtime/Pipeline.h"
+#include "fpat/support/Blas.h"
 #include "fpat/support/Process.h"
 #include "fpat/support/Verify.h"
 #include "fpat/tune/Tuner.h"
@@ -30,6 +32,29 @@ std::string builtinPatternsDir() {
 }
 
 namespace {
+
+// The CPU reference samples rows (of row-wise graphs) when its GEMMs would take more than
+// this many multiply-adds, about 1-2 s with OpenBLAS on 2 cores and 10-20 s without it.
+constexpr long double kSampleAboveMacs = 17179869184.0L; // 2^34
+constexpr int64_t kAutoSampleRows = 64;
+constexpr size_t kNoReferenceRows = 8; // the cheap check that --no-reference keeps
+
+/// Multiply-adds of the graph's GEMMs (plain and fused).
+long double referenceMacs(const ir::Graph& g) {
+  long double macs = 0;
+  for (ir::Vertex v : g.vertices()) {
+    const ir::Op& op = g.op(v);
+    if (op.kind != ir::OpKind::Gemm && op.kind != ir::OpKind::Fused)
+      continue;
+    const std::vector<ir::Vertex> ins = g.operands(v);
+    if (ins.empty() || op.type.rank() != 2)
+      continue;
+    const ir::TensorDesc& a = g.op(ins[0]).type;
+    if (a.rank() == 2)
+      macs += static_cast<long double>(op.type.shape[0]) * op.type.shape[1] * a.shape[1];
+  }
+  return macs;
+}
 
 std::string summary(const ir::Graph& g) {
   std::map<std::string, int> counts;
@@ -245,8 +270,8 @@ bool saveTensor(const ir::Tensor& t, const fs::path& file, std::ostream& err) {
 /// Codegen, nvcc, execution and validation. Returns the exit code contribution.
 int gpuStages(const FpatcOptions& opts, const ir::Graph& fused, const Patterns& pats,
               const std::map<std::string, ir::Tensor>* inputs,
-              const std::vector<ir::Tensor>* reference, const ir::Graph& original,
-              std::ostream& out, std::ostream& err) {
+              const std::vector<ir::Tensor>* reference, const std::vector<int64_t>* sampledRows,
+              const ir::Graph& original, std::ostream& out, std::ostream& err) {
   std::string why = !opts.run ? "--no-run" : "only --emit=" + opts.emit + " was asked for";
   cuda::Driver* drv = opts.run && opts.emit.empty() ? cuda::Driver::get(&why) : nullptr;
   const int arch = opts.arch ? opts.arch : drv ? drv->device().arch : 90;
@@ -426,16 +451,36 @@ int gpuStages(const FpatcOptions& opts, const ir::Graph& fused, const Patterns& 
       out << "  wrote " << file.string() << "\n";
     }
   }
+  // Without the reference (--no-reference), a few sampled rows still check the GPU where the
+  // graph is row-wise: they cost next to nothing.
+  std::vector<ir::Tensor> cheap;
+  std::optional<ir::RowSample> few;
+  if (!reference && inputs) {
+    std::string whyNot;
+    few = ir::sampleRows(original, kNoReferenceRows, &whyNot);
+    if (!few) {
+      out << "== validate: skipped (--no-reference; rows cannot be sampled: " << whyNot << ")\n";
+      return 0;
+    }
+    cheap = ir::evaluate(few->graph, ir::sliceInputs(original, *few, *inputs), pats.reference);
+    reference = &cheap;
+    sampledRows = &few->picked;
+  }
   if (!reference) {
     out << "== validate: skipped (--no-reference)\n";
     return 0;
   }
-  out << "== validate: GPU vs CPU reference (pass: all finite, rel err <= "
-      << sci(runtime::kRelTolerance) << ")\n";
+  out << "== validate: GPU vs CPU reference";
+  if (sampledRows)
+    out << " on " << sampledRows->size() << " sampled rows"
+        << (few ? " (--no-reference: the full reference was skipped)" : "");
+  out << " (pass: all finite, rel err <= " << sci(runtime::kRelTolerance) << ")\n";
   int rc = 0;
   for (size_t i = 0; i < original.outputs().size(); ++i) {
     const ir::Tensor& want = (*reference)[original.outputs()[i]];
-    runtime::Agreement c = runtime::compareToReference(rr.outputs[i], want);
+    const ir::Tensor got =
+        sampledRows ? ir::sliceRows(rr.outputs[i], *sampledRows) : std::move(rr.outputs[i]);
+    runtime::Agreement c = runtime::compareToReference(got, want);
     out << "  %" << original.op(original.outputs()[i]).name << " " << want.desc.str()
         << ": max abs err " << sci(c.maxAbs) << ", max rel err " << sci(c.maxRel)
         << (c.nonFinite ? ", " + std::to_string(c.nonFinite) + " non-finite" : "") << " -> "
@@ -449,20 +494,24 @@ int gpuStages(const FpatcOptions& opts, const ir::Graph& fused, const Patterns& 
 /// every value of the graph (and of the fused graph) as f32, the random inputs twice (f32 and
 /// the f16 bits uploaded to the GPU).
 /// `where` is set to the largest value's definition, where the error points.
-std::string memoryProblem(const ir::Graph& g, const FpatcOptions& opts, SourceLoc& where) {
-  long double inputs = 0, values = 0, largest = 0;
+/// `ref` is the graph the reference evaluates: `g`, or its row sample.
+std::string memoryProblem(const ir::Graph& g, const ir::Graph& ref, const FpatcOptions& opts,
+                          SourceLoc& where) {
+  long double inputs = 0, largest = 0, refAll = 0;
   std::string largestName;
   for (ir::Vertex v : g.vertices()) {
     const long double bytes = static_cast<long double>(g.op(v).type.numel()) * 4;
-    (g.op(v).kind == ir::OpKind::Input ? inputs : values) += bytes;
+    if (g.op(v).kind == ir::OpKind::Input)
+      inputs += bytes;
     if (bytes > largest) {
       largest = bytes;
       largestName = g.op(v).name;
       where = g.op(v).loc;
     }
   }
-  const long double need =
-      inputs * 1.5L + (opts.reference ? (inputs + values) * (opts.fuse ? 2 : 1) : 0);
+  for (ir::Vertex v : ref.vertices())
+    refAll += static_cast<long double>(ref.op(v).type.numel()) * 4;
+  const long double need = inputs * 1.5L + (opts.reference ? refAll * (opts.fuse ? 2 : 1) : 0);
   const unsigned long long have = availableMemory();
   if (have == 0 || need <= have)
     return "";
@@ -544,9 +593,24 @@ int runFpatc(const FpatcOptions& opts, std::ostream& out, std::ostream& err) {
     if (diags.errorCount() > 0)
       return failed();
   }
+  // The CPU reference computes sampled rows where that is exact (row-wise graphs) and all of
+  // them would take long: it is the oracle, not the product.
+  std::optional<ir::RowSample> sample;
+  std::string notSampled;
+  if (opts.reference && opts.emit.empty()) {
+    const int64_t rows = opts.referenceRows >= 0                ? opts.referenceRows
+                         : referenceMacs(*g) > kSampleAboveMacs ? kAutoSampleRows
+                                                                : 0;
+    if (rows > 0) {
+      sample = ir::sampleRows(*g, static_cast<size_t>(rows), &notSampled);
+      if (sample && sample->picked.size() == static_cast<size_t>(sample->rows))
+        sample.reset(); // that is every row
+    }
+  }
   if (opts.emit.empty()) {
     SourceLoc where;
-    if (std::string why = memoryProblem(*g, opts, where); !why.empty()) {
+    if (std::string why = memoryProblem(*g, sample ? sample->graph : *g, opts, where);
+        !why.empty()) {
       diags.error(where, why);
       return failed();
     }
@@ -580,7 +644,7 @@ int runFpatc(const FpatcOptions& opts, std::ostream& out, std::ostream& err) {
     return 0;
   }
   if (opts.emit == "cuda")
-    return gpuStages(opts, fused, pats, nullptr, nullptr, *g, out, err);
+    return gpuStages(opts, fused, pats, nullptr, nullptr, nullptr, *g, out, err);
 
   out << "== graph" << (opts.fuse ? " before fusion" : "") << "\n" << ir::printGraph(*g);
   if (opts.fuse) {
@@ -606,10 +670,28 @@ int runFpatc(const FpatcOptions& opts, std::ostream& out, std::ostream& err) {
   std::vector<ir::Tensor> vals;
   if (opts.reference) {
     auto t0 = std::chrono::steady_clock::now();
-    vals = ir::evaluate(*g, inputs, pats.reference);
+    const ir::Graph& refGraph = sample ? sample->graph : *g;
+    out << "== reference: CPU, seeded random inputs (seed " << opts.seed << ")";
+    if (sample)
+      out << ", " << sample->picked.size() << " of " << sample->rows
+          << " rows (every output row depends on its own input rows only; --reference-rows 0 "
+             "computes all)";
+    else if (!notSampled.empty())
+      out << ", every row (rows cannot be sampled: " << notSampled << ")";
+    out << "; GEMMs on " << blas::describe() << "\n" << std::flush;
+    // Progress: each op that takes a while, as it finishes.
+    auto progress = [&](const ir::Graph& graph) {
+      return [&out, &graph](ir::Vertex v, double secs) {
+        if (secs >= 1.0)
+          out << "  %" << graph.op(v).name << " (" << graph.op(v).kind << ", "
+              << graph.op(v).type.str() << "): " << fixed(secs, 1) << " s\n"
+              << std::flush;
+      };
+    };
+    const auto refInputs = sample ? ir::sliceInputs(*g, *sample, inputs) : inputs;
+    vals = ir::evaluate(refGraph, refInputs, pats.reference, progress(refGraph));
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    out << "== reference: CPU, seeded random inputs (seed " << opts.seed << "), " << fixed(secs, 2)
-        << " s\n";
+    out << "  done in " << fixed(secs, 2) << " s\n";
     for (ir::Vertex v : g->outputs()) {
       ir::TensorStats s = ir::stats(vals[v]);
       out << "  output %" << g->op(v).name << " " << vals[v].desc.str() << ": min "
@@ -618,8 +700,17 @@ int runFpatc(const FpatcOptions& opts, std::ostream& out, std::ostream& err) {
     }
     if (opts.fuse && !mr.matches.empty()) {
       // The fused graph evaluated with fused-op semantics (one rounding per fused op) must
-      // agree with the unfused graph up to f16 rounding of the intermediates.
-      std::vector<ir::Tensor> fv = ir::evaluate(fused, inputs, pats.reference);
+      // agree with the unfused graph up to f16 rounding of the intermediates; on the same
+      // sampled rows (fusion keeps a graph row-wise).
+      std::optional<ir::RowSample> fusedSample;
+      if (sample)
+        fusedSample = ir::sampleRows(fused, sample->picked.size());
+      if (sample && (!fusedSample || fusedSample->picked != sample->picked))
+        throw std::logic_error("the fused graph's rows cannot be sampled as the graph's");
+      const ir::Graph& fusedRef = fusedSample ? fusedSample->graph : fused;
+      std::vector<ir::Tensor> fv = ir::evaluate(
+          fusedRef, fusedSample ? ir::sliceInputs(fused, *fusedSample, inputs) : inputs,
+          pats.reference, progress(fusedRef));
       out << "  fused graph on the CPU vs the unfused graph:\n";
       for (size_t i = 0; i < g->outputs().size(); ++i) {
         const ir::Tensor& want = vals[g->outputs()[i]];
@@ -634,8 +725,8 @@ int runFpatc(const FpatcOptions& opts, std::ostream& out, std::ostream& err) {
   }
   if (opts.compile) {
     // A failure found on the CPU wins over a skip (77) or a pass from the GPU stages.
-    const int gpu =
-        gpuStages(opts, fused, pats, &inputs, opts.reference ? &vals : nullptr, *g, out, err);
+    const int gpu = gpuStages(opts, fused, pats, &inputs, opts.reference ? &vals : nullptr,
+                              sample ? &sample->picked : nullptr, *g, out, err);
     rc = rc ? rc : gpu;
   }
   if (opts.graphviz) {

@@ -17,6 +17,7 @@ struct FpatcOptions {
   std::string outDir = "fpat-out";       // where .dot/.svg (and later kernels) go
   std::string emit;                      // stop after a stage: fgraph, fused, table, cuda
   bool reference = true;                 // evaluate on the CPU reference
+  int64_t referenceRows = -1;            // rows of it to compute (row-wise graphs); -1: auto
   bool graphviz = true;                  // write .dot (and .svg when dot is installed)
   bool fuse = true;                      // run the matcher and rewrite
   bool explain = false;                  // say why each pattern did or did not match

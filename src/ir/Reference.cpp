@@ -1,6 +1,9 @@
 #include "fpat/ir/Reference.h"
 
+#include "fpat/support/Blas.h"
+
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -122,14 +125,37 @@ std::map<std::string, Tensor> randomInputs(const Graph& g, uint64_t seed) {
 
 namespace {
 
-void gemm(const Tensor& a, const Tensor& b, bool transB, Tensor& c) {
-  const size_t m = static_cast<size_t>(c.desc.shape[0]);
-  const size_t n = static_cast<size_t>(c.desc.shape[1]);
-  const size_t k = static_cast<size_t>(a.desc.shape[1]);
+/// A[m, k] * B in double (B is [k, n], or [n, k] when transB). Large products go to OpenBLAS
+/// where the system has it (the inputs are f16 or f32 values, exact in double, so nothing is
+/// rounded on the way); otherwise, and for small ones, row-parallel loops.
+std::vector<double> product(const Tensor& a, const Tensor& b, bool transB, size_t m, size_t n,
+                            size_t k) {
+  std::vector<double> acc(m * n, 0.0);
+  if (m * n * k >= (size_t{1} << 21)) {
+    // B goes to double a panel at a time (a few MB reused, not a copy of a whole weight):
+    // rows of B [k, n] accumulate into C; rows of B^T [n, k] fill columns of C.
+    const std::vector<double> da(a.data.begin(), a.data.begin() + static_cast<long>(m * k));
+    const size_t width = transB ? k : n, total = transB ? n : k;
+    const size_t step = std::max<size_t>(1, (size_t{1} << 21) / width);
+    std::vector<double> panel(std::min(step, total) * width);
+    bool ok = true;
+    for (size_t r = 0; r < total && ok; r += step) {
+      const size_t rows = std::min(step, total - r);
+      std::copy(b.data.begin() + static_cast<long>(r * width),
+                b.data.begin() + static_cast<long>((r + rows) * width), panel.begin());
+      ok = transB ? blas::dgemmInto(true, m, rows, k, da.data(), k, panel.data(), k, acc.data() + r,
+                                    n, 0.0)
+                  : blas::dgemmInto(false, m, n, rows, da.data() + r, k, panel.data(), n,
+                                    acc.data(), n, r == 0 ? 0.0 : 1.0);
+    }
+    if (ok)
+      return acc;
+    std::fill(acc.begin(), acc.end(), 0.0);
+  }
   parallelRows(m, n * k, [&](size_t rowBegin, size_t rowEnd) {
-    std::vector<double> acc(n);
     std::vector<double> arow(k);
     for (size_t i = rowBegin; i < rowEnd; ++i) {
+      double* row = &acc[i * n];
       for (size_t p = 0; p < k; ++p)
         arow[p] = a.data[i * k + p];
       if (transB) {
@@ -138,20 +164,29 @@ void gemm(const Tensor& a, const Tensor& b, bool transB, Tensor& c) {
           double s = 0;
           for (size_t p = 0; p < k; ++p)
             s += arow[p] * brow[p];
-          acc[j] = s;
+          row[j] = s;
         }
       } else {
-        std::fill(acc.begin(), acc.end(), 0.0);
         for (size_t p = 0; p < k; ++p) {
           const double av = arow[p];
           const float* brow = &b.data[p * n];
           for (size_t j = 0; j < n; ++j)
-            acc[j] += av * brow[j];
+            row[j] += av * brow[j];
         }
       }
-      for (size_t j = 0; j < n; ++j)
-        c.data[i * n + j] = store(acc[j], c.desc.dtype);
     }
+  });
+  return acc;
+}
+
+void gemm(const Tensor& a, const Tensor& b, bool transB, Tensor& c) {
+  const size_t m = static_cast<size_t>(c.desc.shape[0]);
+  const size_t n = static_cast<size_t>(c.desc.shape[1]);
+  const size_t k = static_cast<size_t>(a.desc.shape[1]);
+  const std::vector<double> acc = product(a, b, transB, m, n, k);
+  parallelRows(m, n, [&](size_t rowBegin, size_t rowEnd) {
+    for (size_t i = rowBegin * n; i < rowEnd * n; ++i)
+      c.data[i] = store(acc[i], c.desc.dtype);
   });
 }
 
@@ -216,15 +251,7 @@ void evalFused(const Op& op, const std::vector<Vertex>& ops, const std::vector<T
   const size_t m = static_cast<size_t>(out.desc.shape[0]);
   const size_t n = static_cast<size_t>(out.desc.shape[1]);
   const size_t k = static_cast<size_t>(a->desc.shape[1]);
-  std::vector<double> acc(m * n, 0.0);
-  parallelRows(m, n * k, [&](size_t rowBegin, size_t rowEnd) {
-    for (size_t i = rowBegin; i < rowEnd; ++i)
-      for (size_t p = 0; p < k; ++p) {
-        const double av = a->data[i * k + p];
-        for (size_t j = 0; j < n; ++j)
-          acc[i * n + j] += av * (op.transposeB ? b->data[j * k + p] : b->data[p * n + j]);
-      }
-  });
+  std::vector<double> acc = product(*a, *b, op.transposeB, m, n, k);
   // The epilogue, element by element, in double like the unfused ops it replaces (without
   // their intermediate roundings).
   const std::vector<EpilogueNode>& nodes = f.epilogue.nodes;
@@ -271,12 +298,13 @@ void evalFused(const Op& op, const std::vector<Vertex>& ops, const std::vector<T
 } // namespace
 
 std::vector<Tensor> evaluate(const Graph& g, const std::map<std::string, Tensor>& inputs,
-                             const ActivationLibrary& acts) {
+                             const ActivationLibrary& acts, const EvalProgress& progress) {
   auto order = topologicalOrder(g);
   if (!order)
     throw ReferenceError("graph " + g.name() + " has a cycle");
   std::vector<Tensor> vals(g.size());
   for (Vertex v : *order) {
+    const auto t0 = std::chrono::steady_clock::now();
     const Op& op = g.op(v);
     std::vector<Vertex> ops = g.operands(v);
     auto in = [&](size_t i) -> const Tensor& { return vals[ops.at(i)]; };
@@ -329,6 +357,8 @@ std::vector<Tensor> evaluate(const Graph& g, const std::map<std::string, Tensor>
       break;
     }
     vals[v] = std::move(out);
+    if (progress)
+      progress(v, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   return vals;
 }

@@ -51,8 +51,11 @@ public:
 /// Evaluates every op of a valid graph; the result is indexed by vertex. Arithmetic is done in
 /// double (GEMM accumulation included) and each result is rounded to its dtype. Throws
 /// ReferenceError for a missing or mis-shaped input or an unknown activation.
+/// `progress`, when given, is called after each op with the seconds it took.
+using EvalProgress = std::function<void(Vertex, double seconds)>;
 std::vector<Tensor> evaluate(const Graph& g, const std::map<std::string, Tensor>& inputs,
-                             const ActivationLibrary& acts = ActivationLibrary::builtin());
+                             const ActivationLibrary& acts = ActivationLibrary::builtin(),
+                             const EvalProgress& progress = {});
 
 /// Summary statistics of a tensor, for printing.
 struct TensorStats {

@@ -72,7 +72,13 @@ int main(int argc, char** argv) {
       ->allow_extra_args(false);
   app.add_option("--cache-dir", opts.cacheDir,
                  "kernel cache (default: $FPAT_CACHE_DIR or ~/.cache/fpat)");
-  app.add_flag("--no-reference", noReference, "skip the CPU reference evaluation");
+  app.add_flag("--no-reference", noReference,
+               "skip the CPU reference evaluation (the GPU is still checked on 8 sampled rows "
+               "where the graph is row-wise)");
+  app.add_option("--reference-rows", opts.referenceRows,
+                 "compute the CPU reference on this many sampled rows (0: all; default: all, "
+                 "or 64 when its GEMMs exceed 2^34 multiply-adds); exact for row-wise graphs")
+      ->check(CLI::NonNegativeNumber);
   app.add_flag("--no-graphviz", noGraphviz, "do not write .dot/.svg");
   app.add_flag("--verify-diagnostics", opts.verifyDiagnostics,
                "check the file's expected-error comments instead of printing diagnostics");

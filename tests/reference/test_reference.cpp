@@ -2,6 +2,7 @@
 #define BOOST_TEST_MODULE reference
 #include "fpat/ir/Builder.h"
 #include "fpat/ir/Reference.h"
+#include "fpat/ir/Rows.h"
 
 #include <boost/test/unit_test.hpp>
 #include <cmath>
@@ -177,4 +178,67 @@ BOOST_AUTO_TEST_CASE(user_activations_are_evaluated) {
   g.op(y.v).params["alpha"] = 0.25;
   auto vals = evaluate(g, {{"x", make({1, 2}, {-4, 4})}}, lib);
   BOOST_TEST(vals[y.v].data == (std::vector<float>{-1, 4}));
+}
+
+BOOST_AUTO_TEST_CASE(large_gemms_match_a_plain_double_loop) {
+  // Products this large go to OpenBLAS where the system has it (in panels of B), else to the
+  // reference's own loops; either way the result must be the double-precision product rounded
+  // once. Both layouts of B, and M, N, K that are not multiples of anything.
+  for (bool transB : {false, true})
+    BOOST_TEST_CONTEXT("transB " << transB) {
+      const int64_t m = 37, n = 301, k = 211;
+      GraphBuilder b("big");
+      Value x = b.input("x", {m, k});
+      Value w = transB ? b.input("w", {n, k}) : b.input("w", {k, n});
+      Value y = b.gemm(x, w, transB, "y");
+      b.output(y);
+      Graph g = b.build();
+      auto in = randomInputs(g, 9);
+      const auto got = evaluate(g, in)[y.v];
+      double worst = 0;
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < n; ++j) {
+          double s = 0;
+          for (int64_t p = 0; p < k; ++p)
+            s += double(in["x"].data[i * k + p]) * in["w"].data[transB ? j * k + p : p * n + j];
+          const double want = halfBitsToFloat(doubleToHalfBits(s));
+          worst = std::max(worst, std::abs(want - got.data[i * n + j]));
+        }
+      BOOST_TEST(worst == 0.0);
+    }
+}
+
+BOOST_AUTO_TEST_CASE(sampled_rows_equal_the_full_reference) {
+  // A Llama MLP (norm, two GEMMs, SiLU * up, GEMM, residual) is row-wise: its sampled rows,
+  // computed alone, are exactly those rows of the full evaluation.
+  GraphBuilder b("mlp");
+  Value x = b.input("x", {50, 24}), gn = b.input("g", {24});
+  Value wg = b.input("wg", {40, 24}), wu = b.input("wu", {40, 24}), wd = b.input("wd", {24, 40});
+  Value n = b.rmsnorm(x, gn, 1e-6, "n");
+  Value h = b.mul(b.activation(b.gemm(n, wg, true), "silu"), b.gemm(n, wu, true), "h");
+  Value y = b.add(x, b.gemm(h, wd, true), "y");
+  b.output(y);
+  Graph g = b.build();
+  auto in = randomInputs(g, 4);
+  auto full = evaluate(g, in)[y.v];
+  std::string why;
+  auto s = sampleRows(g, 7, &why);
+  BOOST_TEST_REQUIRE(s.has_value(), why);
+  BOOST_TEST(s->rows == 50);
+  BOOST_TEST((s->picked == std::vector<int64_t>{0, 8, 16, 24, 32, 40, 49}));
+  auto part = evaluate(s->graph, sliceInputs(g, *s, in))[y.v];
+  BOOST_TEST(part.data == sliceRows(full, s->picked).data);
+  // Asking for more rows than there are is every row.
+  BOOST_TEST(sampleRows(g, 1000)->picked.size() == 50u);
+}
+
+BOOST_AUTO_TEST_CASE(graphs_that_mix_rows_and_weights_are_not_sampled) {
+  // x is both the GEMM's A (rows) and its B (read whole): no row of the output depends on one
+  // row of x only.
+  GraphBuilder b("gram");
+  Value x = b.input("x", {16, 16});
+  b.output(b.gemm(x, x, false, "y"));
+  std::string why;
+  BOOST_TEST(!sampleRows(b.build(), 4, &why).has_value());
+  BOOST_TEST(why == "%x is used both row by row and whole");
 }

@@ -1,0 +1,118 @@
+#include "fpat/ir/Rows.h"
+
+namespace fpat::ir {
+namespace {
+
+enum class Role { Same, Whole }; // an operand carries the op's rows, or is read whole
+
+/// The role of each operand of `op` (see Rows.h): the main operand and anything of the
+/// output's shape carry the rows, weights and vectors are read whole.
+std::vector<Role> operandRoles(const Graph& g, Vertex v) {
+  const Op& op = g.op(v);
+  const std::vector<Vertex> ops = g.operands(v);
+  std::vector<Role> roles(ops.size(), Role::Whole);
+  switch (op.kind) {
+  case OpKind::Input:
+    break;
+  case OpKind::Gemm:
+  case OpKind::BiasAdd:
+  case OpKind::LayerNorm:
+  case OpKind::RmsNorm:
+    roles.at(0) = Role::Same;
+    break;
+  case OpKind::Activation:
+  case OpKind::Add:
+  case OpKind::Mul:
+    std::fill(roles.begin(), roles.end(), Role::Same);
+    break;
+  case OpKind::Fused: {
+    roles.at(0) = Role::Same;                // A (norm_gemm: x)
+    const size_t first = gemmBIndex(op) + 1; // the epilogue's operands
+    for (size_t i = first; i < ops.size(); ++i)
+      if (g.op(ops[i]).type.rank() == 2)
+        roles[i] = Role::Same;
+    break;
+  }
+  }
+  return roles;
+}
+
+} // namespace
+
+std::optional<RowSample> sampleRows(const Graph& g, size_t count, std::string* why) {
+  auto fail = [&](const std::string& reason) -> std::optional<RowSample> {
+    if (why)
+      *why = reason;
+    return std::nullopt;
+  };
+  auto order = topologicalOrder(g);
+  if (!order || count == 0)
+    return fail("no order");
+  // Backwards from the outputs, which carry rows: each value's state follows from its users.
+  enum State : uint8_t { Unused, Rows, Whole };
+  std::vector<State> state(g.size(), Unused);
+  for (Vertex o : g.outputs())
+    state[o] = Rows;
+  for (auto it = order->rbegin(); it != order->rend(); ++it) {
+    const Vertex v = *it;
+    if (state[v] == Unused)
+      continue;
+    const std::vector<Vertex> ops = g.operands(v);
+    const std::vector<Role> roles = operandRoles(g, v);
+    for (size_t i = 0; i < ops.size(); ++i) {
+      const State want = roles[i] == Role::Whole ? Whole : state[v];
+      if (state[ops[i]] != Unused && state[ops[i]] != want)
+        return fail("%" + g.op(ops[i]).name + " is used both row by row and whole");
+      state[ops[i]] = want;
+    }
+  }
+  RowSample s;
+  s.graph = g;
+  for (Vertex v : *order) {
+    if (state[v] != Rows)
+      continue;
+    const TensorDesc& t = g.op(v).type;
+    if (t.rank() != 2)
+      return fail("%" + g.op(v).name + " is not a matrix");
+    if (s.rows == 0)
+      s.rows = t.shape[0];
+    else if (t.shape[0] != s.rows)
+      return fail("%" + g.op(v).name + " has " + std::to_string(t.shape[0]) + " rows, not " +
+                  std::to_string(s.rows));
+    s.carrying.insert(v);
+  }
+  if (s.rows == 0)
+    return fail("no row-carrying values");
+  const size_t m = static_cast<size_t>(s.rows);
+  const size_t n = std::min(count, m);
+  for (size_t i = 0; i < n; ++i)
+    s.picked.push_back(static_cast<int64_t>(n == 1 ? 0 : i * (m - 1) / (n - 1)));
+  for (Vertex v : s.carrying)
+    s.graph.op(v).type.shape[0] = static_cast<int64_t>(n);
+  return s;
+}
+
+Tensor sliceRows(const Tensor& t, const std::vector<int64_t>& rows) {
+  const size_t width = t.desc.shape.empty() || t.desc.shape[0] == 0
+                           ? 0
+                           : t.data.size() / static_cast<size_t>(t.desc.shape[0]);
+  Tensor out{t.desc, {}};
+  out.desc.shape[0] = static_cast<int64_t>(rows.size());
+  out.data.reserve(rows.size() * width);
+  for (int64_t r : rows)
+    out.data.insert(out.data.end(), t.data.begin() + static_cast<long>(r * width),
+                    t.data.begin() + static_cast<long>((r + 1) * width));
+  return out;
+}
+
+std::map<std::string, Tensor> sliceInputs(const Graph& g, const RowSample& s,
+                                          const std::map<std::string, Tensor>& inputs) {
+  std::map<std::string, Tensor> out = inputs;
+  for (Vertex v : s.carrying)
+    if (g.op(v).kind == OpKind::Input)
+      if (auto it = out.find(g.op(v).name); it != out.end())
+        it->second = sliceRows(it->second, s.picked);
+  return out;
+}
+
+} // namespace fpat::ir

@@ -709,7 +709,11 @@ private:
   bool override(Record& rec, const std::string& name, const ValuePtr& v, SourceLoc loc) {
     Field* f = rec.field(name);
     if (!f) {
-      diags().error(loc, "'" + rec.name + "' has no field '" + name + "' to set with let");
+      std::vector<std::string> names;
+      for (const Field& field : rec.fields)
+        names.push_back(field.name);
+      diags().error(loc, "'" + rec.name + "' has no field '" + name + "' to set with let" +
+                             didYouMean(name, names));
       return false;
     }
     ValuePtr conv = convert(f->type, v);

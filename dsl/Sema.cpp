@@ -220,7 +220,8 @@ ValuePtr mkValue(Value v) {
   return std::make_shared<const Value>(std::move(v));
 }
 
-constexpr int kMaxDepth = 200; // class chains, defm nesting and include depth
+constexpr int kMaxDepth = 200;            // class chains, defm nesting and include depth
+constexpr size_t kMaxExpansions = 100000; // multiclass instantiations per compilation
 
 } // namespace
 
@@ -517,6 +518,21 @@ private:
         continue;
       }
       const Stmt& mc = *it->second;
+      // A multiclass that (through defm, at any depth) instantiates itself never ends; and
+      // multiclasses that each instantiate the next several times grow exponentially.
+      if (auto self = std::find_if(expanding_.begin(), expanding_.end(),
+                                   [&](const auto& e) { return e.first == p.name; });
+          self != expanding_.end()) {
+        diags().error(p.loc, "multiclass '" + p.name + "' instantiates itself");
+        diags().note(self->second, "while instantiating '" + p.name + "' here");
+        continue;
+      }
+      if (++expansions_ > kMaxExpansions) {
+        if (expansions_ == kMaxExpansions + 1)
+          diags().error(p.loc, "defm instantiates more than " + std::to_string(kMaxExpansions) +
+                                   " multiclasses in all; stopping here");
+        continue;
+      }
       Env menv;
       menv.parent = nullptr;
       // Template args are evaluated where defm is written, then bound in the multiclass.
@@ -533,8 +549,10 @@ private:
                             true))
         continue;
       menv.vars["NAME"] = stringValue(name, s.loc);
+      expanding_.emplace_back(p.name, p.loc);
       for (const StmtPtr& k : mc.stmts)
         multiclassStmt(*k, menv, outer, name, depth);
+      expanding_.pop_back();
     }
   }
 
@@ -1047,6 +1065,8 @@ private:
   const CompileOptions& opts_;
   std::unique_ptr<RecordKeeper> rk_;
   std::set<std::string> macros_; // the preprocessor's defined names, across includes
+  std::vector<std::pair<std::string, SourceLoc>> expanding_; // multiclasses being instantiated
+  size_t expansions_ = 0;                                    // multiclass instantiations so far
   std::map<std::string, const Stmt*> multiclasses_;
   std::map<std::string, ValuePtr> defvars_;
   std::set<std::string> included_;

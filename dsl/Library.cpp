@@ -309,6 +309,8 @@ public:
       activation(*r);
     for (const Record* r : rk.defsOf("Pattern"))
       pattern(*r);
+    for (const Record* r : rk.defsOf("Raise"))
+      raise(*r);
     return ok;
   }
 
@@ -326,10 +328,11 @@ private:
   void op(const Record& r) {
     auto kind = ir::parseOpKind(r.name);
     if (!kind || *kind == ir::OpKind::Input || *kind == ir::OpKind::Fused ||
-        *kind == ir::OpKind::Activation) {
+        *kind == ir::OpKind::Activation || *kind == ir::OpKind::Constant) {
       fail(r.loc, "op '" + r.name +
-                      "' is not an op of the IR; matchable ops are gemm, bias_add, add, mul, "
-                      "layernorm, rmsnorm (activations are matched by their Activation def)");
+                      "' is not an op of the IR; matchable ops are gemm, bias_add, add, mul, sub, "
+                      "div, pow, reduce_mean, layernorm, rmsnorm (activations are matched by their "
+                      "Activation def, constants by numbers)");
       return;
     }
     const ir::OpKindInfo& info = ir::opKindInfo(*kind);
@@ -391,7 +394,7 @@ private:
   }
 
   bool matchTree(const Value& dag, MatchNode& node, PatternDef& p,
-                 std::map<std::string, std::string>& bound) {
+                 std::map<std::string, std::string>& bound, bool literals = false) {
     const Record* opRec = dag.items[0]->rec;
     node.loc = dag.items[0]->loc.valid() ? dag.items[0]->loc : dag.loc;
     int arity;
@@ -443,10 +446,18 @@ private:
           good = false;
         }
       } else if (arg.kind == Value::Dag) {
-        good = matchTree(arg, child, p, bound) && good;
+        good = matchTree(arg, child, p, bound, literals) && good;
+      } else if ((arg.kind == Value::Float || arg.kind == Value::Int) && literals) {
+        child.leaf = child.constant = true;
+        child.value = arg.kind == Value::Float ? arg.f : static_cast<double>(arg.i);
+        child.loc = arg.loc;
       } else {
         fail(arg.loc.valid() ? arg.loc : node.loc,
-             "operands in a match are $bindings or (op ...) trees, not " + arg.str());
+             std::string("operands in a match are $bindings or (op ...) trees") +
+                 (literals ? " or numbers" : "") + ", not " + arg.str());
+        if (arg.kind == Value::Float || arg.kind == Value::Int)
+          diags.note(p.loc, "numbers match constants of the graph in Raise patterns only; a fused "
+                            "kernel's epilogue reads tensors");
         good = false;
       }
       node.operands.push_back(std::move(child));
@@ -515,48 +526,8 @@ private:
         p.epilogue.push_back(s);
       }
     }
-    if (const Field* c = r.field("constraints"); c && c->value->kind == Value::List) {
-      for (const ValuePtr& dag : c->value->items) {
-        const Record* op = dag->items[0]->rec;
-        SourceLoc at = dag->items[0]->loc.valid() ? dag->items[0]->loc : r.loc;
-        Constraint k;
-        k.loc = at;
-        if (!op->isA("Predicate") || (op->name != "dtype" && op->name != "divisible")) {
-          fail(at, "'" + op->name + "' is not a predicate (dtype, divisible)");
-          continue;
-        }
-        const size_t want = op->name == "dtype" ? 3 : 4;
-        if (dag->items.size() != want) {
-          fail(at, "'" + op->name + "' takes " + std::to_string(want - 1) + " arguments");
-          continue;
-        }
-        if (!requireLeafOrNode(*dag->items[1], bound, "(" + op->name + " ...)", r))
-          continue;
-        k.binding = dag->items[1]->s;
-        if (op->name == "dtype") {
-          k.kind = Constraint::Dtype;
-          auto dt = dag->items[2]->kind == Value::String ? ir::parseDType(dag->items[2]->s)
-                                                         : std::nullopt;
-          if (!dt) {
-            fail(dag->items[2]->loc.valid() ? dag->items[2]->loc : at,
-                 "dtype must be \"f16\" or \"f32\", not " + dag->items[2]->str());
-            continue;
-          }
-          k.dtype = *dt;
-        } else {
-          k.kind = Constraint::Divisible;
-          const Value &d = *dag->items[2], &q = *dag->items[3];
-          if (d.kind != Value::Int || d.i < 0 || d.i > 1 || q.kind != Value::Int || q.i < 1 ||
-              q.i > (int64_t{1} << 30)) {
-            fail(at, "(divisible $v, dim, k) needs dim 0 or 1 and k from 1 to 2^30");
-            continue;
-          }
-          k.dim = static_cast<int>(d.i);
-          k.divisor = q.i;
-        }
-        p.constraints.push_back(k);
-      }
-    }
+    if (!constraints(r, bound, p))
+      return;
     const Field* fam = r.field("family");
     p.family = fam && fam->value->kind == Value::String ? fam->value->s : "gemm";
     if (!anyFamily_ && !ir::isKernelFamily(p.family)) {
@@ -575,6 +546,170 @@ private:
     if (!anyFamily_ && (!familyCanImplement(p) || !epilogueListAgrees(p, r)))
       return;
     lib.patterns.push_back(std::move(p));
+  }
+
+  /// A Raise pattern: a match tree (numbers in it match constants of the graph) and the tree
+  /// of IR ops it becomes, run before fusion to turn an exporter's decompositions into IR ops.
+  void raise(const Record& r) {
+    PatternDef p;
+    p.name = r.name;
+    p.loc = r.loc;
+    p.order = r.order;
+    const Field* m = r.field("match");
+    if (!m || m->value->kind != Value::Dag) {
+      fail(r.loc, "raise '" + r.name + "' has no match tree");
+      return;
+    }
+    std::map<std::string, std::string> bound;
+    if (!matchTree(*m->value, p.root, p, bound, /*literals=*/true) || !constraints(r, bound, p))
+      return;
+    const Field* res = r.field("result");
+    if (!res || res->value->kind != Value::Dag) {
+      fail(r.loc, "raise '" + r.name + "' has no result tree");
+      return;
+    }
+    if (!resultTree(*res->value, p.result, p, bound))
+      return;
+    const int64_t benefit = intField(r, "benefit", -1);
+    if (benefit < -1 || benefit > 1000000) {
+      fail(r.field("benefit")->value->loc, "benefit must be -1 (automatic) or 0 to 1000000");
+      return;
+    }
+    p.benefit = benefit == -1 ? p.numOps : static_cast<int>(benefit);
+    p.singleUse = intField(r, "single_use", 1) != 0;
+    lib.raises.push_back(std::move(p));
+  }
+
+  /// A raise's result: IR ops over the match's bindings; after an op's operands come its
+  /// attributes (a norm's eps, an activation's parameters), as numbers or bound constants.
+  bool resultTree(const Value& dag, MatchNode& node, const PatternDef& p,
+                  const std::map<std::string, std::string>& bound) {
+    const Record* opRec = dag.items[0]->rec;
+    node.loc = dag.items[0]->loc.valid() ? dag.items[0]->loc : dag.loc;
+    std::vector<std::string> attrNames;
+    int arity = 1;
+    if (opRec->isA("Op")) {
+      const OpDef* o = findOp(opRec->name);
+      if (!o)
+        return false;
+      node.kind = o->kind;
+      arity = o->operands;
+      if (isNorm(o->kind))
+        attrNames = {"eps"};
+    } else if (opRec->isA("Activation")) {
+      node.kind = ir::OpKind::Activation;
+      node.fn = opRec->name;
+      if (const ActivationDef* a = lib.findActivation(opRec->name))
+        attrNames = a->paramNames;
+    } else {
+      fail(node.loc, "unknown op '" + opRec->name + "' in the result of '" + p.name +
+                         "': it is neither an Op nor an Activation");
+      return false;
+    }
+    if (!dag.dagName.empty()) {
+      fail(dag.loc, "nodes of a result cannot be named; the result's root takes the matched "
+                    "root's name");
+      return false;
+    }
+    const int given = static_cast<int>(dag.items.size()) - 1;
+    const int most = arity + static_cast<int>(attrNames.size());
+    if (given < arity || given > most) {
+      std::string attrs;
+      for (const std::string& a : attrNames)
+        attrs += (attrs.empty() ? "" : ", ") + a;
+      fail(node.loc, "'" + opRec->name + "' takes " + std::to_string(arity) + " operand" +
+                         (arity == 1 ? "" : "s") +
+                         (attrs.empty() ? "" : " and then at most its attributes (" + attrs + ")") +
+                         " but the result gives it " + std::to_string(given));
+      return false;
+    }
+    bool good = true;
+    for (int i = 1; i <= given; ++i) {
+      const Value& arg = *dag.items[static_cast<size_t>(i)];
+      const bool operand = i <= arity;
+      MatchNode child;
+      child.loc = arg.loc.valid() ? arg.loc : node.loc;
+      if (arg.kind == Value::Binding) {
+        if (!bound.count(arg.s)) {
+          fail(child.loc, "unbound binding '$" + arg.s + "' in the result of '" + p.name +
+                              "': it does not appear in the match");
+          good = false;
+        }
+        child.leaf = true;
+        child.binding = arg.s;
+      } else if (arg.kind == Value::Dag && operand) {
+        good = resultTree(arg, child, p, bound) && good;
+      } else if ((arg.kind == Value::Float || arg.kind == Value::Int) && !operand) {
+        child.leaf = child.constant = true;
+        child.value = arg.kind == Value::Float ? arg.f : static_cast<double>(arg.i);
+      } else {
+        fail(child.loc, std::string(operand ? "operands of a result are $bindings or (op ...) trees"
+                                            : "attributes of a result are numbers or $bindings "
+                                              "of constants") +
+                            ", not " + arg.str());
+        good = false;
+      }
+      (operand ? node.operands : node.attrs).push_back(std::move(child));
+    }
+    return good;
+  }
+
+  /// The `constraints` list of a Pattern or Raise; false after an error.
+  bool constraints(const Record& r, const std::map<std::string, std::string>& bound,
+                   PatternDef& p) {
+    const int before = diags.errorCount();
+    if (const Field* c = r.field("constraints"); c && c->value->kind == Value::List) {
+      for (const ValuePtr& dag : c->value->items) {
+        const Record* op = dag->items[0]->rec;
+        SourceLoc at = dag->items[0]->loc.valid() ? dag->items[0]->loc : r.loc;
+        Constraint k;
+        k.loc = at;
+        if (!op->isA("Predicate") ||
+            (op->name != "dtype" && op->name != "divisible" && op->name != "rank")) {
+          fail(at, "'" + op->name + "' is not a predicate (dtype, divisible, rank)");
+          continue;
+        }
+        const size_t want = op->name == "divisible" ? 4 : 3;
+        if (dag->items.size() != want) {
+          fail(at, "'" + op->name + "' takes " + std::to_string(want - 1) + " arguments");
+          continue;
+        }
+        if (!requireLeafOrNode(*dag->items[1], bound, "(" + op->name + " ...)", r))
+          continue;
+        k.binding = dag->items[1]->s;
+        if (op->name == "dtype") {
+          k.kind = Constraint::Dtype;
+          auto dt = dag->items[2]->kind == Value::String ? ir::parseDType(dag->items[2]->s)
+                                                         : std::nullopt;
+          if (!dt) {
+            fail(dag->items[2]->loc.valid() ? dag->items[2]->loc : at,
+                 "dtype must be \"f16\" or \"f32\", not " + dag->items[2]->str());
+            continue;
+          }
+          k.dtype = *dt;
+        } else if (op->name == "rank") {
+          k.kind = Constraint::Rank;
+          const Value& d = *dag->items[2];
+          if (d.kind != Value::Int || d.i < 0 || d.i > 2) {
+            fail(at, "(rank $v, r) needs r from 0 to 2");
+            continue;
+          }
+          k.dim = static_cast<int>(d.i);
+        } else {
+          k.kind = Constraint::Divisible;
+          const Value &d = *dag->items[2], &q = *dag->items[3];
+          if (d.kind != Value::Int || d.i < 0 || d.i > 1 || q.kind != Value::Int || q.i < 1 ||
+              q.i > (int64_t{1} << 30)) {
+            fail(at, "(divisible $v, dim, k) needs dim 0 or 1 and k from 1 to 2^30");
+            continue;
+          }
+          k.dim = static_cast<int>(d.i);
+          k.divisor = q.i;
+        }
+        p.constraints.push_back(k);
+      }
+    }
+    return diags.errorCount() == before;
   }
 
   static bool elementwise(ir::OpKind k) {

@@ -65,13 +65,16 @@ struct MatchNode {
   ir::OpKind kind = ir::OpKind::Input;
   std::string fn; // activation name when kind == Activation
   bool commutative = false;
-  std::string binding; // leaf: its $name; op: optional `(...):$name`
+  std::string binding;   // leaf: its $name; op: optional `(...):$name`
+  bool constant = false; // leaf: a numeric literal, matching a constant of that value (raising)
+  double value = 0;
   std::vector<MatchNode> operands;
+  std::vector<MatchNode> attrs; // raise results: attribute values (eps; activation params)
   SourceLoc loc;
 };
 
 struct Constraint {
-  enum Kind { Dtype, Divisible } kind;
+  enum Kind { Dtype, Divisible, Rank } kind;
   std::string binding;
   ir::DType dtype = ir::DType::F16;
   int dim = 0;
@@ -102,6 +105,7 @@ struct PatternDef {
   int numOps = 0;
   int order = 0; // source order
   SourceLoc loc;
+  MatchNode result; // Raise patterns: the IR ops the match becomes
 };
 
 struct OpDef {
@@ -116,6 +120,7 @@ struct PatternLibrary {
   std::vector<OpDef> ops;
   std::vector<ActivationDef> activations;
   std::vector<PatternDef> patterns; // source order
+  std::vector<PatternDef> raises;   // Raise patterns, source order: run before fusion
   const ActivationDef* findActivation(const std::string& n) const;
   /// Names the IR accepts in `activation {fn = ...}`: the built-ins plus these.
   ir::ActivationSet activationSet() const;

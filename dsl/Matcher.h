@@ -7,6 +7,8 @@
 //   CheckSame s                       the current node is the one in slot s (DAG patterns)
 //   CheckOneUse                       the current node has no users outside the match
 //   CheckDtype s t / CheckDivisible s dim k   predicates on a slot's inferred type
+//   CheckConstant f64                 the current node is a constant equal to f64 (raising)
+//   CheckRank s r                     the value in slot s has rank r
 //   Complete p                        pattern p matched (its slots are laid out in metadata)
 // Programs are ordered by benefit (then source order); shared prefixes of adjacent programs are
 // factored into Scope nodes, tried in order with backtracking:
@@ -33,7 +35,13 @@ enum MatcherOpcode : uint8_t {
   OPC_CheckDtype,
   OPC_CheckDivisible,
   OPC_Complete,
+  OPC_CheckConstant,
+  OPC_CheckRank,
 };
+
+/// How close a constant of the graph must be to a pattern's literal: relative 1e-6 (exporters
+/// write f32 constants; 0.7978845608 is 0.797884583 in f32).
+bool constantMatches(double graphValue, double literal);
 
 const char* opcodeName(uint8_t opc);
 

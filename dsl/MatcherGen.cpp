@@ -2,6 +2,8 @@
 #include "fpat/dsl/Matcher.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <functional>
 #include <iomanip>
 #include <map>
@@ -21,8 +23,14 @@ const char* opcodeName(uint8_t opc) {
                                 "OPC_CheckOneUse",
                                 "OPC_CheckDtype",
                                 "OPC_CheckDivisible",
-                                "OPC_Complete"};
-  return opc <= OPC_Complete ? names[opc] : "?";
+                                "OPC_Complete",
+                                "OPC_CheckConstant",
+                                "OPC_CheckRank"};
+  return opc <= OPC_CheckRank ? names[opc] : "?";
+}
+
+bool constantMatches(double graphValue, double literal) {
+  return std::fabs(graphValue - literal) <= 1e-6 * std::max(1.0, std::fabs(literal));
 }
 
 namespace {
@@ -52,6 +60,9 @@ public:
       if (c.kind == Constraint::Dtype) {
         prog_.push_back({{OPC_CheckDtype, slot, static_cast<uint8_t>(c.dtype)},
                          "$" + c.binding + " is " + ir::dtypeName(c.dtype)});
+      } else if (c.kind == Constraint::Rank) {
+        prog_.push_back({{OPC_CheckRank, slot, static_cast<uint8_t>(c.dim)},
+                         "$" + c.binding + " has rank " + std::to_string(c.dim)});
       } else {
         Instr in{{OPC_CheckDivisible, slot, static_cast<uint8_t>(c.dim)},
                  "$" + c.binding + ".shape[" + std::to_string(c.dim) + "] % " +
@@ -96,7 +107,15 @@ private:
       prog_.push_back(
           {{OPC_MoveChild, static_cast<uint8_t>(phys)}, "operand " + std::to_string(phys)});
       const MatchNode& c = n.operands[i];
-      if (c.leaf) {
+      if (c.leaf && c.constant) {
+        Instr in{{OPC_CheckConstant}, "constant " + formatDouble(c.value)};
+        uint64_t bits;
+        std::memcpy(&bits, &c.value, sizeof bits);
+        for (int k = 0; k < 8; ++k)
+          in.bytes.push_back(static_cast<uint8_t>((bits >> (8 * k)) & 0xff));
+        prog_.push_back(in);
+        record(SlotInfo::Input, "");
+      } else if (c.leaf) {
         if (auto it = slots_.find(c.binding); it != slots_.end())
           prog_.push_back({{OPC_CheckSame, static_cast<uint8_t>(it->second)}, "$" + c.binding});
         else
@@ -137,6 +156,8 @@ int countCommutative(const MatchNode& n) {
 /// Does every tree `b` matches also match `a`? (`a` is at least as general as `b`.)
 bool subsumes(const MatchNode& a, const MatchNode& b,
               std::map<std::string, const MatchNode*>& bindA) {
+  if (a.leaf && a.constant)
+    return b.leaf && b.constant && b.value == a.value;
   if (a.leaf) {
     auto [it, fresh] = bindA.emplace(a.binding, &b);
     if (fresh)
@@ -380,6 +401,18 @@ void listing(const MatcherTable& t, std::ostream& os, bool asCpp) {
       case OPC_CheckDivisible:
         line(7, "");
         break;
+      case OPC_CheckConstant: {
+        double v;
+        uint64_t bits = 0;
+        for (int k = 0; k < 8; ++k)
+          bits |= uint64_t{t.bytes[pos + 1 + static_cast<size_t>(k)]} << (8 * k);
+        std::memcpy(&v, &bits, sizeof v);
+        line(9, "constant " + formatDouble(v));
+        break;
+      }
+      case OPC_CheckRank:
+        line(3, "rank " + std::to_string(t.bytes[pos + 2]));
+        break;
       case OPC_Complete: {
         const PatternMeta& m = t.patterns.at(u16(pos + 1));
         line(3, m.name + ": " + m.file + ":" + std::to_string(m.line) + ", benefit " +
@@ -421,10 +454,13 @@ size_t instructionLength(const std::vector<uint8_t>& b, size_t pos) {
     return 2;
   case OPC_CheckActivation:
   case OPC_CheckDtype:
+  case OPC_CheckRank:
   case OPC_Complete:
     return 3;
   case OPC_CheckDivisible:
     return 7;
+  case OPC_CheckConstant:
+    return 9;
   default:
     return 0;
   }

@@ -2,13 +2,14 @@
 //
 //   graph example {
 //     %x = input : f16[1024, 4096]
-//     %w = input : f16[4096, 4096]
+//     %w = weight : f16[4096, 4096]
 //     %h = gemm %x, %w : f16[1024, 4096]
 //     %n = layernorm %h, %g, %b {eps = 1e-05}
 //     output %n
 //   }
 //
-// Result types after ':' are optional except on inputs; when given they are checked.
+// Result types after ':' are optional except on inputs, weights, constants and fused ops; when
+// given they are checked. `f32[]` is a scalar (constants only).
 grammar FGraph;
 
 file        : graphDecl EOF ;
@@ -21,7 +22,7 @@ attrDict    : '{' (attr (',' attr)*)? '}' ;
 attr        : key=IDENT ('=' attrValue)? ;
 attrValue   : number | IDENT | STRING | 'true' | 'false' ;
 number      : '-'? (INT | FLOAT) ;
-tensorType  : dtype=IDENT '[' INT (',' INT)* ']' ;
+tensorType  : dtype=IDENT '[' (INT (',' INT)*)? ']' ;
 
 VALUE        : '%' [A-Za-z0-9_.]+ ;
 IDENT        : [A-Za-z_] [A-Za-z0-9_]* ;

@@ -1,7 +1,8 @@
 # Sourced by the README's commands: makes sure the Debian packages fpat builds with are there.
 # As root it installs what is missing with apt-get; otherwise it lists what to install.
 FPAT_PACKAGES="cmake g++ make antlr4 libantlr4-runtime-dev libboost-graph-dev libboost-test-dev \
-nlohmann-json3-dev libcli11-dev graphviz clang libclang-rt-14-dev libopenblas0-pthread"
+nlohmann-json3-dev libcli11-dev graphviz clang libclang-rt-14-dev libopenblas0-pthread \
+libonnx-dev libprotobuf-dev protobuf-compiler python3-onnx"
 
 fpat_missing_packages() {
   missing=""

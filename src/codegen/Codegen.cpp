@@ -188,15 +188,16 @@ KernelUnit generate(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibrary&
                     const CodegenOptions& o) {
   using namespace detail;
   const ir::Op& op = g.op(v);
-  if (op.kind == ir::OpKind::Input)
-    return {};
+  if (op.kind == ir::OpKind::Input || op.kind == ir::OpKind::Constant)
+    return {}; // uploaded, not computed
   requireF16(g, v);
   if (const ir::FamilyInfo* family = ir::familyOf(op))
     return generateGemm(g, v, lib, o, *family);
   if (op.kind == ir::OpKind::Fused)
     throw CodegenError(ref(g, v) + ": no kernel family '" + op.fused.family +
                        "' implements pattern " + op.fused.pattern);
-  if (op.kind == ir::OpKind::LayerNorm || op.kind == ir::OpKind::RmsNorm)
+  if (op.kind == ir::OpKind::LayerNorm || op.kind == ir::OpKind::RmsNorm ||
+      op.kind == ir::OpKind::ReduceMean)
     return generateRowwise(g, v, o);
   return generateElementwise(g, v, lib, o);
 }

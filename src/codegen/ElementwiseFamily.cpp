@@ -2,6 +2,8 @@
 // ops (activation bodies lowered from .fpat).
 #include "fpat/codegen/Lowering.h"
 
+#include <cctype>
+#include <map>
 #include <sstream>
 
 namespace fpat::codegen::detail {
@@ -12,18 +14,27 @@ KernelUnit generateRowwise(const ir::Graph& g, ir::Vertex v, const CodegenOption
   const std::string arch = "sm" + std::to_string(o.arch);
   std::ostringstream body;
   const bool layer = op.kind == ir::OpKind::LayerNorm;
+  const bool mean = op.kind == ir::OpKind::ReduceMean;
+  // M rows of N elements: the operand's for a reduction, the result's for a norm.
+  const ir::TensorDesc& rows = mean ? g.op(g.operands(v)[0]).type : op.type;
   u.family = "rowwise";
-  u.M = op.type.shape[0];
-  u.N = op.type.shape[1];
+  u.M = rows.rank() == 2 ? rows.shape[0] : 1;
+  u.N = rows.shape.back();
   u.eps = static_cast<float>(op.eps);
-  u.name = std::string("fpat_") + (layer ? "layernorm" : "rmsnorm") + "_" + arch;
+  u.name = std::string("fpat_") +
+           (mean    ? "reduce_mean"
+            : layer ? "layernorm"
+                    : "rmsnorm") +
+           "_" + arch;
   u.what = ref(g, v) + " = " + ir::opKindName(op.kind);
   body << header(std::string(ir::opKindName(op.kind)) + " (not fused)", o,
                  {"family:   rowwise (one warp per row, f32 statistics)"})
        << "#include \"fpat_rowwise.cuh\"\n\n"
        << "extern \"C\" __global__ void __launch_bounds__(256) " << u.name
-       << "(const FpatKernelArgs a) {\n  fpat::normRows<" << (layer ? "true" : "false")
-       << ">(a);\n}\n";
+       << "(const FpatKernelArgs a) {\n  fpat::"
+       << (mean ? std::string("meanRows(a)")
+                : std::string("normRows<") + (layer ? "true" : "false") + ">(a)")
+       << ";\n}\n";
   u.launches.push_back({Launch::Rows, u.name, 256, 0, {}});
   u.source = body.str();
   return u;
@@ -37,11 +48,26 @@ KernelUnit generateElementwise(const ir::Graph& g, ir::Vertex v, const dsl::Patt
   const std::string arch = "sm" + std::to_string(o.arch);
   ActivationCode acts;
   std::ostringstream body;
-  // Elementwise: bias_add, activation, add, mul.
+  // Elementwise: bias_add, activation and the broadcasting binary ops.
   u.family = "elementwise";
   u.M = op.type.rank() == 2 ? op.type.shape[0] : 1;
-  u.N = op.type.shape.back();
+  u.N = op.type.rank() >= 1 ? op.type.shape.back() : 1;
   std::string expr, kinds, suffix;
+  // How each operand broadcasts to the result (NumPy rules, ranks <= 2).
+  auto inputKind = [&](size_t k) -> std::string {
+    const ir::TensorDesc& t = g.op(ins[k]).type;
+    if (t.shape == op.type.shape)
+      return "FPAT_IN_FULL";
+    if (t.numel() == 1)
+      return "FPAT_IN_SCALAR";
+    if (t.shape.back() == 1)
+      return "FPAT_IN_COLVEC";
+    return "FPAT_IN_ROWVEC";
+  };
+  auto binaryKinds = [&] {
+    const std::string k0 = inputKind(0), k1 = inputKind(1);
+    return k0 == k1 ? k0 : "k == 0 ? " + k0 + " : " + k1;
+  };
   switch (op.kind) {
   case ir::OpKind::BiasAdd:
     expr = "in[0] + in[1]";
@@ -49,15 +75,25 @@ KernelUnit generateElementwise(const ir::Graph& g, ir::Vertex v, const dsl::Patt
     suffix = "bias_add";
     break;
   case ir::OpKind::Add:
-    expr = "in[0] + in[1]";
-    kinds = "FPAT_IN_FULL";
-    suffix = "add";
-    break;
   case ir::OpKind::Mul:
-    expr = "in[0] * in[1]";
-    kinds = "FPAT_IN_FULL";
-    suffix = "mul";
+  case ir::OpKind::Sub:
+  case ir::OpKind::Div:
+  case ir::OpKind::Pow: {
+    static const std::map<ir::OpKind, std::string> exprs = {
+        {ir::OpKind::Add, "in[0] + in[1]"},
+        {ir::OpKind::Mul, "in[0] * in[1]"},
+        {ir::OpKind::Sub, "in[0] - in[1]"},
+        {ir::OpKind::Div, "in[0] / in[1]"},
+        {ir::OpKind::Pow, "powf(in[0], in[1])"}};
+    expr = exprs.at(op.kind);
+    kinds = binaryKinds();
+    suffix = ir::opKindName(op.kind);
+    // Each broadcast is its own kernel (the runtime loads kernels by name).
+    if (inputKind(0) != "FPAT_IN_FULL" || inputKind(1) != "FPAT_IN_FULL")
+      for (size_t k = 0; k < 2; ++k)
+        suffix += "_" + std::string(1, static_cast<char>(std::tolower(inputKind(k)[8])));
     break;
+  }
   case ir::OpKind::Activation:
     expr = callActivation(op.fn, op.params, "in[0]", ref(g, v), lib, acts);
     kinds = "FPAT_IN_FULL";

@@ -6,6 +6,7 @@
 #include "fpat/ir/Rows.h"
 #include "fpat/ir/text/Text.h"
 #include "fpat/match/Match.h"
+#include "fpat/onnx/Import.h"
 #include "fpat/runtime/Pipeline.h"
 #include "fpat/support/Blas.h"
 #include "fpat/support/Process.h"
@@ -134,7 +135,8 @@ std::optional<dsl::Compilation> compilePatterns(const std::string& path, SourceM
 /// Everything the pattern side contributes to a run.
 struct Patterns {
   dsl::MatcherTable table;
-  dsl::PatternLibrary library; // activation bodies, for codegen
+  dsl::MatcherTable raiseTable; // Raise patterns, run before fusion
+  dsl::PatternLibrary library;  // activation bodies, for codegen
   ir::ActivationSet activations;
   ir::ActivationLibrary reference;
   size_t userPatterns = 0;
@@ -195,6 +197,19 @@ bool loadPatterns(const FpatcOptions& opts, SourceManager& sm, DiagEngine& diags
       }
       lib.activations.push_back(a);
     }
+    for (const dsl::PatternDef& r : user->library.raises) {
+      if (isBuiltin(r.loc))
+        continue;
+      auto prev = std::find_if(lib.raises.begin(), lib.raises.end(),
+                               [&](const dsl::PatternDef& d) { return d.name == r.name; });
+      if (prev != lib.raises.end()) {
+        diags.error(r.loc, "raise '" + r.name + "' is already defined");
+        diags.note(prev->loc, "previous definition is here");
+        clashed = true;
+        continue;
+      }
+      lib.raises.push_back(r);
+    }
     if (clashed)
       return false;
     dsl::MatcherTable userTable = dsl::compileMatcherTable(mine, sm, diags);
@@ -213,9 +228,59 @@ bool loadPatterns(const FpatcOptions& opts, SourceManager& sm, DiagEngine& diags
     p.table = std::move(merged);
     p.userPatterns += mine.patterns.size();
   }
+  dsl::PatternLibrary raises;
+  raises.patterns = lib.raises;
+  p.raiseTable = dsl::compileMatcherTable(raises, sm, diags);
   p.activations = lib.activationSet();
   p.reference = lib.referenceActivations();
   p.library = std::move(lib);
+  return true;
+}
+
+/// Imports an ONNX model; problems are printed as `FILE: error: node 'N' (Op): message`.
+bool importOnnx(const FpatcOptions& opts, const std::string& bytes, const Patterns& pats,
+                std::optional<ir::Graph>& g, std::vector<std::string>& notes, std::ostream& out,
+                std::ostream& err) {
+  (void)out;
+  onnx::ImportOptions io;
+  io.dims = opts.dims;
+  if (opts.precision == "bf16") {
+    err << "fpatc: error: --precision bf16 is not supported yet (the IR and kernels are f16 and "
+           "f32); use --precision f16\n";
+    return false;
+  }
+  if (!opts.precision.empty())
+    io.precision = ir::parseDType(opts.precision);
+  else
+    io.precision = ir::DType::F16; // the tensor cores' type; --precision f32 keeps f32
+  onnx::ImportResult r = onnx::importModel(bytes, io, pats.activations);
+  const std::string file = inputName(opts.input);
+  for (const onnx::ImportProblem& p : r.problems)
+    err << file
+        << ": error: " << (p.node.empty() ? "" : "node '" + p.node + "' (" + p.opType + "): ")
+        << p.message << "\n";
+  if (!r.problems.empty()) {
+    if (std::any_of(r.problems.begin(), r.problems.end(), [](const onnx::ImportProblem& p) {
+          return p.message.rfind("op type ", 0) == 0;
+        })) {
+      std::string list;
+      for (const std::string& o : onnx::supportedOpTypes())
+        list += (list.empty() ? "" : ", ") + o;
+      err << file << ": note: fpat imports these op types: " << list << "\n";
+    }
+    err << r.problems.size() << " error" << (r.problems.size() == 1 ? "" : "s") << " generated.\n";
+    return false;
+  }
+  g = std::move(r.graph);
+  notes = r.notes;
+  notes.insert(
+      notes.begin(),
+      "ONNX opset " + std::to_string(r.opset) + ", " + ir::dtypeName(r.storedAs) + " model" +
+          (io.precision && *io.precision != r.storedAs
+               ? std::string(", run in ") + ir::dtypeName(*io.precision) +
+                     (opts.precision.empty() ? " (--precision f32 keeps f32: CPU only)" : "")
+               : std::string()) +
+          "; weights from its initializers");
   return true;
 }
 
@@ -552,8 +617,22 @@ int runFpatc(const FpatcOptions& opts, std::ostream& out, std::ostream& err) {
     err << "fpatc: error: cannot read '" << opts.input << "': " << why << "\n";
     return 1;
   }
-  const int fileId = sm.addBuffer(inputName(opts.input), std::move(text));
-  std::optional<ir::Graph> g = ir::parseGraph(fileId, diags, pats.activations);
+  std::optional<ir::Graph> g;
+  std::vector<std::string> importNotes;
+  int fileId = -1;
+  if (onnx::looksLikeOnnx(opts.input, text)) {
+    if (opts.verifyDiagnostics) {
+      err << "fpatc: error: --verify-diagnostics checks .fgraph files, not ONNX models\n";
+      return 1;
+    }
+    if (!importOnnx(opts, text, pats, g, importNotes, out, err))
+      return 1;
+  } else {
+    fileId = sm.addBuffer(inputName(opts.input), std::move(text));
+    g = ir::parseGraph(fileId, diags, pats.activations);
+    if (!opts.precision.empty())
+      diags.error({}, "--precision applies to ONNX models; an .fgraph file states its types");
+  }
   diags.flush();
   if (opts.verifyDiagnostics) {
     auto problems = verifyDiagnostics(diags, fileId);
@@ -573,13 +652,36 @@ int runFpatc(const FpatcOptions& opts, std::ostream& out, std::ostream& err) {
 
   auto problems = ir::validate(*g, pats.activations);
   if (opts.emit.empty()) {
-    out << "== parse: " << opts.input << ": graph " << g->name() << ", " << summary(*g) << '\n';
+    out << "== " << (fileId < 0 ? "import" : "parse") << ": " << opts.input << ": graph "
+        << g->name() << ", " << summary(*g) << '\n';
+    for (const std::string& n : importNotes)
+      out << "  note: " << n << '\n';
     out << "== validate: " << (problems.empty() ? "ok" : "FAILED") << '\n';
   }
   for (const std::string& p : problems)
     err << "fpatc: error: " << p << '\n';
   if (!problems.empty())
     return 1;
+
+  // Raising: exporters' decompositions (GeLU, SiLU, RMSNorm, LayerNorm, bias adds) become the
+  // IR's ops, so that fusion sees them. The reference checks the raised graph against the
+  // graph as given (below), so a raise that changed the meaning would be caught.
+  const ir::Graph given = *g;
+  std::vector<match::RaiseStep> steps;
+  if (opts.fuse && !opts.noRaise) {
+    *g = match::raise(*g, pats.raiseTable, pats.library, &steps);
+    auto after = ir::validate(*g, pats.activations);
+    for (const std::string& p : after)
+      err << "fpatc: internal error: the raised graph is invalid: " << p << '\n';
+    if (!after.empty())
+      return 70;
+    if (opts.emit.empty() && !steps.empty()) {
+      out << "== raise: " << steps.size() << " decomposition" << (steps.size() == 1 ? "" : "s")
+          << " raised, " << g->size() << " ops left\n";
+      for (const match::RaiseStep& st : steps)
+        out << "  %" << st.root << " = " << st.pattern << " (" << st.ops << " ops)\n";
+    }
+  }
 
   // What cannot work is said before any work is done. The GPU kernels take f16 tensors only:
   // f32 graphs can be fused and checked on the CPU (--no-compile), not compiled.
@@ -697,6 +799,27 @@ int runFpatc(const FpatcOptions& opts, std::ostream& out, std::ostream& err) {
       out << "  output %" << g->op(v).name << " " << vals[v].desc.str() << ": min "
           << fixed(s.min, 4) << ", max " << fixed(s.max, 4) << ", mean " << fixed(s.mean, 4)
           << ", rms " << fixed(s.rms, 4) << ", non-finite " << s.nonFinite << '\n';
+    }
+    if (!steps.empty()) {
+      // Raising must not change what the graph computes: the graph as given, evaluated with
+      // its own (unraised) ops, agrees up to the roundings of the intermediates it had.
+      std::optional<ir::RowSample> givenSample;
+      if (sample)
+        givenSample = ir::sampleRows(given, sample->picked.size());
+      if (!sample || (givenSample && givenSample->picked == sample->picked)) {
+        const ir::Graph& givenRef = givenSample ? givenSample->graph : given;
+        std::vector<ir::Tensor> gv = ir::evaluate(
+            givenRef, givenSample ? ir::sliceInputs(given, *givenSample, inputs) : inputs,
+            pats.reference, progress(givenRef));
+        out << "  raised graph on the CPU vs the graph as given:\n";
+        for (size_t i = 0; i < g->outputs().size(); ++i) {
+          runtime::Agreement c =
+              runtime::compareToReference(vals[g->outputs()[i]], gv[given.outputs()[i]]);
+          out << "    %" << g->op(g->outputs()[i]).name << ": max abs err " << sci(c.maxAbs)
+              << ", max rel err " << sci(c.maxRel) << " -> " << (c.pass ? "PASS" : "FAIL") << "\n";
+          rc = c.pass ? rc : 1;
+        }
+      }
     }
     if (opts.fuse && !mr.matches.empty()) {
       // The fused graph evaluated with fused-op semantics (one rounding per fused op) must

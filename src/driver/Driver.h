@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <ostream>
 #include <set>
 #include <string>
@@ -10,7 +11,7 @@
 namespace fpat {
 
 struct FpatcOptions {
-  std::string input;                     // .fgraph file
+  std::string input;                     // .fgraph file or ONNX model
   uint64_t seed = 1;                     // seed of the random inputs
   std::string inputsDir;                 // read input NAME from DIR/NAME.f16 when that exists
   std::string outputsDir;                // write each GPU output NAME to DIR/NAME.f16
@@ -38,6 +39,9 @@ struct FpatcOptions {
   std::string cacheDir;                  // kernel cache ("" : $FPAT_CACHE_DIR or ~/.cache/fpat)
   bool verifyDiagnostics = false;        // golden mode: check expected-* comments
   int errorLimit = 50;                   // 0 = unlimited
+  bool noRaise = false;                  // skip the raising patterns
+  std::string precision;                 // ONNX models: f32, f16 ("" : f16)
+  std::map<std::string, int64_t> dims;   // ONNX models: sizes of symbolic dimensions
 };
 
 /// Directory of the built-in .fpat files: $FPAT_PATTERNS_DIR, or "" for the embedded ones.

@@ -40,6 +40,31 @@ Value GraphBuilder::input(const std::string& name, std::vector<int64_t> shape, D
   return append(std::move(op), {}, name);
 }
 
+Value GraphBuilder::weight(const std::string& name, std::vector<int64_t> shape, DType dtype,
+                           std::vector<float> values) {
+  Value v = input(name, std::move(shape), dtype);
+  Op& op = g_.op(v.v);
+  op.weight = true;
+  if (!values.empty()) {
+    if (values.size() != static_cast<size_t>(op.type.numel()))
+      throw BuildError("weight %" + name + ": " + std::to_string(values.size()) +
+                       " values given for " + op.type.str());
+    for (float& x : values)
+      x = dtype == DType::F16 ? roundToHalf(x) : x;
+    op.data = std::make_shared<const std::vector<float>>(std::move(values));
+  }
+  return v;
+}
+
+Value GraphBuilder::constant(double value, std::vector<int64_t> shape, DType dtype,
+                             const std::string& name) {
+  Op op;
+  op.kind = OpKind::Constant;
+  op.value = value;
+  op.type = {std::move(shape), dtype};
+  return append(std::move(op), {}, name);
+}
+
 Value GraphBuilder::gemm(Value a, Value b, bool transposeB, const std::string& name) {
   Op op;
   op.kind = OpKind::Gemm;
@@ -70,6 +95,30 @@ Value GraphBuilder::mul(Value a, Value b, const std::string& name) {
   Op op;
   op.kind = OpKind::Mul;
   return append(std::move(op), {a, b}, name);
+}
+
+Value GraphBuilder::sub(Value a, Value b, const std::string& name) {
+  Op op;
+  op.kind = OpKind::Sub;
+  return append(std::move(op), {a, b}, name);
+}
+
+Value GraphBuilder::div(Value a, Value b, const std::string& name) {
+  Op op;
+  op.kind = OpKind::Div;
+  return append(std::move(op), {a, b}, name);
+}
+
+Value GraphBuilder::pow(Value a, Value b, const std::string& name) {
+  Op op;
+  op.kind = OpKind::Pow;
+  return append(std::move(op), {a, b}, name);
+}
+
+Value GraphBuilder::reduceMean(Value x, const std::string& name) {
+  Op op;
+  op.kind = OpKind::ReduceMean;
+  return append(std::move(op), {x}, name);
 }
 
 Value GraphBuilder::layernorm(Value x, Value gamma, Value beta, double eps,

@@ -29,11 +29,24 @@ public:
       : g_(std::move(name)), acts_(acts) {}
 
   Value input(const std::string& name, std::vector<int64_t> shape, DType dtype = DType::F16);
+  /// A weight: an input whose values are part of the model (`values` empty: given at run
+  /// time like an input's). Values are rounded to `dtype` as they are stored.
+  Value weight(const std::string& name, std::vector<int64_t> shape, DType dtype = DType::F16,
+               std::vector<float> values = {});
+  /// A tensor of `shape` (rank 0 for a scalar) every element of which is `value`.
+  Value constant(double value, std::vector<int64_t> shape = {}, DType dtype = DType::F16,
+                 const std::string& name = "");
   Value gemm(Value a, Value b, bool transposeB = false, const std::string& name = "");
   Value bias(Value x, Value b, const std::string& name = "");
   Value activation(Value x, const std::string& fn, const std::string& name = "");
   Value add(Value a, Value b, const std::string& name = "");
   Value mul(Value a, Value b, const std::string& name = "");
+  /// Broadcasting elementwise ops (add and mul above broadcast too).
+  Value sub(Value a, Value b, const std::string& name = "");
+  Value div(Value a, Value b, const std::string& name = "");
+  Value pow(Value a, Value b, const std::string& name = "");
+  /// Mean over the last dimension, kept with size 1.
+  Value reduceMean(Value x, const std::string& name = "");
   Value layernorm(Value x, Value gamma, Value beta, double eps = 1e-5,
                   const std::string& name = "");
   Value rmsnorm(Value x, Value gamma, double eps = 1e-5, const std::string& name = "");

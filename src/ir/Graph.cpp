@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <boost/graph/graphviz.hpp>
 #include <boost/graph/topological_sort.hpp>
+#include <cmath>
 #include <set>
 
 namespace fpat::ir {
@@ -18,6 +19,11 @@ const std::vector<OpKindInfo>& opKinds() {
       {OpKind::LayerNorm, "layernorm", 3, 3},
       {OpKind::RmsNorm, "rmsnorm", 2, 2},
       {OpKind::Fused, "fused", 1, -1},
+      {OpKind::Constant, "constant", 0, 0},
+      {OpKind::Sub, "sub", 2, 2},
+      {OpKind::Div, "div", 2, 2},
+      {OpKind::Pow, "pow", 2, 2},
+      {OpKind::ReduceMean, "reduce_mean", 1, 1},
   };
   return kinds;
 }
@@ -34,6 +40,24 @@ std::optional<OpKind> parseOpKind(std::string_view name) {
     if (name == i.name)
       return i.kind;
   return std::nullopt;
+}
+
+bool isBinaryElementwise(OpKind k) {
+  return k == OpKind::Add || k == OpKind::Mul || k == OpKind::Sub || k == OpKind::Div ||
+         k == OpKind::Pow;
+}
+
+std::optional<std::vector<int64_t>> broadcastShapes(const std::vector<int64_t>& a,
+                                                    const std::vector<int64_t>& b) {
+  std::vector<int64_t> out(std::max(a.size(), b.size()));
+  for (size_t i = 0; i < out.size(); ++i) {
+    const int64_t x = i < a.size() ? a[a.size() - 1 - i] : 1;
+    const int64_t y = i < b.size() ? b[b.size() - 1 - i] : 1;
+    if (x != y && x != 1 && y != 1)
+      return std::nullopt;
+    out[out.size() - 1 - i] = x == 1 ? y : x;
+  }
+  return out;
 }
 
 Vertex Graph::addOp(Op op, const std::vector<Vertex>& operands) {
@@ -202,9 +226,17 @@ std::optional<TensorDesc> inferType(const Op& op, const std::vector<OperandInfo>
                          dtypeName(in[0].type.dtype) + " like operand 0");
   auto requireRank = [&](size_t i, int rank) { return in[i].type.rank() == rank; };
   switch (op.kind) {
-  case OpKind::Input: {
-    if (op.type.rank() < 1 || op.type.rank() > 2)
-      return fail(-1, "tensors must be 1-D or 2-D, got rank " + std::to_string(op.type.rank()));
+  case OpKind::Input:
+  case OpKind::Constant: {
+    if (op.type.rank() < (op.kind == OpKind::Constant ? 0 : 1) || op.type.rank() > 2)
+      return fail(-1, std::string(op.kind == OpKind::Constant ? "constants must have rank 0, 1 or 2"
+                                                              : "tensors must be 1-D or 2-D") +
+                          ", got rank " + std::to_string(op.type.rank()));
+    if (op.kind == OpKind::Constant && !std::isfinite(op.value))
+      return fail(-1, "the value of a constant must be finite");
+    if (op.data && op.data->size() != static_cast<size_t>(op.type.numel()))
+      return fail(-1, "the weight holds " + std::to_string(op.data->size()) +
+                          " values; its type needs " + std::to_string(op.type.numel()));
     for (int64_t d : op.type.shape)
       if (d < 1)
         return fail(-1, "dimension " + std::to_string(d) + " must be at least 1");
@@ -247,10 +279,22 @@ std::optional<TensorDesc> inferType(const Op& op, const std::vector<OperandInfo>
     return in[0].type;
   case OpKind::Add:
   case OpKind::Mul:
-    if (in[1].type.shape != in[0].type.shape)
-      return fail(1, operandRef(in, 1) + " must have the shape of operand 0, " +
-                         in[0].type.shapeStr());
-    return in[0].type;
+  case OpKind::Sub:
+  case OpKind::Div:
+  case OpKind::Pow: {
+    auto shape = broadcastShapes(in[0].type.shape, in[1].type.shape);
+    if (!shape)
+      return fail(1, operandRef(in, 1) + " does not broadcast with operand 0, " +
+                         in[0].type.shapeStr() + " (trailing dimensions must be equal or 1)");
+    return TensorDesc{*shape, in[0].type.dtype};
+  }
+  case OpKind::ReduceMean: {
+    if (in[0].type.rank() < 1)
+      return fail(0, operandRef(in, 0) + " must have rank 1 or 2");
+    TensorDesc t = in[0].type;
+    t.shape.back() = 1;
+    return t;
+  }
   case OpKind::LayerNorm:
   case OpKind::RmsNorm: {
     if (!requireRank(0, 2))
@@ -488,6 +532,9 @@ std::string attrString(const Op& op) {
   case OpKind::LayerNorm:
   case OpKind::RmsNorm:
     attrs.push_back("eps = " + formatDouble(op.eps));
+    break;
+  case OpKind::Constant:
+    attrs.push_back("value = " + formatDouble(op.value));
     break;
   case OpKind::Fused: {
     attrs.push_back("pattern = " + op.fused.pattern);

@@ -7,6 +7,7 @@
 
 #include <boost/graph/adjacency_list.hpp>
 #include <map>
+#include <memory>
 #include <optional>
 #include <ostream>
 #include <string>
@@ -14,7 +15,30 @@
 
 namespace fpat::ir {
 
-enum class OpKind { Input, Gemm, BiasAdd, Activation, Add, Mul, LayerNorm, RmsNorm, Fused };
+// Input..Fused are the ops of an MLP block; Constant..ReduceMean are the generic elementwise
+// ops and row reduction that imported graphs hold before raising (and run unfused after it).
+enum class OpKind {
+  Input,
+  Gemm,
+  BiasAdd,
+  Activation,
+  Add,
+  Mul,
+  LayerNorm,
+  RmsNorm,
+  Fused,
+  Constant, // a tensor every element of which is `value`
+  Sub,      // add, mul, sub, div, pow broadcast as NumPy does (trailing dimensions)
+  Div,
+  Pow,
+  ReduceMean, // mean over the last dimension, kept as a dimension of size 1
+};
+
+/// Whether `k` is one of the broadcasting binary elementwise ops.
+bool isBinaryElementwise(OpKind k);
+/// The NumPy broadcast of two shapes, or nullopt when they do not broadcast.
+std::optional<std::vector<int64_t>> broadcastShapes(const std::vector<int64_t>& a,
+                                                    const std::vector<int64_t>& b);
 
 /// The op registry: name and operand count of every kind (`maxOperands < 0`: variadic).
 struct OpKindInfo {
@@ -70,8 +94,12 @@ struct FusedAttrs {
 
 struct Op {
   OpKind kind = OpKind::Input;
-  std::string name;                     // value name, without '%'
-  TensorDesc type;                      // result type (inferred; given for inputs)
+  std::string name;                               // value name, without '%'
+  TensorDesc type;                                // result type (inferred; given for inputs)
+  bool weight = false;                            // input: a constant of the model (its weights)
+  std::shared_ptr<const std::vector<float>> data; // weight: its values (else given at run time)
+  double value = 0;                               // constant: the value of every element
+  std::string origin;                   // imported ops: the node they came from, for messages
   bool transposeB = false;              // gemm: B is stored [N, K]
   std::string fn;                       // activation name
   std::map<std::string, double> params; // activation parameters (e.g. a leaky-ReLU slope)

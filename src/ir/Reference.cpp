@@ -107,6 +107,10 @@ std::map<std::string, Tensor> randomInputs(const Graph& g, uint64_t seed) {
     const Op& op = g.op(v);
     if (op.kind != OpKind::Input)
       continue;
+    if (op.data) { // a weight with its values
+      in[op.name] = Tensor{op.type, *op.data};
+      continue;
+    }
     // Weights (B operands of a gemm) get variance 1/K, as in Xavier/LeCun initialisation,
     // so activations keep their scale through stacked gemms and stay far from f16 overflow.
     double range = 1.0;
@@ -214,6 +218,45 @@ void norm(const Tensor& x, const Tensor& gamma, const Tensor* beta, double eps, 
       y.data[i * n + j] = store(v, y.desc.dtype);
     }
   }
+}
+
+/// out = a op b with NumPy broadcasting (ranks <= 2), in double, rounded once.
+void binary(OpKind k, const Tensor& a, const Tensor& b, Tensor& out) {
+  const int rank = out.desc.rank();
+  const int64_t rows = rank == 2 ? out.desc.shape[0] : 1;
+  const int64_t cols = rank >= 1 ? out.desc.shape.back() : 1;
+  // Element (i, j) of an operand broadcast to [rows, cols]: strides of 0 where it has size 1.
+  auto strides = [&](const TensorDesc& d) {
+    const int64_t c = d.rank() >= 1 ? d.shape.back() : 1;
+    const int64_t r = d.rank() == 2 ? d.shape[0] : 1;
+    return std::pair<int64_t, int64_t>{r == 1 ? 0 : c, c == 1 ? 0 : 1};
+  };
+  const auto [ar, ac] = strides(a.desc);
+  const auto [br, bc] = strides(b.desc);
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) {
+      const double x = a.data[static_cast<size_t>(i * ar + j * ac)];
+      const double y = b.data[static_cast<size_t>(i * br + j * bc)];
+      double r = 0;
+      switch (k) {
+      case OpKind::Add:
+        r = x + y;
+        break;
+      case OpKind::Mul:
+        r = x * y;
+        break;
+      case OpKind::Sub:
+        r = x - y;
+        break;
+      case OpKind::Div:
+        r = x / y;
+        break;
+      default:
+        r = std::pow(x, y);
+        break;
+      }
+      out.data[static_cast<size_t>(i * cols + j)] = store(r, out.desc.dtype);
+    }
 }
 
 /// A fused op's meaning, by kernel family: the main computation kept in double, then the
@@ -339,13 +382,25 @@ std::vector<Tensor> evaluate(const Graph& g, const std::map<std::string, Tensor>
       break;
     }
     case OpKind::Add:
-      for (size_t i = 0; i < out.data.size(); ++i)
-        out.data[i] = store(double(in(0).data[i]) + double(in(1).data[i]), dt);
-      break;
     case OpKind::Mul:
-      for (size_t i = 0; i < out.data.size(); ++i)
-        out.data[i] = store(double(in(0).data[i]) * double(in(1).data[i]), dt);
+    case OpKind::Sub:
+    case OpKind::Div:
+    case OpKind::Pow:
+      binary(op.kind, in(0), in(1), out);
       break;
+    case OpKind::Constant:
+      std::fill(out.data.begin(), out.data.end(), store(op.value, dt));
+      break;
+    case OpKind::ReduceMean: {
+      const size_t n = static_cast<size_t>(in(0).desc.shape.back());
+      for (size_t r = 0; r < out.data.size(); ++r) {
+        double s = 0;
+        for (size_t j = 0; j < n; ++j)
+          s += in(0).data[r * n + j];
+        out.data[r] = store(s / static_cast<double>(n), dt);
+      }
+      break;
+    }
     case OpKind::LayerNorm:
       norm(in(0), in(1), &in(2), op.eps, /*rms=*/false, out);
       break;

@@ -12,18 +12,31 @@ std::vector<Role> operandRoles(const Graph& g, Vertex v) {
   const std::vector<Vertex> ops = g.operands(v);
   std::vector<Role> roles(ops.size(), Role::Whole);
   switch (op.kind) {
-  case OpKind::Input:
-    break;
   case OpKind::Gemm:
   case OpKind::BiasAdd:
   case OpKind::LayerNorm:
   case OpKind::RmsNorm:
     roles.at(0) = Role::Same;
     break;
+  case OpKind::Input:
+  case OpKind::Constant:
+    break;
   case OpKind::Activation:
+  case OpKind::ReduceMean:
+    std::fill(roles.begin(), roles.end(), Role::Same);
+    break;
   case OpKind::Add:
   case OpKind::Mul:
-    std::fill(roles.begin(), roles.end(), Role::Same);
+  case OpKind::Sub:
+  case OpKind::Div:
+  case OpKind::Pow:
+    // A matrix operand with the result's rows carries them ([M, N] or [M, 1]); vectors,
+    // scalars and [1, N] rows broadcast over all rows are read whole.
+    for (size_t i = 0; i < ops.size(); ++i) {
+      const TensorDesc& t = g.op(ops[i]).type;
+      if (op.type.rank() == 2 && t.rank() == 2 && t.shape[0] == op.type.shape[0])
+        roles[i] = Role::Same;
+    }
     break;
   case OpKind::Fused: {
     roles.at(0) = Role::Same;                // A (norm_gemm: x)

@@ -1,7 +1,10 @@
 #include "fpat/match/Match.h"
 
 #include <algorithm>
+#include <cstring>
 #include <map>
+#include <optional>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 
@@ -129,6 +132,29 @@ private:
         if (dim >= t.rank() || t.shape[static_cast<size_t>(dim)] % k != 0)
           return fail(why, ref(v) + " has shape " + t.shapeStr() + "; the pattern requires dim " +
                                std::to_string(dim) + " divisible by " + std::to_string(k));
+        break;
+      }
+      case OPC_CheckConstant: {
+        uint64_t bits = 0;
+        for (int k = 0; k < 8; ++k)
+          bits |= uint64_t{b[pos + 1 + static_cast<size_t>(k)]} << (8 * k);
+        double want;
+        std::memcpy(&want, &bits, sizeof want);
+        const ir::Op& op = g_.op(s.cur);
+        if (op.kind != ir::OpKind::Constant || !constantMatches(op.value, want))
+          return fail(why, ref(s.cur) + " is " +
+                               (op.kind == ir::OpKind::Constant
+                                    ? "the constant " + formatDouble(op.value)
+                                    : what(s.cur)) +
+                               "; the pattern needs the constant " + formatDouble(want));
+        break;
+      }
+      case OPC_CheckRank: {
+        Vertex v = s.slots.at(b[pos + 1]);
+        const int rank = b[pos + 2];
+        if (g_.op(v).type.rank() != rank)
+          return fail(why, ref(v) + " has rank " + std::to_string(g_.op(v).type.rank()) +
+                               "; the pattern requires rank " + std::to_string(rank));
         break;
       }
       case OPC_Complete: {
@@ -444,6 +470,203 @@ Graph rewrite(const Graph& g, const MatcherTable& table, const std::vector<Match
   for (Vertex o : g.outputs())
     out.addOutput(map[o]);
   return out;
+}
+
+Graph removeDeadOps(const Graph& g) {
+  auto order = ir::stableOrder(g);
+  if (!order)
+    throw std::invalid_argument("removeDeadOps: graph " + g.name() + " has a cycle");
+  std::vector<bool> live(g.size(), false);
+  for (Vertex o : g.outputs())
+    live[o] = true;
+  for (auto it = order->rbegin(); it != order->rend(); ++it) {
+    if (g.op(*it).kind == ir::OpKind::Input)
+      live[*it] = true;
+    if (live[*it])
+      for (Vertex u : g.operands(*it))
+        live[u] = true;
+  }
+  Graph out(g.name());
+  std::vector<Vertex> map(g.size());
+  for (Vertex v : *order) {
+    if (!live[v])
+      continue;
+    std::vector<Vertex> ops;
+    for (Vertex u : g.operands(v))
+      ops.push_back(map[u]);
+    map[v] = out.addOp(g.op(v), ops);
+  }
+  for (Vertex o : g.outputs())
+    out.addOutput(map[o]);
+  return out;
+}
+
+namespace {
+
+/// A raise's result, checked against the graph before anything is rewritten.
+struct RaisePlan {
+  const Match* match;
+  const PatternDef* def;
+  std::map<std::string, Vertex> bound; // binding -> node of the graph
+};
+
+/// The value of a result attribute: a literal, or a bound scalar (rank 0 or one element)
+/// constant. Empty when the bound value is no such constant.
+std::optional<double> attrValue(const Graph& g, const MatchNode& a, const RaisePlan& p) {
+  if (a.constant)
+    return a.value;
+  const ir::Op& op = g.op(p.bound.at(a.binding));
+  if (op.kind != ir::OpKind::Constant || op.type.numel() != 1)
+    return std::nullopt;
+  return op.value;
+}
+
+/// Builds the ops of `n` (types inferred) into `out`, reading bound values through `map`.
+/// Returns nullopt, with the reason, when the result does not type-check.
+std::optional<Vertex> buildResult(const Graph& g, Graph& out, const std::vector<Vertex>& map,
+                                  const MatchNode& n, const RaisePlan& p, const PatternLibrary& lib,
+                                  const std::string& name, const ir::Op& root, int& counter,
+                                  std::string& why) {
+  if (n.leaf)
+    return map[p.bound.at(n.binding)];
+  ir::Op op;
+  op.kind = n.kind;
+  op.fn = n.fn;
+  op.loc = root.loc;
+  op.origin = root.origin;
+  op.name = name;
+  std::vector<Vertex> ins;
+  std::vector<ir::OperandInfo> infos;
+  for (const MatchNode& c : n.operands) {
+    auto v = buildResult(g, out, map, c, p, lib, name + ".r" + std::to_string(counter++), root,
+                         counter, why);
+    if (!v)
+      return std::nullopt;
+    ins.push_back(*v);
+    infos.push_back({out.op(*v).name, out.op(*v).type});
+  }
+  std::vector<std::string> attrNames;
+  if (n.kind == ir::OpKind::LayerNorm || n.kind == ir::OpKind::RmsNorm)
+    attrNames = {"eps"};
+  else if (const ActivationDef* a = lib.findActivation(n.fn))
+    attrNames = a->paramNames;
+  for (size_t i = 0; i < n.attrs.size() && i < attrNames.size(); ++i) {
+    auto v = attrValue(g, n.attrs[i], p);
+    if (!v) {
+      why = "$" + n.attrs[i].binding + " (%" + g.op(p.bound.at(n.attrs[i].binding)).name +
+            ") is not a scalar constant, so it cannot be the " + attrNames[i] + " of " +
+            (n.kind == ir::OpKind::Activation ? n.fn : ir::opKindName(n.kind));
+      return std::nullopt;
+    }
+    if (n.kind == ir::OpKind::Activation)
+      op.params[attrNames[i]] = *v;
+    else
+      op.eps = *v;
+  }
+  ir::TypeError err;
+  auto t = ir::inferType(op, infos, err, lib.activationSet());
+  if (!t) {
+    why = "the result does not type-check: " + err.message;
+    return std::nullopt;
+  }
+  op.type = *t;
+  return out.addOp(std::move(op), ins);
+}
+
+/// One pass of raising; false when nothing was rewritten.
+bool raiseOnce(Graph& g, const MatcherTable& table, const PatternLibrary& lib,
+               std::vector<RaiseStep>* steps) {
+  MatchResult mr = findMatches(g, table);
+  if (mr.matches.empty())
+    return false;
+  // Dry run: each match's result must type-check on its own (in a scratch graph holding the
+  // bound values as inputs of their types).
+  std::vector<RaisePlan> plans;
+  for (const Match& m : mr.matches) {
+    const PatternMeta& meta = table.patterns[m.pattern];
+    auto def = std::find_if(lib.raises.begin(), lib.raises.end(),
+                            [&](const PatternDef& d) { return d.name == meta.name; });
+    if (def == lib.raises.end())
+      throw std::logic_error("raise table names '" + meta.name + "', which the library lacks");
+    RaisePlan p{&m, &*def, {}};
+    for (size_t k = 0; k < m.slots.size(); ++k)
+      if (!meta.slots[k].binding.empty())
+        p.bound[meta.slots[k].binding] = m.slots[k];
+    Graph scratch;
+    std::vector<Vertex> map(g.size());
+    for (auto& [b, v] : p.bound) {
+      ir::Op in;
+      in.kind = ir::OpKind::Input;
+      in.name = g.op(v).name;
+      in.type = g.op(v).type;
+      map[v] = scratch.addOp(in, {});
+    }
+    int counter = 0;
+    std::string why;
+    auto r = buildResult(g, scratch, map, def->result, p, lib, g.op(m.slots[0]).name,
+                         g.op(m.slots[0]), counter, why);
+    if (r && scratch.op(*r).type == g.op(m.slots[0]).type)
+      plans.push_back(std::move(p));
+  }
+  if (plans.empty())
+    return false;
+  std::map<Vertex, const RaisePlan*> byRoot;
+  std::vector<bool> removed(g.size(), false);
+  for (const RaisePlan& p : plans) {
+    byRoot[p.match->slots[0]] = &p;
+    const PatternMeta& meta = table.patterns[p.match->pattern];
+    for (size_t k = 1; k < p.match->slots.size(); ++k)
+      if (meta.slots[k].role == SlotInfo::Internal)
+        removed[p.match->slots[k]] = true; // single-use: nothing outside reads them
+  }
+  Graph out(g.name());
+  std::vector<Vertex> map(g.size());
+  const std::vector<Vertex> order = *ir::stableOrder(g); // (a temporary would dangle)
+  for (Vertex v : order) {
+    if (removed[v])
+      continue;
+    auto it = byRoot.find(v);
+    if (it == byRoot.end()) {
+      std::vector<Vertex> ops;
+      for (Vertex u : g.operands(v))
+        ops.push_back(map[u]);
+      map[v] = out.addOp(g.op(v), ops);
+      continue;
+    }
+    const RaisePlan& p = *it->second;
+    int counter = 0;
+    std::string why;
+    auto r = buildResult(g, out, map, p.def->result, p, lib, g.op(v).name, g.op(v), counter, why);
+    if (!r)
+      throw std::logic_error("raise " + p.def->name + " at %" + g.op(v).name + ": " + why);
+    map[v] = *r;
+    if (steps) {
+      size_t ops = 0;
+      const PatternMeta& meta = table.patterns[p.match->pattern];
+      std::set<Vertex> distinct;
+      for (size_t k = 0; k < p.match->slots.size(); ++k)
+        if (meta.slots[k].role != SlotInfo::Input)
+          distinct.insert(p.match->slots[k]);
+      ops = distinct.size();
+      steps->push_back({p.def->name, g.op(v).name, ops});
+    }
+  }
+  for (Vertex o : g.outputs())
+    out.addOutput(map[o]);
+  g = removeDeadOps(out);
+  return true;
+}
+
+} // namespace
+
+Graph raise(const Graph& g, const MatcherTable& table, const PatternLibrary& lib,
+            std::vector<RaiseStep>* steps) {
+  Graph cur = g;
+  // Each pass rewrites every match it selects; a result may complete a larger decomposition
+  // above it, hence the passes (bounded: each one removes ops).
+  for (int pass = 0; pass < 16 && raiseOnce(cur, table, lib, steps); ++pass) {
+  }
+  return cur;
 }
 
 std::string explain(const Graph& g, const MatcherTable& table, const MatchResult& r) {

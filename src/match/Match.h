@@ -2,6 +2,7 @@
 // into fused ops, and explains its decisions.
 #pragma once
 
+#include "fpat/dsl/Library.h"
 #include "fpat/dsl/Matcher.h"
 #include "fpat/ir/Graph.h"
 
@@ -48,6 +49,23 @@ MatchResult findMatches(const ir::Graph& g, const dsl::MatcherTable& table,
 /// stay in the graph as well. The result is validated.
 ir::Graph rewrite(const ir::Graph& g, const dsl::MatcherTable& table,
                   const std::vector<Match>& matches);
+
+/// One rewrite made by raising: the pattern and the op (by name) it replaced.
+struct RaiseStep {
+  std::string pattern;
+  std::string root;
+  size_t ops = 0; // ops of the match that became the result
+};
+
+/// Raising: runs `table` (compiled from `lib.raises`) over `g` until nothing more matches,
+/// replacing each match by its result tree (the result's root takes the matched root's name;
+/// intermediates that nothing else reads, and constants left unread, disappear). A match whose
+/// result would not type-check, or whose attribute is not a scalar constant, is left alone.
+ir::Graph raise(const ir::Graph& g, const dsl::MatcherTable& table, const dsl::PatternLibrary& lib,
+                std::vector<RaiseStep>* steps = nullptr);
+
+/// Removes ops (not inputs) whose value nothing reads and that are not outputs.
+ir::Graph removeDeadOps(const ir::Graph& g);
 
 /// Merges two tables (built-in first at equal benefit). A pattern name present in both is an
 /// error: returns false and names it in `clash`.

@@ -30,7 +30,10 @@ BufferPlan planBuffers(const ir::Graph& g) {
   for (ir::Vertex v : g.vertices())
     for (ir::Vertex u : g.users(v))
       lastUse[v] = std::max(lastUse[v], pos[u]);
-  auto pinned = [&](ir::Vertex v) { return g.op(v).kind == ir::OpKind::Input || g.isOutput(v); };
+  auto pinned = [&](ir::Vertex v) {
+    return g.op(v).kind == ir::OpKind::Input || g.op(v).kind == ir::OpKind::Constant ||
+           g.isOutput(v);
+  };
   std::multiset<std::pair<size_t, int>> free; // (bytes, slot), best fit by size
   for (size_t i = 0; i < order->size(); ++i) {
     const ir::Vertex v = (*order)[i];
@@ -240,6 +243,16 @@ RunResult Executor::runBits(const std::map<std::string, std::vector<uint16_t>>& 
       throw cuda::CudaError("no " + op.type.str() + " value given for input %" + op.name);
     drv_.copyToDevice(slotSets_[0][static_cast<size_t>(plan_.slotOf[v])], it->second.data(),
                       it->second.size() * 2);
+  }
+  // Constants are part of the graph: uploaded with the inputs (they are pinned, never reused).
+  for (ir::Vertex v : g.vertices()) {
+    const ir::Op& op = g.op(v);
+    if (op.kind != ir::OpKind::Constant)
+      continue;
+    const std::vector<uint16_t> fill(static_cast<size_t>(op.type.numel()),
+                                     ir::doubleToHalfBits(op.value));
+    drv_.copyToDevice(slotSets_[0][static_cast<size_t>(plan_.slotOf[v])], fill.data(),
+                      fill.size() * 2);
   }
   std::vector<uint16_t> bits;
   cuda::CUevent start = drv_.createEvent(), stop = drv_.createEvent();

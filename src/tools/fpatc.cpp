@@ -31,7 +31,9 @@ int main(int argc, char** argv) {
              "  FPAT_KERNEL_HEADERS  replace the embedded kernel headers with this directory's\n"
              "  FPAT_MEMORY_LIMIT    bytes of host memory the CPU reference may use\n"
              "                       (default: MemAvailable)");
-  app.add_option("graph", opts.input, "the .fgraph file (- reads standard input)")->required();
+  app.add_option("graph", opts.input,
+                 "the .fgraph file or ONNX model (.onnx; - reads standard input)")
+      ->required();
   bool quiet = false;
   app.add_flag("-q,--quiet", quiet,
                "print only diagnostics; the exit code says whether every stage and check passed");
@@ -46,7 +48,17 @@ int main(int argc, char** argv) {
   app.add_option("--only-pattern", opts.only, "use only these patterns (repeatable)")
       ->allow_extra_args(false);
   bool noFuse = false, noCompile = false, noRun = false, noReference = false, noGraphviz = false;
-  app.add_flag("--no-fuse", noFuse, "skip fusion");
+  app.add_flag("--no-fuse", noFuse, "skip raising and fusion");
+  app.add_flag("--no-raise", opts.noRaise,
+               "skip the raising patterns (exporters' decompositions stay as they are)");
+  app.add_option("--precision", opts.precision,
+                 "ONNX models: the element type to run in (default f16, the tensor cores'; "
+                 "f32 keeps an f32 model as it is, for the CPU only)")
+      ->check(CLI::IsMember({"f16", "f32", "bf16"}));
+  std::vector<std::string> dims;
+  app.add_option("--dim", dims,
+                 "ONNX models: the size of a symbolic dimension, NAME=SIZE (repeatable), e.g. "
+                 "--dim seq=128");
   app.add_option("--seed", opts.seed, "seed of the random inputs")->capture_default_str();
   app.add_option("--inputs", opts.inputsDir,
                  "read input NAME from DIR/NAME.f16 (raw little-endian f16) when it exists");
@@ -89,6 +101,17 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return fpat::reportCliError(app, e, argc, argv, "fpatc");
+  }
+  for (const std::string& d : dims) {
+    const size_t eq = d.find('=');
+    const std::string size = eq == std::string::npos ? "" : d.substr(eq + 1);
+    if (eq == 0 || eq == std::string::npos || size.empty() || size.size() > 12 ||
+        size.find_first_not_of("0123456789") != std::string::npos || std::stoll(size) < 1) {
+      std::cerr << "fpatc: error: --dim " << d << ": expected NAME=SIZE with SIZE >= 1, e.g. "
+                << "--dim seq=128\n";
+      return 2;
+    }
+    opts.dims[d.substr(0, eq)] = std::stoll(size);
   }
   opts.fuse = !noFuse;
   opts.compile = !noCompile;

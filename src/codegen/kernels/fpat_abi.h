@@ -10,6 +10,8 @@
 // Input kinds of the elementwise family.
 #define FPAT_IN_FULL 0   // same shape as the output: element i
 #define FPAT_IN_ROWVEC 1 // a [N] vector broadcast over rows: element i % N
+#define FPAT_IN_COLVEC 2 // an [M, 1] column broadcast over columns: element i / N
+#define FPAT_IN_SCALAR 3 // one value broadcast everywhere: element 0
 
 typedef struct FpatKernelArgs {
   void* out;                       // [M, N] f16 output

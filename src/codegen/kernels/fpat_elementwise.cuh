@@ -1,7 +1,7 @@
 // Kernel family "elementwise": out[i] = F(inputs at i) over an [M, N] (or [N]) tensor, 8
 // elements per thread per step. Full-size inputs and the output move in 16-byte vectors when
-// the element count is a multiple of 8 (buffers are 16-byte aligned); [N] vectors broadcast over
-// rows are read element by element (they stay in cache).
+// the element count is a multiple of 8 (buffers are 16-byte aligned); broadcast inputs ([N] rows,
+// [M, 1] columns, scalars) are read element by element (they stay in cache).
 //
 // F provides:   static constexpr int kInputs;
 //               __host__ __device__ static constexpr int kind(int input); // FPAT_IN_*
@@ -32,7 +32,11 @@ template <class F> __device__ __forceinline__ void elementwise(const FpatKernelA
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
           const int64_t i = base + e;
-          in[k][e] = i < n ? ldh(a.in[k], F::kind(k) == FPAT_IN_FULL ? i : i % a.N) : 0.0f;
+          const int64_t at = F::kind(k) == FPAT_IN_FULL     ? i
+                             : F::kind(k) == FPAT_IN_ROWVEC ? i % a.N
+                             : F::kind(k) == FPAT_IN_COLVEC ? i / a.N
+                                                            : 0;
+          in[k][e] = i < n ? ldh(a.in[k], at) : 0.0f;
         }
       }
     }

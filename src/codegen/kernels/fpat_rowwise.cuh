@@ -1,4 +1,4 @@
-// Kernel family "rowwise": LayerNorm / RMSNorm over the last dimension, one warp per row, and
+// Kernel family "rowwise": LayerNorm / RMSNorm / mean over the last dimension, one warp per row, and
 // the per-row statistics pass of norm_gemm. Statistics are f32, two passes over the row (mean,
 // then the centred second moment), which is exact enough for rows of any length we meet.
 #pragma once
@@ -63,6 +63,21 @@ template <bool LAYER> __device__ __forceinline__ void normRows(const FpatKernelA
       v += ldh(a.in[2], j);
     y[j] = __float2half(v);
   }
+}
+
+/// reduce_mean over the last dimension: out[r] = mean of row r of in[0] ([M, N]), f32 sum.
+__device__ __forceinline__ void meanRows(const FpatKernelArgs& a) {
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kRowWarps + threadIdx.x / 32;
+  if (r >= a.M)
+    return;
+  const __half* x = static_cast<const __half*>(a.in[0]) + r * a.N;
+  float s = 0.0f;
+  for (int64_t j = threadIdx.x % 32; j < a.N; j += 32)
+    s += __half2float(x[j]);
+  for (int o = 16; o > 0; o /= 2)
+    s += __shfl_xor_sync(0xffffffffu, s, o);
+  if (threadIdx.x % 32 == 0)
+    static_cast<__half*>(a.out)[r] = __float2half(s / static_cast<float>(a.N));
 }
 
 } // namespace fpat

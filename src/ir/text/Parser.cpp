@@ -29,6 +29,8 @@ std::vector<std::string> attributeNames(const Op& op) {
     return {"eps"};
   case OpKind::Fused:
     return {"pattern", "family", "norm", "epilogue", "transpose_b", "eps"};
+  case OpKind::Constant:
+    return {"value"};
   default:
     return {};
   }
@@ -89,9 +91,11 @@ public:
     Op op;
     op.name = name;
     op.loc = nameLoc;
-    auto kind = parseOpKind(ctx->op->getText());
+    // `weight` declares an input that is part of the model (values from --inputs or random).
+    const bool weight = ctx->op->getText() == "weight";
+    auto kind = weight ? std::optional<OpKind>(OpKind::Input) : parseOpKind(ctx->op->getText());
     if (!kind) {
-      std::vector<std::string> names;
+      std::vector<std::string> names{"weight"};
       for (const OpKindInfo& k : opKinds())
         names.push_back(k.name);
       diags_.error(opLoc, "unknown op '" + ctx->op->getText() + "'" +
@@ -100,6 +104,7 @@ public:
       return nullptr;
     }
     op.kind = *kind;
+    op.weight = weight;
 
     std::vector<Vertex> operands;
     std::vector<OperandInfo> infos;
@@ -133,15 +138,21 @@ public:
         ok = false;
     }
     // Inputs and fused ops carry their type; everything else has it inferred.
-    if (op.kind == OpKind::Input || op.kind == OpKind::Fused) {
+    if (op.kind == OpKind::Input || op.kind == OpKind::Fused || op.kind == OpKind::Constant) {
       if (!ctx->tensorType()) {
-        diags_.error(opLoc, std::string(opKindName(op.kind)) + " '%" + name +
-                                "' needs a type, e.g. '%" + name + " = " + opKindName(op.kind) +
-                                (op.kind == OpKind::Fused ? " ..." : "") + " : f16[1024, 4096]'");
+        const std::string what = weight ? "weight" : opKindName(op.kind);
+        diags_.error(opLoc, what + " '%" + name + "' needs a type, e.g. '%" + name + " = " + what +
+                                (op.kind == OpKind::Fused      ? " ... : f16[1024, 4096]'"
+                                 : op.kind == OpKind::Constant ? " {value = 0.5} : f16[]'"
+                                                               : " : f16[1024, 4096]'"));
         ok = false;
       } else if (annotated) {
         op.type = *annotated;
       }
+    }
+    if (op.kind == OpKind::Constant && !(ctx->attrDict() && hasAttr(ctx->attrDict(), "value"))) {
+      diags_.error(opLoc, "constant '%" + name + "' needs a value: {value = 0.5}");
+      ok = false;
     }
     if (op.kind == OpKind::Activation && op.fn.empty()) {
       diags_.error(opLoc, "activation '%" + name + "' needs a function: {fn = gelu}");
@@ -199,6 +210,13 @@ public:
 
 private:
   static std::string valueName(antlr4::tree::TerminalNode* n) { return n->getText().substr(1); }
+
+  static bool hasAttr(FGraphParser::AttrDictContext* dict, const std::string& key) {
+    for (auto* a : dict->attr())
+      if (a->key->getText() == key)
+        return true;
+    return false;
+  }
 
   std::optional<TensorDesc> parseTensorType(FGraphParser::TensorTypeContext* tt) {
     TensorDesc t;
@@ -309,6 +327,13 @@ private:
           paramLocs[key] = loc;
         }
         continue;
+      case OpKind::Constant:
+        if (key == "value") {
+          if (expect(AttrVal::Number, "a number"))
+            op.value = v.num;
+          continue;
+        }
+        break;
       case OpKind::LayerNorm:
       case OpKind::RmsNorm:
         if (key == "eps") {

@@ -11,7 +11,7 @@ std::string printGraph(const Graph& g) {
   std::vector<Vertex> order = stableOrder(g).value_or(g.vertices());
   for (Vertex v : order) {
     const Op& op = g.op(v);
-    os << "  %" << op.name << " = " << opKindName(op.kind);
+    os << "  %" << op.name << " = " << (op.weight ? "weight" : opKindName(op.kind));
     std::vector<Vertex> ins = g.operands(v);
     for (size_t i = 0; i < ins.size(); ++i)
       os << (i ? ", %" : " %") << g.op(ins[i]).name;

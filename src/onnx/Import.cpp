@@ -1,0 +1,969 @@
+#include "fpat/onnx/Import.h"
+
+#include "fpat/support/Diagnostics.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <onnx/onnx.pb.h>
+#include <set>
+
+namespace fpat::onnx {
+
+namespace {
+
+using ::onnx::AttributeProto;
+using ::onnx::NodeProto;
+using ::onnx::TensorProto;
+
+constexpr int64_t kMaxElements = int64_t{1} << 40; // the text form's limit, too
+
+/// A value while importing: its ONNX shape, and either a vertex of the IR graph or (for
+/// initializers and Constant outputs not yet used as tensors) its data.
+struct Val {
+  std::vector<int64_t> shape;
+  std::optional<ir::Vertex> v;
+  bool isConst = false;
+  std::vector<double> data; // isConst: values, row-major
+  bool integer = false;     // isConst: an integer tensor (shapes, axes)
+  std::string name;         // ONNX name
+  std::string transposedOf; // the transpose of this (non-constant) value: MatMul's B only
+};
+
+struct UnsupportedError {
+  std::string message;
+};
+
+int64_t numel(const std::vector<int64_t>& s) {
+  int64_t n = 1;
+  for (int64_t d : s)
+    n *= d;
+  return n;
+}
+
+std::string shapeStr(const std::vector<int64_t>& s) {
+  std::string o = "[";
+  for (size_t i = 0; i < s.size(); ++i)
+    o += (i ? ", " : "") + std::to_string(s[i]);
+  return o + "]";
+}
+
+/// The IR shape of an ONNX shape: leading dimensions folded into rows.
+std::vector<int64_t> flatten(const std::vector<int64_t>& s) {
+  if (s.size() <= 2)
+    return s;
+  int64_t rows = 1;
+  for (size_t i = 0; i + 1 < s.size(); ++i)
+    rows *= s[i];
+  return {rows, s.back()};
+}
+
+std::string sanitize(const std::string& onnxName) {
+  std::string o;
+  for (char c : onnxName) {
+    const bool ok = std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.';
+    o += c == '/' ? '.' : ok ? c : '_';
+  }
+  while (!o.empty() && o.front() == '.')
+    o.erase(o.begin());
+  return o.empty() ? "v" : o;
+}
+
+const char* dataTypeName(int t) {
+  switch (t) {
+  case TensorProto::FLOAT:
+    return "float";
+  case TensorProto::FLOAT16:
+    return "float16";
+  case TensorProto::BFLOAT16:
+    return "bfloat16";
+  case TensorProto::DOUBLE:
+    return "double";
+  case TensorProto::INT64:
+    return "int64";
+  case TensorProto::INT32:
+    return "int32";
+  case TensorProto::BOOL:
+    return "bool";
+  case TensorProto::STRING:
+    return "string";
+  default:
+    return "an unsupported element type";
+  }
+}
+
+bool isFloatType(int t) {
+  return t == TensorProto::FLOAT || t == TensorProto::FLOAT16 || t == TensorProto::DOUBLE ||
+         t == TensorProto::BFLOAT16;
+}
+
+/// The values of a TensorProto, or an error message.
+std::string decodeTensor(const TensorProto& t, Val& out) {
+  out.shape.clear();
+  for (int64_t d : t.dims()) {
+    if (d < 0 || d > kMaxElements)
+      return "dimension " + std::to_string(d) + " is out of range";
+    out.shape.push_back(d);
+    if (numel(out.shape) > kMaxElements)
+      return "more than 2^40 elements";
+  }
+  if (t.data_location() == TensorProto::EXTERNAL)
+    return "its data is stored outside the model file (external data), which fpat does not "
+           "read yet; save the model with its weights inside (onnx.save(..., "
+           "save_as_external_data=False))";
+  const int64_t n = numel(out.shape);
+  const int type = t.data_type();
+  out.isConst = true;
+  out.integer = type == TensorProto::INT64 || type == TensorProto::INT32;
+  out.data.assign(static_cast<size_t>(n), 0.0);
+  size_t elemSize = 0;
+  switch (type) {
+  case TensorProto::FLOAT:
+  case TensorProto::INT32:
+    elemSize = 4;
+    break;
+  case TensorProto::FLOAT16:
+  case TensorProto::BFLOAT16:
+    elemSize = 2;
+    break;
+  case TensorProto::DOUBLE:
+  case TensorProto::INT64:
+    elemSize = 8;
+    break;
+  default:
+    return std::string("its element type is ") + dataTypeName(type) +
+           "; fpat imports float, float16, bfloat16, double, int32 and int64 tensors";
+  }
+  if (t.has_raw_data()) {
+    const std::string& raw = t.raw_data();
+    if (raw.size() != static_cast<size_t>(n) * elemSize)
+      return "it holds " + std::to_string(raw.size()) + " bytes; " + dataTypeName(type) +
+             shapeStr(out.shape) + " needs " + std::to_string(static_cast<size_t>(n) * elemSize);
+    for (size_t i = 0; i < static_cast<size_t>(n); ++i) {
+      const char* p = raw.data() + i * elemSize;
+      switch (type) {
+      case TensorProto::FLOAT: {
+        float f;
+        std::memcpy(&f, p, 4);
+        out.data[i] = f;
+        break;
+      }
+      case TensorProto::INT32: {
+        int32_t x;
+        std::memcpy(&x, p, 4);
+        out.data[i] = x;
+        break;
+      }
+      case TensorProto::FLOAT16: {
+        uint16_t h;
+        std::memcpy(&h, p, 2);
+        out.data[i] = ir::halfBitsToFloat(h);
+        break;
+      }
+      case TensorProto::BFLOAT16: {
+        uint16_t h;
+        std::memcpy(&h, p, 2);
+        uint32_t bits = uint32_t{h} << 16;
+        float f;
+        std::memcpy(&f, &bits, 4);
+        out.data[i] = f;
+        break;
+      }
+      case TensorProto::DOUBLE:
+        std::memcpy(&out.data[i], p, 8);
+        break;
+      default: {
+        int64_t x;
+        std::memcpy(&x, p, 8);
+        out.data[i] = static_cast<double>(x);
+        break;
+      }
+      }
+    }
+    return "";
+  }
+  // Typed fields.
+  auto fill = [&](const auto& field, const char* what) -> std::string {
+    if (static_cast<int64_t>(field.size()) != n)
+      return "it holds " + std::to_string(field.size()) + " values in " + what + "; " +
+             shapeStr(out.shape) + " needs " + std::to_string(n);
+    for (int64_t i = 0; i < n; ++i)
+      out.data[static_cast<size_t>(i)] = static_cast<double>(field.Get(static_cast<int>(i)));
+    return "";
+  };
+  switch (type) {
+  case TensorProto::FLOAT:
+    return fill(t.float_data(), "float_data");
+  case TensorProto::DOUBLE:
+    return fill(t.double_data(), "double_data");
+  case TensorProto::INT64:
+    return fill(t.int64_data(), "int64_data");
+  case TensorProto::INT32:
+    return fill(t.int32_data(), "int32_data");
+  default: { // float16 / bfloat16 bits in int32_data
+    std::string why = fill(t.int32_data(), "int32_data");
+    for (double& d : out.data) {
+      const auto h = static_cast<uint16_t>(d);
+      if (type == TensorProto::FLOAT16) {
+        d = ir::halfBitsToFloat(h);
+      } else {
+        uint32_t bits = uint32_t{h} << 16;
+        float f;
+        std::memcpy(&f, &bits, 4);
+        d = f;
+      }
+    }
+    return why;
+  }
+  }
+}
+
+class Importer {
+public:
+  Importer(const ImportOptions& o, const ir::ActivationSet& acts, ImportResult& r)
+      : opts_(o), acts_(acts), r_(r) {}
+
+  void run(const ::onnx::ModelProto& m) {
+    for (const auto& os : m.opset_import())
+      if (os.domain().empty() || os.domain() == "ai.onnx")
+        r_.opset = os.version();
+    if (!m.has_graph() || (m.graph().node_size() == 0 && m.graph().output_size() == 0)) {
+      problem("", "", "the file holds no graph (is it an ONNX model?)");
+      return;
+    }
+    const ::onnx::GraphProto& g = m.graph();
+    g_.setName(sanitize(g.name().empty() ? "model" : g.name()));
+    dtype_ = modelType(g);
+    r_.storedAs = dtype_.value_or(ir::DType::F32);
+    if (opts_.precision)
+      dtype_ = opts_.precision;
+    if (!dtype_)
+      dtype_ = ir::DType::F32;
+    // Initializers first: graph inputs of the same name (older exporters list them as both)
+    // take the initializer's value.
+    for (const TensorProto& t : g.initializer()) {
+      Val v;
+      v.name = t.name();
+      if (std::string why = decodeTensor(t, v); !why.empty()) {
+        problem("", "", "initializer '" + t.name() + "': " + why);
+        continue;
+      }
+      if (t.name().empty() || vals_.count(t.name())) {
+        problem("", "",
+                "initializer '" + t.name() + "' is " +
+                    (t.name().empty() ? "unnamed" : "defined twice"));
+        continue;
+      }
+      vals_[t.name()] = std::move(v);
+    }
+    for (const auto& in : g.input()) {
+      if (vals_.count(in.name()))
+        continue;
+      input(in);
+    }
+    if (!r_.problems.empty())
+      return;
+    nodes(g);
+    if (!r_.problems.empty())
+      return;
+    for (const auto& out : g.output()) {
+      auto it = vals_.find(out.name());
+      if (it == vals_.end()) {
+        problem("", "", "graph output '" + out.name() + "' is not computed by any node");
+        continue;
+      }
+      try {
+        const ir::Vertex v = tensor(it->second);
+        if (g_.isOutput(v)) {
+          problem("", "", "graph output '" + out.name() + "' is listed twice");
+          continue;
+        }
+        g_.addOutput(v);
+        if (it->second.shape.size() > 2)
+          r_.notes.push_back("output '" + out.name() + "' " + shapeStr(it->second.shape) +
+                             " is computed as " + g_.op(v).type.str() +
+                             " (leading dimensions folded into rows; same memory layout)");
+      } catch (const UnsupportedError& e) {
+        problem("", "", "graph output '" + out.name() + "': " + e.message);
+      }
+    }
+    if (g_.outputs().empty() && r_.problems.empty())
+      problem("", "", "the graph has no outputs");
+    if (!r_.problems.empty())
+      return;
+    auto problems = ir::validate(g_, acts_);
+    for (const std::string& p : problems)
+      problem("", "", "the imported graph is invalid: " + p);
+    if (problems.empty())
+      r_.graph = std::move(g_);
+  }
+
+private:
+  void problem(const std::string& node, const std::string& op, std::string msg) {
+    r_.problems.push_back({node, op, std::move(msg)});
+  }
+
+  /// The element type of the model's float inputs and initializers, if they agree.
+  std::optional<ir::DType> modelType(const ::onnx::GraphProto& g) {
+    std::optional<ir::DType> t;
+    auto see = [&](int type) {
+      if (type == TensorProto::FLOAT16)
+        t = t.value_or(ir::DType::F16);
+      else if (type == TensorProto::FLOAT || type == TensorProto::DOUBLE)
+        t = ir::DType::F32;
+    };
+    for (const auto& in : g.input())
+      see(in.type().tensor_type().elem_type());
+    for (const TensorProto& i : g.initializer())
+      see(i.data_type());
+    return t;
+  }
+
+  std::string uniqueName(const std::string& onnxName) {
+    std::string base = sanitize(onnxName), n = base;
+    for (int k = 1; used_.count(n); ++k)
+      n = base + "." + std::to_string(k);
+    used_.insert(n);
+    return n;
+  }
+
+  void input(const ::onnx::ValueInfoProto& in) {
+    const std::string where = "graph input '" + in.name() + "'";
+    if (!in.type().has_tensor_type()) {
+      problem("", "", where + " is not a tensor");
+      return;
+    }
+    const auto& tt = in.type().tensor_type();
+    if (!isFloatType(tt.elem_type())) {
+      problem("", "",
+              where + " has element type " + dataTypeName(tt.elem_type()) +
+                  "; fpat runs float models (token ids and embeddings are not imported)");
+      return;
+    }
+    Val v;
+    v.name = in.name();
+    if (!tt.has_shape()) {
+      problem("", "", where + " has no shape");
+      return;
+    }
+    for (const auto& d : tt.shape().dim()) {
+      if (d.has_dim_value() && d.dim_value() > 0 && d.dim_value() <= kMaxElements) {
+        v.shape.push_back(d.dim_value());
+        continue;
+      }
+      if (d.has_dim_param()) {
+        auto it = opts_.dims.find(d.dim_param());
+        if (it != opts_.dims.end()) {
+          v.shape.push_back(it->second);
+          continue;
+        }
+        problem("", "",
+                where + " has the symbolic dimension '" + d.dim_param() +
+                    "'; give its size, e.g. --dim " + d.dim_param() + "=128");
+        return;
+      }
+      problem("", "", where + " has a dimension of unknown or invalid size");
+      return;
+    }
+    if (v.shape.empty() || numel(v.shape) > kMaxElements) {
+      problem("", "", where + " must have rank 1 or more and at most 2^40 elements");
+      return;
+    }
+    ir::Op op;
+    op.kind = ir::OpKind::Input;
+    op.name = uniqueName(in.name());
+    op.type = {flatten(v.shape), *dtype_};
+    op.origin = "graph input '" + in.name() + "'";
+    v.v = g_.addOp(std::move(op), {});
+    vals_[in.name()] = std::move(v);
+  }
+
+  /// The IR vertex of a value, materialising a constant: one element becomes a `constant`,
+  /// anything larger a weight holding the values.
+  ir::Vertex tensor(Val& v) {
+    if (!v.transposedOf.empty())
+      throw UnsupportedError{"'" + v.name +
+                             "' is a transposed activation, supported only as MatMul's B"};
+    if (v.v)
+      return *v.v;
+    if (v.integer)
+      throw UnsupportedError{"'" + v.name + "' is an integer tensor, used as data"};
+    ir::Op op;
+    op.name = uniqueName(v.name);
+    if (v.data.size() == 1) {
+      op.kind = ir::OpKind::Constant;
+      op.value = v.data[0];
+      op.type = {{}, *dtype_};
+      op.origin = "constant '" + v.name + "'";
+    } else {
+      if (v.shape.empty() || v.data.empty())
+        throw UnsupportedError{"'" + v.name + "' is an empty tensor"};
+      op.kind = ir::OpKind::Input;
+      op.weight = true;
+      op.type = {flatten(v.shape), *dtype_};
+      std::vector<float> data(v.data.size());
+      for (size_t i = 0; i < data.size(); ++i)
+        data[i] =
+            *dtype_ == ir::DType::F16 ? ir::roundToHalf(v.data[i]) : static_cast<float>(v.data[i]);
+      op.data = std::make_shared<const std::vector<float>>(std::move(data));
+      op.origin = "initializer '" + v.name + "'";
+    }
+    v.v = g_.addOp(std::move(op), {});
+    return *v.v;
+  }
+
+  /// Nodes in an order where every input is defined first (ONNX asks exporters for one; a
+  /// file that breaks it, or has a cycle, is reported).
+  void nodes(const ::onnx::GraphProto& g) {
+    const int n = g.node_size();
+    std::map<std::string, int> producer;
+    for (int i = 0; i < n; ++i)
+      for (const std::string& o : g.node(i).output()) {
+        if (o.empty())
+          continue;
+        if (vals_.count(o) || !producer.emplace(o, i).second) {
+          problem(nodeName(g.node(i)), g.node(i).op_type(),
+                  "output '" + o + "' is already defined by another node, input or initializer");
+          return;
+        }
+      }
+    std::vector<int> indeg(static_cast<size_t>(n), 0);
+    std::vector<std::vector<int>> users(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i)
+      for (const std::string& in : g.node(i).input()) {
+        if (in.empty() || vals_.count(in))
+          continue;
+        auto it = producer.find(in);
+        if (it == producer.end()) {
+          problem(nodeName(g.node(i)), g.node(i).op_type(),
+                  "input '" + in + "' is not produced by any node, graph input or initializer");
+          continue;
+        }
+        ++indeg[static_cast<size_t>(i)];
+        users[static_cast<size_t>(it->second)].push_back(i);
+      }
+    if (!r_.problems.empty())
+      return;
+    std::vector<int> ready, order;
+    for (int i = 0; i < n; ++i)
+      if (!indeg[static_cast<size_t>(i)])
+        ready.push_back(i);
+    while (!ready.empty()) {
+      std::sort(ready.begin(), ready.end(), std::greater<>()); // file order among the ready
+      const int i = ready.back();
+      ready.pop_back();
+      order.push_back(i);
+      for (int u : users[static_cast<size_t>(i)])
+        if (--indeg[static_cast<size_t>(u)] == 0)
+          ready.push_back(u);
+    }
+    if (static_cast<int>(order.size()) != n) {
+      std::string names;
+      int shown = 0;
+      for (int i = 0; i < n && shown < 4; ++i)
+        if (indeg[static_cast<size_t>(i)]) {
+          names += (shown++ ? ", '" : "'") + nodeName(g.node(i)) + "'";
+        }
+      problem("", "", "the graph has a cycle: nodes " + names + " depend on each other");
+      return;
+    }
+    // Unsupported op types are reported once each, with every node that has them, before
+    // anything is converted.
+    std::map<std::string, std::vector<std::string>> unsupported;
+    for (int i : order) {
+      const NodeProto& node = g.node(i);
+      const std::string key = node.domain().empty() || node.domain() == "ai.onnx"
+                                  ? node.op_type()
+                                  : node.domain() + "." + node.op_type();
+      if (!std::count(supportedOpTypes().begin(), supportedOpTypes().end(), key))
+        unsupported[key].push_back(nodeName(node));
+    }
+    for (const auto& [op, names] : unsupported) {
+      std::string list;
+      for (size_t k = 0; k < names.size() && k < 5; ++k)
+        list += (k ? ", '" : "'") + names[k] + "'";
+      if (names.size() > 5)
+        list += " and " + std::to_string(names.size() - 5) + " more";
+      problem(names[0], op,
+              "op type " + op + " is not supported (" + std::to_string(names.size()) + " node" +
+                  (names.size() == 1 ? "" : "s") + ": " + list + ")");
+    }
+    if (!unsupported.empty())
+      return;
+    // The first node that cannot be converted stops the import: what follows reads its result.
+    for (int i : order) {
+      const NodeProto& node = g.node(i);
+      try {
+        convert(node);
+      } catch (const UnsupportedError& e) {
+        problem(nodeName(node), node.op_type(), e.message);
+        return;
+      }
+    }
+  }
+
+  static std::string nodeName(const NodeProto& n) {
+    if (!n.name().empty())
+      return n.name();
+    return n.output_size() ? n.output(0) : std::string("(unnamed)");
+  }
+
+  const AttributeProto* attr(const NodeProto& n, const std::string& name) {
+    for (const AttributeProto& a : n.attribute())
+      if (a.name() == name)
+        return &a;
+    return nullptr;
+  }
+  int64_t intAttr(const NodeProto& n, const std::string& name, int64_t dflt) {
+    const AttributeProto* a = attr(n, name);
+    return a ? a->i() : dflt;
+  }
+  double floatAttr(const NodeProto& n, const std::string& name, double dflt) {
+    const AttributeProto* a = attr(n, name);
+    return a ? a->f() : dflt;
+  }
+
+  Val& in(const NodeProto& n, int i) {
+    if (i >= n.input_size() || n.input(i).empty())
+      throw UnsupportedError{"input " + std::to_string(i) + " is missing"};
+    auto it = vals_.find(n.input(i));
+    if (it == vals_.end()) // its producer has no output of that name
+      throw UnsupportedError{"input '" + n.input(i) + "' is not defined"};
+    return it->second;
+  }
+  bool hasIn(const NodeProto& n, int i) { return i < n.input_size() && !n.input(i).empty(); }
+
+  void define(const NodeProto& n, Val v, int output = 0) {
+    if (output >= n.output_size())
+      throw UnsupportedError{"it has no output " + std::to_string(output)};
+    v.name = n.output(output);
+    vals_[n.output(output)] = std::move(v);
+  }
+
+  /// Adds an IR op for node `n` whose result has ONNX shape `shape`.
+  Val emit(const NodeProto& n, ir::Op op, const std::vector<ir::Vertex>& operands,
+           std::vector<int64_t> shape) {
+    op.name = uniqueName(n.output(0));
+    op.origin = "node '" + nodeName(n) + "' (" + n.op_type() + ")";
+    std::vector<ir::OperandInfo> infos;
+    for (ir::Vertex u : operands)
+      infos.push_back({g_.op(u).name, g_.op(u).type});
+    ir::TypeError err;
+    auto t = ir::inferType(op, infos, err, acts_);
+    if (!t)
+      throw UnsupportedError{err.message};
+    op.type = *t;
+    Val v;
+    v.shape = std::move(shape);
+    v.v = g_.addOp(std::move(op), operands);
+    return v;
+  }
+
+  static std::vector<int64_t> broadcast(const std::vector<int64_t>& a,
+                                        const std::vector<int64_t>& b) {
+    auto s = ir::broadcastShapes(a, b);
+    if (!s)
+      throw UnsupportedError{"shapes " + shapeStr(a) + " and " + shapeStr(b) + " do not broadcast"};
+    return *s;
+  }
+
+  /// An operand of a broadcasting op over the flattened result: it must cover the result's
+  /// leading dimensions whole or not at all.
+  void checkFlatBroadcast(const std::vector<int64_t>& operand, const std::vector<int64_t>& out) {
+    if (out.size() <= 2)
+      return;
+    const size_t lead = out.size() - 1, off = out.size() - operand.size();
+    bool all = operand.size() == out.size(), none = true;
+    for (size_t i = 0; i < lead; ++i) {
+      const int64_t d = i >= off ? operand[i - off] : 1;
+      all = all && d == out[i];
+      none = none && d == 1;
+    }
+    if (!all && !none)
+      throw UnsupportedError{"broadcasting " + shapeStr(operand) + " to " + shapeStr(out) +
+                             " over some of the leading dimensions is not supported (fpat folds "
+                             "them into rows)"};
+  }
+
+  void binary(const NodeProto& n, ir::OpKind k) {
+    Val &a = in(n, 0), &b = in(n, 1);
+    const std::vector<int64_t> shape = broadcast(a.shape, b.shape);
+    if (a.isConst && b.isConst && !a.integer && !b.integer && a.data.size() == 1 &&
+        b.data.size() == 1) { // fold scalar arithmetic on constants
+      const double x = a.data[0], y = b.data[0];
+      Val v;
+      v.isConst = true;
+      v.shape = shape;
+      v.data = {k == ir::OpKind::Add   ? x + y
+                : k == ir::OpKind::Sub ? x - y
+                : k == ir::OpKind::Mul ? x * y
+                : k == ir::OpKind::Div ? x / y
+                                       : std::pow(x, y)};
+      define(n, std::move(v));
+      return;
+    }
+    checkFlatBroadcast(a.shape, shape);
+    checkFlatBroadcast(b.shape, shape);
+    ir::Op op;
+    op.kind = k;
+    const ir::Vertex va = tensor(a), vb = tensor(b);
+    define(n, emit(n, op, {va, vb}, shape));
+  }
+
+  void unary(const NodeProto& n, const std::string& fn) {
+    Val& x = in(n, 0);
+    if (!acts_.contains(fn))
+      throw UnsupportedError{"the activation '" + fn + "' is not defined"};
+    ir::Op op;
+    op.kind = ir::OpKind::Activation;
+    op.fn = fn;
+    define(n, emit(n, op, {tensor(x)}, x.shape));
+  }
+
+  std::vector<int64_t> axesOf(const NodeProto& n, int inputIndex) {
+    std::vector<int64_t> axes;
+    if (const AttributeProto* a = attr(n, "axes")) {
+      axes.assign(a->ints().begin(), a->ints().end());
+    } else if (hasIn(n, inputIndex)) {
+      Val& v = in(n, inputIndex);
+      if (!v.isConst)
+        throw UnsupportedError{"its axes must be constant"};
+      for (double d : v.data)
+        axes.push_back(static_cast<int64_t>(d));
+    }
+    return axes;
+  }
+
+  static int64_t normAxis(int64_t axis, size_t rank) {
+    const int64_t r = static_cast<int64_t>(rank);
+    if (axis < -r || axis >= r)
+      throw UnsupportedError{"axis " + std::to_string(axis) + " is out of range for rank " +
+                             std::to_string(rank)};
+    return axis < 0 ? axis + r : axis;
+  }
+
+  /// A shape-only op: the value keeps its data (and its IR vertex) under a new ONNX shape,
+  /// which must keep the last dimension (the IR's columns).
+  void alias(const NodeProto& n, Val& x, std::vector<int64_t> shape) {
+    if (numel(shape) != numel(x.shape))
+      throw UnsupportedError{"it changes the element count (" + shapeStr(x.shape) + " to " +
+                             shapeStr(shape) + ")"};
+    Val v = x;
+    v.shape = std::move(shape);
+    if (!x.isConst && flatten(v.shape) != flatten(x.shape)) {
+      // [M, N] <-> [N] when M = 1, and the like, keep the data but not the IR type.
+      const std::vector<int64_t> a = flatten(v.shape), b = flatten(x.shape);
+      if (a.empty() || b.empty() || a.back() != b.back() || numel(a) != numel(b) ||
+          (a.size() == 2 && a[0] != 1) || (b.size() == 2 && b[0] != 1))
+        throw UnsupportedError{"reshaping " + shapeStr(x.shape) + " to " + shapeStr(v.shape) +
+                               " changes the last dimension, which fpat keeps as the columns "
+                               "of every row-wise op"};
+    }
+    define(n, std::move(v));
+  }
+
+  void convert(const NodeProto& n) {
+    const std::string& t = n.op_type();
+    static const std::map<std::string, ir::OpKind> binaries = {{"Add", ir::OpKind::Add},
+                                                               {"Sub", ir::OpKind::Sub},
+                                                               {"Mul", ir::OpKind::Mul},
+                                                               {"Div", ir::OpKind::Div},
+                                                               {"Pow", ir::OpKind::Pow}};
+    static const std::map<std::string, std::string> unaries = {
+        {"Sigmoid", "sigmoid"}, {"Tanh", "tanh"},
+        {"Erf", "erf"},         {"Exp", "exp"},
+        {"Log", "log"},         {"Sqrt", "sqrt"},
+        {"Neg", "neg"},         {"Abs", "abs"},
+        {"Relu", "relu"},       {"Reciprocal", "reciprocal"}};
+    if (auto b = binaries.find(t); b != binaries.end())
+      return binary(n, b->second);
+    if (auto u = unaries.find(t); u != unaries.end())
+      return unary(n, u->second);
+    if (t == "Identity" || t == "Dropout") {
+      Val v = in(n, 0);
+      return define(n, std::move(v));
+    }
+    if (t == "Cast") {
+      Val v = in(n, 0);
+      const int to = static_cast<int>(intAttr(n, "to", 0));
+      if (!isFloatType(to) && !(v.isConst && v.integer))
+        throw UnsupportedError{std::string("casting to ") + dataTypeName(to) +
+                               " is not supported (fpat computes in one float type)"};
+      return define(n, std::move(v)); // the whole graph computes in one precision
+    }
+    if (t == "Constant") {
+      Val v;
+      if (const AttributeProto* a = attr(n, "value")) {
+        if (std::string why = decodeTensor(a->t(), v); !why.empty())
+          throw UnsupportedError{"its value: " + why};
+      } else if (const AttributeProto* f = attr(n, "value_float")) {
+        v.isConst = true;
+        v.data = {f->f()};
+      } else if (const AttributeProto* fs = attr(n, "value_floats")) {
+        v.isConst = true;
+        v.data.assign(fs->floats().begin(), fs->floats().end());
+        v.shape = {static_cast<int64_t>(v.data.size())};
+      } else if (const AttributeProto* i = attr(n, "value_int")) {
+        v.isConst = v.integer = true;
+        v.data = {static_cast<double>(i->i())};
+      } else if (const AttributeProto* is = attr(n, "value_ints")) {
+        v.isConst = v.integer = true;
+        v.data.assign(is->ints().begin(), is->ints().end());
+        v.shape = {static_cast<int64_t>(v.data.size())};
+      } else {
+        throw UnsupportedError{"it has no value (value, value_float(s) or value_int(s))"};
+      }
+      return define(n, std::move(v));
+    }
+    if (t == "MatMul" || t == "Gemm")
+      return matmul(n);
+    if (t == "Transpose")
+      return transpose(n);
+    if (t == "ReduceMean") {
+      Val& x = in(n, 0);
+      std::vector<int64_t> axes = axesOf(n, 1);
+      if (axes.size() != 1 ||
+          normAxis(axes[0], x.shape.size()) + 1 != static_cast<int64_t>(x.shape.size()))
+        throw UnsupportedError{"only a mean over the last axis is supported"};
+      if (intAttr(n, "keepdims", 1) != 1)
+        throw UnsupportedError{"only keepdims = 1 is supported"};
+      std::vector<int64_t> shape = x.shape;
+      shape.back() = 1;
+      ir::Op op;
+      op.kind = ir::OpKind::ReduceMean;
+      return define(n, emit(n, op, {tensor(x)}, shape));
+    }
+    if (t == "LayerNormalization") {
+      Val& x = in(n, 0);
+      if (normAxis(intAttr(n, "axis", -1), x.shape.size()) + 1 !=
+          static_cast<int64_t>(x.shape.size()))
+        throw UnsupportedError{"only a norm over the last axis is supported"};
+      for (int o = 1; o < n.output_size(); ++o)
+        if (!n.output(o).empty())
+          throw UnsupportedError{"its mean and inverse standard deviation outputs are not "
+                                 "supported"};
+      ir::Op op;
+      op.kind = ir::OpKind::LayerNorm;
+      op.eps = floatAttr(n, "epsilon", 1e-5);
+      const ir::Vertex gamma = tensor(in(n, 1));
+      ir::Vertex beta;
+      if (hasIn(n, 2)) {
+        beta = tensor(in(n, 2));
+      } else {
+        Val zeros;
+        zeros.isConst = true;
+        zeros.shape = {x.shape.back()};
+        zeros.data.assign(static_cast<size_t>(x.shape.back()), 0.0);
+        zeros.name = nodeName(n) + ".beta";
+        beta = tensor(zeros);
+      }
+      return define(n, emit(n, op, {tensor(x), gamma, beta}, x.shape));
+    }
+    if (t == "Reshape" || t == "Flatten" || t == "Squeeze" || t == "Unsqueeze")
+      return reshape(n);
+    throw UnsupportedError{"op type " + t + " is not supported"};
+  }
+
+  void reshape(const NodeProto& n) {
+    Val& x = in(n, 0);
+    const std::string& t = n.op_type();
+    std::vector<int64_t> shape;
+    if (t == "Reshape") {
+      Val& s = in(n, 1);
+      if (!s.isConst)
+        throw UnsupportedError{"its target shape must be constant"};
+      int infer = -1;
+      int64_t known = 1;
+      for (size_t i = 0; i < s.data.size(); ++i) {
+        auto d = static_cast<int64_t>(s.data[i]);
+        if (d == 0 && !intAttr(n, "allowzero", 0)) {
+          if (i >= x.shape.size())
+            throw UnsupportedError{"its shape copies a dimension the input does not have"};
+          d = x.shape[i];
+        }
+        if (d == -1) {
+          if (infer >= 0)
+            throw UnsupportedError{"its shape has two -1 dimensions"};
+          infer = static_cast<int>(i);
+          d = 1;
+        } else if (d < 1) {
+          throw UnsupportedError{"its shape has the dimension " + std::to_string(d)};
+        } else {
+          known *= d;
+        }
+        shape.push_back(d);
+      }
+      if (infer >= 0) {
+        if (known == 0 || numel(x.shape) % known)
+          throw UnsupportedError{"its shape does not divide the input's element count"};
+        shape[static_cast<size_t>(infer)] = numel(x.shape) / known;
+      }
+    } else if (t == "Flatten") {
+      const int64_t axis = intAttr(n, "axis", 1);
+      const int64_t r = static_cast<int64_t>(x.shape.size());
+      const int64_t a = axis < 0 ? axis + r : axis;
+      if (a < 0 || a > r)
+        throw UnsupportedError{"axis " + std::to_string(axis) + " is out of range"};
+      int64_t lead = 1, rest = 1;
+      for (int64_t i = 0; i < r; ++i)
+        (i < a ? lead : rest) *= x.shape[static_cast<size_t>(i)];
+      shape = {lead, rest};
+    } else {
+      const std::vector<int64_t> axes = axesOf(n, 1);
+      shape = x.shape;
+      if (t == "Squeeze") {
+        std::set<int64_t> drop;
+        for (int64_t a : axes)
+          drop.insert(normAxis(a, x.shape.size()));
+        shape.clear();
+        for (size_t i = 0; i < x.shape.size(); ++i)
+          if (axes.empty() ? x.shape[i] != 1 : !drop.count(static_cast<int64_t>(i)))
+            shape.push_back(x.shape[i]);
+      } else {
+        const size_t rank = x.shape.size() + axes.size();
+        std::set<int64_t> add;
+        for (int64_t a : axes)
+          add.insert(normAxis(a, rank));
+        shape.clear();
+        size_t k = 0;
+        for (size_t i = 0; i < rank; ++i)
+          shape.push_back(add.count(static_cast<int64_t>(i)) ? 1 : x.shape.at(k++));
+      }
+    }
+    alias(n, x, std::move(shape));
+  }
+
+  void transpose(const NodeProto& n) {
+    Val& x = in(n, 0);
+    std::vector<int64_t> perm;
+    if (const AttributeProto* p = attr(n, "perm"))
+      perm.assign(p->ints().begin(), p->ints().end());
+    if (x.shape.size() != 2 || (!perm.empty() && perm != std::vector<int64_t>{1, 0}))
+      throw UnsupportedError{"only the transpose of a matrix is supported"};
+    if (!x.isConst) {
+      // A transposed activation: only as the B operand of a MatMul, where it is transpose_b.
+      Val v;
+      v.shape = {x.shape[1], x.shape[0]};
+      v.transposedOf = n.input(0);
+      define(n, std::move(v));
+      return;
+    }
+    // A weight: transposed once, here (the model's constant).
+    Val v;
+    v.isConst = true;
+    v.shape = {x.shape[1], x.shape[0]};
+    v.data.resize(x.data.size());
+    const size_t r = static_cast<size_t>(x.shape[0]), c = static_cast<size_t>(x.shape[1]);
+    for (size_t i = 0; i < r; ++i)
+      for (size_t j = 0; j < c; ++j)
+        v.data[j * r + i] = x.data[i * c + j];
+    define(n, std::move(v));
+  }
+
+  void matmul(const NodeProto& n) {
+    const bool gemm = n.op_type() == "Gemm";
+    Val& a = in(n, 0);
+    Val& b = in(n, 1);
+    if (gemm && intAttr(n, "transA", 0))
+      throw UnsupportedError{"transA = 1 is not supported"};
+    const bool tB = gemm && intAttr(n, "transB", 0);
+    if (a.shape.size() < 2)
+      throw UnsupportedError{"its A operand " + shapeStr(a.shape) + " must have rank 2 or more"};
+    if (b.shape.size() != 2)
+      throw UnsupportedError{"its B operand " + shapeStr(b.shape) +
+                             " must be a matrix (batched products are not supported)"};
+    // The product's B as [K, N], and how the IR reads it: MatMul(x, Transpose(W)) reads W as
+    // [N, K] (transpose_b), which is how nn.Linear stores it.
+    const int64_t kb = b.shape[tB ? 1 : 0], nn = b.shape[tB ? 0 : 1];
+    ir::Vertex vb;
+    bool transB = tB;
+    if (!b.transposedOf.empty()) {
+      vb = tensor(vals_.find(b.transposedOf)->second);
+      transB = !tB;
+    } else {
+      vb = tensor(b);
+    }
+    const int64_t k = a.shape.back();
+    if (k != kb)
+      throw UnsupportedError{"A " + shapeStr(a.shape) + " and B " + shapeStr(b.shape) +
+                             (tB ? " (transposed)" : "") + " do not fit"};
+    std::vector<int64_t> shape = a.shape;
+    shape.back() = nn;
+    ir::Op op;
+    op.kind = ir::OpKind::Gemm;
+    op.transposeB = transB;
+    Val y = emit(n, op, {tensor(a), vb}, shape);
+    if (!gemm)
+      return define(n, std::move(y));
+    const double alpha = floatAttr(n, "alpha", 1.0), beta = floatAttr(n, "beta", 1.0);
+    if (alpha != 1.0)
+      y = scaled(n, y, alpha);
+    if (hasIn(n, 2) && beta != 0.0) {
+      Val& c = in(n, 2);
+      const std::vector<int64_t> s = broadcast(y.shape, c.shape);
+      checkFlatBroadcast(c.shape, s);
+      const ir::Vertex vc = beta == 1.0 ? tensor(c) : *scaled(n, c, beta).v;
+      ir::Op add;
+      add.kind = ir::OpKind::Add;
+      y = emit(n, add, {*y.v, vc}, s);
+    }
+    define(n, std::move(y));
+  }
+
+  Val scaled(const NodeProto& n, Val& x, double s) {
+    Val c;
+    c.isConst = true;
+    c.data = {s};
+    c.name = nodeName(n) + ".scale";
+    ir::Op mul;
+    mul.kind = ir::OpKind::Mul;
+    return emit(n, mul, {tensor(x), tensor(c)}, x.shape);
+  }
+
+  const ImportOptions& opts_;
+  const ir::ActivationSet& acts_;
+  ImportResult& r_;
+  ir::Graph g_;
+  std::optional<ir::DType> dtype_;
+  std::map<std::string, Val> vals_;
+  std::set<std::string> used_;
+};
+
+} // namespace
+
+const std::vector<std::string>& supportedOpTypes() {
+  static const std::vector<std::string> ops = {
+      "Abs",        "Add",    "Cast",      "Constant", "Div",      "Dropout",
+      "Erf",        "Exp",    "Flatten",   "Gemm",     "Identity", "LayerNormalization",
+      "Log",        "MatMul", "Mul",       "Neg",      "Pow",      "Reciprocal",
+      "ReduceMean", "Relu",   "Reshape",   "Sigmoid",  "Sqrt",     "Squeeze",
+      "Sub",        "Tanh",   "Transpose", "Unsqueeze"};
+  return ops;
+}
+
+bool looksLikeOnnx(const std::string& path, const std::string& bytes) {
+  if (path.size() >= 5 && path.compare(path.size() - 5, 5, ".onnx") == 0)
+    return true;
+  // A ModelProto starts with field 1 (ir_version, varint): byte 0x08. .fgraph text never does.
+  return !bytes.empty() && bytes[0] == '\x08';
+}
+
+ImportResult importModel(const std::string& bytes, const ImportOptions& opts,
+                         const ir::ActivationSet& acts) {
+  ImportResult r;
+  ::onnx::ModelProto m;
+  if (bytes.size() > static_cast<size_t>(INT32_MAX)) {
+    r.problems.push_back({"", "", "the file is larger than 2 GB, protobuf's limit"});
+    return r;
+  }
+  if (!m.ParseFromString(bytes)) {
+    r.problems.push_back(
+        {"", "", "not a valid ONNX model: protobuf decoding failed (truncated or corrupt file)"});
+    return r;
+  }
+  Importer(opts, acts, r).run(m);
+  return r;
+}
+
+} // namespace fpat::onnx

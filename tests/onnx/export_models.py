@@ -1,0 +1,84 @@
+#!/usr/bin/env python3
+"""Exports the MLP blocks fpat's ONNX tests import, with PyTorch's own exporter.
+
+    /usr/bin/python3 tests/onnx/export_models.py OUTDIR
+
+Writes gpt2_mlp_opset{13,17}.onnx and llama_mlp_opset{13,17}.onnx: f32, as torch.onnx.export
+writes them, inputs [batch, seq, d]. Needs Debian's python3-torch (1.13) and python3-onnx; the
+files in tests/onnx/models were made with it. Small sizes keep them small: d = 64.
+"""
+import os
+import sys
+
+import torch
+from torch import nn
+
+D, HIDDEN, BATCH, SEQ = 64, 176, 2, 50  # 100 token rows: no multiple of any tile
+
+
+class Gpt2Mlp(nn.Module):
+    """GPT-2's MLP sub-block: x + c_proj(gelu(c_fc(ln_2(x)))) (tanh GeLU as in GPT-2)."""
+
+    def __init__(self, approximate):
+        super().__init__()
+        self.ln = nn.LayerNorm(D, eps=1e-5)
+        self.fc = nn.Linear(D, HIDDEN)
+        self.act = nn.GELU(approximate=approximate)
+        self.proj = nn.Linear(HIDDEN, D)
+
+    def forward(self, x):
+        return x + self.proj(self.act(self.fc(self.ln(x))))
+
+
+class RmsNorm(nn.Module):
+    """Llama's RMSNorm, as Hugging Face writes it."""
+
+    def __init__(self, eps=1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(D))
+        self.eps = eps
+
+    def forward(self, x):
+        variance = x.pow(2).mean(-1, keepdim=True)
+        return self.weight * (x * torch.rsqrt(variance + self.eps))
+
+
+class LlamaMlp(nn.Module):
+    """Llama's MLP sub-block: x + down(silu(gate(n)) * up(n)), n = rmsnorm(x)."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = RmsNorm()
+        self.gate = nn.Linear(D, HIDDEN, bias=False)
+        self.up = nn.Linear(D, HIDDEN, bias=False)
+        self.down = nn.Linear(HIDDEN, D, bias=False)
+        self.act = nn.SiLU()
+
+    def forward(self, x):
+        n = self.norm(x)
+        return x + self.down(self.act(self.gate(n)) * self.up(n))
+
+
+def main():
+    out = sys.argv[1] if len(sys.argv) > 1 else "."
+    os.makedirs(out, exist_ok=True)
+    torch.manual_seed(0)
+    models = {"gpt2_mlp": Gpt2Mlp("tanh"), "gpt2_mlp_erf": Gpt2Mlp("none"),
+              "llama_mlp": LlamaMlp()}
+    for name, m in models.items():
+        # Non-trivial norm scales, so a wrong gamma cannot pass.
+        with torch.no_grad():
+            for p in m.parameters():
+                if p.dim() == 1 and not isinstance(m, Gpt2Mlp) or p.dim() == 1:
+                    p.copy_(torch.rand_like(p) + 0.5 if p.dim() == 1 else p)
+        m.eval()
+        x = torch.randn(BATCH, SEQ, D)
+        for opset in (13, 17):
+            path = os.path.join(out, f"{name}_opset{opset}.onnx")
+            torch.onnx.export(m, (x,), path, opset_version=opset, input_names=["x"],
+                              output_names=["y"], do_constant_folding=True)
+            print(path)
+
+
+if __name__ == "__main__":
+    main()

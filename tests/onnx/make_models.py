@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""Writes the ONNX files of fpat's import tests into OUTDIR (Debian's python3-onnx only):
+small well-formed models the exporter tests do not cover, and malformed ones, each of which
+fpatc must reject with a clear error (never a crash).
+
+    python3 tests/onnx/make_models.py OUTDIR
+"""
+import os
+import sys
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+OUT = sys.argv[1] if len(sys.argv) > 1 else "."
+rng = np.random.default_rng(0)
+
+
+def weight(name, *shape):
+    return numpy_helper.from_array(
+        (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32), name)
+
+
+def save(name, nodes, inputs, outputs, inits, opset=13):
+    graph = helper.make_graph(nodes, name, inputs, outputs, inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    onnx.save(model, os.path.join(OUT, name + ".onnx"))
+    return model
+
+
+def f32(name, shape):
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+
+
+os.makedirs(OUT, exist_ok=True)
+
+# nn.Linear on 2-D input: Gemm with transB = 1 (weights [N, K]), then ReLU; a symbolic batch.
+save("linear_relu_dynamic",
+     [helper.make_node("Gemm", ["x", "W", "b"], ["h"], name="fc", transB=1),
+      helper.make_node("Relu", ["h"], ["y"], name="act")],
+     [f32("x", ["batch", 48])], [f32("y", ["batch", 40])],
+     [weight("W", 40, 48), weight("b", 40)])
+
+# Transpose of an activation feeding MatMul's B, and a Reshape that keeps the last dimension.
+save("transpose_reshape",
+     [helper.make_node("Transpose", ["w"], ["wt"], name="t", perm=[1, 0]),
+      helper.make_node("MatMul", ["x", "wt"], ["h"], name="mm"),
+      helper.make_node("Constant", [], ["shape"], name="c",
+                       value=numpy_helper.from_array(np.array([2, 30, 24], np.int64))),
+      helper.make_node("Reshape", ["h", "shape"], ["y"], name="r")],
+     [f32("x", [60, 32]), f32("w", [24, 32])], [f32("y", [2, 30, 24])], [])
+
+# --- malformed and unsupported ------------------------------------------------------------
+good = onnx.load(os.path.join(os.path.dirname(__file__), "models", "gpt2_mlp_opset13.onnx"))
+data = good.SerializeToString()
+with open(os.path.join(OUT, "truncated.onnx"), "wb") as f:
+    f.write(data[: len(data) // 3])
+with open(os.path.join(OUT, "not_a_model.onnx"), "wb") as f:
+    f.write(b"graph g { this is text, not protobuf }\n")
+
+save("int_input",
+     [helper.make_node("Relu", ["ids"], ["y"], name="act")],
+     [helper.make_tensor_value_info("ids", TensorProto.INT64, [4, 8])], [f32("y", [4, 8])], [])
+
+save("missing_initializer",
+     [helper.make_node("MatMul", ["x", "W"], ["y"], name="mm")],
+     [f32("x", [4, 8])], [f32("y", [4, 8])], [])
+
+save("cycle",
+     [helper.make_node("Add", ["x", "b"], ["a"], name="first"),
+      helper.make_node("Relu", ["a"], ["b"], name="second")],
+     [f32("x", [4, 8])], [f32("a", [4, 8])], [])
+
+save("unsupported_ops",
+     [helper.make_node("MatMul", ["x", "W"], ["h"], name="mm"),
+      helper.make_node("Softmax", ["h"], ["s"], name="attn/Softmax"),
+      helper.make_node("Softmax", ["s"], ["t"], name="attn/Softmax_1"),
+      helper.make_node("TopK", ["t", "k"], ["y", "i"], name="topk")],
+     [f32("x", [4, 8])], [f32("y", [4, 2])],
+     [weight("W", 8, 8), numpy_helper.from_array(np.array([2], np.int64), "k")])
+
+short = numpy_helper.from_array(np.zeros((8, 8), np.float32), "W")
+short.raw_data = short.raw_data[:100]
+save("short_initializer",
+     [helper.make_node("MatMul", ["x", "W"], ["y"], name="mm")],
+     [f32("x", [4, 8])], [f32("y", [4, 8])], [short])
+
+save("symbolic_dim",
+     [helper.make_node("Relu", ["x"], ["y"], name="act")],
+     [f32("x", ["seq", 8])], [f32("y", ["seq", 8])], [])
+
+ext = numpy_helper.from_array(np.zeros((8, 8), np.float32), "W")
+ext.ClearField("raw_data")
+ext.data_location = TensorProto.EXTERNAL
+ext.external_data.add(key="location", value="weights.bin")
+save("external_data",
+     [helper.make_node("MatMul", ["x", "W"], ["y"], name="mm")],
+     [f32("x", [4, 8])], [f32("y", [4, 8])], [ext])
+
+save("batched_matmul",
+     [helper.make_node("MatMul", ["q", "k"], ["y"], name="scores")],
+     [f32("q", [2, 4, 8]), f32("k", [2, 8, 4])], [f32("y", [2, 4, 4])], [])
+
+save("wrong_shape",
+     [helper.make_node("MatMul", ["x", "W"], ["y"], name="mm")],
+     [f32("x", [4, 8])], [f32("y", [4, 8])], [weight("W", 6, 8)])
+
+save("no_outputs", [helper.make_node("Relu", ["x"], ["y"], name="act")], [f32("x", [4, 8])], [],
+     [])

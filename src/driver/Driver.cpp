@@ -237,11 +237,14 @@ bool loadPatterns(const FpatcOptions& opts, SourceManager& sm, DiagEngine& diags
   return true;
 }
 
+/// How far a half-precision run of an f32 model may be from the model itself, relative to the
+/// output's rms (compareToReference): f16 weights and intermediates each round by 2^-11.
+constexpr double kModelTolerance = 3e-2;
+
 /// Imports an ONNX model; problems are printed as `FILE: error: node 'N' (Op): message`.
 bool importOnnx(const FpatcOptions& opts, const std::string& bytes, const Patterns& pats,
-                std::optional<ir::Graph>& g, std::vector<std::string>& notes, std::ostream& out,
-                std::ostream& err) {
-  (void)out;
+                std::optional<ir::Graph>& g, std::optional<ir::Graph>& model,
+                std::vector<std::string>& notes, std::ostream& err) {
   onnx::ImportOptions io;
   io.dims = opts.dims;
   if (opts.precision == "bf16") {
@@ -281,6 +284,10 @@ bool importOnnx(const FpatcOptions& opts, const std::string& bytes, const Patter
                      (opts.precision.empty() ? " (--precision f32 keeps f32: CPU only)" : "")
                : std::string()) +
           "; weights from its initializers");
+  if (io.precision && *io.precision != r.storedAs && r.storedAs == ir::DType::F32) {
+    io.precision = ir::DType::F32; // the model as exported, the oracle of the f16 run
+    model = std::move(onnx::importModel(bytes, io, pats.activations).graph);
+  }
   return true;
 }
 
@@ -336,7 +343,8 @@ bool saveTensor(const ir::Tensor& t, const fs::path& file, std::ostream& err) {
 int gpuStages(const FpatcOptions& opts, const ir::Graph& fused, const Patterns& pats,
               const std::map<std::string, ir::Tensor>* inputs,
               const std::vector<ir::Tensor>* reference, const std::vector<int64_t>* sampledRows,
-              const ir::Graph& original, std::ostream& out, std::ostream& err) {
+              const ir::Graph& original, std::ostream& out, std::ostream& err,
+              const std::vector<ir::Tensor>* modelOutputs = nullptr) {
   std::string why = !opts.run ? "--no-run" : "only --emit=" + opts.emit + " was asked for";
   cuda::Driver* drv = opts.run && opts.emit.empty() ? cuda::Driver::get(&why) : nullptr;
   const int arch = opts.arch ? opts.arch : drv ? drv->device().arch : 90;
@@ -551,6 +559,20 @@ int gpuStages(const FpatcOptions& opts, const ir::Graph& fused, const Patterns& 
         << (c.nonFinite ? ", " + std::to_string(c.nonFinite) + " non-finite" : "") << " -> "
         << (c.pass ? "PASS" : "FAIL") << "\n";
     rc = c.pass ? rc : 1;
+    if (modelOutputs) // kept for the comparison with the f32 model below
+      rr.outputs[i] = got;
+  }
+  if (modelOutputs) {
+    out << "== validate: GPU vs the f32 model as exported (pass: all finite, rel err <= "
+        << sci(kModelTolerance) << ": the run rounds weights and intermediates to f16)\n";
+    for (size_t i = 0; i < original.outputs().size(); ++i) {
+      runtime::Agreement c =
+          runtime::compareToReference(rr.outputs[i], (*modelOutputs)[i], kModelTolerance);
+      out << "  %" << original.op(original.outputs()[i]).name << ": max abs err "
+          << sci(c.maxAbs) << ", max rel err " << sci(c.maxRel) << " -> "
+          << (c.pass ? "PASS" : "FAIL") << "\n";
+      rc = c.pass ? rc : 1;
+    }
   }
   return rc;
 }
@@ -618,6 +640,7 @@ int runFpatc(const FpatcOptions& opts, std::ostream& out, std::ostream& err) {
     return 1;
   }
   std::optional<ir::Graph> g;
+  std::optional<ir::Graph> model; // an f32 ONNX model run in f16: the model as exported
   std::vector<std::string> importNotes;
   int fileId = -1;
   if (onnx::looksLikeOnnx(opts.input, text)) {
@@ -625,7 +648,7 @@ int runFpatc(const FpatcOptions& opts, std::ostream& out, std::ostream& err) {
       err << "fpatc: error: --verify-diagnostics checks .fgraph files, not ONNX models\n";
       return 1;
     }
-    if (!importOnnx(opts, text, pats, g, importNotes, out, err))
+    if (!importOnnx(opts, text, pats, g, model, importNotes, err))
       return 1;
   } else {
     fileId = sm.addBuffer(inputName(opts.input), std::move(text));
@@ -770,6 +793,7 @@ int runFpatc(const FpatcOptions& opts, std::ostream& out, std::ostream& err) {
   if (!opts.inputsDir.empty() && !loadInputs(*g, opts.inputsDir, inputs, out, err))
     return 1;
   std::vector<ir::Tensor> vals;
+  std::vector<ir::Tensor> modelOutputs; // the f32 model's, per output (sampled like vals)
   if (opts.reference) {
     auto t0 = std::chrono::steady_clock::now();
     const ir::Graph& refGraph = sample ? sample->graph : *g;
@@ -821,6 +845,38 @@ int runFpatc(const FpatcOptions& opts, std::ostream& out, std::ostream& err) {
         }
       }
     }
+    if (model) {
+      // The f32 model on the same inputs (its own f32 weights), the oracle of the f16 run.
+      std::optional<ir::RowSample> modelSample;
+      if (sample)
+        modelSample = ir::sampleRows(*model, sample->picked.size());
+      if (!sample || (modelSample && modelSample->picked == sample->picked)) {
+        std::map<std::string, ir::Tensor> in32 = ir::randomInputs(*model, opts.seed);
+        for (ir::Vertex v : model->vertices()) {
+          const ir::Op& op = model->op(v);
+          if (op.kind != ir::OpKind::Input || op.data)
+            continue;
+          ir::Tensor t = inputs.at(op.name); // the f16 run's values, exact in f32
+          t.desc.dtype = ir::DType::F32;
+          in32[op.name] = std::move(t);
+        }
+        const ir::Graph& modelRef = modelSample ? modelSample->graph : *model;
+        std::vector<ir::Tensor> mv = ir::evaluate(
+            modelRef, modelSample ? ir::sliceInputs(*model, *modelSample, in32) : in32,
+            pats.reference, progress(modelRef));
+        for (ir::Vertex o : model->outputs())
+          modelOutputs.push_back(std::move(mv[o]));
+        out << "  the f16 graph vs the f32 model (rel err <= " << sci(kModelTolerance) << "):\n";
+        for (size_t i = 0; i < g->outputs().size(); ++i) {
+          runtime::Agreement c = runtime::compareToReference(vals[g->outputs()[i]],
+                                                             modelOutputs[i], kModelTolerance);
+          out << "    %" << g->op(g->outputs()[i]).name << ": max abs err " << sci(c.maxAbs)
+              << ", max rel err " << sci(c.maxRel) << " -> " << (c.pass ? "PASS" : "FAIL")
+              << "\n";
+          rc = c.pass ? rc : 1;
+        }
+      }
+    }
     if (opts.fuse && !mr.matches.empty()) {
       // The fused graph evaluated with fused-op semantics (one rounding per fused op) must
       // agree with the unfused graph up to f16 rounding of the intermediates; on the same
@@ -849,7 +905,8 @@ int runFpatc(const FpatcOptions& opts, std::ostream& out, std::ostream& err) {
   if (opts.compile) {
     // A failure found on the CPU wins over a skip (77) or a pass from the GPU stages.
     const int gpu = gpuStages(opts, fused, pats, &inputs, opts.reference ? &vals : nullptr,
-                              sample ? &sample->picked : nullptr, *g, out, err);
+                              sample ? &sample->picked : nullptr, *g, out, err,
+                              modelOutputs.empty() ? nullptr : &modelOutputs);
     rc = rc ? rc : gpu;
   }
   if (opts.graphviz) {

@@ -2,7 +2,8 @@
 # Builds a libFuzzer target with clang, ASan and UBSan in a build tree of its own and fuzzes it
 # for SECONDS (or RUNS inputs). Exits 77 (ctest: skipped) when clang or its fuzzer runtime is
 # missing. Targets: fpat_fuzz (the .fpat front end), fgraph_fuzz (the .fgraph front end and its
-# print/parse round trip), fusion_fuzz (fusion over random graphs against the unfused graph).
+# print/parse round trip), fusion_fuzz (fusion over random graphs against the unfused graph),
+# onnx_fuzz (ONNX import and raising).
 # usage: run_fuzz.sh SOURCE_DIR WORK_DIR SECONDS [TARGET] [RUNS]
 set -e
 src=$1 work=$2 secs=${3:-60} target=${4:-fpat_fuzz} runs=${5:--1}
@@ -29,6 +30,7 @@ fpat_fuzz) seeds="$src/patterns/*.fpat $src/tests/golden/fpat/*.fpat $src/tests/
                   $src/examples/custom_activation/*.fpat" ;;
 fgraph_fuzz) seeds="$src/examples/*.fgraph $src/examples/*/*.fgraph $src/tests/golden/fgraph/*.fgraph
                     $src/tests/golden/explain/*.fgraph $src/tests/cli/inputs/*.fgraph" ;;
+onnx_fuzz) seeds="$src/tests/onnx/models/*.onnx" ;;
 *) seeds="" ;;
 esac
 for f in $seeds; do

@@ -94,7 +94,7 @@ BOOST_AUTO_TEST_CASE(type_errors_name_op_operand_expected_and_actual) {
     return contains(e.what(), "has dtype f32; expected f16");
   });
   BOOST_CHECK_EXCEPTION(b.mul(h, a), BuildError, [](const BuildError& e) {
-    return contains(e.what(), "must have the shape of operand 0, [64, 32]");
+    return contains(e.what(), "does not broadcast with operand 0, [64, 32]");
   });
   BOOST_CHECK_EXCEPTION(b.activation(h, "swish7"), BuildError, [](const BuildError& e) {
     return contains(e.what(), "unknown activation 'swish7'");

@@ -32,3 +32,57 @@ __device__ __forceinline__ float fpat_act_leaky_relu(float x, float p_slope) {
   return x > 0.0f ? x : p_slope * x;
 }
 
+// sigmoid: expr { 1.0 / (1.0 + exp(-x)) }
+// from patterns/activations.fpat:36
+__device__ __forceinline__ float fpat_act_sigmoid(float x) {
+  return 1.0f / (1.0f + expf(-x));
+}
+
+// tanh: expr { tanh(x) }
+// from patterns/activations.fpat:39
+__device__ __forceinline__ float fpat_act_tanh(float x) {
+  return tanhf(x);
+}
+
+// erf: expr { erf(x) }
+// from patterns/activations.fpat:42
+__device__ __forceinline__ float fpat_act_erf(float x) {
+  return erff(x);
+}
+
+// exp: expr { exp(x) }
+// from patterns/activations.fpat:45
+__device__ __forceinline__ float fpat_act_exp(float x) {
+  return expf(x);
+}
+
+// log: expr { log(x) }
+// from patterns/activations.fpat:48
+__device__ __forceinline__ float fpat_act_log(float x) {
+  return logf(x);
+}
+
+// sqrt: expr { sqrt(x) }
+// from patterns/activations.fpat:51
+__device__ __forceinline__ float fpat_act_sqrt(float x) {
+  return sqrtf(x);
+}
+
+// reciprocal: expr { 1.0 / x }
+// from patterns/activations.fpat:54
+__device__ __forceinline__ float fpat_act_reciprocal(float x) {
+  return 1.0f / x;
+}
+
+// neg: expr { -x }
+// from patterns/activations.fpat:57
+__device__ __forceinline__ float fpat_act_neg(float x) {
+  return -x;
+}
+
+// abs: expr { abs(x) }
+// from patterns/activations.fpat:60
+__device__ __forceinline__ float fpat_act_abs(float x) {
+  return fabsf(x);
+}
+

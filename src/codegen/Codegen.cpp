@@ -190,16 +190,25 @@ KernelUnit generate(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibrary&
   const ir::Op& op = g.op(v);
   if (op.kind == ir::OpKind::Input || op.kind == ir::OpKind::Constant)
     return {}; // uploaded, not computed
-  requireF16(g, v);
+  requireHalfPrecision(g, v, o.arch);
+  KernelUnit u;
   if (const ir::FamilyInfo* family = ir::familyOf(op))
-    return generateGemm(g, v, lib, o, *family);
-  if (op.kind == ir::OpKind::Fused)
+    u = generateGemm(g, v, lib, o, *family);
+  else if (op.kind == ir::OpKind::Fused)
     throw CodegenError(ref(g, v) + ": no kernel family '" + op.fused.family +
                        "' implements pattern " + op.fused.pattern);
-  if (op.kind == ir::OpKind::LayerNorm || op.kind == ir::OpKind::RmsNorm ||
-      op.kind == ir::OpKind::ReduceMean)
-    return generateRowwise(g, v, o);
-  return generateElementwise(g, v, lib, o);
+  else if (op.kind == ir::OpKind::LayerNorm || op.kind == ir::OpKind::RmsNorm ||
+           op.kind == ir::OpKind::ReduceMean)
+    u = generateRowwise(g, v, o);
+  else
+    u = generateElementwise(g, v, lib, o);
+  if (op.type.dtype == ir::DType::BF16) {
+    // The kernel headers' element type (fpat_common.cuh), set before they are included.
+    const size_t at = u.source.find("\n#include");
+    u.source.insert(at == std::string::npos ? 0 : at + 1,
+                    "#define FPAT_BF16 1 // tensors are bf16 (fpat_common.cuh)\n");
+  }
+  return u;
 }
 
 } // namespace fpat::codegen

@@ -45,15 +45,19 @@ std::string callActivation(const std::string& fn, const std::map<std::string, do
   return s + ")";
 }
 
-void requireF16(const ir::Graph& g, ir::Vertex v) {
+void requireHalfPrecision(const ir::Graph& g, ir::Vertex v, int arch) {
+  const ir::DType t = g.op(v).type.dtype;
   auto check = [&](ir::Vertex u) {
-    if (g.op(u).type.dtype != ir::DType::F16)
-      throw CodegenError("GPU kernels take f16 tensors; " + ref(g, u) + " is " +
-                         g.op(u).type.str());
+    if (!ir::isHalfPrecision(g.op(u).type.dtype) || g.op(u).type.dtype != t)
+      throw CodegenError("GPU kernels take f16 or bf16 tensors, one type per op; " + ref(g, u) +
+                         " is " + g.op(u).type.str());
   };
   check(v);
   for (ir::Vertex u : g.operands(v))
     check(u);
+  if (t == ir::DType::BF16 && arch < 80)
+    throw CodegenError(ref(g, v) + ": bf16 kernels need sm_80 or newer (this is sm_" +
+                       std::to_string(arch) + ")");
 }
 
 /// The comment block at the top of a generated file. It describes the kernel, not the op, so

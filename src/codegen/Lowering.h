@@ -25,7 +25,7 @@ struct ActivationCode {
 std::string callActivation(const std::string& fn, const std::map<std::string, double>& given,
                            const std::string& arg, const std::string& who,
                            const dsl::PatternLibrary& lib, ActivationCode& code);
-void requireF16(const ir::Graph& g, ir::Vertex v);
+void requireHalfPrecision(const ir::Graph& g, ir::Vertex v, int arch);
 /// The comment block at the top of a generated file.
 std::string header(const std::string& kernel, const CodegenOptions& o,
                    const std::vector<std::string>& lines);

@@ -238,8 +238,11 @@ bool loadPatterns(const FpatcOptions& opts, SourceManager& sm, DiagEngine& diags
 }
 
 /// How far a half-precision run of an f32 model may be from the model itself, relative to the
-/// output's rms (compareToReference): f16 weights and intermediates each round by 2^-11.
-constexpr double kModelTolerance = 3e-2;
+/// output's rms (compareToReference): f16 weights and intermediates each round by 2^-11, bf16
+/// ones by 2^-8.
+double modelTolerance(ir::DType t) {
+  return t == ir::DType::BF16 ? 8e-2 : 3e-2;
+}
 
 /// Imports an ONNX model; problems are printed as `FILE: error: node 'N' (Op): message`.
 bool importOnnx(const FpatcOptions& opts, const std::string& bytes, const Patterns& pats,
@@ -247,11 +250,6 @@ bool importOnnx(const FpatcOptions& opts, const std::string& bytes, const Patter
                 std::vector<std::string>& notes, std::ostream& err) {
   onnx::ImportOptions io;
   io.dims = opts.dims;
-  if (opts.precision == "bf16") {
-    err << "fpatc: error: --precision bf16 is not supported yet (the IR and kernels are f16 and "
-           "f32); use --precision f16\n";
-    return false;
-  }
   if (!opts.precision.empty())
     io.precision = ir::parseDType(opts.precision);
   else
@@ -299,23 +297,25 @@ bool loadInputs(const ir::Graph& g, const std::string& dir, std::map<std::string
     const ir::Op& op = g.op(v);
     if (op.kind != ir::OpKind::Input)
       continue;
-    const fs::path file = fs::path(dir) / (op.name + ".f16");
+    // NAME.f16 or NAME.bf16, as the input's type says (f32 inputs cannot be read).
+    const fs::path file = fs::path(dir) / (op.name + "." + ir::dtypeName(op.type.dtype));
     std::error_code ec;
     if (!fs::exists(file, ec))
       continue;
     std::string bytes;
     const size_t want = static_cast<size_t>(op.type.numel()) * 2;
-    if (op.type.dtype != ir::DType::F16 || !readFile(file.string(), bytes) ||
+    if (!ir::isHalfPrecision(op.type.dtype) || !readFile(file.string(), bytes) ||
         bytes.size() != want) {
-      err << "fpatc: error: " << file.string() << ": expected " << want << " bytes of f16 for %"
-          << op.name << " " << op.type.str() << ", found " << bytes.size() << "\n";
+      err << "fpatc: error: " << file.string() << ": expected " << want << " bytes of "
+          << ir::dtypeName(op.type.dtype) << " for %" << op.name << " " << op.type.str()
+          << ", found " << bytes.size() << "\n";
       return false;
     }
     ir::Tensor& t = in[op.name];
     for (size_t i = 0; i < t.data.size(); ++i) {
       uint16_t h = static_cast<uint16_t>(static_cast<unsigned char>(bytes[2 * i]) |
                                          static_cast<unsigned char>(bytes[2 * i + 1]) << 8);
-      t.data[i] = ir::halfBitsToFloat(h);
+      t.data[i] = ir::fromBits(h, op.type.dtype);
     }
     out << "  input %" << op.name << " read from " << file.string() << "\n";
   }
@@ -326,7 +326,7 @@ bool loadInputs(const ir::Graph& g, const std::string& dir, std::map<std::string
 bool saveTensor(const ir::Tensor& t, const fs::path& file, std::ostream& err) {
   std::string bytes(t.data.size() * 2, '\0');
   for (size_t i = 0; i < t.data.size(); ++i) {
-    uint16_t h = ir::doubleToHalfBits(t.data[i]);
+    uint16_t h = ir::toBits(t.data[i], t.desc.dtype);
     bytes[2 * i] = static_cast<char>(h & 0xff);
     bytes[2 * i + 1] = static_cast<char>(h >> 8);
   }
@@ -448,6 +448,10 @@ int gpuStages(const FpatcOptions& opts, const ir::Graph& fused, const Patterns& 
   }
   runtime::BuildResult built = runtime::buildKernels(fused, pats.library, bopts);
   runtime::CompiledGraph& cg = built.graph;
+  if (!built.error.empty() && built.kernels.empty()) { // code generation failed: no units
+    err << "fpatc: error: " << built.error << (built.error.back() == '\n' ? "" : "\n");
+    return 1;
+  }
   size_t kernels = 0;
   for (const codegen::KernelUnit& u : cg.units)
     kernels += u.launches.empty() ? 0 : 1;
@@ -461,10 +465,6 @@ int gpuStages(const FpatcOptions& opts, const ir::Graph& fused, const Patterns& 
     if (auto c = choices.find(v); c != choices.end())
       out << " (config " << u.tile.str() << ": " << c->second.source << ")";
     out << "\n";
-  }
-  if (!built.error.empty() && built.kernels.empty()) {
-    err << "fpatc: error: " << built.error << (built.error.back() == '\n' ? "" : "\n");
-    return 1;
   }
   for (const std::string& w : built.warnings)
     err << "fpatc: warning: " << w << "\n";
@@ -518,7 +518,8 @@ int gpuStages(const FpatcOptions& opts, const ir::Graph& fused, const Patterns& 
     fs::create_directories(opts.outputsDir, ec);
     for (size_t i = 0; i < original.outputs().size(); ++i) {
       const fs::path file =
-          fs::path(opts.outputsDir) / (original.op(original.outputs()[i]).name + ".f16");
+          fs::path(opts.outputsDir) /
+          (original.op(original.outputs()[i]).name + "." + ir::dtypeName(rr.outputs[i].desc.dtype));
       if (!saveTensor(rr.outputs[i], file, err))
         return 1;
       out << "  wrote " << file.string() << "\n";
@@ -547,7 +548,8 @@ int gpuStages(const FpatcOptions& opts, const ir::Graph& fused, const Patterns& 
   if (sampledRows)
     out << " on " << sampledRows->size() << " sampled rows"
         << (few ? " (--no-reference: the full reference was skipped)" : "");
-  out << " (pass: all finite, rel err <= " << sci(runtime::kRelTolerance) << ")\n";
+  out << " (pass: all finite, rel err <= "
+      << sci(runtime::relTolerance(original.op(original.outputs()[0]).type.dtype)) << ")\n";
   int rc = 0;
   for (size_t i = 0; i < original.outputs().size(); ++i) {
     const ir::Tensor& want = (*reference)[original.outputs()[i]];
@@ -563,14 +565,15 @@ int gpuStages(const FpatcOptions& opts, const ir::Graph& fused, const Patterns& 
       rr.outputs[i] = got;
   }
   if (modelOutputs) {
+    const ir::DType dt = original.op(original.outputs()[0]).type.dtype;
     out << "== validate: GPU vs the f32 model as exported (pass: all finite, rel err <= "
-        << sci(kModelTolerance) << ": the run rounds weights and intermediates to f16)\n";
+        << sci(modelTolerance(dt)) << ": the run rounds weights and intermediates to "
+        << ir::dtypeName(dt) << ")\n";
     for (size_t i = 0; i < original.outputs().size(); ++i) {
       runtime::Agreement c =
-          runtime::compareToReference(rr.outputs[i], (*modelOutputs)[i], kModelTolerance);
-      out << "  %" << original.op(original.outputs()[i]).name << ": max abs err "
-          << sci(c.maxAbs) << ", max rel err " << sci(c.maxRel) << " -> "
-          << (c.pass ? "PASS" : "FAIL") << "\n";
+          runtime::compareToReference(rr.outputs[i], (*modelOutputs)[i], modelTolerance(dt));
+      out << "  %" << original.op(original.outputs()[i]).name << ": max abs err " << sci(c.maxAbs)
+          << ", max rel err " << sci(c.maxRel) << " -> " << (c.pass ? "PASS" : "FAIL") << "\n";
       rc = c.pass ? rc : 1;
     }
   }
@@ -710,11 +713,11 @@ int runFpatc(const FpatcOptions& opts, std::ostream& out, std::ostream& err) {
   // f32 graphs can be fused and checked on the CPU (--no-compile), not compiled.
   if (opts.compile || opts.emit == "cuda") {
     for (ir::Vertex v : g->vertices())
-      if (g->op(v).kind == ir::OpKind::Input && g->op(v).type.dtype != ir::DType::F16)
+      if (g->op(v).kind == ir::OpKind::Input && !ir::isHalfPrecision(g->op(v).type.dtype))
         diags.error(g->op(v).loc,
                     "input '%" + g->op(v).name + "' is " + g->op(v).type.str() +
-                        ": fpat's GPU kernels take f16 tensors only (use --no-compile to fuse "
-                        "and check an f32 graph on the CPU)");
+                        ": fpat's GPU kernels take f16 or bf16 tensors only (use --no-compile to "
+                        "fuse and check an f32 graph on the CPU)");
     if (diags.errorCount() > 0)
       return failed();
   }
@@ -861,18 +864,19 @@ int runFpatc(const FpatcOptions& opts, std::ostream& out, std::ostream& err) {
           in32[op.name] = std::move(t);
         }
         const ir::Graph& modelRef = modelSample ? modelSample->graph : *model;
-        std::vector<ir::Tensor> mv = ir::evaluate(
-            modelRef, modelSample ? ir::sliceInputs(*model, *modelSample, in32) : in32,
-            pats.reference, progress(modelRef));
+        std::vector<ir::Tensor> mv =
+            ir::evaluate(modelRef, modelSample ? ir::sliceInputs(*model, *modelSample, in32) : in32,
+                         pats.reference, progress(modelRef));
         for (ir::Vertex o : model->outputs())
           modelOutputs.push_back(std::move(mv[o]));
-        out << "  the f16 graph vs the f32 model (rel err <= " << sci(kModelTolerance) << "):\n";
+        const ir::DType dt = g->op(g->outputs()[0]).type.dtype;
+        out << "  the " << ir::dtypeName(dt)
+            << " graph vs the f32 model (rel err <= " << sci(modelTolerance(dt)) << "):\n";
         for (size_t i = 0; i < g->outputs().size(); ++i) {
-          runtime::Agreement c = runtime::compareToReference(vals[g->outputs()[i]],
-                                                             modelOutputs[i], kModelTolerance);
+          runtime::Agreement c = runtime::compareToReference(vals[g->outputs()[i]], modelOutputs[i],
+                                                             modelTolerance(dt));
           out << "    %" << g->op(g->outputs()[i]).name << ": max abs err " << sci(c.maxAbs)
-              << ", max rel err " << sci(c.maxRel) << " -> " << (c.pass ? "PASS" : "FAIL")
-              << "\n";
+              << ", max rel err " << sci(c.maxRel) << " -> " << (c.pass ? "PASS" : "FAIL") << "\n";
           rc = c.pass ? rc : 1;
         }
       }

@@ -50,7 +50,7 @@ Value GraphBuilder::weight(const std::string& name, std::vector<int64_t> shape, 
       throw BuildError("weight %" + name + ": " + std::to_string(values.size()) +
                        " values given for " + op.type.str());
     for (float& x : values)
-      x = dtype == DType::F16 ? roundToHalf(x) : x;
+      x = roundTo(x, dtype);
     op.data = std::make_shared<const std::vector<float>>(std::move(values));
   }
   return v;

@@ -75,7 +75,7 @@ void parallelRows(size_t n, size_t workPerRow, const std::function<void(size_t, 
 } // namespace
 
 static float store(double v, DType t) {
-  return t == DType::F16 ? roundToHalf(v) : static_cast<float>(v);
+  return roundTo(v, t);
 }
 
 Tensor randomTensor(const TensorDesc& desc, uint64_t seed, double lo, double hi) {

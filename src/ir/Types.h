@@ -10,15 +10,19 @@
 
 namespace fpat::ir {
 
-enum class DType { F16, F32 };
+enum class DType { F16, F32, BF16 };
 
 const char* dtypeName(DType t);
 std::optional<DType> parseDType(std::string_view s);
 inline size_t dtypeSize(DType t) {
-  return t == DType::F16 ? 2 : 4;
+  return t == DType::F32 ? 4 : 2;
+}
+/// f16 and bf16: the 16-bit types the GPU kernels take.
+inline bool isHalfPrecision(DType t) {
+  return t != DType::F32;
 }
 
-/// Shape (1-D or 2-D, row-major) and element type of a value.
+/// Shape (rank 0 to 2, row-major) and element type (f16, f32 or bf16) of a value.
 struct TensorDesc {
   std::vector<int64_t> shape;
   DType dtype = DType::F16;
@@ -47,5 +51,13 @@ float halfBitsToFloat(uint16_t h);
 inline float roundToHalf(double d) {
   return halfBitsToFloat(doubleToHalfBits(d));
 }
+/// bfloat16 (8 exponent bits, 8 significand bits), round-to-nearest-even from double.
+uint16_t doubleToBf16Bits(double d);
+float bf16BitsToFloat(uint16_t h);
+/// The 16-bit storage of f16 or bf16 values, and back.
+uint16_t toBits(double d, DType t);
+float fromBits(uint16_t h, DType t);
+/// `d` rounded to the values of `t` (f32: to float).
+float roundTo(double d, DType t);
 
 } // namespace fpat::ir

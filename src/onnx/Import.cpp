@@ -310,6 +310,8 @@ private:
     auto see = [&](int type) {
       if (type == TensorProto::FLOAT16)
         t = t.value_or(ir::DType::F16);
+      else if (type == TensorProto::BFLOAT16)
+        t = t.value_or(ir::DType::BF16);
       else if (type == TensorProto::FLOAT || type == TensorProto::DOUBLE)
         t = ir::DType::F32;
     };
@@ -404,8 +406,7 @@ private:
       op.type = {flatten(v.shape), *dtype_};
       std::vector<float> data(v.data.size());
       for (size_t i = 0; i < data.size(); ++i)
-        data[i] =
-            *dtype_ == ir::DType::F16 ? ir::roundToHalf(v.data[i]) : static_cast<float>(v.data[i]);
+        data[i] = ir::roundTo(v.data[i], *dtype_);
       op.data = std::make_shared<const std::vector<float>>(std::move(data));
       op.origin = "initializer '" + v.name + "'";
     }

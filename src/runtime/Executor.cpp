@@ -223,7 +223,7 @@ RunResult Executor::run(const std::map<std::string, ir::Tensor>& inputs, bool po
     std::vector<uint16_t>& b = bits[op.name];
     b.resize(it->second.data.size());
     for (size_t i = 0; i < b.size(); ++i)
-      b[i] = ir::doubleToHalfBits(it->second.data[i]);
+      b[i] = ir::toBits(it->second.data[i], op.type.dtype);
   }
   return runBits(bits, poison);
 }
@@ -250,7 +250,7 @@ RunResult Executor::runBits(const std::map<std::string, std::vector<uint16_t>>& 
     if (op.kind != ir::OpKind::Constant)
       continue;
     const std::vector<uint16_t> fill(static_cast<size_t>(op.type.numel()),
-                                     ir::doubleToHalfBits(op.value));
+                                     ir::toBits(op.value, op.type.dtype));
     drv_.copyToDevice(slotSets_[0][static_cast<size_t>(plan_.slotOf[v])], fill.data(),
                       fill.size() * 2);
   }
@@ -271,7 +271,7 @@ RunResult Executor::runBits(const std::map<std::string, std::vector<uint16_t>>& 
     drv_.copyToHost(bits.data(), slotSets_[0][static_cast<size_t>(plan_.slotOf[v])],
                     bits.size() * 2);
     for (size_t i = 0; i < bits.size(); ++i)
-      t.data[i] = ir::halfBitsToFloat(bits[i]);
+      t.data[i] = ir::fromBits(bits[i], op.type.dtype);
     r.outputs.push_back(std::move(t));
   }
   return r;

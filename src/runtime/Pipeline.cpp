@@ -59,7 +59,13 @@ BuildResult buildKernels(const ir::Graph& fused, const dsl::PatternLibrary& lib,
 // element (missed tile, wrong operand, stale buffer) is off by about the values themselves.
 // Relative errors are taken against max(|ref|, rms(ref), smallest normal number) so that
 // elements near zero do not turn rounding noise into large ratios.
+double relTolerance(ir::DType t) {
+  return t == ir::DType::BF16 ? 8 * kRelTolerance : kRelTolerance;
+}
+
 Agreement compareToReference(const ir::Tensor& got, const ir::Tensor& want, double tolerance) {
+  if (tolerance < 0)
+    tolerance = relTolerance(want.desc.dtype);
   Agreement a;
   if (got.data.size() != want.data.size()) {
     a.nonFinite = want.data.size();
@@ -76,7 +82,7 @@ Agreement compareToReference(const ir::Tensor& got, const ir::Tensor& want, doub
   // values are subnormal, spaced 2^-24 apart, and one rounding more or less (fused kernels
   // round once, the unfused reference after every op) is a relative error of O(1) there.
   // Found by the fusion fuzzer: outputs of about 1e-7 differing by one subnormal step.
-  const double floor = want.desc.dtype == ir::DType::F16 ? 0x1p-14 : 0x1p-126;
+  const double floor = want.desc.dtype == ir::DType::F16 ? 0x1p-14 : 0x1p-126; // bf16: f32's
   const double rms = std::max(n ? std::sqrt(sq / static_cast<double>(n)) : 0.0, floor);
   for (size_t i = 0; i < want.data.size(); ++i) {
     const double g = got.data[i], w = want.data[i];

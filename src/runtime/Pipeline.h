@@ -39,10 +39,13 @@ struct Agreement {
   bool pass = false;
 };
 
-/// The tolerance fpat validates GPU results with; see Pipeline.cpp for the reasoning.
+/// The tolerance fpat validates f16 GPU results with; see Pipeline.cpp for the reasoning.
 constexpr double kRelTolerance = 1e-2;
+/// The tolerance for results of type `t`: kRelTolerance for f16 and f32; for bf16, whose unit
+/// roundoff is 8 times f16's (8 significand bits, not 11), 8 times that.
+double relTolerance(ir::DType t);
 
-Agreement compareToReference(const ir::Tensor& got, const ir::Tensor& want,
-                             double tolerance = kRelTolerance);
+/// `tolerance` < 0: relTolerance of `want`'s type.
+Agreement compareToReference(const ir::Tensor& got, const ir::Tensor& want, double tolerance = -1);
 
 } // namespace fpat::runtime

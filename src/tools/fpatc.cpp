@@ -52,8 +52,8 @@ int main(int argc, char** argv) {
   app.add_flag("--no-raise", opts.noRaise,
                "skip the raising patterns (exporters' decompositions stay as they are)");
   app.add_option("--precision", opts.precision,
-                 "ONNX models: the element type to run in (default f16, the tensor cores'; "
-                 "f32 keeps an f32 model as it is, for the CPU only)")
+                 "ONNX models: the element type to run in: f16 (default) or bf16 on the tensor "
+                 "cores, f32 as the model is (the CPU only)")
       ->check(CLI::IsMember({"f16", "f32", "bf16"}));
   std::vector<std::string> dims;
   app.add_option("--dim", dims,
@@ -61,8 +61,10 @@ int main(int argc, char** argv) {
                  "--dim seq=128");
   app.add_option("--seed", opts.seed, "seed of the random inputs")->capture_default_str();
   app.add_option("--inputs", opts.inputsDir,
-                 "read input NAME from DIR/NAME.f16 (raw little-endian f16) when it exists");
-  app.add_option("--outputs", opts.outputsDir, "write each GPU output NAME to DIR/NAME.f16");
+                 "read input NAME from DIR/NAME.f16 (or .bf16: raw little-endian, as the input's "
+                 "type) when it exists");
+  app.add_option("--outputs", opts.outputsDir,
+                 "write each GPU output NAME to DIR/NAME.f16 (or .bf16)");
   app.add_option("--out-dir", opts.outDir, "directory for generated files")->capture_default_str();
   app.add_option("--emit", opts.emit, "print one stage and stop")
       ->check(CLI::IsMember({"fgraph", "fused", "table", "cuda"}));

@@ -151,14 +151,14 @@ Choice tune(cuda::Driver& drv, const ir::Graph& g, ir::Vertex v, const dsl::Patt
   n.extraFlags = o.nvccFlags;
   std::vector<runtime::CompiledKernel> compiled = runtime::compileAll(units, n);
 
-  // Inputs (converted to f16 once) and the CPU reference of 16 sampled output rows.
+  // Inputs (converted to f16 or bf16 once) and the CPU reference of 16 sampled output rows.
   const auto inputs = ir::randomInputs(sub, 17);
   std::map<std::string, std::vector<uint16_t>> bits;
   for (auto& [name, t] : inputs) {
     auto& b = bits[name];
     b.resize(t.data.size());
     for (size_t i = 0; i < b.size(); ++i)
-      b[i] = ir::doubleToHalfBits(t.data[i]);
+      b[i] = ir::toBits(t.data[i], t.desc.dtype);
   }
   const int64_t M = probe.M, N = probe.N;
   std::vector<int64_t> rows;

@@ -3,6 +3,7 @@
 #include "fpat/ir/Builder.h"
 
 #include <boost/test/unit_test.hpp>
+#include <cmath>
 #include <sstream>
 
 using namespace fpat::ir;
@@ -202,6 +203,31 @@ BOOST_AUTO_TEST_CASE(graphviz_names_ops_and_shapes) {
   BOOST_TEST(contains(dot, "%y3 = activation\\n{fn = gelu}\\nf16[1024, 4096]"), dot);
   BOOST_TEST(contains(dot, "0->3 [label=\"[1024, 4096] #0\"]"), dot);
   BOOST_TEST(contains(dot, "peripheries=2"), dot);
+}
+
+BOOST_AUTO_TEST_CASE(bf16_conversion_rounds_to_nearest_even) {
+  BOOST_TEST(doubleToBf16Bits(1.0) == 0x3f80);
+  BOOST_TEST(doubleToBf16Bits(-2.0) == 0xc000);
+  // 1 + 2^-8 is halfway between 1 and 1 + 2^-7: ties go to the even significand (1.0); a hair
+  // more goes up. 1 + 3 * 2^-8 ties up to 1 + 2^-6.
+  BOOST_TEST(doubleToBf16Bits(1.0 + 0x1p-8) == 0x3f80);
+  BOOST_TEST(doubleToBf16Bits(1.0 + 0x1p-8 + 0x1p-30) == 0x3f81);
+  BOOST_TEST(doubleToBf16Bits(1.0 + 3 * 0x1p-8) == 0x3f82);
+  // f32's range: 3.4e38 rounds to the largest finite value, 1e39 overflows, 1e-39 is subnormal.
+  BOOST_TEST(doubleToBf16Bits(3.38e38) == 0x7f7e);
+  BOOST_TEST(doubleToBf16Bits(1e39) == 0x7f80);
+  BOOST_TEST(doubleToBf16Bits(-1e39) == 0xff80);
+  BOOST_TEST(bf16BitsToFloat(doubleToBf16Bits(1e-39)) > 0.0f);
+  BOOST_TEST(bf16BitsToFloat(doubleToBf16Bits(1e-39)) < 1.2e-38f);
+  BOOST_TEST(std::isnan(bf16BitsToFloat(doubleToBf16Bits(std::nan("")))));
+  // Every bf16 value round-trips.
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    const float f = bf16BitsToFloat(static_cast<uint16_t>(h));
+    if (std::isfinite(f) && !(f == 0.0f && (h & 0x8000)))
+      BOOST_TEST_REQUIRE(doubleToBf16Bits(f) == h);
+  }
+  BOOST_TEST(roundTo(1.0 + 0x1p-9, DType::BF16) == 1.0f);
+  BOOST_TEST(roundTo(1.0 + 0x1p-9, DType::F16) == static_cast<float>(1.0 + 0x1p-9));
 }
 
 BOOST_AUTO_TEST_CASE(half_conversion_rounds_to_nearest_even) {

@@ -1,12 +1,56 @@
-// Helpers shared by the kernel families: vector types, f16 packing, cp.async.
+// Helpers shared by the kernel families: the element type, vector types, packing, cp.async.
 #pragma once
 
 #include "fpat_abi.h"
 
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+// The element type of every tensor: f16, or bf16 where the generated file defines FPAT_BF16
+// (sm_80 and newer). Accumulation and epilogues are f32 either way.
+#ifndef FPAT_BF16
+#define FPAT_BF16 0
+#endif
+#if FPAT_BF16
+#define FPAT_MMA_AB "bf16" // the A/B type of mma.sync and wgmma
+#else
+#define FPAT_MMA_AB "f16"
+#endif
+
 namespace fpat {
+
+#if FPAT_BF16
+using elem = __nv_bfloat16;
+using elem2 = __nv_bfloat162;
+__device__ __forceinline__ float toF(elem x) {
+  return __bfloat162float(x);
+}
+__device__ __forceinline__ elem fromF(float x) {
+  return __float2bfloat16(x);
+}
+__device__ __forceinline__ float2 toF2(elem2 x) {
+  return __bfloat1622float2(x);
+}
+__device__ __forceinline__ elem2 fromF2(float a, float b) {
+  return __floats2bfloat162_rn(a, b);
+}
+#else
+using elem = __half;
+using elem2 = __half2;
+__device__ __forceinline__ float toF(elem x) {
+  return __half2float(x);
+}
+__device__ __forceinline__ elem fromF(float x) {
+  return __float2half(x);
+}
+__device__ __forceinline__ float2 toF2(elem2 x) {
+  return __half22float2(x);
+}
+__device__ __forceinline__ elem2 fromF2(float a, float b) {
+  return __floats2half2_rn(a, b);
+}
+#endif
 
 // cp.async exists from sm_80 on; older targets take the register path.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
@@ -39,19 +83,19 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
 #endif
 }
 
-/// Eight halves as one 16-byte word.
+/// Eight elements as one 16-byte word.
 union Half8 {
   uint4 u;
-  __half h[8];
+  elem h[8];
 };
 
 __device__ __forceinline__ float ldh(const void* p, int64_t i) {
-  return __half2float(static_cast<const __half*>(p)[i]);
+  return toF(static_cast<const elem*>(p)[i]);
 }
 
 /// Elements i and i + 1 as one 4-byte load; i must be even (and the base 4-byte aligned).
 __device__ __forceinline__ float2 ldh2(const void* p, int64_t i) {
-  return __half22float2(*reinterpret_cast<const __half2*>(static_cast<const __half*>(p) + i));
+  return toF2(*reinterpret_cast<const elem2*>(static_cast<const elem*>(p) + i));
 }
 
 } // namespace fpat

@@ -24,10 +24,10 @@ template <class F> __device__ __forceinline__ void elementwise(const FpatKernelA
     for (int k = 0; k < F::kInputs; ++k) {
       if (F::kind(k) == FPAT_IN_FULL && vec) {
         Half8 v;
-        v.u = *reinterpret_cast<const uint4*>(static_cast<const __half*>(a.in[k]) + base);
+        v.u = *reinterpret_cast<const uint4*>(static_cast<const elem*>(a.in[k]) + base);
 #pragma unroll
         for (int e = 0; e < 8; ++e)
-          in[k][e] = __half2float(v.h[e]);
+          in[k][e] = toF(v.h[e]);
       } else {
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
@@ -47,9 +47,9 @@ template <class F> __device__ __forceinline__ void elementwise(const FpatKernelA
 #pragma unroll
       for (int k = 0; k < F::kInputs; ++k)
         x[k] = in[k][e];
-      out.h[e] = __float2half(f(x, a));
+      out.h[e] = fromF(f(x, a));
     }
-    __half* o = static_cast<__half*>(a.out);
+    elem* o = static_cast<elem*>(a.out);
     if (vec) {
       *reinterpret_cast<uint4*>(o + base) = out.u;
     } else {

@@ -95,7 +95,8 @@ __device__ __forceinline__ void ldmatrixX4Trans(unsigned* r, const void* p) {
 /// c (16x8, f32) += a (16x16, f16, row) * b (16x8, f16, col).
 __device__ __forceinline__ void mma16816(float* c, const unsigned* a, unsigned b0, unsigned b1) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." FPAT_MMA_AB "." FPAT_MMA_AB
+               ".f32 {%0, %1, %2, %3}, "
                "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
                : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
@@ -132,12 +133,12 @@ __device__ __forceinline__ void gemm(const FpatKernelArgs& args) {
 #endif
 
   extern __shared__ __align__(16) unsigned char smem[];
-  __half* sA = reinterpret_cast<__half*>(smem); // [S][BM][LDA]
-  __half* sB = sA + S * A_STAGE;                // [S][BK][LDB] or [S][BN][LDB]
+  elem* sA = reinterpret_cast<elem*>(smem); // [S][BM][LDA]
+  elem* sB = sA + S * A_STAGE;              // [S][BK][LDB] or [S][BN][LDB]
 
   // The first input of a plain gemm is A; norm_gemm puts gamma (and beta) before B.
-  const __half* A = static_cast<const __half*>(args.in[0]);
-  const __half* B = static_cast<const __half*>(args.in[NORM == 0 ? 1 : NORM == 1 ? 3 : 2]);
+  const elem* A = static_cast<const elem*>(args.in[0]);
+  const elem* B = static_cast<const elem*>(args.in[NORM == 0 ? 1 : NORM == 1 ? 3 : 2]);
   const int64_t M = args.M, N = args.N, K = args.K;
   // Grouped tile order: consecutive CTAs walk down a group of 8 M-tiles before moving to the
   // next N-tile, so the B columns and A rows in flight stay in L2.
@@ -178,26 +179,26 @@ __device__ __forceinline__ void gemm(const FpatKernelArgs& args) {
   constexpr int A_PER_ROW = BK / 8, A_ROW_STEP = T::THREADS / A_PER_ROW;
   static_assert(T::THREADS % A_PER_ROW == 0, "a thread's A chunks must share a column");
   const int aRow = tid / A_PER_ROW, aCol = (tid % A_PER_ROW) * 8;
-  const __half* aSrc = A + (row0 + aRow) * K + aCol; // chunk i adds i * A_ROW_STEP rows
-  const int64_t aRowsLeft = M - row0 - aRow;         // chunk i is in range if i*STEP < this
+  const elem* aSrc = A + (row0 + aRow) * K + aCol; // chunk i adds i * A_ROW_STEP rows
+  const int64_t aRowsLeft = M - row0 - aRow;       // chunk i is in range if i*STEP < this
   constexpr int B_PER_ROW = (TRANS_B ? BK : BN) / 8, B_ROW_STEP = T::THREADS / B_PER_ROW;
   static_assert(T::THREADS % B_PER_ROW == 0, "a thread's B chunks must share a column");
   const int bRow = tid / B_PER_ROW, bCol = (tid % B_PER_ROW) * 8;
   // TRANS_B: rows are n and columns k; otherwise rows are k and columns n.
-  const __half* bSrc = TRANS_B ? B + (col0 + bRow) * K + bCol : B + bRow * N + col0 + bCol;
+  const elem* bSrc = TRANS_B ? B + (col0 + bRow) * K + bCol : B + bRow * N + col0 + bCol;
   const bool bColIn = TRANS_B || col0 + bCol < N;
   const int64_t bRowsLeft = TRANS_B ? N - col0 - bRow : 0;
 
   auto loadA = [&](int kt, int stage, bool toRegs) {
     if (ASYNC_A && !toRegs) {
       const bool kIn = static_cast<int64_t>(kt) * BK + aCol < K;
-      __half* dst = sA + stage * A_STAGE + aRow * LDA + aCol;
+      elem* dst = sA + stage * A_STAGE + aRow * LDA + aCol;
 #pragma unroll
       for (int i = 0; i < A_ITERS; ++i) {
         if (A_CHUNKS % T::THREADS != 0 && tid + i * T::THREADS >= A_CHUNKS)
           break;
         const bool in = kIn && i * A_ROW_STEP < aRowsLeft;
-        const __half* src = aSrc + static_cast<int64_t>(i) * A_ROW_STEP * K + kt * BK;
+        const elem* src = aSrc + static_cast<int64_t>(i) * A_ROW_STEP * K + kt * BK;
         cp_async_16(dst + i * A_ROW_STEP * LDA, in ? src : A, in ? 16 : 0);
       }
       return;
@@ -210,7 +211,7 @@ __device__ __forceinline__ void gemm(const FpatKernelArgs& args) {
       int r, k;
       aChunk(c, r, k);
       const int64_t gr = row0 + r, gk = static_cast<int64_t>(kt) * BK + k;
-      __half* dst = sA + stage * A_STAGE + r * LDA + k;
+      elem* dst = sA + stage * A_STAGE + r * LDA + k;
       Half8 v;
       if (VEC) {
         v.u = gr < M && gk < K ? *reinterpret_cast<const uint4*>(A + gr * K + gk)
@@ -218,17 +219,17 @@ __device__ __forceinline__ void gemm(const FpatKernelArgs& args) {
       } else {
 #pragma unroll
         for (int e = 0; e < 8; ++e)
-          v.h[e] = gr < M && gk + e < K ? A[gr * K + gk + e] : __float2half(0.0f);
+          v.h[e] = gr < M && gk + e < K ? A[gr * K + gk + e] : fromF(0.0f);
       }
       if (NORM != 0 && !ASYNC_A && gr < M) {
         float f[8];
 #pragma unroll
         for (int e = 0; e < 8; ++e)
-          f[e] = __half2float(v.h[e]);
+          f[e] = toF(v.h[e]);
         detail::normalise8<NORM>(f, gr, gk, K, args);
 #pragma unroll
         for (int e = 0; e < 8; ++e)
-          v.h[e] = __float2half(f[e]);
+          v.h[e] = fromF(f[e]);
       }
       if (toRegs)
         ra[i] = v;
@@ -266,17 +267,17 @@ __device__ __forceinline__ void gemm(const FpatKernelArgs& args) {
       float f[8];
 #pragma unroll
       for (int e = 0; e < 8; ++e)
-        f[e] = __half2float(v.h[e]);
+        f[e] = toF(v.h[e]);
       detail::normalise8<NORM>(f, gr, gk, K, args);
 #pragma unroll
       for (int e = 0; e < 8; ++e)
-        v.h[e] = __float2half(f[e]);
+        v.h[e] = fromF(f[e]);
       *p = v.u;
     }
   };
   auto loadB = [&](int kt, int stage, bool toRegs) {
     if (ASYNC_B && !toRegs) {
-      __half* dst = sB + stage * B_STAGE + bRow * LDB + bCol;
+      elem* dst = sB + stage * B_STAGE + bRow * LDB + bCol;
 #pragma unroll
       for (int i = 0; i < B_ITERS; ++i) {
         if (B_CHUNKS % T::THREADS != 0 && tid + i * T::THREADS >= B_CHUNKS)
@@ -284,8 +285,8 @@ __device__ __forceinline__ void gemm(const FpatKernelArgs& args) {
         const int64_t k0 = static_cast<int64_t>(kt) * BK;
         const bool in = TRANS_B ? i * B_ROW_STEP < bRowsLeft && k0 + bCol < K
                                 : bColIn && k0 + bRow + i * B_ROW_STEP < K;
-        const __half* src = TRANS_B ? bSrc + static_cast<int64_t>(i) * B_ROW_STEP * K + k0
-                                    : bSrc + (k0 + i * B_ROW_STEP) * N;
+        const elem* src = TRANS_B ? bSrc + static_cast<int64_t>(i) * B_ROW_STEP * K + k0
+                                  : bSrc + (k0 + i * B_ROW_STEP) * N;
         cp_async_16(dst + i * B_ROW_STEP * LDB, in ? src : B, in ? 16 : 0);
       }
       return;
@@ -301,8 +302,8 @@ __device__ __forceinline__ void gemm(const FpatKernelArgs& args) {
       const int64_t gk = static_cast<int64_t>(kt) * BK + (TRANS_B ? x : r);
       const int64_t gn = col0 + (TRANS_B ? r : x);
       const int64_t ld = TRANS_B ? K : N;
-      const __half* src = TRANS_B ? B + gn * ld + gk : B + gk * ld + gn;
-      __half* dst = sB + stage * B_STAGE + r * LDB + x;
+      const elem* src = TRANS_B ? B + gn * ld + gk : B + gk * ld + gn;
+      elem* dst = sB + stage * B_STAGE + r * LDB + x;
       const bool inRow = TRANS_B ? gn < N : gk < K;
       Half8 v;
       if (VEC) {
@@ -312,7 +313,7 @@ __device__ __forceinline__ void gemm(const FpatKernelArgs& args) {
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
           bool in = inRow && (TRANS_B ? gk + e < K : gn + e < N);
-          v.h[e] = in ? src[e] : __float2half(0.0f);
+          v.h[e] = in ? src[e] : fromF(0.0f);
         }
       }
       if (toRegs)
@@ -333,9 +334,9 @@ __device__ __forceinline__ void gemm(const FpatKernelArgs& args) {
     }
   };
 
-  using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major>;
+  using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, elem, wmma::row_major>;
   using LayoutB = typename std::conditional<TRANS_B, wmma::col_major, wmma::row_major>::type;
-  using FragB = wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, LayoutB>;
+  using FragB = wmma::fragment<wmma::matrix_b, 16, 16, 16, elem, LayoutB>;
   using FragC = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
   FragC acc[MMA ? 1 : T::FM][MMA ? 1 : T::FN];
   if constexpr (!MMA) {
@@ -365,8 +366,8 @@ __device__ __forceinline__ void gemm(const FpatKernelArgs& args) {
     unsigned ma[MMA ? T::FM : 1][4], mb[MMA ? T::FN : 1][4];
   };
   auto loadFrags = [&](Frags& f, int stage, int kk) {
-    const __half* a = sA + stage * A_STAGE + warpM * T::WM * LDA;
-    const __half* b = sB + stage * B_STAGE;
+    const elem* a = sA + stage * A_STAGE + warpM * T::WM * LDA;
+    const elem* b = sB + stage * B_STAGE;
     if constexpr (MMA) {
 #pragma unroll
       for (int i = 0; i < T::FM; ++i)
@@ -496,7 +497,7 @@ __device__ __forceinline__ void gemm(const FpatKernelArgs& args) {
 
   // --- epilogue: fragment -> per-warp scratch -> 8 columns per lane -> 16-byte store --------
   float* scratch = reinterpret_cast<float*>(smem) + warp * 16 * 20;
-  __half* C = static_cast<__half*>(args.out);
+  elem* C = static_cast<elem*>(args.out);
   const bool vecC = (N % 8) == 0;
   const Epilogue epi;
 #pragma unroll
@@ -525,8 +526,7 @@ __device__ __forceinline__ void gemm(const FpatKernelArgs& args) {
         Half8 out;
 #pragma unroll
         for (int e = 0; e < 8; ++e)
-          out.h[e] =
-              __float2half(gc + e < N ? epi(scratch[r * 20 + c + e], gr, gc + e, args) : 0.0f);
+          out.h[e] = fromF(gc + e < N ? epi(scratch[r * 20 + c + e], gr, gc + e, args) : 0.0f);
         if (vecC && gc + 8 <= N) {
           *reinterpret_cast<uint4*>(C + gr * N + gc) = out.u;
         } else {

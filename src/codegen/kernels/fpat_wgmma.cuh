@@ -123,7 +123,7 @@ __device__ __forceinline__ void fenceOperand(float& r) {
 template <int TRANS_B>
 __device__ __forceinline__ void wgmma64(float* d, uint64_t descA, uint64_t descB, int scaleD) {
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {"
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32." FPAT_MMA_AB "." FPAT_MMA_AB " {"
                "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
                "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
                "}, %32, %33, p, 1, 1, 0, %35;\n}\n"
@@ -139,7 +139,7 @@ __device__ __forceinline__ void wgmma64(float* d, uint64_t descA, uint64_t descB
 template <int TRANS_B>
 __device__ __forceinline__ void wgmma128(float* d, uint64_t descA, uint64_t descB, int scaleD) {
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {"
+               "wgmma.mma_async.sync.aligned.m64n128k16.f32." FPAT_MMA_AB "." FPAT_MMA_AB " {"
                "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
                "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
                "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
@@ -163,7 +163,7 @@ template <int TRANS_B>
 __device__ __forceinline__ void wgmma256(float* d, uint64_t descA, uint64_t descB, int scaleD) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32." FPAT_MMA_AB "." FPAT_MMA_AB " {"
       "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
       "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
       "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
@@ -236,7 +236,7 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
   // sm_90 allows 227 KB of shared memory per block; 1 KB each for alignment and barriers.
   constexpr bool kStagedStore =
       T::STAGES * T::STAGE_BYTES + 1024 + kSlabs * kSlabRows * kSlabPitch * 2 + 1024 <= 232448;
-  __shared__ __align__(16) __half epiSlab[kStagedStore ? kSlabs : 1][kSlabRows * kSlabPitch];
+  __shared__ __align__(16) elem epiSlab[kStagedStore ? kSlabs : 1][kSlabRows * kSlabPitch];
   // Swizzled TMA boxes and wgmma descriptors assume 1024-byte aligned stages.
   unsigned char* smem = smemRaw + ((1024 - (smemAddr(smemRaw) & 1023)) & 1023);
   auto stageA = [&](int s) { return smem + s * T::STAGE_BYTES; };
@@ -302,7 +302,7 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
       for (int i = 0; i < BN / 2; ++i)
         d[m][i] = 0.0f;
     const Epilogue epi;
-    __half* C = static_cast<__half*>(a.out);
+    elem* C = static_cast<elem*>(a.out);
     const bool pairs = (N % 2) == 0; // f16 pairs are 4-byte aligned
     // Rows start 16-byte aligned: the slab stores write 16 bytes at a time.
     const bool rows16B = N % 8 == 0 && reinterpret_cast<uintptr_t>(C) % 16 == 0;
@@ -401,7 +401,7 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
             if (rows16B) {
               // Through the warp's shared-memory slab, 64 columns at a time: each thread
               // writes its pairs, then the warp stores whole 128-byte row segments.
-              __half* slab = epiSlab[c * 4 + warp];
+              elem* slab = epiSlab[c * 4 + warp];
               const int64_t row0g = tm * BM + row0 + m * 64 + warp * 16;
 #pragma unroll
               for (int q = 0; q < BN / 64; ++q) {
@@ -410,9 +410,9 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
 #pragma unroll
                   for (int h = 0; h < 2; ++h) {
                     const int j = 8 * q + jj;
-                    *reinterpret_cast<__half2*>(slab + (lane / 4 + 8 * h) * kSlabPitch + 8 * jj +
-                                                2 * (lane % 4)) =
-                        __floats2half2_rn(d[m][4 * j + 2 * h], d[m][4 * j + 2 * h + 1]);
+                    *reinterpret_cast<elem2*>(slab + (lane / 4 + 8 * h) * kSlabPitch + 8 * jj +
+                                              2 * (lane % 4)) =
+                        fromF2(d[m][4 * j + 2 * h], d[m][4 * j + 2 * h + 1]);
                   }
                 __syncwarp();
 #pragma unroll
@@ -430,9 +430,9 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
           for (int j = 0; j < BN / 8; ++j)
 #pragma unroll
             for (int h = 0; h < 2; ++h)
-              *reinterpret_cast<__half2*>(C + static_cast<int64_t>(rowBase + 8 * h) * N + colBase +
-                                          8 * j) =
-                  __floats2half2_rn(d[m][4 * j + 2 * h], d[m][4 * j + 2 * h + 1]);
+              *reinterpret_cast<elem2*>(C + static_cast<int64_t>(rowBase + 8 * h) * N + colBase +
+                                        8 * j) =
+                  fromF2(d[m][4 * j + 2 * h], d[m][4 * j + 2 * h + 1]);
           continue;
         }
 #pragma unroll
@@ -443,17 +443,17 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
             const int row = rowBase + 8 * h;
             if (row < M && col < N) {
               const float v0 = epi(d[m][4 * j + 2 * h], row, col, a);
-              __half* out = C + static_cast<int64_t>(row) * N + col;
+              elem* out = C + static_cast<int64_t>(row) * N + col;
               if (col + 1 < N) {
                 const float v1 = epi(d[m][4 * j + 2 * h + 1], row, col + 1, a);
                 if (pairs) {
-                  *reinterpret_cast<__half2*>(out) = __floats2half2_rn(v0, v1);
+                  *reinterpret_cast<elem2*>(out) = fromF2(v0, v1);
                 } else {
-                  out[0] = __float2half(v0);
-                  out[1] = __float2half(v1);
+                  out[0] = fromF(v0);
+                  out[1] = fromF(v1);
                 }
               } else {
-                out[0] = __float2half(v0);
+                out[0] = fromF(v0);
               }
             }
           }

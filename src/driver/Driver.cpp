@@ -250,10 +250,11 @@ bool importOnnx(const FpatcOptions& opts, const std::string& bytes, const Patter
                 std::vector<std::string>& notes, std::ostream& err) {
   onnx::ImportOptions io;
   io.dims = opts.dims;
-  if (!opts.precision.empty())
-    io.precision = ir::parseDType(opts.precision);
-  else
-    io.precision = ir::DType::F16; // the tensor cores' type; --precision f32 keeps f32
+  // Imported as stored (f32 or f16), then converted: an f32 model gives the graph that runs
+  // and the model as exported (the oracle of the half-precision run) from one import.
+  const std::optional<ir::DType> want =
+      opts.precision.empty() ? std::optional<ir::DType>(ir::DType::F16) // the tensor cores'
+                             : ir::parseDType(opts.precision);
   onnx::ImportResult r = onnx::importModel(bytes, io, pats.activations);
   const std::string file = inputName(opts.input);
   for (const onnx::ImportProblem& p : r.problems)
@@ -272,19 +273,21 @@ bool importOnnx(const FpatcOptions& opts, const std::string& bytes, const Patter
     err << r.problems.size() << " error" << (r.problems.size() == 1 ? "" : "s") << " generated.\n";
     return false;
   }
-  g = std::move(r.graph);
   notes = r.notes;
   notes.insert(
       notes.begin(),
       "ONNX opset " + std::to_string(r.opset) + ", " + ir::dtypeName(r.storedAs) + " model" +
-          (io.precision && *io.precision != r.storedAs
-               ? std::string(", run in ") + ir::dtypeName(*io.precision) +
+          (*want != r.storedAs
+               ? std::string(", run in ") + ir::dtypeName(*want) +
                      (opts.precision.empty() ? " (--precision f32 keeps f32: CPU only)" : "")
                : std::string()) +
           "; weights from its initializers");
-  if (io.precision && *io.precision != r.storedAs && r.storedAs == ir::DType::F32) {
-    io.precision = ir::DType::F32; // the model as exported, the oracle of the f16 run
-    model = std::move(onnx::importModel(bytes, io, pats.activations).graph);
+  if (*want == r.storedAs) {
+    g = std::move(r.graph);
+  } else {
+    g = onnx::convertPrecision(*r.graph, *want);
+    if (r.storedAs == ir::DType::F32)
+      model = std::move(r.graph);
   }
   return true;
 }
@@ -536,7 +539,8 @@ int gpuStages(const FpatcOptions& opts, const ir::Graph& fused, const Patterns& 
       out << "== validate: skipped (--no-reference; rows cannot be sampled: " << whyNot << ")\n";
       return 0;
     }
-    cheap = ir::evaluate(few->graph, ir::sliceInputs(original, *few, *inputs), pats.reference);
+    const auto rows = ir::sliceInputs(original, *few, *inputs);
+    cheap = ir::evaluate(few->graph, *inputs, pats.reference, {}, &rows);
     reference = &cheap;
     sampledRows = &few->picked;
   }
@@ -651,8 +655,14 @@ int runFpatc(const FpatcOptions& opts, std::ostream& out, std::ostream& err) {
       err << "fpatc: error: --verify-diagnostics checks .fgraph files, not ONNX models\n";
       return 1;
     }
+    const auto t0 = std::chrono::steady_clock::now();
     if (!importOnnx(opts, text, pats, g, model, importNotes, err))
       return 1;
+    importNotes.insert(
+        importNotes.begin(),
+        "read " + fixed(static_cast<double>(text.size()) / 1e6, 1) + " MB in " +
+            fixed(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 1) +
+            " s");
   } else {
     fileId = sm.addBuffer(inputName(opts.input), std::move(text));
     g = ir::parseGraph(fileId, diags, pats.activations);
@@ -817,8 +827,8 @@ int runFpatc(const FpatcOptions& opts, std::ostream& out, std::ostream& err) {
               << std::flush;
       };
     };
-    const auto refInputs = sample ? ir::sliceInputs(*g, *sample, inputs) : inputs;
-    vals = ir::evaluate(refGraph, refInputs, pats.reference, progress(refGraph));
+    const auto rows = sample ? ir::sliceInputs(*g, *sample, inputs) : ir::InputMap{};
+    vals = ir::evaluate(refGraph, inputs, pats.reference, progress(refGraph), &rows);
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     out << "  done in " << fixed(secs, 2) << " s\n";
     for (ir::Vertex v : g->outputs()) {
@@ -835,9 +845,10 @@ int runFpatc(const FpatcOptions& opts, std::ostream& out, std::ostream& err) {
         givenSample = ir::sampleRows(given, sample->picked.size());
       if (!sample || (givenSample && givenSample->picked == sample->picked)) {
         const ir::Graph& givenRef = givenSample ? givenSample->graph : given;
-        std::vector<ir::Tensor> gv = ir::evaluate(
-            givenRef, givenSample ? ir::sliceInputs(given, *givenSample, inputs) : inputs,
-            pats.reference, progress(givenRef));
+        const auto givenRows =
+            givenSample ? ir::sliceInputs(given, *givenSample, inputs) : ir::InputMap{};
+        std::vector<ir::Tensor> gv =
+            ir::evaluate(givenRef, inputs, pats.reference, progress(givenRef), &givenRows);
         out << "  raised graph on the CPU vs the graph as given:\n";
         for (size_t i = 0; i < g->outputs().size(); ++i) {
           runtime::Agreement c =
@@ -864,9 +875,10 @@ int runFpatc(const FpatcOptions& opts, std::ostream& out, std::ostream& err) {
           in32[op.name] = std::move(t);
         }
         const ir::Graph& modelRef = modelSample ? modelSample->graph : *model;
+        const auto modelRows =
+            modelSample ? ir::sliceInputs(*model, *modelSample, in32) : ir::InputMap{};
         std::vector<ir::Tensor> mv =
-            ir::evaluate(modelRef, modelSample ? ir::sliceInputs(*model, *modelSample, in32) : in32,
-                         pats.reference, progress(modelRef));
+            ir::evaluate(modelRef, in32, pats.reference, progress(modelRef), &modelRows);
         for (ir::Vertex o : model->outputs())
           modelOutputs.push_back(std::move(mv[o]));
         const ir::DType dt = g->op(g->outputs()[0]).type.dtype;
@@ -891,9 +903,10 @@ int runFpatc(const FpatcOptions& opts, std::ostream& out, std::ostream& err) {
       if (sample && (!fusedSample || fusedSample->picked != sample->picked))
         throw std::logic_error("the fused graph's rows cannot be sampled as the graph's");
       const ir::Graph& fusedRef = fusedSample ? fusedSample->graph : fused;
-      std::vector<ir::Tensor> fv = ir::evaluate(
-          fusedRef, fusedSample ? ir::sliceInputs(fused, *fusedSample, inputs) : inputs,
-          pats.reference, progress(fusedRef));
+      const auto fusedRows =
+          fusedSample ? ir::sliceInputs(fused, *fusedSample, inputs) : ir::InputMap{};
+      std::vector<ir::Tensor> fv =
+          ir::evaluate(fusedRef, inputs, pats.reference, progress(fusedRef), &fusedRows);
       out << "  fused graph on the CPU vs the unfused graph:\n";
       for (size_t i = 0; i < g->outputs().size(); ++i) {
         const ir::Tensor& want = vals[g->outputs()[i]];

@@ -263,13 +263,13 @@ void binary(OpKind k, const Tensor& a, const Tensor& b, Tensor& out) {
 /// epilogue chain, then one rounding, as a fused kernel keeps its accumulator in registers.
 /// norm_gemm rounds the normalised rows to the dtype first: that kernel feeds them to the
 /// tensor cores in f16.
-void evalFused(const Op& op, const std::vector<Vertex>& ops, const std::vector<Tensor>& vals,
+void evalFused(const Op& op, const std::vector<Vertex>& ops, const std::vector<const Tensor*>& vals,
                const ActivationLibrary& acts, Tensor& out) {
   const auto& f = op.fused;
   auto in = [&](size_t i) -> const Tensor& {
     if (i >= ops.size())
       throw ReferenceError("fused op %" + op.name + " has no operand " + std::to_string(i));
-    return vals[ops[i]];
+    return *vals[ops[i]];
   };
   const Tensor* a = nullptr;
   const Tensor* b = nullptr;
@@ -341,29 +341,40 @@ void evalFused(const Op& op, const std::vector<Vertex>& ops, const std::vector<T
 } // namespace
 
 std::vector<Tensor> evaluate(const Graph& g, const std::map<std::string, Tensor>& inputs,
-                             const ActivationLibrary& acts, const EvalProgress& progress) {
+                             const ActivationLibrary& acts, const EvalProgress& progress,
+                             const std::map<std::string, Tensor>* overrides) {
   auto order = topologicalOrder(g);
   if (!order)
     throw ReferenceError("graph " + g.name() + " has a cycle");
   std::vector<Tensor> vals(g.size());
+  // Where each value is: inputs stay in the caller's maps (weights are hundreds of MB), only
+  // graph outputs among them are copied into the result.
+  std::vector<const Tensor*> at(g.size(), nullptr);
   for (Vertex v : *order) {
     const auto t0 = std::chrono::steady_clock::now();
     const Op& op = g.op(v);
     std::vector<Vertex> ops = g.operands(v);
-    auto in = [&](size_t i) -> const Tensor& { return vals[ops.at(i)]; };
+    auto in = [&](size_t i) -> const Tensor& { return *at[ops.at(i)]; };
+    if (op.kind == OpKind::Input) {
+      auto it = overrides ? overrides->find(op.name) : inputs.end();
+      if (!overrides || it == overrides->end())
+        it = inputs.find(op.name);
+      if (it == inputs.end())
+        throw ReferenceError("no value given for input %" + op.name);
+      if (it->second.desc != op.type ||
+          it->second.data.size() != static_cast<size_t>(op.type.numel()))
+        throw ReferenceError("input %" + op.name + " is " + it->second.desc.str() + "; expected " +
+                             op.type.str());
+      at[v] = &it->second;
+      if (g.isOutput(v))
+        vals[v] = it->second;
+      continue;
+    }
     Tensor out{op.type, std::vector<float>(static_cast<size_t>(op.type.numel()))};
     const DType dt = op.type.dtype;
     switch (op.kind) {
-    case OpKind::Input: {
-      auto it = inputs.find(op.name);
-      if (it == inputs.end())
-        throw ReferenceError("no value given for input %" + op.name);
-      if (it->second.desc != op.type || it->second.data.size() != out.data.size())
-        throw ReferenceError("input %" + op.name + " is " + it->second.desc.str() + "; expected " +
-                             op.type.str());
-      out.data = it->second.data;
+    case OpKind::Input:
       break;
-    }
     case OpKind::Gemm:
       gemm(in(0), in(1), op.transposeB, out);
       break;
@@ -408,10 +419,11 @@ std::vector<Tensor> evaluate(const Graph& g, const std::map<std::string, Tensor>
       norm(in(0), in(1), nullptr, op.eps, /*rms=*/true, out);
       break;
     case OpKind::Fused:
-      evalFused(op, ops, vals, acts, out);
+      evalFused(op, ops, at, acts, out);
       break;
     }
     vals[v] = std::move(out);
+    at[v] = &vals[v];
     if (progress)
       progress(v, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }

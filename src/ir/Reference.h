@@ -15,6 +15,9 @@ struct Tensor {
   std::vector<float> data;
 };
 
+/// Input values by name.
+using InputMap = std::map<std::string, Tensor>;
+
 /// Scalar activation: x and the op's parameters to f(x), evaluated in double.
 using ActivationFn = std::function<double(double, const std::map<std::string, double>&)>;
 
@@ -52,10 +55,13 @@ public:
 /// double (GEMM accumulation included) and each result is rounded to its dtype. Throws
 /// ReferenceError for a missing or mis-shaped input or an unknown activation.
 /// `progress`, when given, is called after each op with the seconds it took.
+/// `overrides`, when given, holds values that replace those of `inputs` (e.g. the sampled rows
+/// of row-carrying inputs); inputs are read where they are, not copied.
 using EvalProgress = std::function<void(Vertex, double seconds)>;
 std::vector<Tensor> evaluate(const Graph& g, const std::map<std::string, Tensor>& inputs,
                              const ActivationLibrary& acts = ActivationLibrary::builtin(),
-                             const EvalProgress& progress = {});
+                             const EvalProgress& progress = {},
+                             const std::map<std::string, Tensor>* overrides = nullptr);
 
 /// Summary statistics of a tensor, for printing.
 struct TensorStats {

@@ -120,11 +120,11 @@ Tensor sliceRows(const Tensor& t, const std::vector<int64_t>& rows) {
 
 std::map<std::string, Tensor> sliceInputs(const Graph& g, const RowSample& s,
                                           const std::map<std::string, Tensor>& inputs) {
-  std::map<std::string, Tensor> out = inputs;
+  std::map<std::string, Tensor> out;
   for (Vertex v : s.carrying)
     if (g.op(v).kind == OpKind::Input)
-      if (auto it = out.find(g.op(v).name); it != out.end())
-        it->second = sliceRows(it->second, s.picked);
+      if (auto it = inputs.find(g.op(v).name); it != inputs.end())
+        out[it->first] = sliceRows(it->second, s.picked);
   return out;
 }
 

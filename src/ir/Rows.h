@@ -24,7 +24,8 @@ struct RowSample {
 /// are not rows, or row-carrying values with different row counts).
 std::optional<RowSample> sampleRows(const Graph& g, size_t count, std::string* why = nullptr);
 
-/// The inputs of `s.graph`: the picked rows of each row-carrying input, the others as given.
+/// The picked rows of each row-carrying input: with `inputs` for the others, the inputs of
+/// `s.graph` (evaluate's `overrides`; weights are not copied).
 std::map<std::string, Tensor> sliceInputs(const Graph& g, const RowSample& s,
                                           const std::map<std::string, Tensor>& inputs);
 

@@ -25,9 +25,10 @@ struct Val {
   std::vector<int64_t> shape;
   std::optional<ir::Vertex> v;
   bool isConst = false;
-  std::vector<double> data; // isConst: values, row-major
-  bool integer = false;     // isConst: an integer tensor (shapes, axes)
-  std::string name;         // ONNX name
+  std::vector<double> data; // isConst: integer tensors and attribute values, row-major
+  std::shared_ptr<std::vector<float>> fdata; // isConst: float tensors (weights), row-major
+  bool integer = false;                      // isConst: an integer tensor (shapes, axes)
+  std::string name;                          // ONNX name
   std::string transposedOf; // the transpose of this (non-constant) value: MatMul's B only
 };
 
@@ -40,6 +41,14 @@ int64_t numel(const std::vector<int64_t>& s) {
   for (int64_t d : s)
     n *= d;
   return n;
+}
+
+/// Element i and the element count of a constant, wherever it is held.
+double at(const Val& v, size_t i) {
+  return v.data.empty() && v.fdata ? static_cast<double>((*v.fdata)[i]) : v.data[i];
+}
+size_t count(const Val& v) {
+  return v.data.empty() && v.fdata ? v.fdata->size() : v.data.size();
 }
 
 std::string shapeStr(const std::vector<int64_t>& s) {
@@ -116,7 +125,6 @@ std::string decodeTensor(const TensorProto& t, Val& out) {
   const int type = t.data_type();
   out.isConst = true;
   out.integer = type == TensorProto::INT64 || type == TensorProto::INT32;
-  out.data.assign(static_cast<size_t>(n), 0.0);
   size_t elemSize = 0;
   switch (type) {
   case TensorProto::FLOAT:
@@ -135,48 +143,63 @@ std::string decodeTensor(const TensorProto& t, Val& out) {
     return std::string("its element type is ") + dataTypeName(type) +
            "; fpat imports float, float16, bfloat16, double, int32 and int64 tensors";
   }
+  // Integers (shapes, axes) as doubles; floats, however large, as f32 once (weights are
+  // hundreds of MB: no wider or second copy).
+  std::vector<double>* ints = nullptr;
+  float* floats = nullptr;
+  if (out.integer) {
+    out.data.assign(static_cast<size_t>(n), 0.0);
+    ints = &out.data;
+  } else {
+    out.fdata = std::make_shared<std::vector<float>>(static_cast<size_t>(n));
+    floats = out.fdata->data();
+  }
+  auto put = [&](size_t i, double v) {
+    if (ints)
+      (*ints)[i] = v;
+    else
+      floats[i] = static_cast<float>(v);
+  };
+  auto fromHalfBits = [&](uint16_t h) -> double {
+    if (type == TensorProto::FLOAT16)
+      return ir::halfBitsToFloat(h);
+    return ir::bf16BitsToFloat(h);
+  };
   if (t.has_raw_data()) {
     const std::string& raw = t.raw_data();
     if (raw.size() != static_cast<size_t>(n) * elemSize)
       return "it holds " + std::to_string(raw.size()) + " bytes; " + dataTypeName(type) +
              shapeStr(out.shape) + " needs " + std::to_string(static_cast<size_t>(n) * elemSize);
+    if (type == TensorProto::FLOAT) { // the common case: copied as it is
+      std::memcpy(floats, raw.data(), raw.size());
+      return "";
+    }
     for (size_t i = 0; i < static_cast<size_t>(n); ++i) {
       const char* p = raw.data() + i * elemSize;
       switch (type) {
-      case TensorProto::FLOAT: {
-        float f;
-        std::memcpy(&f, p, 4);
-        out.data[i] = f;
-        break;
-      }
       case TensorProto::INT32: {
         int32_t x;
         std::memcpy(&x, p, 4);
-        out.data[i] = x;
+        put(i, x);
         break;
       }
-      case TensorProto::FLOAT16: {
-        uint16_t h;
-        std::memcpy(&h, p, 2);
-        out.data[i] = ir::halfBitsToFloat(h);
-        break;
-      }
+      case TensorProto::FLOAT16:
       case TensorProto::BFLOAT16: {
         uint16_t h;
         std::memcpy(&h, p, 2);
-        uint32_t bits = uint32_t{h} << 16;
-        float f;
-        std::memcpy(&f, &bits, 4);
-        out.data[i] = f;
+        put(i, fromHalfBits(h));
         break;
       }
-      case TensorProto::DOUBLE:
-        std::memcpy(&out.data[i], p, 8);
+      case TensorProto::DOUBLE: {
+        double d;
+        std::memcpy(&d, p, 8);
+        put(i, d);
         break;
+      }
       default: {
         int64_t x;
         std::memcpy(&x, p, 8);
-        out.data[i] = static_cast<double>(x);
+        put(i, static_cast<double>(x));
         break;
       }
       }
@@ -189,7 +212,7 @@ std::string decodeTensor(const TensorProto& t, Val& out) {
       return "it holds " + std::to_string(field.size()) + " values in " + what + "; " +
              shapeStr(out.shape) + " needs " + std::to_string(n);
     for (int64_t i = 0; i < n; ++i)
-      out.data[static_cast<size_t>(i)] = static_cast<double>(field.Get(static_cast<int>(i)));
+      put(static_cast<size_t>(i), static_cast<double>(field.Get(static_cast<int>(i))));
     return "";
   };
   switch (type) {
@@ -202,19 +225,13 @@ std::string decodeTensor(const TensorProto& t, Val& out) {
   case TensorProto::INT32:
     return fill(t.int32_data(), "int32_data");
   default: { // float16 / bfloat16 bits in int32_data
-    std::string why = fill(t.int32_data(), "int32_data");
-    for (double& d : out.data) {
-      const auto h = static_cast<uint16_t>(d);
-      if (type == TensorProto::FLOAT16) {
-        d = ir::halfBitsToFloat(h);
-      } else {
-        uint32_t bits = uint32_t{h} << 16;
-        float f;
-        std::memcpy(&f, &bits, 4);
-        d = f;
-      }
-    }
-    return why;
+    if (static_cast<int64_t>(t.int32_data_size()) != n)
+      return "it holds " + std::to_string(t.int32_data_size()) + " values in int32_data; " +
+             shapeStr(out.shape) + " needs " + std::to_string(n);
+    for (int64_t i = 0; i < n; ++i)
+      put(static_cast<size_t>(i),
+          fromHalfBits(static_cast<uint16_t>(t.int32_data(static_cast<int>(i)))));
+    return "";
   }
   }
 }
@@ -282,7 +299,7 @@ public:
         g_.addOutput(v);
         if (it->second.shape.size() > 2)
           r_.notes.push_back("output '" + out.name() + "' " + shapeStr(it->second.shape) +
-                             " is computed as " + g_.op(v).type.str() +
+                             " is computed as " + g_.op(v).type.shapeStr() +
                              " (leading dimensions folded into rows; same memory layout)");
       } catch (const UnsupportedError& e) {
         problem("", "", "graph output '" + out.name() + "': " + e.message);
@@ -393,21 +410,25 @@ private:
       throw UnsupportedError{"'" + v.name + "' is an integer tensor, used as data"};
     ir::Op op;
     op.name = uniqueName(v.name);
-    if (v.data.size() == 1) {
+    if (count(v) == 1) {
       op.kind = ir::OpKind::Constant;
-      op.value = v.data[0];
+      op.value = at(v, 0);
       op.type = {{}, *dtype_};
       op.origin = "constant '" + v.name + "'";
     } else {
-      if (v.shape.empty() || v.data.empty())
+      if (v.shape.empty() || count(v) == 0)
         throw UnsupportedError{"'" + v.name + "' is an empty tensor"};
       op.kind = ir::OpKind::Input;
       op.weight = true;
       op.type = {flatten(v.shape), *dtype_};
-      std::vector<float> data(v.data.size());
-      for (size_t i = 0; i < data.size(); ++i)
-        data[i] = ir::roundTo(v.data[i], *dtype_);
-      op.data = std::make_shared<const std::vector<float>>(std::move(data));
+      if (v.fdata && *dtype_ == ir::DType::F32) {
+        op.data = v.fdata; // shared, not copied
+      } else {
+        auto data = std::make_shared<std::vector<float>>(count(v));
+        for (size_t i = 0; i < data->size(); ++i)
+          (*data)[i] = ir::roundTo(at(v, i), *dtype_);
+        op.data = std::move(data);
+      }
       op.origin = "initializer '" + v.name + "'";
     }
     v.v = g_.addOp(std::move(op), {});
@@ -590,9 +611,9 @@ private:
   void binary(const NodeProto& n, ir::OpKind k) {
     Val &a = in(n, 0), &b = in(n, 1);
     const std::vector<int64_t> shape = broadcast(a.shape, b.shape);
-    if (a.isConst && b.isConst && !a.integer && !b.integer && a.data.size() == 1 &&
-        b.data.size() == 1) { // fold scalar arithmetic on constants
-      const double x = a.data[0], y = b.data[0];
+    if (a.isConst && b.isConst && !a.integer && !b.integer && count(a) == 1 &&
+        count(b) == 1) { // fold scalar arithmetic on constants
+      const double x = at(a, 0), y = at(b, 0);
       Val v;
       v.isConst = true;
       v.shape = shape;
@@ -630,8 +651,8 @@ private:
       Val& v = in(n, inputIndex);
       if (!v.isConst)
         throw UnsupportedError{"its axes must be constant"};
-      for (double d : v.data)
-        axes.push_back(static_cast<int64_t>(d));
+      for (size_t i = 0; i < count(v); ++i)
+        axes.push_back(static_cast<int64_t>(at(v, i)));
     }
     return axes;
   }
@@ -776,8 +797,11 @@ private:
         throw UnsupportedError{"its target shape must be constant"};
       int infer = -1;
       int64_t known = 1;
-      for (size_t i = 0; i < s.data.size(); ++i) {
-        auto d = static_cast<int64_t>(s.data[i]);
+      for (size_t i = 0; i < count(s); ++i) {
+        const double raw = at(s, i);
+        if (!(raw >= -1 && raw <= static_cast<double>(kMaxElements)))
+          throw UnsupportedError{"its shape has the dimension " + formatDouble(raw)};
+        auto d = static_cast<int64_t>(raw);
         if (d == 0 && !intAttr(n, "allowzero", 0)) {
           if (i >= x.shape.size())
             throw UnsupportedError{"its shape copies a dimension the input does not have"};
@@ -854,11 +878,13 @@ private:
     Val v;
     v.isConst = true;
     v.shape = {x.shape[1], x.shape[0]};
-    v.data.resize(x.data.size());
+    if (x.integer)
+      throw UnsupportedError{"transposing an integer tensor is not supported"};
     const size_t r = static_cast<size_t>(x.shape[0]), c = static_cast<size_t>(x.shape[1]);
+    v.fdata = std::make_shared<std::vector<float>>(count(x));
     for (size_t i = 0; i < r; ++i)
       for (size_t j = 0; j < c; ++j)
-        v.data[j * r + i] = x.data[i * c + j];
+        (*v.fdata)[j * r + i] = static_cast<float>(at(x, i * c + j));
     define(n, std::move(v));
   }
 
@@ -941,6 +967,21 @@ const std::vector<std::string>& supportedOpTypes() {
       "ReduceMean", "Relu",   "Reshape",   "Sigmoid",  "Sqrt",     "Squeeze",
       "Sub",        "Tanh",   "Transpose", "Unsqueeze"};
   return ops;
+}
+
+ir::Graph convertPrecision(const ir::Graph& g, ir::DType t) {
+  ir::Graph out = g;
+  for (ir::Vertex v : out.vertices()) {
+    ir::Op& op = out.op(v);
+    op.type.dtype = t;
+    if (op.data && t != ir::DType::F32) {
+      auto data = std::make_shared<std::vector<float>>(op.data->size());
+      for (size_t i = 0; i < data->size(); ++i)
+        (*data)[i] = ir::roundTo((*op.data)[i], t);
+      op.data = std::move(data);
+    }
+  }
+  return out;
 }
 
 bool looksLikeOnnx(const std::string& path, const std::string& bytes) {

@@ -41,6 +41,11 @@ struct ImportResult {
 ImportResult importModel(const std::string& bytes, const ImportOptions& opts,
                          const ir::ActivationSet& acts);
 
+/// `g` with every value of type `t`, weights rounded to it (constants keep their exact value;
+/// the reference rounds them where they are used). An f32 model imported once gives both the
+/// model as exported and the graph that runs in half precision.
+ir::Graph convertPrecision(const ir::Graph& g, ir::DType t);
+
 /// Whether `bytes` looks like an ONNX model rather than .fgraph text (by its first bytes).
 bool looksLikeOnnx(const std::string& path, const std::string& bytes);
 

@@ -279,6 +279,18 @@ bool readFile(const std::string& path, std::string& out, std::string* why) {
       (*why)[0] = static_cast<char>(std::tolower(static_cast<unsigned char>((*why)[0])));
     return false;
   }
+  // Regular files are read in one piece into a buffer of their size (models are hundreds of
+  // MB: growing a stream buffer would copy them several times); others (pipes) as a stream.
+  const auto size = std::filesystem::file_size(path, ec);
+  if (!ec && std::filesystem::is_regular_file(path, ec)) {
+    out.resize(static_cast<size_t>(size));
+    in.read(out.data(), static_cast<std::streamsize>(size));
+    if (in.gcount() == static_cast<std::streamsize>(size) && in.peek() == EOF)
+      return true;
+    in.clear();
+    in.seekg(0);
+    out.clear();
+  }
   std::ostringstream ss;
   ss << in.rdbuf();
   if (in.bad()) {

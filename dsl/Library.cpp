@@ -683,7 +683,7 @@ private:
                                                          : std::nullopt;
           if (!dt) {
             fail(dag->items[2]->loc.valid() ? dag->items[2]->loc : at,
-                 "dtype must be \"f16\" or \"f32\", not " + dag->items[2]->str());
+                 "dtype must be \"f16\", \"bf16\" or \"f32\", not " + dag->items[2]->str());
             continue;
           }
           k.dtype = *dt;

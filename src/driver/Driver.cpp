@@ -719,7 +719,7 @@ int runFpatc(const FpatcOptions& opts, std::ostream& out, std::ostream& err) {
     }
   }
 
-  // What cannot work is said before any work is done. The GPU kernels take f16 tensors only:
+  // What cannot work is said before any work is done. The GPU kernels take f16 or bf16 only:
   // f32 graphs can be fused and checked on the CPU (--no-compile), not compiled.
   if (opts.compile || opts.emit == "cuda") {
     for (ir::Vertex v : g->vertices())

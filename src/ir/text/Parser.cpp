@@ -223,7 +223,7 @@ private:
     auto dt = parseDType(tt->dtype->getText());
     if (!dt) {
       diags_.error(tokenLoc(fileId_, tt->dtype),
-                   "unknown dtype '" + tt->dtype->getText() + "'; expected f16 or f32");
+                   "unknown dtype '" + tt->dtype->getText() + "'; expected f16, bf16 or f32");
       return std::nullopt;
     }
     t.dtype = *dt;

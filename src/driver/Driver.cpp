@@ -666,8 +666,11 @@ int runFpatc(const FpatcOptions& opts, std::ostream& out, std::ostream& err) {
   } else {
     fileId = sm.addBuffer(inputName(opts.input), std::move(text));
     g = ir::parseGraph(fileId, diags, pats.activations);
-    if (!opts.precision.empty())
-      diags.error({}, "--precision applies to ONNX models; an .fgraph file states its types");
+  }
+  if (fileId >= 0 && !opts.precision.empty()) {
+    diags.flush();
+    err << "fpatc: error: --precision applies to ONNX models; an .fgraph file states its types\n";
+    return 1;
   }
   diags.flush();
   if (opts.verifyDiagnostics) {

@@ -2,86 +2,86 @@
 // Each activation body of the .fpat sources lowered to a CUDA device function.
 #pragma once
 
-// gelu: expr { 0.5 * x * (1.0 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))) }
-// from patterns/activations.fpat:8
+// gelu: expr { x / (1.0 + exp(-2.0 * 0.7978845608028654 * (x + 0.044715 * x * x * x))) }
+// from patterns/activations.fpat:11
 __device__ __forceinline__ float fpat_act_gelu(float x) {
-  return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+  return x / (1.0f + expf(-2.0f * 0.7978845608028654f * (x + 0.044715f * x * x * x)));
 }
 
 // gelu_erf: expr { 0.5 * x * (1.0 + erf(x * 0.7071067811865476)) }
-// from patterns/activations.fpat:13
+// from patterns/activations.fpat:16
 __device__ __forceinline__ float fpat_act_gelu_erf(float x) {
   return 0.5f * x * (1.0f + erff(x * 0.7071067811865476f));
 }
 
 // silu: expr { x / (1.0 + exp(-x)) }
-// from patterns/activations.fpat:18
+// from patterns/activations.fpat:21
 __device__ __forceinline__ float fpat_act_silu(float x) {
   return x / (1.0f + expf(-x));
 }
 
 // relu: expr { max(x, 0.0) }
-// from patterns/activations.fpat:22
+// from patterns/activations.fpat:25
 __device__ __forceinline__ float fpat_act_relu(float x) {
   return fmaxf(x, 0.0f);
 }
 
 // leaky_relu: expr { x > 0.0 ? x : slope * x }
-// from patterns/activations.fpat:27
+// from patterns/activations.fpat:30
 __device__ __forceinline__ float fpat_act_leaky_relu(float x, float p_slope) {
   return x > 0.0f ? x : p_slope * x;
 }
 
 // sigmoid: expr { 1.0 / (1.0 + exp(-x)) }
-// from patterns/activations.fpat:36
+// from patterns/activations.fpat:39
 __device__ __forceinline__ float fpat_act_sigmoid(float x) {
   return 1.0f / (1.0f + expf(-x));
 }
 
 // tanh: expr { tanh(x) }
-// from patterns/activations.fpat:39
+// from patterns/activations.fpat:42
 __device__ __forceinline__ float fpat_act_tanh(float x) {
   return tanhf(x);
 }
 
 // erf: expr { erf(x) }
-// from patterns/activations.fpat:42
+// from patterns/activations.fpat:45
 __device__ __forceinline__ float fpat_act_erf(float x) {
   return erff(x);
 }
 
 // exp: expr { exp(x) }
-// from patterns/activations.fpat:45
+// from patterns/activations.fpat:48
 __device__ __forceinline__ float fpat_act_exp(float x) {
   return expf(x);
 }
 
 // log: expr { log(x) }
-// from patterns/activations.fpat:48
+// from patterns/activations.fpat:51
 __device__ __forceinline__ float fpat_act_log(float x) {
   return logf(x);
 }
 
 // sqrt: expr { sqrt(x) }
-// from patterns/activations.fpat:51
+// from patterns/activations.fpat:54
 __device__ __forceinline__ float fpat_act_sqrt(float x) {
   return sqrtf(x);
 }
 
 // reciprocal: expr { 1.0 / x }
-// from patterns/activations.fpat:54
+// from patterns/activations.fpat:57
 __device__ __forceinline__ float fpat_act_reciprocal(float x) {
   return 1.0f / x;
 }
 
 // neg: expr { -x }
-// from patterns/activations.fpat:57
+// from patterns/activations.fpat:60
 __device__ __forceinline__ float fpat_act_neg(float x) {
   return -x;
 }
 
 // abs: expr { abs(x) }
-// from patterns/activations.fpat:60
+// from patterns/activations.fpat:63
 __device__ __forceinline__ float fpat_act_abs(float x) {
   return fabsf(x);
 }

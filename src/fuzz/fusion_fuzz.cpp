@@ -182,7 +182,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     r.patterns = library().raises;
     return dsl::compileMatcherTable(r, sm, diags);
   }();
-  const ir::Graph raised = match::raise(g, raises, library());
+  std::vector<match::RaiseStep> steps;
+  const ir::Graph raised = match::raise(g, raises, library(), &steps);
   if (!ir::validate(raised, library().activationSet()).empty())
     std::abort(); // raising made an invalid graph
   const dsl::MatcherTable& table = match::builtinTable();
@@ -191,6 +192,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     std::abort(); // fusion made an invalid graph
   const auto inputsV = ir::randomInputs(g, size);
   const auto want = ir::evaluate(g, inputsV, library().referenceActivations());
+  // An intermediate that overflows (x^64 squared, say) makes the graph as built and its raised
+  // form legitimately different: a raised rmsnorm computes its mean of squares in double where
+  // the decomposition's f32 pow overflowed. Such raised graphs are not compared.
+  for (ir::Vertex v : steps.empty() ? std::vector<ir::Vertex>{} : g.vertices())
+    for (float e : want[v].data)
+      if (!std::isfinite(e))
+        return 0;
   const auto got = ir::evaluate(fused, inputsV, library().referenceActivations());
   for (size_t i = 0; i < g.outputs().size(); ++i) {
     // Random chains may overflow f16 (x^32 after five squarings): where the unfused graph is
@@ -204,6 +212,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         classMismatch += std::isfinite(o.data[e]) ? 1 : 0;
         continue;
       }
+      // Raised graphs: values both below 1e-6 (inputs are O(1)) count as equal. The
+      // decomposed tanh GeLU computes 1 + tanh(u) as exactly 0 below u = -9 where the raised
+      // x * sigmoid(2u) keeps e.g. -1e-11; an output of nothing but such values has no scale.
+      if (!steps.empty() && std::fabs(w.data[e]) < 1e-6 && std::fabs(o.data[e]) < 1e-6)
+        continue;
       wf.data.push_back(w.data[e]);
       of.data.push_back(o.data[e]);
     }

@@ -184,12 +184,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }();
   std::vector<match::RaiseStep> steps;
   const ir::Graph raised = match::raise(g, raises, library(), &steps);
-  if (!ir::validate(raised, library().activationSet()).empty())
-    std::abort(); // raising made an invalid graph
+  if (auto problems = ir::validate(raised, library().activationSet()); !problems.empty()) {
+    std::fprintf(stderr, "raising made an invalid graph: %s\n%s", problems[0].c_str(),
+                 ir::printGraph(g).c_str());
+    std::abort();
+  }
   const dsl::MatcherTable& table = match::builtinTable();
   ir::Graph fused = match::rewrite(raised, table, match::findMatches(raised, table).matches);
-  if (!ir::validate(fused, library().activationSet()).empty())
-    std::abort(); // fusion made an invalid graph
+  if (auto problems = ir::validate(fused, library().activationSet()); !problems.empty()) {
+    std::fprintf(stderr, "fusion made an invalid graph: %s\n%s", problems[0].c_str(),
+                 ir::printGraph(raised).c_str());
+    std::abort();
+  }
   const auto inputsV = ir::randomInputs(g, size);
   const auto want = ir::evaluate(g, inputsV, library().referenceActivations());
   // An intermediate that overflows (x^64 squared, say) makes the graph as built and its raised

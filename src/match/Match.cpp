@@ -256,6 +256,32 @@ std::string familyRejects(const Graph& g, const Match& m, const PatternMeta& met
   if (gemms.size() != 1)
     return "the match holds " + std::to_string(gemms.size()) + " different GEMMs; family " +
            meta.family + " computes one";
+  // The epilogue computes on [M, N] values and reads [M, N] or [N] operands; add and mul
+  // broadcast more than that (scalars, [M, 1] columns, a result larger than the GEMM's).
+  const ir::TensorDesc& out = g.op(m.slots[0]).type;
+  const std::vector<int64_t> row{out.shape.back()};
+  std::vector<Vertex> inside;
+  for (size_t k = 0; k < m.slots.size(); ++k)
+    if (meta.slots[k].role != SlotInfo::Input)
+      inside.push_back(m.slots[k]);
+  for (Vertex v : inside) {
+    const ir::Op& op = g.op(v);
+    const bool epilogue = op.kind == ir::OpKind::BiasAdd || op.kind == ir::OpKind::Add ||
+                          op.kind == ir::OpKind::Mul || op.kind == ir::OpKind::Activation;
+    if (!epilogue)
+      continue;
+    if (op.type != out)
+      return "%" + op.name + " is " + op.type.str() + ", not the fused result's " + out.str();
+    for (Vertex u : g.operands(v)) {
+      if (std::find(inside.begin(), inside.end(), u) != inside.end())
+        continue;
+      const ir::TensorDesc& t = g.op(u).type;
+      if (t.shape != out.shape && t.shape != row)
+        return "the epilogue would read %" + g.op(u).name + " (" + t.str() +
+               "), a broadcast the fused kernels do not implement (they read " + out.shapeStr() +
+               " and [" + std::to_string(row[0]) + "] operands)";
+    }
+  }
   return "";
 }
 

@@ -275,11 +275,13 @@ std::string familyRejects(const Graph& g, const Match& m, const PatternMeta& met
     for (Vertex u : g.operands(v)) {
       if (std::find(inside.begin(), inside.end(), u) != inside.end())
         continue;
+      // bias_add reads an [N] vector; add and mul read [M, N] tensors.
       const ir::TensorDesc& t = g.op(u).type;
-      if (t.shape != out.shape && t.shape != row)
-        return "the epilogue would read %" + g.op(u).name + " (" + t.str() +
-               "), a broadcast the fused kernels do not implement (they read " + out.shapeStr() +
-               " and [" + std::to_string(row[0]) + "] operands)";
+      if (t.shape != out.shape && !(op.kind == ir::OpKind::BiasAdd && t.shape == row))
+        return "the epilogue would read %" + g.op(u).name + " (" + t.str() + ") in " +
+               ir::opKindName(op.kind) + ", a broadcast the fused kernels do not implement " +
+               "(add and mul read " + out.shapeStr() + " operands, bias_add [" +
+               std::to_string(row[0]) + "])";
     }
   }
   return "";

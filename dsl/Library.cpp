@@ -51,7 +51,7 @@ struct Intrinsic {
 
 const std::vector<Intrinsic>& intrinsics() {
   static const std::vector<Intrinsic> t = {
-      {"exp", 1, CompiledExpr::Exp, "expf"},    {"log", 1, CompiledExpr::Log, "logf"},
+      {"exp", 1, CompiledExpr::Exp, "fpat_expf"},    {"log", 1, CompiledExpr::Log, "logf"},
       {"tanh", 1, CompiledExpr::Tanh, "tanhf"}, {"erf", 1, CompiledExpr::Erf, "erff"},
       {"sqrt", 1, CompiledExpr::Sqrt, "sqrtf"}, {"rsqrt", 1, CompiledExpr::Rsqrt, "rsqrtf"},
       {"abs", 1, CompiledExpr::Abs, "fabsf"},   {"min", 2, CompiledExpr::Min, "fminf"},
@@ -900,7 +900,7 @@ int cudaPrec(const Expr& e) {
   if (e.kind == Expr::Select)
     return 1;
   if (e.kind == Expr::Binary)
-    return e.s == "*" || e.s == "/" ? 4 : e.s == "+" || e.s == "-" ? 3 : 2;
+    return e.s == "/" ? 6 : e.s == "*" ? 4 : e.s == "+" || e.s == "-" ? 3 : 2;
   if (e.kind == Expr::Unary)
     return 5;
   return 6;
@@ -940,6 +940,11 @@ std::string lowerCuda(const Expr& e, const ActivationDef& a, const std::set<std:
     return operand[0] == '-' ? "-(" + operand + ")" : "-" + operand;
   }
   case Expr::Binary: {
+    // Division through fpat_divf (fpat_common.cuh): an IEEE division is a call with a slow
+    // path, several times the cost of a multiply by the approximate reciprocal.
+    if (e.s == "/")
+      return "fpat_divf(" + lowerCuda(*e.kids[0], a, locals) + ", " +
+             lowerCuda(*e.kids[1], a, locals) + ")";
     int p = cudaPrec(e);
     std::string l = sub(*e.kids[0], p), r = sub(*e.kids[1], p + 1);
     // A comparison yields 1.0f/0.0f, as the CPU evaluator does.

@@ -99,3 +99,28 @@ __device__ __forceinline__ float2 ldh2(const void* p, int64_t i) {
 }
 
 } // namespace fpat
+
+// Arithmetic of the lowered .fpat bodies (activations, epilogues). Every result is stored as
+// f16 or bf16 (11 or 8 significand bits), so the f32 libm precision of expf and of the IEEE
+// division buys nothing visible, and costs: expf's range reduction and the division's
+// refinement and slow-path check are most of a GeLU or SiLU epilogue's instructions.
+
+/// exp(x) as ex2.approx(x * log2 e): relative error about 2^-22, plus |x| * 2^-24 from rounding
+/// the product (below 6e-6 wherever expf is finite and normal); 0, inf and NaN as expf.
+__device__ __forceinline__ float fpat_expf(float x) {
+  float y;
+  asm("ex2.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x * 1.4426950408889634f));
+  return y;
+}
+
+/// a / b as a times the approximate reciprocal (within 2 ulp of f32) where 1 / b is a normal
+/// number; the IEEE division where it is not (b zero, subnormal, beyond 2^126, inf or NaN).
+__device__ __forceinline__ float fpat_divf(float a, float b) {
+  const unsigned e = (__float_as_uint(b) >> 23) & 0xffu;
+  if (e - 1u < 252u) { // 2^-126 <= |b| < 2^126
+    float r;
+    asm("rcp.approx.f32 %0, %1;\n" : "=f"(r) : "f"(b));
+    return a * r;
+  }
+  return a / b;
+}

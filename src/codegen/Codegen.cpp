@@ -17,7 +17,8 @@ std::string TileConfig::str() const {
          (backend == Backend::MmaSync         ? "_mma"
           : backend == Backend::Wgmma         ? "_wgmma"
           : backend == Backend::WgmmaPingPong ? "_pingpong"
-                                              : "");
+                                              : "") +
+         (cluster > 1 ? "_c" + std::to_string(cluster) : "");
 }
 
 std::optional<TileConfig> TileConfig::parse(const std::string& text) {
@@ -26,7 +27,11 @@ std::optional<TileConfig> TileConfig::parse(const std::string& text) {
   if (std::sscanf(text.c_str(), "%dx%dx%d_w%dx%d_s%d%n", &t.bm, &t.bn, &t.bk, &warpsM, &warpsN,
                   &t.stages, &used) != 6)
     return std::nullopt;
-  const std::string rest = text.substr(static_cast<size_t>(used));
+  std::string rest = text.substr(static_cast<size_t>(used));
+  if (rest.size() > 3 && rest.compare(rest.size() - 3, 3, "_c2") == 0) {
+    t.cluster = 2;
+    rest.resize(rest.size() - 3);
+  }
   if (rest == "_mma")
     t.backend = Backend::MmaSync;
   else if (rest == "_wgmma")
@@ -44,10 +49,12 @@ std::optional<TileConfig> TileConfig::parse(const std::string& text) {
     auto known = wgmmaConfigs();
     bool shapeKnown = std::any_of(known.begin(), known.end(), [&](const TileConfig& k) {
       return k.bm == t.bm && k.bn == t.bn && k.bk == t.bk && k.wm == t.wm && k.wn == t.wn &&
-             k.backend == t.backend;
+             k.backend == t.backend && k.cluster == t.cluster;
     });
     if (!shapeKnown || t.stages < 2)
       return std::nullopt;
+  } else if (t.cluster != 1) {
+    return std::nullopt;
   }
   return t;
 }
@@ -79,26 +86,34 @@ constexpr int kWgmmaStaticSmem = 1024 + 8 * 16 * 72 * 2;
 
 std::vector<TileConfig> wgmmaConfigs() {
   std::vector<TileConfig> out;
-  auto add = [&](int bm, int bn, Backend b) {
+  auto add = [&](int bm, int bn, Backend b, int cluster) {
     const int stage = (bm + bn) * 64 * 2;
     const int deepest = std::min(8, (232448 - 1024 - kWgmmaStaticSmem) / stage);
     const int wm = b == Backend::WgmmaPingPong ? bm : 64;
     for (int stages = deepest; stages >= std::max(2, deepest - 1); --stages)
-      out.push_back(TileConfig{bm, bn, 64, wm, bn, stages, b});
+      out.push_back(TileConfig{bm, bn, 64, wm, bn, stages, b, cluster});
   };
   for (int bm : {128, 64})
     for (int bn : {256, 128, 64})
-      add(bm, bn, Backend::Wgmma);
+      add(bm, bn, Backend::Wgmma, 1);
   for (auto [bm, bn] : {std::pair{128, 128}, {64, 256}, {128, 64}, {64, 128}})
-    add(bm, bn, Backend::WgmmaPingPong);
+    add(bm, bn, Backend::WgmmaPingPong, 1);
+  // Clusters of two split B in halves of at least 64 columns.
+  for (auto [bm, bn] : {std::pair{128, 256}, {128, 128}})
+    add(bm, bn, Backend::Wgmma, 2);
+  for (auto [bm, bn] : {std::pair{128, 128}, {64, 256}})
+    add(bm, bn, Backend::WgmmaPingPong, 2);
   return out;
 }
 
 double wgmmaScore(const TileConfig& t, int64_t m, int64_t n, int sms, bool epilogueReads) {
   const bool pp = t.backend == Backend::WgmmaPingPong;
-  const double tiles =
-      static_cast<double>((m + t.bm - 1) / t.bm) * static_cast<double>((n + t.bn - 1) / t.bn);
-  const double waves = std::ceil(tiles / sms);
+  // A cluster of two computes two M-tiles, the second one below the matrix where their number
+  // is odd.
+  const int64_t tilesM = (m + t.bm - 1) / t.bm;
+  const double tiles = static_cast<double>((tilesM + t.cluster - 1) / t.cluster * t.cluster) *
+                       static_cast<double>((n + t.bn - 1) / t.bn);
+  const double waves = std::ceil(tiles / (sms / t.cluster * t.cluster));
   const double useful = static_cast<double>(m) * static_cast<double>(n) / (tiles * t.bm * t.bn);
   // Cooperative tiles relative to 128x256; ping-pong relative to that at 4096^3 with the
   // staged stores: 0.91-0.96, and with epilogue inputs too (the tuner chose 128x256 for bias
@@ -122,7 +137,12 @@ double wgmmaScore(const TileConfig& t, int64_t m, int64_t n, int sms, bool epilo
   const int stage = (t.bm + t.bn) * t.bk * 2;
   const bool deepest = (t.stages + 1) * stage + 1024 + kWgmmaStaticSmem > 232448 || t.stages >= 8;
   const bool lowL1 = epilogueReads && gemmSmemBytes(t, false) > 160 * 1024;
-  return tiles / (waves * sms) * useful * speed * (deepest ? 1.0 : 0.98) * (lowL1 ? 0.9 : 1.0);
+  // Clusters of two measured 1-2% slower than single CTAs of the same tile on the H200 (the
+  // multicast saves L2 traffic that did not limit these tiles; bench/RESULTS.md, session 7):
+  // the tuner may still find them faster elsewhere.
+  const double clustered = t.cluster > 1 ? 0.97 : 1.0;
+  return tiles / (waves * sms) * useful * speed * (deepest ? 1.0 : 0.98) * (lowL1 ? 0.9 : 1.0) *
+         clustered;
 }
 
 namespace {

@@ -33,6 +33,9 @@ enum class Backend {
 struct TileConfig {
   int bm = 128, bn = 128, bk = 32, wm = 64, wn = 32, stages = 3;
   Backend backend = Backend::Wmma;
+  /// CTAs per cluster (wgmma backends): 2 pairs CTAs on M-tiles that share a B tile, which
+  /// each loads half of and multicasts to both.
+  int cluster = 1;
   bool wgmma() const { return backend == Backend::Wgmma || backend == Backend::WgmmaPingPong; }
   int threads() const {
     return backend == Backend::WgmmaPingPong ? 384
@@ -41,7 +44,8 @@ struct TileConfig {
   }
   /// `128x128x32_w2x4_s3` (warps along M x N), `_mma` for the mma.sync backend;
   /// `128x256x64_w2x1_s4_wgmma` (consumer warpgroups along M x N) for the wgmma backend,
-  /// `128x128x64_w1x1_s6_pingpong` for its ping-pong schedule.
+  /// `128x128x64_w1x1_s6_pingpong` for its ping-pong schedule; `_c2` after either for
+  /// clusters of two.
   std::string str() const;
   /// The inverse of str(); nullopt for text that is not a configuration name.
   static std::optional<TileConfig> parse(const std::string& text);
@@ -91,7 +95,8 @@ struct TmaMap {
 
 /// How a kernel entry is launched; the runtime derives the grid from the op's shapes.
 struct Launch {
-  // Persistent: min(GEMM tiles, SMs) CTAs, each walking tiles (the wgmma backend).
+  // Persistent: min(GEMM tiles, SMs) CTAs, each walking tiles (the wgmma backend); in whole
+  // clusters, no more than can be resident at once.
   enum Grid { GemmTiles, Rows, Elements, Persistent } grid = GemmTiles;
   std::string entry; // extern "C" name
   int threads = 256;

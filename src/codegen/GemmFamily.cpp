@@ -167,6 +167,9 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
                  std::to_string(t.bk) + ", " + std::to_string(consumers) + " consumer warpgroup" +
                  (consumers > 1 ? "s" : "") + (pp ? " taking alternate tiles (ping-pong)" : "") +
                  " + 1 producer, " + std::to_string(t.stages) + " stages, " +
+                 (t.cluster > 1 ? "clusters of " + std::to_string(t.cluster) +
+                                      " CTAs multicasting B, "
+                                : std::string()) +
                  std::to_string(t.threads()) + " threads" +
                  (u.transB ? ", B is [N, K]" : ", B is [K, N]")};
   } else {
@@ -205,19 +208,23 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
   body << "};\n\n";
   if (t.wgmma()) {
     body << "using Tile = fpat::WgmmaTile<" << t.bm << ", " << t.bn << ", " << t.stages << ", "
-         << (t.backend == Backend::WgmmaPingPong ? "true" : "false") << ">;\n"
+         << (t.backend == Backend::WgmmaPingPong ? "true" : "false")
+         << (t.cluster > 1 ? ", " + std::to_string(t.cluster) : std::string()) << ">;\n"
          << "// The launch's dynamic shared memory (computed on the host) must be the kernel's.\n"
          << "static_assert(fpat::wgmmaSmemBytes<Tile>() == " << gemmSmemBytes(t, u.transB)
          << ", \"host and device disagree on shared memory\");\n\n} // namespace\n\n"
-         << "extern \"C\" __global__ void __launch_bounds__(" << t.threads() << ", 1) " << u.name
+         << "extern \"C\" __global__ void "
+         << (t.cluster > 1 ? "__cluster_dims__(" + std::to_string(t.cluster) + ", 1, 1) " : "")
+         << "__launch_bounds__(" << t.threads() << ", 1) " << u.name
          << "(const __grid_constant__ FpatTmaArgs p) {\n"
          << "  fpat::gemmWgmma<Tile, " << (u.transB ? "true" : "false") << ", Epilogue>(p);\n}\n";
     Launch l{Launch::Persistent, u.name, t.threads(), gemmSmemBytes(t, u.transB), {}};
     // Box shapes as fpat_wgmma.cuh loads them: A in BK x BM boxes; B [N, K] in BK x BN
-    // boxes, B [K, N] in 64-column x BK boxes.
+    // boxes (half of them per CTA of a cluster), B [K, N] in 64-column x BK boxes.
     l.tma.push_back({0, u.K, u.M, t.bk, t.bm});
     const int b = static_cast<int>(bIdx);
-    l.tma.push_back(u.transB ? TmaMap{b, u.K, u.N, t.bk, t.bn} : TmaMap{b, u.N, u.K, 64, t.bk});
+    l.tma.push_back(u.transB ? TmaMap{b, u.K, u.N, t.bk, t.bn / t.cluster}
+                             : TmaMap{b, u.N, u.K, 64, t.bk});
     u.launches.push_back(l);
     u.params = acts.params;
     u.source = body.str();

@@ -1,5 +1,6 @@
 #include "fpat/runtime/Cuda.h"
 
+#include <algorithm>
 #include <dlfcn.h>
 #include <mutex>
 
@@ -38,7 +39,8 @@ struct Api {
   CUresult (*cuEventSynchronize)(CUevent);
   CUresult (*cuEventElapsedTime)(float*, CUevent, CUevent);
   CUresult (*cuEventDestroy)(CUevent);
-  // Optional (CUDA 12+): TMA tensor maps for the Hopper backend.
+  // Optional (CUDA 12+): cluster occupancy and TMA tensor maps for the Hopper backend.
+  CUresult (*cuOccupancyMaxActiveClusters)(int*, CUfunction, const void*);
   CUresult (*cuTensorMapEncodeTiled)(void*, int, unsigned, void*, const uint64_t*, const uint64_t*,
                                      const unsigned*, const unsigned*, int, int, int, int);
 };
@@ -109,6 +111,7 @@ bool Driver::init(std::string* why) {
     return false;
   }
   hasTensorMaps_ = resolve(lib_, api.cuTensorMapEncodeTiled, "cuTensorMapEncodeTiled");
+  resolve(lib_, api.cuOccupancyMaxActiveClusters, "cuOccupancyMaxActiveClusters");
   const char* msg = nullptr;
   if (CUresult r = api.cuInit(0); r != 0) {
     api.cuGetErrorString(r, &msg);
@@ -180,6 +183,28 @@ void Driver::launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigne
   check(api.cuLaunchKernel(f, gx, gy, gz, bx, 1, 1, static_cast<unsigned>(smem), nullptr, params,
                            nullptr),
         "cuLaunchKernel");
+}
+int Driver::maxActiveClusters(CUfunction f, unsigned clusterSize, unsigned threads, int smem) {
+  if (!api.cuOccupancyMaxActiveClusters)
+    return 0;
+  // cuda.h's CUlaunchConfig, without attributes: the cluster size is the kernel's own.
+  struct {
+    unsigned gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes;
+    CUstream hStream;
+    void* attrs;
+    unsigned numAttrs;
+  } config = {clusterSize * static_cast<unsigned>(std::max(1, info_.sms)),
+              1,
+              1,
+              threads,
+              1,
+              1,
+              static_cast<unsigned>(smem),
+              nullptr,
+              nullptr,
+              0};
+  int n = 0;
+  return api.cuOccupancyMaxActiveClusters(&n, f, &config) == 0 ? n : 0;
 }
 void Driver::encodeTensorMap(void* map, CUdeviceptr base, uint64_t inner, uint64_t outer,
                              uint64_t rowBytes, unsigned boxInner, unsigned boxOuter) {

@@ -65,6 +65,10 @@ public:
   void synchronize();
   /// Whether the driver can encode TMA tensor maps (CUDA 12+ drivers).
   bool hasTensorMaps() const { return hasTensorMaps_; }
+  /// How many clusters of `f` (its compile-time cluster size `clusterSize`) can be resident at
+  /// once with `threads` threads and `smem` bytes of shared memory per CTA; 0 where the driver
+  /// cannot say (before CUDA 12).
+  int maxActiveClusters(CUfunction f, unsigned clusterSize, unsigned threads, int smem);
   /// Encodes a 2-D f16 tensor map with 128-byte swizzle and zero fill out of bounds into `map`
   /// (128 bytes, 64-byte aligned): `outer` rows of `inner` elements, rows `rowBytes` apart,
   /// boxes of boxInner x boxOuter elements.

@@ -121,7 +121,14 @@ Executor::Executor(cuda::Driver& drv, const CompiledGraph& cg) : drv_(drv), cg_(
         inSlots.push_back(plan_.slotOf[in]);
       if (!l.tma.empty() && !drv_.hasTensorMaps())
         throw cuda::CudaError(l.entry + " reads through TMA, which this CUDA driver cannot set up");
-      launches_.push_back({v, f, l, a, plan_.slotOf[v], inSlots, {}});
+      // A persistent grid larger than what is resident at once would leave clusters waiting
+      // for others to finish their whole share.
+      const int resident = l.grid == codegen::Launch::Persistent && u.tile.cluster > 1
+                               ? drv_.maxActiveClusters(f, static_cast<unsigned>(u.tile.cluster),
+                                                        static_cast<unsigned>(l.threads),
+                                                        l.smemBytes)
+                               : 0;
+      launches_.push_back({v, f, l, a, plan_.slotOf[v], inSlots, {}, resident});
     }
   }
 }
@@ -164,10 +171,15 @@ void Executor::launchAll(bool poison, size_t set) {
     }
     unsigned gx = 1, gy = 1;
     switch (b.launch.grid) {
-    case codegen::Launch::Persistent:
-      gx = static_cast<unsigned>(std::min<int64_t>(sms, ((u.N + u.tile.bn - 1) / u.tile.bn) *
-                                                            ((u.M + u.tile.bm - 1) / u.tile.bm)));
+    case codegen::Launch::Persistent: {
+      // Whole clusters, each taking units of `cluster` M-tiles (fpat_wgmma.cuh).
+      const int64_t c = u.tile.cluster;
+      const int64_t unitsM = ((u.M + u.tile.bm - 1) / u.tile.bm + c - 1) / c;
+      const int64_t units = ((u.N + u.tile.bn - 1) / u.tile.bn) * unitsM;
+      const int64_t clusters = b.residentClusters > 0 ? b.residentClusters : sms / c;
+      gx = static_cast<unsigned>(c * std::max<int64_t>(1, std::min<int64_t>(clusters, units)));
       break;
+    }
     case codegen::Launch::GemmTiles:
       gx = static_cast<unsigned>((u.N + u.tile.bn - 1) / u.tile.bn);
       gy = static_cast<unsigned>((u.M + u.tile.bm - 1) / u.tile.bm);

@@ -93,6 +93,8 @@ private:
     // The wgmma backend's parameter block per buffer rotation, tensor maps encoded on first use
     // (they hold the global addresses). Empty for other kernels.
     std::vector<std::unique_ptr<FpatTmaArgs>> tmaArgs;
+    // Persistent kernels in clusters: how many clusters fit on the GPU at once (0: unknown).
+    int residentClusters = 0;
   };
 
   cuda::Driver& drv_;

@@ -47,7 +47,7 @@ std::string staticReject(const TileConfig& t, bool transB, const DeviceLimits& d
     const auto known = codegen::wgmmaConfigs();
     if (std::none_of(known.begin(), known.end(), [&](const TileConfig& k) {
           return k.bm == t.bm && k.bn == t.bn && k.bk == t.bk && k.wm == t.wm && k.wn == t.wn &&
-                 k.backend == t.backend;
+                 k.backend == t.backend && k.cluster == t.cluster;
         }))
       return "not a tile shape of the wgmma kernel";
     if (t.threads() > d.maxThreadsPerBlock)
@@ -281,7 +281,8 @@ nlohmann::json configJson(const TileConfig& t) {
           {"wm", t.wm},
           {"wn", t.wn},
           {"stages", t.stages},
-          {"backend", backendName(t.backend)}};
+          {"backend", backendName(t.backend)},
+          {"cluster", t.cluster}};
 }
 
 } // namespace
@@ -315,6 +316,9 @@ std::optional<Entry> TuningCache::lookup(const Key& k) {
       e.config.backend = codegen::Backend::WgmmaPingPong;
     else if (backend != "wmma")
       throw nlohmann::json::other_error::create(501, "unknown backend " + backend, &c);
+    e.config.cluster = c.value("cluster", 1);
+    if (e.config.cluster != 1 && !(e.config.cluster == 2 && e.config.wgmma()))
+      throw nlohmann::json::other_error::create(501, "bad cluster size", &c);
     e.ms = it->value("ms", 0.0);
     e.heuristicMs = it->value("heuristic_ms", 0.0);
     e.candidates = it->value("candidates", 0);

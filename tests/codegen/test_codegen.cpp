@@ -66,7 +66,9 @@ BOOST_AUTO_TEST_CASE(configuration_names_parse_back) {
        {codegen::TileConfig{128, 256, 64, 64, 64, 3}, codegen::TileConfig{64, 64, 32, 32, 32, 2},
         codegen::TileConfig{256, 128, 64, 64, 64, 4, codegen::Backend::MmaSync},
         codegen::TileConfig{128, 256, 64, 64, 256, 4, codegen::Backend::Wgmma},
-        codegen::TileConfig{64, 128, 64, 64, 128, 8, codegen::Backend::Wgmma}}) {
+        codegen::TileConfig{64, 128, 64, 64, 128, 8, codegen::Backend::Wgmma},
+        codegen::TileConfig{128, 256, 64, 64, 256, 3, codegen::Backend::Wgmma, 2},
+        codegen::TileConfig{128, 128, 64, 128, 128, 6, codegen::Backend::WgmmaPingPong, 2}}) {
     auto back = codegen::TileConfig::parse(t.str());
     BOOST_REQUIRE(back.has_value());
     BOOST_TEST((*back == t), t.str());
@@ -74,7 +76,10 @@ BOOST_AUTO_TEST_CASE(configuration_names_parse_back) {
   for (const char* bad :
        {"", "128x128x32", "128x128x32_w2x4_s3_", "128x128x32_w2x4_s3_mmax", "128x128x32_w3x4_s3",
         "128x128x32_w0x4_s3", "-128x128x32_w2x4_s3", "128x256x32_w2x1_s4_wgmma",
-        "256x256x64_w4x1_s4_wgmma", "128x256x64_w2x2_s4_wgmma"})
+        "256x256x64_w4x1_s4_wgmma", "128x256x64_w2x2_s4_wgmma",
+        // clusters: wgmma only, of two, and B tiles of at least 128 columns
+        "128x128x32_w2x4_s3_c2", "128x256x64_w2x1_s3_wgmma_c3", "128x64x64_w2x1_s6_wgmma_c2",
+        "128x256x64_w2x1_s3_c2_wgmma"})
     BOOST_TEST(!codegen::TileConfig::parse(bad).has_value(), bad);
 }
 
@@ -135,6 +140,15 @@ BOOST_AUTO_TEST_CASE(sources_say_where_they_came_from_and_are_deterministic) {
                         "__launch_bounds__(256, 1) fpat_gemm_bias_residual_sm90a_64x64x64_w1x1_s8_"
                         "wgmma(const __grid_constant__ FpatTmaArgs p)"})
     BOOST_TEST(h.source.find(s) != std::string::npos, s << "\n" << h.source);
+  // A cluster configuration says so in its comment, template arguments and launch attributes.
+  const codegen::TileConfig c2 = *codegen::TileConfig::parse("128x256x64_w2x1_s3_wgmma_c2");
+  o.tile = &c2;
+  codegen::KernelUnit hc = codegen::generate(f, *f.find("y"), builtinLibrary(), o);
+  for (const char* s : {"3 stages, clusters of 2 CTAs multicasting B",
+                        "using Tile = fpat::WgmmaTile<128, 256, 3, false, 2>;",
+                        "__cluster_dims__(2, 1, 1) __launch_bounds__(384, 1) "
+                        "fpat_gemm_bias_residual_sm90a_128x256x64_w2x1_s3_wgmma_c2("})
+    BOOST_TEST(hc.source.find(s) != std::string::npos, s << "\n" << hc.source);
   // Activation bodies come from the .fpat sources, with their location.
   auto act = unitsFor("activation_leaky_relu", {8, 8, 8}, 90).at(0);
   BOOST_TEST(act.source.find("// from ") != std::string::npos);
@@ -313,7 +327,8 @@ BOOST_AUTO_TEST_CASE(wgmma_backend_compiles_for_sm90a_without_serialization,
   std::vector<codegen::KernelUnit> units;
   std::vector<codegen::TileConfig> tiles;
   for (const codegen::TileConfig& t : codegen::wgmmaConfigs())
-    if (tiles.empty() || tiles.back().bm != t.bm || tiles.back().bn != t.bn)
+    if (tiles.empty() || tiles.back().bm != t.bm || tiles.back().bn != t.bn ||
+        tiles.back().cluster != t.cluster || tiles.back().backend != t.backend)
       tiles.push_back(t); // each shape once
   for (const char* name : {"gemm", "gemm_bt", "gemm_bias_gelu", "gemm_bias_silu", "gemm_bias_relu",
                            "gemm_bias", "gemm_bias_residual", "gemm_gelu", "gemm_silu"})

@@ -79,7 +79,8 @@ const Shape kConfigShapes[] = {Shape{64, 64, 64}, Shape{17, 100, 1000}, Shape{10
 std::vector<codegen::TileConfig> wgmmaTiles() {
   std::vector<codegen::TileConfig> t;
   for (const codegen::TileConfig& c : codegen::wgmmaConfigs())
-    if (t.empty() || t.back().bm != c.bm || t.back().bn != c.bn)
+    if (t.empty() || t.back().bm != c.bm || t.back().bn != c.bn || t.back().cluster != c.cluster ||
+        t.back().backend != c.backend)
       t.push_back(c);
   return t;
 }
@@ -253,12 +254,13 @@ BOOST_AUTO_TEST_CASE(wgmma_realistic_shape) {
   // LLM-sized problems with both B layouts, the default configuration and each tile shape of
   // both schedules: the persistent schedule walks many tiles per CTA and the ring wraps many
   // times (ping-pong's hand-over between consumers only shows there). FPAT_GPU_QUICK (the
-  // compute-sanitizer run) keeps the default configuration: the sanitizers see it too.
+  // compute-sanitizer run) keeps the default configuration and one with clusters of two (its
+  // remote arrivals and multicasts): the sanitizers see them too.
   if (gpu()->device().arch != 90)
     return;
   std::vector<std::optional<codegen::TileConfig>> configs = {std::nullopt};
-  if (!quick())
-    for (const codegen::TileConfig& t : wgmmaTiles())
+  for (const codegen::TileConfig& t : wgmmaTiles())
+    if (!quick() || (t.cluster > 1 && configs.size() == 1))
       configs.push_back(t);
   for (const char* name : {"gemm_bias_gelu", "gemm_bt", "gemm_silu_mul", "gemm_residual"})
     for (const auto& cfg : configs)

@@ -106,21 +106,22 @@ __device__ __forceinline__ float2 ldh2(const void* p, int64_t i) {
 // refinement and slow-path check are most of a GeLU or SiLU epilogue's instructions.
 
 /// exp(x) as ex2.approx(x * log2 e): relative error about 2^-22, plus |x| * 2^-24 from rounding
-/// the product (below 6e-6 wherever expf is finite and normal); 0, inf and NaN as expf.
+/// the product (below 6e-6 wherever the result is a normal f32); inf, 0 and NaN as expf.
+/// Results below 2^-126 flush to 0 (.ftz; the non-ftz form costs extra instructions).
 __device__ __forceinline__ float fpat_expf(float x) {
   float y;
-  asm("ex2.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x * 1.4426950408889634f));
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x * 1.4426950408889634f));
   return y;
 }
 
-/// a / b as a times the approximate reciprocal (within 2 ulp of f32) where 1 / b is a normal
-/// number; the IEEE division where it is not (b zero, subnormal, beyond 2^126, inf or NaN).
+/// a / b as a times the approximate reciprocal (within 2 ulp of f32). Both are scaled first
+/// where |b| is beyond 2^125 or below 2^-125, so that 1 / b stays a normal number: no branch
+/// (a branch per element measured 5-13% slower GeLU epilogues on the H200 than the IEEE
+/// division), and 0, inf and NaN come out as the IEEE division's.
 __device__ __forceinline__ float fpat_divf(float a, float b) {
-  const unsigned e = (__float_as_uint(b) >> 23) & 0xffu;
-  if (e - 1u < 252u) { // 2^-126 <= |b| < 2^126
-    float r;
-    asm("rcp.approx.f32 %0, %1;\n" : "=f"(r) : "f"(b));
-    return a * r;
-  }
-  return a / b;
+  const float ab = fabsf(b);
+  const float s = ab > 0x1p125f ? 0x1p-4f : ab < 0x1p-125f ? 0x1p24f : 1.0f;
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(b * s));
+  return (a * s) * r;
 }

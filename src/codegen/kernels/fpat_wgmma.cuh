@@ -17,6 +17,10 @@
 //     Phase bits flip each time the ring wraps.
 //   * The grid is persistent: at most one CTA per SM, walking tiles in a grouped order, so the
 //     producer loads the next tile while the consumers run the epilogue of the current one.
+//   * CLUSTER = 2: two CTAs on neighbouring SMs take the two M-tiles of one B tile; each loads
+//     half of B and multicasts it to both, so B comes from L2 once per pair. A stage is then
+//     free only when the consumers of both CTAs have released it: they arrive on the "empty"
+//     barriers of both.
 //   * Ragged M, N, K: TMA zero-fills out-of-range elements of a box (they add nothing to the dot
 //     products) and the epilogue's stores are predicated.
 //   * The epilogue functor runs on the accumulators in registers, all of a thread's first, then
@@ -31,9 +35,10 @@
 
 namespace fpat {
 
-/// A wgmma configuration: a BM x BN tile (64-deep k-tiles), cooperative or ping-pong.
-template <int BM_, int BN_, int STAGES_, bool PINGPONG_> struct WgmmaTile {
-  static constexpr int BM = BM_, BN = BN_, BK = 64, STAGES = STAGES_;
+/// A wgmma configuration: a BM x BN tile (64-deep k-tiles), cooperative or ping-pong, alone or
+/// in clusters of two CTAs sharing B.
+template <int BM_, int BN_, int STAGES_, bool PINGPONG_, int CLUSTER_ = 1> struct WgmmaTile {
+  static constexpr int BM = BM_, BN = BN_, BK = 64, STAGES = STAGES_, CLUSTER = CLUSTER_;
   static constexpr bool PINGPONG = PINGPONG_;
   static constexpr int CONSUMERS = PINGPONG ? 2 : BM / 64;
   static constexpr int MI = PINGPONG ? BM / 64 : 1; // m64 MMAs per consumer and k step
@@ -43,6 +48,7 @@ template <int BM_, int BN_, int STAGES_, bool PINGPONG_> struct WgmmaTile {
   static_assert(BN == 64 || BN == 128 || BN == 256, "wgmma tiles are 64, 128 or 256 wide");
   static_assert(BM == 64 || BM == 128, "64 or 128 rows");
   static_assert(MI * BN <= 256, "at most 128 accumulators per thread");
+  static_assert(CLUSTER == 1 || (CLUSTER == 2 && BN >= 128), "clusters of 2 split B in halves");
 };
 
 /// Dynamic shared memory of a configuration: the stages, plus 1 KB to align them to the
@@ -85,12 +91,44 @@ __device__ __forceinline__ void mbarWait(uint64_t* bar, unsigned parity) {
   } while (!done);
 }
 
+__device__ __forceinline__ unsigned clusterRank() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+
+/// Every thread of every CTA of the cluster meets here; shared-memory writes before it are
+/// visible to the cluster after it.
+__device__ __forceinline__ void clusterSync() {
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+
+/// Arrives on the mbarrier at `bar`'s offset in the shared memory of cluster CTA `cta`.
+__device__ __forceinline__ void mbarArriveCluster(uint64_t* bar, unsigned cta) {
+  unsigned remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(smemAddr(bar)), "r"(cta));
+  // Release at CTA scope, as CUTLASS's ClusterBarrier: what it orders are this CTA's reads of
+  // the stage, complete already (cluster scope measured much slower).
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
+}
+
 /// One TMA box of a 2-D tensor map into shared memory; completes bytes on `bar`.
 __device__ __forceinline__ void tmaLoad2d(void* dst, const void* map, int c0, int c1,
                                           uint64_t* bar) {
   asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
                " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(smemAddr(dst)),
                "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(smemAddr(bar))
+               : "memory");
+}
+
+/// The same box into the shared memory of every CTA in `mask`, at the same offset, completing
+/// bytes on each one's barrier at `bar`'s offset.
+__device__ __forceinline__ void tmaLoad2dMulticast(void* dst, const void* map, int c0, int c1,
+                                                   uint64_t* bar, unsigned short mask) {
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+               ".multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(smemAddr(dst)),
+               "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(smemAddr(bar)),
+               "h"(mask)
                : "memory");
 }
 
@@ -207,9 +245,10 @@ __device__ __forceinline__ void wgmma(float* d, uint64_t descA, uint64_t descB, 
 }
 
 /// Tile `t` of the persistent schedule in grouped order: consecutive tiles walk down a group
-/// of 8 M-tiles before moving to the next N-tile, so the A rows and B columns in use stay in L2.
-__device__ __forceinline__ void tileCoords(int t, int tilesM, int tilesN, int& tm, int& tn) {
-  constexpr int group = 8;
+/// of `group` M-tiles before moving to the next N-tile, so the A rows and B columns in use stay
+/// in L2.
+__device__ __forceinline__ void tileCoords(int t, int tilesM, int tilesN, int group, int& tm,
+                                           int& tn) {
   const int perGroup = group * tilesN;
   const int first = (t / perGroup) * group;
   const int size = tilesM - first < group ? tilesM - first : group;
@@ -221,7 +260,7 @@ __device__ __forceinline__ void tileCoords(int t, int tilesM, int tilesN, int& t
 
 /// The kernel body; `p` must be the kernel's __grid_constant__ parameter (TMA reads the tensor
 /// maps from parameter space). Launch with T::THREADS threads, wgmmaSmemBytes<T>() bytes of
-/// dynamic shared memory and at most one CTA per SM (grid: min(tiles, SMs)).
+/// dynamic shared memory and at most one CTA per SM (grid: min(tiles, SMs), in whole clusters).
 template <class T, bool TRANS_B, class Epilogue>
 __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -244,22 +283,32 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
 
   const FpatKernelArgs& a = p.k;
   const int M = static_cast<int>(a.M), N = static_cast<int>(a.N), K = static_cast<int>(a.K);
-  const int tilesM = (M + BM - 1) / BM, tilesN = (N + BN - 1) / BN;
-  const int tiles = tilesM * tilesN, KT = (K + BK - 1) / BK;
+  const int tilesM = (M + BM - 1) / BM, tilesN = (N + BN - 1) / BN, KT = (K + BK - 1) / BK;
+  // The schedule hands out units of CL M-tiles sharing one B tile, one per cluster; this CTA
+  // computes M-tile CL * um + rank of unit (um, tn). With an odd number of M-tiles the last
+  // unit's second tile lies below the matrix: its CTA loads the last real A tile (so that
+  // the multicast and barriers run as everywhere) and stores nothing.
+  constexpr int CL = T::CLUSTER;
+  const int rank = CL > 1 ? static_cast<int>(clusterRank()) : 0;
+  const int unitsM = (tilesM + CL - 1) / CL, units = unitsM * tilesN;
+  const int unit0 = blockIdx.x / CL, stride = gridDim.x / CL;
   const int wg = threadIdx.x / 128;
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < S; ++s) {
       mbarInit(&full[s], 1);
       // Every consumer warp that reads a stage releases it: all consumers (cooperative) or the
-      // one that owns the tile (ping-pong).
-      mbarInit(&empty[s], (T::PINGPONG ? 1 : T::CONSUMERS) * 4);
+      // one that owns the tile (ping-pong). In clusters one thread per consumer warpgroup
+      // releases it, in every CTA of the cluster (remote arrivals are costly).
+      mbarInit(&empty[s], (T::PINGPONG ? 1 : T::CONSUMERS) * (CL == 1 ? 4 : CL));
     }
     mbarInit(&order[0], 1);
     mbarInit(&order[1], 1);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
+  if constexpr (CL > 1)
+    clusterSync(); // the peer's barriers are initialised before any multicast or remote arrive
 
   if (wg == 0) {
     // Producer: one thread issues every copy; the other 127 only give their registers away.
@@ -268,14 +317,26 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
     if (threadIdx.x == 0) {
       int stage = 0;
       unsigned phase = 0;
-      for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+      for (int t = unit0; t < units; t += stride) {
         int tm, tn;
-        tileCoords(t, tilesM, tilesN, tm, tn);
+        tileCoords(t, unitsM, tilesN, 8 / CL, tm, tn);
+        tm = min(tm * CL + rank, tilesM - 1);
         for (int kt = 0; kt < KT; ++kt) {
           mbarWait(&empty[stage], phase ^ 1); // a fresh barrier passes parity 1 at once
           mbarExpectTx(&full[stage], T::STAGE_BYTES);
           tmaLoad2d(stageA(stage), &p.a, kt * BK, tm * BM, &full[stage]);
-          if constexpr (TRANS_B) {
+          if constexpr (CL > 1) {
+            // This CTA's half of B, to both CTAs; the peer sends the other half.
+            if constexpr (TRANS_B) {
+              tmaLoad2dMulticast(stageB(stage) + rank * (BN / 2) * 128, &p.b, kt * BK,
+                                 tn * BN + rank * (BN / 2), &full[stage], 0x3);
+            } else {
+#pragma unroll
+              for (int j = rank * BN / 128; j < (rank + 1) * BN / 128; ++j)
+                tmaLoad2dMulticast(stageB(stage) + j * 64 * BK * 2, &p.b, tn * BN + j * 64,
+                                   kt * BK, &full[stage], 0x3);
+            }
+          } else if constexpr (TRANS_B) {
             tmaLoad2d(stageB(stage), &p.b, kt * BK, tn * BN, &full[stage]);
           } else {
 #pragma unroll
@@ -306,9 +367,21 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
     const bool pairs = (N % 2) == 0; // f16 pairs are 4-byte aligned
     // Rows start 16-byte aligned: the slab stores write 16 bytes at a time.
     const bool rows16B = N % 8 == 0 && reinterpret_cast<uintptr_t>(C) % 16 == 0;
+    // Releases a stage (called by lane 0 of each consumer warp once its MMAs are done): to
+    // this CTA's producer, and with clusters to the peer's too (its multicast writes the stage
+    // here as well). In clusters warp r of the warpgroup arrives on CTA r's barrier: a wgmma
+    // is one operation of the whole warpgroup, complete for all its warps once one waited.
+    auto release = [&](int s) {
+      if constexpr (CL == 1)
+        mbarArrive(&empty[s]);
+      else if (warp == 0)
+        mbarArriveCluster(&empty[s], 0);
+      else if (warp == 1)
+        mbarArriveCluster(&empty[s], 1);
+    };
     int local = 0; // the tile's place in this CTA's sequence
     unsigned orderPhase = 0;
-    for (int t = blockIdx.x; t < tiles; t += gridDim.x, ++local) {
+    for (int t = unit0; t < units; t += stride, ++local) {
       if (T::PINGPONG && (local & 1) != c)
         continue;
       // Ping-pong: a consumer starts a tile's main loop only once the other has seen every
@@ -319,7 +392,8 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
         orderPhase ^= 1;
       }
       int tm, tn;
-      tileCoords(t, tilesM, tilesN, tm, tn);
+      tileCoords(t, unitsM, tilesN, 8 / CL, tm, tn);
+      tm = tm * CL + rank; // tm == tilesM: a tile below the matrix, computed and not stored
       // The ring holds the CTA's tiles one after the other, KT k-tiles each.
       const long long first = static_cast<long long>(local) * KT;
       int stage = static_cast<int>(first % S);
@@ -329,7 +403,7 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
       int prev = -1;
       for (int kt = 0; kt < KT; ++kt) {
         mbarWait(&full[stage], phase);
-        if (T::PINGPONG && kt == KT - 1 && tid == 0 && t + static_cast<int>(gridDim.x) < tiles)
+        if (T::PINGPONG && kt == KT - 1 && tid == 0 && t + stride < units)
           mbarArrive(&order[1 - c]); // the other consumer's tile may start
 #pragma unroll
         for (int m = 0; m < MI; ++m)
@@ -358,7 +432,7 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
           for (int i = 0; i < BN / 2; ++i)
             fenceOperand(d[m][i]);
         if (prev >= 0 && lane == 0)
-          mbarArrive(&empty[prev]);
+          release(prev);
         prev = stage;
         if (++stage == S) {
           stage = 0;
@@ -372,7 +446,7 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
         for (int i = 0; i < BN / 2; ++i)
           fenceOperand(d[m][i]);
       if (prev >= 0 && lane == 0)
-        mbarArrive(&empty[prev]);
+        release(prev);
 
       // Epilogue. Accumulator layout of m64nN: thread (warp w, lane l) holds rows
       // 16w + l/4 (+8) and columns 8j + 2(l%4) (+1), register 4j + 2*(row half) + column.
@@ -461,6 +535,8 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
       }
     }
   }
+  if constexpr (CL > 1)
+    clusterSync(); // no CTA leaves while the peer may still write its stages or barriers
 #else
   (void)p;
   __trap(); // compiled without sm_90a: the host never launches this

@@ -36,6 +36,8 @@ struct TileConfig {
   /// CTAs per cluster (wgmma backends): 2 pairs CTAs on M-tiles that share a B tile, which
   /// each loads half of and multicasts to both.
   int cluster = 1;
+  /// wgmma backends: the persistent schedule walks groups of tiles along N instead of M.
+  bool rasterN = false;
   bool wgmma() const { return backend == Backend::Wgmma || backend == Backend::WgmmaPingPong; }
   int threads() const {
     return backend == Backend::WgmmaPingPong ? 384
@@ -45,7 +47,7 @@ struct TileConfig {
   /// `128x128x32_w2x4_s3` (warps along M x N), `_mma` for the mma.sync backend;
   /// `128x256x64_w2x1_s4_wgmma` (consumer warpgroups along M x N) for the wgmma backend,
   /// `128x128x64_w1x1_s6_pingpong` for its ping-pong schedule; `_c2` after either for
-  /// clusters of two.
+  /// clusters of two, then `_rn` for the raster along N.
   std::string str() const;
   /// The inverse of str(); nullopt for text that is not a configuration name.
   static std::optional<TileConfig> parse(const std::string& text);

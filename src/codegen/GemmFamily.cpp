@@ -170,6 +170,7 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
                  (t.cluster > 1 ? "clusters of " + std::to_string(t.cluster) +
                                       " CTAs multicasting B, "
                                 : std::string()) +
+                 (t.rasterN ? "tiles in groups along N, " : "") +
                  std::to_string(t.threads()) + " threads" +
                  (u.transB ? ", B is [N, K]" : ", B is [K, N]")};
   } else {
@@ -209,7 +210,8 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
   if (t.wgmma()) {
     body << "using Tile = fpat::WgmmaTile<" << t.bm << ", " << t.bn << ", " << t.stages << ", "
          << (t.backend == Backend::WgmmaPingPong ? "true" : "false")
-         << (t.cluster > 1 ? ", " + std::to_string(t.cluster) : std::string()) << ">;\n"
+         << (t.cluster > 1 || t.rasterN ? ", " + std::to_string(t.cluster) : std::string())
+         << (t.rasterN ? ", true" : "") << ">;\n"
          << "// The launch's dynamic shared memory (computed on the host) must be the kernel's.\n"
          << "static_assert(fpat::wgmmaSmemBytes<Tile>() == " << gemmSmemBytes(t, u.transB)
          << ", \"host and device disagree on shared memory\");\n\n} // namespace\n\n"

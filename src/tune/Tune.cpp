@@ -47,7 +47,7 @@ std::string staticReject(const TileConfig& t, bool transB, const DeviceLimits& d
     const auto known = codegen::wgmmaConfigs();
     if (std::none_of(known.begin(), known.end(), [&](const TileConfig& k) {
           return k.bm == t.bm && k.bn == t.bn && k.bk == t.bk && k.wm == t.wm && k.wn == t.wn &&
-                 k.backend == t.backend && k.cluster == t.cluster;
+                 k.backend == t.backend && k.cluster == t.cluster && k.rasterN == t.rasterN;
         }))
       return "not a tile shape of the wgmma kernel";
     if (t.threads() > d.maxThreadsPerBlock)
@@ -282,7 +282,8 @@ nlohmann::json configJson(const TileConfig& t) {
           {"wn", t.wn},
           {"stages", t.stages},
           {"backend", backendName(t.backend)},
-          {"cluster", t.cluster}};
+          {"cluster", t.cluster},
+          {"raster", t.rasterN ? "n" : "m"}};
 }
 
 } // namespace
@@ -319,6 +320,10 @@ std::optional<Entry> TuningCache::lookup(const Key& k) {
     e.config.cluster = c.value("cluster", 1);
     if (e.config.cluster != 1 && !(e.config.cluster == 2 && e.config.wgmma()))
       throw nlohmann::json::other_error::create(501, "bad cluster size", &c);
+    const std::string raster = c.value("raster", "m");
+    if (raster != "m" && !(raster == "n" && e.config.wgmma()))
+      throw nlohmann::json::other_error::create(501, "bad raster order " + raster, &c);
+    e.config.rasterN = raster == "n";
     e.ms = it->value("ms", 0.0);
     e.heuristicMs = it->value("heuristic_ms", 0.0);
     e.candidates = it->value("candidates", 0);

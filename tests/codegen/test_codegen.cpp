@@ -68,7 +68,8 @@ BOOST_AUTO_TEST_CASE(configuration_names_parse_back) {
         codegen::TileConfig{128, 256, 64, 64, 256, 4, codegen::Backend::Wgmma},
         codegen::TileConfig{64, 128, 64, 64, 128, 8, codegen::Backend::Wgmma},
         codegen::TileConfig{128, 256, 64, 64, 256, 3, codegen::Backend::Wgmma, 2},
-        codegen::TileConfig{128, 128, 64, 128, 128, 6, codegen::Backend::WgmmaPingPong, 2}}) {
+        codegen::TileConfig{128, 128, 64, 128, 128, 6, codegen::Backend::WgmmaPingPong, 2},
+        codegen::TileConfig{128, 256, 64, 64, 256, 4, codegen::Backend::Wgmma, 1, true}}) {
     auto back = codegen::TileConfig::parse(t.str());
     BOOST_REQUIRE(back.has_value());
     BOOST_TEST((*back == t), t.str());
@@ -79,7 +80,8 @@ BOOST_AUTO_TEST_CASE(configuration_names_parse_back) {
         "256x256x64_w4x1_s4_wgmma", "128x256x64_w2x2_s4_wgmma",
         // clusters: wgmma only, of two, and B tiles of at least 128 columns
         "128x128x32_w2x4_s3_c2", "128x256x64_w2x1_s3_wgmma_c3", "128x64x64_w2x1_s6_wgmma_c2",
-        "128x256x64_w2x1_s3_c2_wgmma"})
+        "128x256x64_w2x1_s3_c2_wgmma", "128x128x32_w2x4_s3_rn", "128x256x64_w2x1_s3_wgmma_rn_c2",
+        "64x256x64_w1x1_s5_pingpong_rn"})
     BOOST_TEST(!codegen::TileConfig::parse(bad).has_value(), bad);
 }
 
@@ -328,7 +330,8 @@ BOOST_AUTO_TEST_CASE(wgmma_backend_compiles_for_sm90a_without_serialization,
   std::vector<codegen::TileConfig> tiles;
   for (const codegen::TileConfig& t : codegen::wgmmaConfigs())
     if (tiles.empty() || tiles.back().bm != t.bm || tiles.back().bn != t.bn ||
-        tiles.back().cluster != t.cluster || tiles.back().backend != t.backend)
+        tiles.back().cluster != t.cluster || tiles.back().backend != t.backend ||
+        tiles.back().rasterN != t.rasterN)
       tiles.push_back(t); // each shape once
   for (const char* name : {"gemm", "gemm_bt", "gemm_bias_gelu", "gemm_bias_silu", "gemm_bias_relu",
                            "gemm_bias", "gemm_bias_residual", "gemm_gelu", "gemm_silu"})

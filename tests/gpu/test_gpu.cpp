@@ -80,7 +80,7 @@ std::vector<codegen::TileConfig> wgmmaTiles() {
   std::vector<codegen::TileConfig> t;
   for (const codegen::TileConfig& c : codegen::wgmmaConfigs())
     if (t.empty() || t.back().bm != c.bm || t.back().bn != c.bn || t.back().cluster != c.cluster ||
-        t.back().backend != c.backend)
+        t.back().backend != c.backend || t.back().rasterN != c.rasterN)
       t.push_back(c);
   return t;
 }

@@ -168,7 +168,7 @@ BOOST_AUTO_TEST_CASE(cache_round_trip) {
   BOOST_TEST(!again.lookup(other).has_value());
   BOOST_TEST(again.takeWarnings().empty());
   // A cluster size survives the round trip.
-  const TileConfig clustered{128, 256, 64, 64, 256, 3, codegen::Backend::Wgmma, 2};
+  const TileConfig clustered{128, 256, 64, 64, 256, 3, codegen::Backend::Wgmma, 2, true};
   again.store(key("b"), Entry{clustered, 0.1, 0.2, 4});
   auto b = TuningCache(tc.path).lookup(key("b"));
   BOOST_REQUIRE(b.has_value());

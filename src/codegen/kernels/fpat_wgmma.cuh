@@ -36,10 +36,11 @@
 namespace fpat {
 
 /// A wgmma configuration: a BM x BN tile (64-deep k-tiles), cooperative or ping-pong, alone or
-/// in clusters of two CTAs sharing B.
-template <int BM_, int BN_, int STAGES_, bool PINGPONG_, int CLUSTER_ = 1> struct WgmmaTile {
+/// in clusters of two CTAs sharing B, tiles walked in groups along M or along N.
+template <int BM_, int BN_, int STAGES_, bool PINGPONG_, int CLUSTER_ = 1, bool RASTER_N_ = false>
+struct WgmmaTile {
   static constexpr int BM = BM_, BN = BN_, BK = 64, STAGES = STAGES_, CLUSTER = CLUSTER_;
-  static constexpr bool PINGPONG = PINGPONG_;
+  static constexpr bool PINGPONG = PINGPONG_, RASTER_N = RASTER_N_;
   static constexpr int CONSUMERS = PINGPONG ? 2 : BM / 64;
   static constexpr int MI = PINGPONG ? BM / 64 : 1; // m64 MMAs per consumer and k step
   static constexpr int THREADS = 128 * (CONSUMERS + 1);
@@ -245,10 +246,14 @@ __device__ __forceinline__ void wgmma(float* d, uint64_t descA, uint64_t descB, 
 }
 
 /// Tile `t` of the persistent schedule in grouped order: consecutive tiles walk down a group
-/// of `group` M-tiles before moving to the next N-tile, so the A rows and B columns in use stay
-/// in L2.
-__device__ __forceinline__ void tileCoords(int t, int tilesM, int tilesN, int group, int& tm,
-                                           int& tn) {
+/// of `group` M-tiles before moving to the next N-tile (along N with `alongN`: across a group
+/// of N-tiles before the next M-tile), so the A rows and B columns in use stay in L2.
+__device__ __forceinline__ void tileCoords(int t, int tilesM, int tilesN, int group, bool alongN,
+                                           int& tm, int& tn) {
+  if (alongN) {
+    tileCoords(t, tilesN, tilesM, group, false, tn, tm);
+    return;
+  }
   const int perGroup = group * tilesN;
   const int first = (t / perGroup) * group;
   const int size = tilesM - first < group ? tilesM - first : group;
@@ -319,7 +324,7 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
       unsigned phase = 0;
       for (int t = unit0; t < units; t += stride) {
         int tm, tn;
-        tileCoords(t, unitsM, tilesN, 8 / CL, tm, tn);
+        tileCoords(t, unitsM, tilesN, 8 / CL, T::RASTER_N, tm, tn);
         tm = min(tm * CL + rank, tilesM - 1);
         for (int kt = 0; kt < KT; ++kt) {
           mbarWait(&empty[stage], phase ^ 1); // a fresh barrier passes parity 1 at once
@@ -392,7 +397,7 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
         orderPhase ^= 1;
       }
       int tm, tn;
-      tileCoords(t, unitsM, tilesN, 8 / CL, tm, tn);
+      tileCoords(t, unitsM, tilesN, 8 / CL, T::RASTER_N, tm, tn);
       tm = tm * CL + rank; // tm == tilesM: a tile below the matrix, computed and not stored
       // The ring holds the CTA's tiles one after the other, KT k-tiles each.
       const long long first = static_cast<long long>(local) * KT;

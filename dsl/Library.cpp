@@ -940,8 +940,8 @@ std::string lowerCuda(const Expr& e, const ActivationDef& a, const std::set<std:
     return operand[0] == '-' ? "-(" + operand + ")" : "-" + operand;
   }
   case Expr::Binary: {
-    // Division through fpat_divf (fpat_common.cuh): an IEEE division is a call with a slow
-    // path, several times the cost of a multiply by the approximate reciprocal.
+    // Division through fpat_divf (fpat_common.cuh): a multiply by the approximate reciprocal,
+    // without a branch; measured faster than `/` (div.full.f32) in GeLU/SiLU epilogues.
     if (e.s == "/")
       return "fpat_divf(" + lowerCuda(*e.kids[0], a, locals) + ", " +
              lowerCuda(*e.kids[1], a, locals) + ")";

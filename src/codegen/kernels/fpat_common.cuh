@@ -101,9 +101,9 @@ __device__ __forceinline__ float2 ldh2(const void* p, int64_t i) {
 } // namespace fpat
 
 // Arithmetic of the lowered .fpat bodies (activations, epilogues). Every result is stored as
-// f16 or bf16 (11 or 8 significand bits), so the f32 libm precision of expf and of the IEEE
-// division buys nothing visible, and costs: expf's range reduction and the division's
-// refinement and slow-path check are most of a GeLU or SiLU epilogue's instructions.
+// f16 or bf16 (11 or 8 significand bits), so the last f32 ulps of expf and of the division buy
+// nothing visible, while their instructions run with the tensor cores idle (bench/RESULTS.md,
+// session 7: 0.1-1% faster GeLU/SiLU GEMMs than expf and div.full.f32).
 
 /// exp(x) as ex2.approx(x * log2 e): relative error about 2^-22, plus |x| * 2^-24 from rounding
 /// the product (below 6e-6 wherever the result is a normal f32); inf, 0 and NaN as expf.
@@ -115,9 +115,9 @@ __device__ __forceinline__ float fpat_expf(float x) {
 }
 
 /// a / b as a times the approximate reciprocal (within 2 ulp of f32). Both are scaled first
-/// where |b| is beyond 2^125 or below 2^-125, so that 1 / b stays a normal number: no branch
-/// (a branch per element measured 5-13% slower GeLU epilogues on the H200 than the IEEE
-/// division), and 0, inf and NaN come out as the IEEE division's.
+/// where |b| is beyond 2^125 or below 2^-125, so that 1 / b stays a normal number. No branch:
+/// one per element measured 2-12% slower GeLU kernels on the H200. 0, inf and NaN come out
+/// as the IEEE division's.
 __device__ __forceinline__ float fpat_divf(float a, float b) {
   const float ab = fabsf(b);
   const float s = ab > 0x1p125f ? 0x1p-4f : ab < 0x1p-125f ? 0x1p24f : 1.0f;

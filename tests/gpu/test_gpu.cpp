@@ -11,6 +11,7 @@
 
 #include <boost/test/unit_test.hpp>
 #include <cmath>
+#include <limits>
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
@@ -306,11 +307,10 @@ BOOST_AUTO_TEST_CASE(wgmma_realistic_shape) {
 }
 
 BOOST_AUTO_TEST_CASE(activation_math_is_within_one_ulp) {
-  // The CUDA lowering of activation bodies (float arithmetic, CUDA's tanhf and expf, division
-  // to 2 float ulps: nvcc -prec-div=false) against the double-precision reference over a dense
-  // sweep: every gelu and silu output within one f16 ulp of the exactly rounded value, plus
-  // 4 * 2^-24 absolute for the tail where gelu's 1 + tanh(u) cancels in float (about 1e-7
-  // there, against outputs of 1e-6 and less).
+  // The CUDA lowering of activation bodies (float arithmetic, exp and division through
+  // fpat_expf and fpat_divf: a few float ulps) against the double-precision reference over a
+  // dense sweep: every gelu and silu output within one f16 ulp of the exactly rounded value,
+  // plus 4 * 2^-24 absolute for outputs of 1e-6 and less.
   for (const char* fn : {"gelu", "silu"})
     BOOST_TEST_CONTEXT(fn) {
       ir::ActivationSet acts = builtinLibrary().activationSet();
@@ -335,6 +335,48 @@ BOOST_AUTO_TEST_CASE(activation_math_is_within_one_ulp) {
           ++worse;
       }
       BOOST_TEST(worse == 0u, worse << " of " << got.size() << " outputs off by more than an ulp");
+    }
+}
+
+BOOST_AUTO_TEST_CASE(division_and_exp_at_the_edges_of_the_float_range) {
+  // bf16 has f32's exponent range, so its inputs reach what fpat_divf scales for (divisors
+  // beyond 2^125 or subnormal) and fpat_expf's overflow and flush: reciprocal, sigmoid and exp
+  // of zeros, infinities, subnormals and the largest values, each output within one bf16 ulp
+  // of the exactly rounded value, infinities and zeros exact; exp may flush results below
+  // 2^-126 (where its ex2.approx.ftz does) to zero.
+  const double inf = std::numeric_limits<double>::infinity();
+  const std::vector<double> xs = {0.0,    -0.0,    inf,     -inf,   1e-39,  -1e-39, 3e-40,
+                                  1e-38,  2e-38,   3e38,    -3e38,  1e38,   5e37,   1.0,
+                                  -1.0,   3.0,     -100.0,  -87.0,  -88.5,  88.0,   89.0,
+                                  -1e-3,  1e-30,   65504.0, 7e36,   -7e36,  0.5,    -0.5};
+  for (const char* fn : {"reciprocal", "sigmoid", "exp"})
+    BOOST_TEST_CONTEXT(fn) {
+      ir::ActivationSet acts = builtinLibrary().activationSet();
+      ir::GraphBuilder b("edges", acts);
+      b.output(b.activation(b.input("x", {1, static_cast<int64_t>(xs.size())}, ir::DType::BF16),
+                            fn, "y"));
+      ir::Graph g = b.build();
+      auto inputs = ir::randomInputs(g, 1);
+      std::vector<float>& x = inputs.at("x").data;
+      for (size_t i = 0; i < xs.size(); ++i)
+        x[i] = ir::roundTo(xs[i], ir::DType::BF16);
+      runtime::BuildResult r = runtime::buildKernels(g, builtinLibrary(), buildOptions());
+      BOOST_TEST_REQUIRE(r.error.empty(), r.error);
+      runtime::Executor ex(*gpu(), r.graph);
+      auto got = ex.run(inputs, true).outputs[0].data;
+      BOOST_TEST_REQUIRE(got.size() == xs.size());
+      for (size_t i = 0; i < xs.size(); ++i) {
+        const double v = x[i];
+        const double exact = std::string(fn) == "reciprocal" ? 1.0 / v
+                             : std::string(fn) == "sigmoid"  ? 1.0 / (1.0 + std::exp(-v))
+                                                             : std::exp(v);
+        const double want = ir::roundTo(exact, ir::DType::BF16);
+        const double ulp =
+            want == 0 || std::isinf(want) ? 0 : std::ldexp(1.0, std::max(std::ilogb(want), -126) - 7);
+        const bool flushed = std::string(fn) == "exp" && got[i] == 0 && exact < 0x1p-126;
+        BOOST_TEST((got[i] == want || std::abs(got[i] - want) <= ulp || flushed),
+                   fn << "(" << v << ") = " << got[i] << ", want " << want);
+      }
     }
 }
 

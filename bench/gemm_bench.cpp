@@ -8,6 +8,7 @@
 //
 //   fpat-bench-gemm [--quick] [--only PATTERN[,PATTERN]...] [--no-ffn] [--shape MxNxK]...
 //                   [--csv F] [--svg F] [--candidates N] [--configs LIST] [--reps N]
+//                   [--rounds N]
 // Every result names the GPU, its driver, nvcc and the commit the benchmark was built from.
 #include "../tests/common/TestGraphs.h"
 #include "FpatCommit.h"
@@ -84,8 +85,8 @@ struct Rotated {
   Rotated& operator=(const Rotated&) = delete;
 };
 
-/// Times `body(i)` for warm-up + reps iterations with CUDA events; returns the median ms.
-template <class F> double timeIt(int warmup, int reps, F body) {
+/// Times `body(i)` for warm-up + reps iterations with CUDA events; returns each run's ms.
+template <class F> std::vector<float> timeRuns(int warmup, int reps, F body) {
   for (int i = 0; i < warmup; ++i)
     body(i);
   std::vector<cudaEvent_t> ev(static_cast<size_t>(reps) + 1);
@@ -105,7 +106,11 @@ template <class F> double timeIt(int warmup, int reps, F body) {
   }
   for (auto& e : ev)
     cudaEventDestroy(e);
-  return median(ms);
+  return ms;
+}
+
+void append(std::vector<float>& to, const std::vector<float>& from) {
+  to.insert(to.end(), from.begin(), from.end());
 }
 
 /// Row-major C[M,N] = A[M,K] * B through column-major cuBLAS: C^T = B^T A^T. B is [K, N]
@@ -321,6 +326,9 @@ struct Env {
   tune::TuningCache* cache;
   tune::TuneOptions topts;
   int reps;
+  // Every implementation is timed once per round, in turn; each result is the median of all
+  // its runs, so that a drift of the GPU's clocks during a row falls on all of them alike.
+  int rounds;
   size_t l2;
 };
 
@@ -367,17 +375,11 @@ Row benchOne(Env& env, const std::string& pattern, Shape s) {
   copts.arch = env.drv->device().arch;
   copts.sms = env.drv->device().sms;
   const codegen::TileConfig heur = codegen::generate(fused, out, builtinLibrary(), copts).tile;
-  for (int variant = 0; variant < 2; ++variant) {
-    if (variant == 1 && heur == c.config) {
-      row.heuristic = row.fpat; // the same kernel: one measurement for both columns
-      break;
-    }
-    FpatRun f = fpatRun(env, fused, {{out, variant == 0 ? c.config : heur}}, bits);
-    double ms = median(f.ex->time(3, env.reps, env.l2 * 2));
-    (variant == 0 ? row.fpat : row.heuristic) = ms;
-    if (variant == 0)
-      row.errFpat = checkRows(reinterpret_cast<void*>(f.ex->devicePointer(out)), ref, s.n);
-  }
+  // The heuristic's kernel is timed apart only where it differs from the tuned one.
+  std::vector<FpatRun> fp;
+  fp.push_back(fpatRun(env, fused, {{out, c.config}}, bits));
+  if (!(heur == c.config))
+    fp.push_back(fpatRun(env, fused, {{out, heur}}, bits));
 
   // cuBLAS: the GEMM alone, and unfused with fpat's fallback kernels around it.
   UnfusedParts parts = unfusedParts(pattern, s);
@@ -416,23 +418,18 @@ Row benchOne(Env& env, const std::string& pattern, Shape s) {
   auto cPtr = [&](size_t r) {
     return after ? reinterpret_cast<void*>(after->ex->devicePointer(afterIn, r)) : C.ptr[r];
   };
-  row.gemm = timeIt(3, env.reps, [&](int i) {
+  auto gemmOnly = [&](int i) {
     size_t r = static_cast<size_t>(i) % rot;
     cublasGemm(env.blas, A.ptr[r], B.ptr[r], C.ptr[r], s.m, s.n, s.k, pattern == "gemm_bt");
-  });
-  row.unfused = timeIt(3, env.reps, [&](int i) {
+  };
+  auto unfused = [&](int i) {
     size_t r = static_cast<size_t>(i) % rot;
     if (before)
       before->ex->launchAll(false, r);
     cublasGemm(env.blas, aPtr(r), B.ptr[r], cPtr(r), s.m, s.n, s.k, pattern == "gemm_bt");
     if (after)
       after->ex->launchAll(false, r);
-  });
-  CK(cudaDeviceSynchronize());
-  row.errUnfused = checkRows(
-      after ? reinterpret_cast<void*>(after->ex->devicePointer(afterOut, (env.reps + 2) % rot))
-            : cPtr((static_cast<size_t>(env.reps) + 2) % rot),
-      ref, s.n);
+  };
 
   // cuBLASLt with a fused epilogue, where cuBLASLt has this pattern.
   cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_DEFAULT;
@@ -442,18 +439,50 @@ Row benchOne(Env& env, const std::string& pattern, Shape s) {
     epi = CUBLASLT_EPILOGUE_RELU_BIAS;
   else if (pattern == "gemm_bias_gelu")
     epi = CUBLASLT_EPILOGUE_GELU_BIAS; // the tanh approximation, as fpat's gelu
+  std::unique_ptr<LtGemm> lt;
+  std::unique_ptr<Rotated> bias;
   if (epi != CUBLASLT_EPILOGUE_DEFAULT) {
-    LtGemm lt(env.lt, s.m, s.n, s.k, epi);
-    if (lt.ok) {
-      Rotated bias(bits.at("b"), 1);
-      row.lt = timeIt(3, env.reps, [&](int i) {
-        size_t r = static_cast<size_t>(i) % rot;
-        lt.run(A.ptr[r], B.ptr[r], bias.ptr[0], C.ptr[r]);
-      });
+    lt = std::make_unique<LtGemm>(env.lt, s.m, s.n, s.k, epi);
+    if (lt->ok)
+      bias = std::make_unique<Rotated>(bits.at("b"), 1);
+    else
+      lt.reset();
+  }
+  auto ltFused = [&](int i) {
+    size_t r = static_cast<size_t>(i) % rot;
+    lt->run(A.ptr[r], B.ptr[r], bias->ptr[0], C.ptr[r]);
+  };
+
+  // The outputs are checked after the first round, each before the next implementation
+  // overwrites the shared buffers (C holds cuBLAS's and cuBLASLt's results).
+  const size_t last = (static_cast<size_t>(env.reps) + 2) % rot;
+  std::vector<float> tFpat, tHeur, tGemm, tUnfused, tLt;
+  for (int round = 0; round < env.rounds; ++round) {
+    append(tFpat, fp[0].ex->time(3, env.reps, env.l2 * 2));
+    if (round == 0)
+      row.errFpat = checkRows(reinterpret_cast<void*>(fp[0].ex->devicePointer(out)), ref, s.n);
+    if (fp.size() > 1)
+      append(tHeur, fp[1].ex->time(3, env.reps, env.l2 * 2));
+    append(tGemm, timeRuns(3, env.reps, gemmOnly));
+    append(tUnfused, timeRuns(3, env.reps, unfused));
+    CK(cudaDeviceSynchronize());
+    if (round == 0)
+      row.errUnfused = checkRows(
+          after ? reinterpret_cast<void*>(after->ex->devicePointer(afterOut, last)) : cPtr(last),
+          ref, s.n);
+    if (lt) {
+      append(tLt, timeRuns(3, env.reps, ltFused));
       CK(cudaDeviceSynchronize());
-      row.errLt = checkRows(C.ptr[(static_cast<size_t>(env.reps) + 2) % rot], ref, s.n);
+      if (round == 0)
+        row.errLt = checkRows(C.ptr[last], ref, s.n);
     }
   }
+  row.fpat = median(tFpat);
+  row.heuristic = fp.size() > 1 ? median(tHeur) : row.fpat; // the same kernel: measured once
+  row.gemm = median(tGemm);
+  row.unfused = median(tUnfused);
+  if (lt)
+    row.lt = median(tLt);
   return row;
 }
 
@@ -566,7 +595,6 @@ bool benchFfn(Env& env) {
     if (tune::tunable(fused, v))
       tiles[v] = tune::tune(*env.drv, fused, v, builtinLibrary(), *env.cache, env.topts).config;
   FpatRun f = fpatRun(env, fused, tiles, bits);
-  const double fpatMs = median(f.ex->time(3, env.reps, env.l2 * 2));
   const double fpatErr =
       checkRows(reinterpret_cast<void*>(f.ex->devicePointer(fused.outputs()[0])), ref, D);
 
@@ -586,7 +614,12 @@ bool benchFfn(Env& env) {
   u.ex->runBits(bits, false);
   const double unfusedErr =
       checkRows(reinterpret_cast<void*>(u.ex->devicePointer(g.outputs()[0])), ref, D);
-  const double unfusedMs = median(u.ex->time(3, env.reps, env.l2 * 2));
+  std::vector<float> tFpat, tUnfused;
+  for (int round = 0; round < env.rounds; ++round) {
+    append(tFpat, f.ex->time(3, env.reps, env.l2 * 2));
+    append(tUnfused, u.ex->time(3, env.reps, env.l2 * 2));
+  }
+  const double fpatMs = median(tFpat), unfusedMs = median(tUnfused);
   const double flops = 2.0 * M * D * H * 3;
   std::cout << "\n## SwiGLU FFN block, M = " << M << ", d = " << D << ", hidden = " << H
             << " (3 GEMMs, SiLU, product, bias, residual)\n\n"
@@ -605,7 +638,7 @@ bool benchFfn(Env& env) {
 int main(int argc, char** argv) {
   bool quick = false;
   std::string csvPath = "bench-gemm.csv", svgPath = "bench-gemm.svg";
-  int candidates = 8, reps = 20;        // 8 candidates: the full run fits one 10-minute GPU call
+  int candidates = 8, reps = 20, rounds = 5; // the full run fits one 10-minute GPU call
   std::vector<std::string> patternList; // --only: benchmark just these patterns
   bool noFfn = false;
   std::vector<std::string> shapeArgs, configArgs;
@@ -637,6 +670,11 @@ int main(int argc, char** argv) {
       ->allow_extra_args(false);
   app.add_option("--reps", reps, "timed runs per measurement (at least 20)")
       ->check(CLI::Range(20, 100000))
+      ->capture_default_str();
+  app.add_option("--rounds", rounds,
+                 "measurements per implementation, taken in turn with the others; each result "
+                 "is the median over all their runs")
+      ->check(CLI::Range(1, 1000))
       ->capture_default_str();
   try {
     app.parse(argc, argv);
@@ -710,6 +748,7 @@ int main(int argc, char** argv) {
     env.topts.log = &std::cerr; // an experiment wants every candidate's time
   env.topts.reps = reps;
   env.reps = reps;
+  env.rounds = rounds;
   env.l2 = static_cast<size_t>(drv->device().l2Bytes);
 
   const Provenance prov = provenance(*drv);

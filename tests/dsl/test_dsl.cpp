@@ -159,6 +159,14 @@ BOOST_AUTO_TEST_CASE(cuda_lowering_is_readable_and_complete) {
   BOOST_TEST(f.find("const float l_t = x - -1.5f;") != std::string::npos, f);
   BOOST_TEST(f.find("return l_t * -(-2.0f);") != std::string::npos, f);
   BOOST_TEST(neg->c->library.findActivation("f")->compiled.eval(1.0, nullptr) == 5.0);
+  // Division and exp lower to fpat_divf / fpat_expf calls, whatever surrounds them.
+  auto div = compile("include \"fpat.fpat\"\ndef g : Activation { let body = expr { "
+                     "-x / 2.0 * x + 1.0 / (x - 3.0) / exp(-x) }; }\n");
+  BOOST_TEST_REQUIRE(div->c.has_value(), div->errors());
+  std::string g = emitActivationFunction(*div->c->library.findActivation("g"));
+  BOOST_TEST(g.find("return fpat_divf(-x, 2.0f) * x + fpat_divf(fpat_divf(1.0f, x - 3.0f), "
+                    "fpat_expf(-x));") != std::string::npos,
+             g);
 }
 
 BOOST_AUTO_TEST_CASE(pattern_library_fields) {

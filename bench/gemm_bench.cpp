@@ -639,7 +639,7 @@ int main(int argc, char** argv) {
   bool quick = false;
   std::string csvPath = "bench-gemm.csv", svgPath = "bench-gemm.svg";
   int candidates = 8, reps = 20, rounds = 5; // the full run fits one 10-minute GPU call
-  std::vector<std::string> patternList; // --only: benchmark just these patterns
+  std::vector<std::string> patternList;      // --only: benchmark just these patterns
   bool noFfn = false;
   std::vector<std::string> shapeArgs, configArgs;
   CLI::App app{"fpat-bench-gemm - fpat's fused GEMM kernels against cuBLAS and cuBLASLt, in one "

@@ -51,11 +51,11 @@ struct Intrinsic {
 
 const std::vector<Intrinsic>& intrinsics() {
   static const std::vector<Intrinsic> t = {
-      {"exp", 1, CompiledExpr::Exp, "fpat_expf"},    {"log", 1, CompiledExpr::Log, "logf"},
-      {"tanh", 1, CompiledExpr::Tanh, "tanhf"}, {"erf", 1, CompiledExpr::Erf, "erff"},
-      {"sqrt", 1, CompiledExpr::Sqrt, "sqrtf"}, {"rsqrt", 1, CompiledExpr::Rsqrt, "rsqrtf"},
-      {"abs", 1, CompiledExpr::Abs, "fabsf"},   {"min", 2, CompiledExpr::Min, "fminf"},
-      {"max", 2, CompiledExpr::Max, "fmaxf"},   {"pow", 2, CompiledExpr::Pow, "powf"},
+      {"exp", 1, CompiledExpr::Exp, "fpat_expf"}, {"log", 1, CompiledExpr::Log, "logf"},
+      {"tanh", 1, CompiledExpr::Tanh, "tanhf"},   {"erf", 1, CompiledExpr::Erf, "erff"},
+      {"sqrt", 1, CompiledExpr::Sqrt, "sqrtf"},   {"rsqrt", 1, CompiledExpr::Rsqrt, "rsqrtf"},
+      {"abs", 1, CompiledExpr::Abs, "fabsf"},     {"min", 2, CompiledExpr::Min, "fminf"},
+      {"max", 2, CompiledExpr::Max, "fmaxf"},     {"pow", 2, CompiledExpr::Pow, "powf"},
   };
   return t;
 }

@@ -167,12 +167,11 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
                  std::to_string(t.bk) + ", " + std::to_string(consumers) + " consumer warpgroup" +
                  (consumers > 1 ? "s" : "") + (pp ? " taking alternate tiles (ping-pong)" : "") +
                  " + 1 producer, " + std::to_string(t.stages) + " stages, " +
-                 (t.cluster > 1 ? "clusters of " + std::to_string(t.cluster) +
-                                      " CTAs multicasting B, "
-                                : std::string()) +
-                 (t.rasterN ? "tiles in groups along N, " : "") +
-                 std::to_string(t.threads()) + " threads" +
-                 (u.transB ? ", B is [N, K]" : ", B is [K, N]")};
+                 (t.cluster > 1
+                      ? "clusters of " + std::to_string(t.cluster) + " CTAs multicasting B, "
+                      : std::string()) +
+                 (t.rasterN ? "tiles in groups along N, " : "") + std::to_string(t.threads()) +
+                 " threads" + (u.transB ? ", B is [N, K]" : ", B is [K, N]")};
   } else {
     lines = {"family:   " + u.family +
                  (t.backend == Backend::MmaSync ? " (mma.sync m16n8k16" : " (WMMA") +

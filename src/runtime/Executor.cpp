@@ -123,11 +123,11 @@ Executor::Executor(cuda::Driver& drv, const CompiledGraph& cg) : drv_(drv), cg_(
         throw cuda::CudaError(l.entry + " reads through TMA, which this CUDA driver cannot set up");
       // A persistent grid larger than what is resident at once would leave clusters waiting
       // for others to finish their whole share.
-      const int resident = l.grid == codegen::Launch::Persistent && u.tile.cluster > 1
-                               ? drv_.maxActiveClusters(f, static_cast<unsigned>(u.tile.cluster),
-                                                        static_cast<unsigned>(l.threads),
-                                                        l.smemBytes)
-                               : 0;
+      const int resident =
+          l.grid == codegen::Launch::Persistent && u.tile.cluster > 1
+              ? drv_.maxActiveClusters(f, static_cast<unsigned>(u.tile.cluster),
+                                       static_cast<unsigned>(l.threads), l.smemBytes)
+              : 0;
       launches_.push_back({v, f, l, a, plan_.slotOf[v], inSlots, {}, resident});
     }
   }

@@ -11,10 +11,10 @@
 
 #include <boost/test/unit_test.hpp>
 #include <cmath>
-#include <limits>
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <limits>
 #include <optional>
 #include <unistd.h>
 
@@ -345,16 +345,16 @@ BOOST_AUTO_TEST_CASE(division_and_exp_at_the_edges_of_the_float_range) {
   // of the exactly rounded value, infinities and zeros exact; exp may flush results below
   // 2^-126 (where its ex2.approx.ftz does) to zero.
   const double inf = std::numeric_limits<double>::infinity();
-  const std::vector<double> xs = {0.0,    -0.0,    inf,     -inf,   1e-39,  -1e-39, 3e-40,
-                                  1e-38,  2e-38,   3e38,    -3e38,  1e38,   5e37,   1.0,
-                                  -1.0,   3.0,     -100.0,  -87.0,  -88.5,  88.0,   89.0,
-                                  -1e-3,  1e-30,   65504.0, 7e36,   -7e36,  0.5,    -0.5};
+  const std::vector<double> xs = {0.0,   -0.0,  inf,     -inf,  1e-39, -1e-39, 3e-40,
+                                  1e-38, 2e-38, 3e38,    -3e38, 1e38,  5e37,   1.0,
+                                  -1.0,  3.0,   -100.0,  -87.0, -88.5, 88.0,   89.0,
+                                  -1e-3, 1e-30, 65504.0, 7e36,  -7e36, 0.5,    -0.5};
   for (const char* fn : {"reciprocal", "sigmoid", "exp"})
     BOOST_TEST_CONTEXT(fn) {
       ir::ActivationSet acts = builtinLibrary().activationSet();
       ir::GraphBuilder b("edges", acts);
-      b.output(b.activation(b.input("x", {1, static_cast<int64_t>(xs.size())}, ir::DType::BF16),
-                            fn, "y"));
+      b.output(b.activation(b.input("x", {1, static_cast<int64_t>(xs.size())}, ir::DType::BF16), fn,
+                            "y"));
       ir::Graph g = b.build();
       auto inputs = ir::randomInputs(g, 1);
       std::vector<float>& x = inputs.at("x").data;
@@ -371,8 +371,9 @@ BOOST_AUTO_TEST_CASE(division_and_exp_at_the_edges_of_the_float_range) {
                              : std::string(fn) == "sigmoid"  ? 1.0 / (1.0 + std::exp(-v))
                                                              : std::exp(v);
         const double want = ir::roundTo(exact, ir::DType::BF16);
-        const double ulp =
-            want == 0 || std::isinf(want) ? 0 : std::ldexp(1.0, std::max(std::ilogb(want), -126) - 7);
+        const double ulp = want == 0 || std::isinf(want)
+                               ? 0
+                               : std::ldexp(1.0, std::max(std::ilogb(want), -126) - 7);
         const bool flushed = std::string(fn) == "exp" && got[i] == 0 && exact < 0x1p-126;
         BOOST_TEST((got[i] == want || std::abs(got[i] - want) <= ulp || flushed),
                    fn << "(" << v << ") = " << got[i] << ", want " << want);

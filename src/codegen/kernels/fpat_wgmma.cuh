@@ -107,7 +107,9 @@ __device__ __forceinline__ void clusterSync() {
 /// Arrives on the mbarrier at `bar`'s offset in the shared memory of cluster CTA `cta`.
 __device__ __forceinline__ void mbarArriveCluster(uint64_t* bar, unsigned cta) {
   unsigned remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(smemAddr(bar)), "r"(cta));
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n"
+               : "=r"(remote)
+               : "r"(smemAddr(bar)), "r"(cta));
   // Release at CTA scope, as CUTLASS's ClusterBarrier: what it orders are this CTA's reads of
   // the stage, complete already (cluster scope measured much slower).
   asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
@@ -128,8 +130,7 @@ __device__ __forceinline__ void tmaLoad2dMulticast(void* dst, const void* map, i
                                                    uint64_t* bar, unsigned short mask) {
   asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
                ".multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(smemAddr(dst)),
-               "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(smemAddr(bar)),
-               "h"(mask)
+               "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(smemAddr(bar)), "h"(mask)
                : "memory");
 }
 
@@ -338,8 +339,8 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
             } else {
 #pragma unroll
               for (int j = rank * BN / 128; j < (rank + 1) * BN / 128; ++j)
-                tmaLoad2dMulticast(stageB(stage) + j * 64 * BK * 2, &p.b, tn * BN + j * 64,
-                                   kt * BK, &full[stage], 0x3);
+                tmaLoad2dMulticast(stageB(stage) + j * 64 * BK * 2, &p.b, tn * BN + j * 64, kt * BK,
+                                   &full[stage], 0x3);
             }
           } else if constexpr (TRANS_B) {
             tmaLoad2d(stageB(stage), &p.b, kt * BK, tn * BN, &full[stage]);

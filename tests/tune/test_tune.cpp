@@ -7,6 +7,7 @@
 #include <boost/test/unit_test.hpp>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -173,6 +174,28 @@ BOOST_AUTO_TEST_CASE(cache_round_trip) {
   auto b = TuningCache(tc.path).lookup(key("b"));
   BOOST_REQUIRE(b.has_value());
   BOOST_TEST((b->config == clustered));
+  // A cluster size or raster the kernels do not have makes the entry malformed: ignored with a
+  // warning, never a configuration codegen would reject later.
+  std::string text;
+  {
+    std::ifstream in(tc.path);
+    text.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  for (auto [from, to] : {std::pair<std::string, std::string>{"\"cluster\": 2", "\"cluster\": 3"},
+                          {"\"raster\": \"n\"", "\"raster\": \"z\""},
+                          {"\"backend\": \"wgmma\"", "\"backend\": \"wmma\""}})
+    BOOST_TEST_CONTEXT(to) {
+      const size_t at = text.find(from);
+      BOOST_REQUIRE(at != std::string::npos);
+      std::string bad = text;
+      bad.replace(at, from.size(), to);
+      std::ofstream(tc.path, std::ios::trunc) << bad;
+      TuningCache c(tc.path);
+      BOOST_TEST(!c.lookup(key("b")).has_value());
+      auto w = c.takeWarnings();
+      BOOST_REQUIRE(w.size() == 1u);
+      BOOST_TEST(w[0].find("malformed") != std::string::npos, w[0]);
+    }
 }
 
 BOOST_AUTO_TEST_CASE(corrupt_caches_are_moved_aside_and_rebuilt) {

@@ -9,7 +9,8 @@ rm -rf "$dest" && mkdir -p "$dest"
 tar -C "$src" --exclude='*.o' --exclude='*.a' --exclude='CMakeFiles' --exclude='fuzz' \
   --exclude='test_codegen' --exclude='test_dsl' --exclude='test_ir' --exclude='test_match' \
   --exclude='test_reference' --exclude='test_support' --exclude='test_text' --exclude='test_tune' \
-  --exclude='fpat-bench-fusion' -cf - . | tar -C "$dest" -xf -
+  --exclude='fpat-bench-fusion' --exclude='test_editors' --exclude='tests/consumer' \
+  --exclude='tests/relocated' --exclude='tests/bf16-cache' -cf - . | tar -C "$dest" -xf -
 for f in src/fpatc tests/test_gpu tests/fpat-check bench/fpat-bench-gemm dsl/fpat-tblgen \
   examples/example_gemm_bias_gelu; do
   [ -f "$dest/$f" ] && strip "$dest/$f"

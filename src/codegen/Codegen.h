@@ -58,6 +58,12 @@ struct TileConfig {
 /// and fpat::wgmmaSmemBytes in fpat_wgmma.cuh.
 int gemmSmemBytes(const TileConfig& t, bool transB);
 
+/// Whether a wgmma configuration runs its epilogue through a BM x BN shared-memory tile that
+/// TMA stores (Epilogue::kTile in fpat_wgmma.cuh): cooperative tiles whose stages leave room
+/// for it in 227 KB, and N % 8 == 0 (TMA's 16-byte row strides). Its dynamic shared memory is
+/// gemmSmemBytes + BM * BN * 2.
+bool wgmmaEpilogueTile(const TileConfig& t, int64_t n);
+
 /// Whether the wgmma backend can run an M x N x K GEMM: TMA needs row strides that are
 /// multiples of 16 bytes (K % 8 == 0, and N % 8 == 0 when B is [K, N]) and 32-bit coordinates.
 bool tmaCompatible(int64_t m, int64_t n, int64_t k, bool transB);
@@ -90,6 +96,8 @@ TileConfig defaultTile(int64_t m, int64_t n, int arch, int numSms = 132, bool no
 /// `outer` rows of `inner` f16 elements (dense rows), read in boxes of boxInner x boxOuter,
 /// 128-byte swizzle. The kernel template reads the boxes with the same shape.
 struct TmaMap {
+  static constexpr int kOutput = -1; // the op's output instead of an operand
+  static constexpr int kUnused = -2; // a map the kernel does not read (left zero)
   int operand = 0;
   int64_t inner = 0, outer = 0;
   int boxInner = 64, boxOuter = 64;
@@ -103,7 +111,8 @@ struct Launch {
   std::string entry; // extern "C" name
   int threads = 256;
   int smemBytes = 0;
-  std::vector<TmaMap> tma; // non-empty: the kernel takes FpatTmaArgs with these maps (A, B)
+  // Non-empty: the kernel takes FpatTmaArgs with these maps, in its order (a, b, c, d).
+  std::vector<TmaMap> tma;
 };
 
 /// One generated translation unit and how to run it for one op.

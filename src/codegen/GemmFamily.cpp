@@ -53,8 +53,9 @@ std::string epilogueBody(const ir::Graph& g, ir::Vertex v, const dsl::PatternLib
 
 /// The same epilogue on two adjacent columns (col even, N even): operands load as one
 /// 4-byte pair, halving the epilogue's load instructions. Kernels that store f16 pairs call it.
+/// Operand `staged` (-1: none) is the pair `s` the kernel read from shared memory.
 std::string epiloguePairBody(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibrary& lib,
-                             ActivationCode& acts) {
+                             ActivationCode& acts, int staged) {
   const ir::Op& op = g.op(v);
   const ir::Epilogue& e = op.fused.epilogue;
   if (op.kind != ir::OpKind::Fused || e.identity())
@@ -71,7 +72,11 @@ std::string epiloguePairBody(const ir::Graph& g, ir::Vertex v, const dsl::Patter
       break;
     case ir::EpiKind::Operand: {
       const bool vec = g.op(ins.at(static_cast<size_t>(n.operand))).type.rank() == 1;
-      os << "fpat::ldh2(a.in[" << n.operand << "], " << (vec ? "col" : "row * a.N + col") << ");\n";
+      if (n.operand == staged)
+        os << "s; // $" << n.operand << " [M, N], staged in shared memory by TMA\n";
+      else
+        os << "fpat::ldh2(a.in[" << n.operand << "], " << (vec ? "col" : "row * a.N + col")
+           << ");\n";
       break;
     }
     case ir::EpiKind::BiasAdd:
@@ -91,6 +96,19 @@ std::string epiloguePairBody(const ir::Graph& g, ir::Vertex v, const dsl::Patter
   }
   os << "    return " << name(static_cast<int>(e.nodes.size()) - 1) << ";\n";
   return os.str();
+}
+
+/// The operand an epilogue tile kernel has TMA load into its tile: the first [M, N] one.
+int stagedOperand(const ir::Graph& g, ir::Vertex v) {
+  const ir::Op& op = g.op(v);
+  if (op.kind != ir::OpKind::Fused)
+    return -1;
+  const std::vector<ir::Vertex> ins = g.operands(v);
+  for (const ir::EpilogueNode& n : op.fused.epilogue.nodes)
+    if (n.kind == ir::EpiKind::Operand &&
+        g.op(ins.at(static_cast<size_t>(n.operand))).type.rank() == 2)
+      return n.operand;
+  return -1;
 }
 
 } // namespace
@@ -145,11 +163,16 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
   }
   const TileConfig& t = u.tile;
   u.sm90a = t.wgmma();
+  const bool epiTile = wgmmaEpilogueTile(t, u.N);
+  const int staged = epiTile ? stagedOperand(g, v) : -1;
+  const int smemBytes = gemmSmemBytes(t, u.transB) + (epiTile ? t.bm * t.bn * 2 : 0);
 
   const std::string epi = epilogueBody(g, v, lib, acts);
   const std::string base = op.kind == ir::OpKind::Fused ? sanitize(op.fused.pattern) : "gemm";
+  // The name tells apart every source one configuration generates: wgmma kernels store through
+  // the epilogue tile or not depending on N.
   const std::string cfg = t.str() + (u.transB ? "_bt" : "") +
-                          (t.wgmma() ? ""
+                          (t.wgmma() ? (epiTile ? "_tilestore" : "")
                            : u.vec   ? "_vec"
                                      : "_any");
   u.name = "fpat_" + base + "_" + (t.wgmma() ? std::string("sm90a") : arch) + "_" + cfg;
@@ -172,6 +195,12 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
                       : std::string()) +
                  (t.rasterN ? "tiles in groups along N, " : "") + std::to_string(t.threads()) +
                  " threads" + (u.transB ? ", B is [N, K]" : ", B is [K, N]")};
+    if (epiTile)
+      lines.push_back("store:    through a " + std::to_string(t.bm) + "x" + std::to_string(t.bn) +
+                      " shared-memory tile, by TMA" +
+                      (staged >= 0
+                           ? "; $" + std::to_string(staged) + " [M, N] loaded into it by TMA"
+                           : std::string()));
   } else {
     lines = {"family:   " + u.family +
                  (t.backend == Backend::MmaSync ? " (mma.sync m16n8k16" : " (WMMA") +
@@ -201,10 +230,13 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
        << "    (void)row;\n    (void)col;\n    (void)a;\n"
        << epi << "  }\n";
   if (t.wgmma())
-    body << "  __device__ __forceinline__ float2 pair(float2 v, int64_t row, int64_t col,\n"
-         << "                                         const FpatKernelArgs& a) const {\n"
-         << "    (void)row;\n    (void)col;\n    (void)a;\n"
-         << epiloguePairBody(g, v, lib, acts) << "  }\n";
+    body << "  // Column pairs; s: operand kStaged's pair, read from the shared-memory tile.\n"
+         << "  static constexpr bool kTile = " << (epiTile ? "true" : "false") << ";\n"
+         << "  static constexpr int kStaged = " << staged << ";\n"
+         << "  __device__ __forceinline__ float2 pair(float2 v, int64_t row, int64_t col,\n"
+         << "                                         const FpatKernelArgs& a, float2 s) const {\n"
+         << "    (void)row;\n    (void)col;\n    (void)a;\n    (void)s;\n"
+         << epiloguePairBody(g, v, lib, acts, staged) << "  }\n";
   body << "};\n\n";
   if (t.wgmma()) {
     body << "using Tile = fpat::WgmmaTile<" << t.bm << ", " << t.bn << ", " << t.stages << ", "
@@ -212,20 +244,28 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
          << (t.cluster > 1 || t.rasterN ? ", " + std::to_string(t.cluster) : std::string())
          << (t.rasterN ? ", true" : "") << ">;\n"
          << "// The launch's dynamic shared memory (computed on the host) must be the kernel's.\n"
-         << "static_assert(fpat::wgmmaSmemBytes<Tile>() == " << gemmSmemBytes(t, u.transB)
+         << "static_assert(fpat::wgmmaSmemBytes<Tile" << (epiTile ? ", true" : "")
+         << ">() == " << smemBytes
          << ", \"host and device disagree on shared memory\");\n\n} // namespace\n\n"
          << "extern \"C\" __global__ void "
          << (t.cluster > 1 ? "__cluster_dims__(" + std::to_string(t.cluster) + ", 1, 1) " : "")
          << "__launch_bounds__(" << t.threads() << ", 1) " << u.name
          << "(const __grid_constant__ FpatTmaArgs p) {\n"
          << "  fpat::gemmWgmma<Tile, " << (u.transB ? "true" : "false") << ", Epilogue>(p);\n}\n";
-    Launch l{Launch::Persistent, u.name, t.threads(), gemmSmemBytes(t, u.transB), {}};
+    Launch l{Launch::Persistent, u.name, t.threads(), smemBytes, {}};
     // Box shapes as fpat_wgmma.cuh loads them: A in BK x BM boxes; B [N, K] in BK x BN
     // boxes (half of them per CTA of a cluster), B [K, N] in 64-column x BK boxes.
     l.tma.push_back({0, u.K, u.M, t.bk, t.bm});
     const int b = static_cast<int>(bIdx);
     l.tma.push_back(u.transB ? TmaMap{b, u.K, u.N, t.bk, t.bn / t.cluster}
                              : TmaMap{b, u.N, u.K, 64, t.bk});
+    // The epilogue tile: the staged operand in 64-column x BM boxes, the output stored in
+    // 64 x 64 boxes (each consumer warpgroup its rows).
+    if (epiTile) {
+      l.tma.push_back(staged >= 0 ? TmaMap{staged, u.N, u.M, 64, t.bm}
+                                  : TmaMap{TmaMap::kUnused, 0, 0, 64, 64});
+      l.tma.push_back({TmaMap::kOutput, u.N, u.M, 64, 64});
+    }
     u.launches.push_back(l);
     u.params = acts.params;
     u.source = body.str();

@@ -203,14 +203,17 @@ void Executor::launchAll(bool poison, size_t set) {
         auto t = std::make_unique<FpatTmaArgs>();
         std::memset(t.get(), 0, sizeof *t);
         t->k = args;
-        FpatTensorMap* maps[2] = {&t->a, &t->b};
-        for (size_t i = 0; i < b.launch.tma.size() && i < 2; ++i) {
+        FpatTensorMap* maps[4] = {&t->a, &t->b, &t->c, &t->d};
+        for (size_t i = 0; i < b.launch.tma.size() && i < 4; ++i) {
           const codegen::TmaMap& m = b.launch.tma[i];
-          drv_.encodeTensorMap(
-              maps[i]->opaque, reinterpret_cast<cuda::CUdeviceptr>(args.in[m.operand]),
-              static_cast<uint64_t>(m.inner), static_cast<uint64_t>(m.outer),
-              static_cast<uint64_t>(m.inner) * 2, static_cast<unsigned>(m.boxInner),
-              static_cast<unsigned>(m.boxOuter));
+          if (m.operand == codegen::TmaMap::kUnused)
+            continue;
+          const void* base = m.operand == codegen::TmaMap::kOutput ? args.out : args.in[m.operand];
+          drv_.encodeTensorMap(maps[i]->opaque, reinterpret_cast<cuda::CUdeviceptr>(base),
+                               static_cast<uint64_t>(m.inner), static_cast<uint64_t>(m.outer),
+                               static_cast<uint64_t>(m.inner) * 2,
+                               static_cast<unsigned>(m.boxInner),
+                               static_cast<unsigned>(m.boxOuter));
         }
         b.tmaArgs[set] = std::move(t);
       }

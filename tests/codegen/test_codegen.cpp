@@ -90,14 +90,17 @@ BOOST_AUTO_TEST_CASE(names_encode_the_configuration) {
   BOOST_TEST(u.name == "fpat_gemm_bias_gelu_sm80_128x256x64_w2x4_s3_vec");
   BOOST_TEST(u.launches.at(0).entry == u.name);
   BOOST_TEST(u.launches.at(0).threads == 256);
-  // sm_90: the wgmma backend, 2 consumer warpgroups + 1 producer, persistent, two TMA maps.
+  // sm_90: the wgmma backend, 2 consumer warpgroups + 1 producer, persistent, TMA maps for A,
+  // B and (the epilogue tile) the output.
   auto h = unitsFor("gemm_bias_gelu", {1024, 4096, 4096}, 90).at(0);
-  BOOST_TEST(h.name == "fpat_gemm_bias_gelu_sm90a_128x256x64_w2x1_s3_wgmma");
+  BOOST_TEST(h.name == "fpat_gemm_bias_gelu_sm90a_128x256x64_w2x1_s3_wgmma_tilestore");
   BOOST_TEST(h.sm90a);
   BOOST_TEST(h.launches.at(0).threads == 384);
   BOOST_TEST(h.launches.at(0).grid == codegen::Launch::Persistent);
-  BOOST_TEST(h.launches.at(0).tma.size() == 2u);
+  BOOST_TEST(h.launches.at(0).tma.size() == 4u);
   BOOST_TEST(h.source.find("128x256x64, 2 consumer warpgroups + 1 producer, 3 stages") !=
+             std::string::npos);
+  BOOST_TEST(h.source.find("store:    through a 128x256 shared-memory tile, by TMA") !=
              std::string::npos);
   // M = 512: 128x256 tiles would fill half the SMs; 128x128 fills them.
   BOOST_TEST(unitsFor("gemm_bias_gelu", {512, 4096, 4096}, 90).at(0).tile.bn == 128);
@@ -140,7 +143,7 @@ BOOST_AUTO_TEST_CASE(sources_say_where_they_came_from_and_are_deterministic) {
   for (const char* s : {"#include \"fpat_wgmma.cuh\"", "// epilogue: add(bias_add(acc, $2), $3)",
                         "using Tile = fpat::WgmmaTile<64, 64, 8, false>;",
                         "__launch_bounds__(256, 1) fpat_gemm_bias_residual_sm90a_64x64x64_w1x1_s8_"
-                        "wgmma(const __grid_constant__ FpatTmaArgs p)"})
+                        "wgmma_tilestore(const __grid_constant__ FpatTmaArgs p)"})
     BOOST_TEST(h.source.find(s) != std::string::npos, s << "\n" << h.source);
   // A cluster configuration says so in its comment, template arguments and launch attributes.
   const codegen::TileConfig c2 = *codegen::TileConfig::parse("128x256x64_w2x1_s3_wgmma_c2");
@@ -149,7 +152,7 @@ BOOST_AUTO_TEST_CASE(sources_say_where_they_came_from_and_are_deterministic) {
   for (const char* s : {"3 stages, clusters of 2 CTAs multicasting B",
                         "using Tile = fpat::WgmmaTile<128, 256, 3, false, 2>;",
                         "__cluster_dims__(2, 1, 1) __launch_bounds__(384, 1) "
-                        "fpat_gemm_bias_residual_sm90a_128x256x64_w2x1_s3_wgmma_c2("})
+                        "fpat_gemm_bias_residual_sm90a_128x256x64_w2x1_s3_wgmma_c2_tilestore("})
     BOOST_TEST(hc.source.find(s) != std::string::npos, s << "\n" << hc.source);
   // Activation bodies come from the .fpat sources, with their location.
   auto act = unitsFor("activation_leaky_relu", {8, 8, 8}, 90).at(0);
@@ -321,6 +324,53 @@ BOOST_AUTO_TEST_CASE(wgmma_falls_back_where_tma_cannot_run) {
   BOOST_TEST(!unitsFor("rmsnorm_gemm", {1024, 4096, 4096}, 90).at(0).tile.wgmma());
 }
 
+BOOST_AUTO_TEST_CASE(wgmma_epilogue_goes_through_a_tma_stored_tile_where_it_fits) {
+  using codegen::Backend;
+  using codegen::TileConfig;
+  const TileConfig s3{128, 256, 64, 64, 256, 3, Backend::Wgmma},
+      s4{128, 256, 64, 64, 256, 4, Backend::Wgmma},
+      pingpong{128, 128, 64, 128, 128, 5, Backend::WgmmaPingPong};
+  BOOST_TEST(codegen::wgmmaEpilogueTile(s3, 4096));
+  BOOST_TEST(!codegen::wgmmaEpilogueTile(s4, 4096)); // 4 stages and 64 KB: beyond 227 KB
+  BOOST_TEST(!codegen::wgmmaEpilogueTile(s3, 4100)); // TMA needs N % 8 == 0
+  BOOST_TEST(!codegen::wgmmaEpilogueTile(pingpong, 4096));
+  auto unit = [&](const char* name, Shape sh, const TileConfig& t) {
+    ir::Graph f = fuse(caseGraph(name, sh));
+    codegen::CodegenOptions o;
+    o.arch = 90;
+    o.tile = &t;
+    return codegen::generate(f, f.outputs()[0], builtinLibrary(), o);
+  };
+  // The residual comes into the tile by TMA (map c), the output leaves it by TMA (map d).
+  codegen::KernelUnit u = unit("gemm_bias_residual", {300, 520, 64}, s3);
+  BOOST_REQUIRE(u.launches.size() == 1u);
+  const codegen::Launch& l = u.launches[0];
+  BOOST_REQUIRE(l.tma.size() == 4u);
+  BOOST_TEST(l.tma[2].operand >= 0);
+  BOOST_TEST(l.tma[2].inner == 520);
+  BOOST_TEST(l.tma[2].outer == 300);
+  BOOST_TEST(l.tma[2].boxOuter == 128);
+  BOOST_TEST(l.tma[3].operand == codegen::TmaMap::kOutput);
+  BOOST_TEST(l.smemBytes == codegen::gemmSmemBytes(s3, false) + 128 * 256 * 2);
+  const std::string staged = "kStaged = " + std::to_string(l.tma[2].operand) + ";";
+  BOOST_TEST(u.source.find(staged) != std::string::npos, u.source);
+  BOOST_TEST(u.source.find("kTile = true;") != std::string::npos);
+  BOOST_TEST(u.source.find("staged in shared memory by TMA") != std::string::npos);
+  BOOST_TEST(u.source.find("wgmmaSmemBytes<Tile, true>()") != std::string::npos);
+  // The bias stays a global load; nothing is staged without an [M, N] operand.
+  u = unit("gemm_bias_gelu", {300, 520, 64}, s3);
+  BOOST_TEST(u.source.find("kStaged = -1;") != std::string::npos);
+  BOOST_TEST(u.launches[0].tma.size() == 4u);
+  BOOST_TEST(u.launches[0].tma[2].operand == codegen::TmaMap::kUnused);
+  // Without room or with odd N: the shared-memory slabs as before, two maps.
+  u = unit("gemm_residual", {300, 520, 64}, s4);
+  BOOST_TEST(u.source.find("kTile = false;") != std::string::npos);
+  BOOST_TEST(u.launches[0].tma.size() == 2u);
+  u = unit("gemm_bt", {300, 517, 64}, s3);
+  BOOST_TEST(u.sm90a);
+  BOOST_TEST(u.source.find("kTile = false;") != std::string::npos);
+}
+
 BOOST_AUTO_TEST_CASE(wgmma_backend_compiles_for_sm90a_without_serialization,
                      *boost::unit_test::precondition(nvccPresent)) {
   // Every GEMM-family pattern, both B layouts, every tile shape of the template: nvcc accepts
@@ -331,10 +381,12 @@ BOOST_AUTO_TEST_CASE(wgmma_backend_compiles_for_sm90a_without_serialization,
   for (const codegen::TileConfig& t : codegen::wgmmaConfigs())
     if (tiles.empty() || tiles.back().bm != t.bm || tiles.back().bn != t.bn ||
         tiles.back().cluster != t.cluster || tiles.back().backend != t.backend ||
-        tiles.back().rasterN != t.rasterN)
-      tiles.push_back(t); // each shape once
-  for (const char* name : {"gemm", "gemm_bt", "gemm_bias_gelu", "gemm_bias_silu", "gemm_bias_relu",
-                           "gemm_bias", "gemm_bias_residual", "gemm_gelu", "gemm_silu"})
+        tiles.back().rasterN != t.rasterN ||
+        codegen::wgmmaEpilogueTile(tiles.back(), 512) != codegen::wgmmaEpilogueTile(t, 512))
+      tiles.push_back(t); // each shape once, with and without the epilogue tile
+  for (const char* name :
+       {"gemm", "gemm_bt", "gemm_bias_gelu", "gemm_bias_silu", "gemm_bias_relu", "gemm_bias",
+        "gemm_bias_residual", "gemm_gelu", "gemm_silu", "gemm_residual", "gemm_silu_mul"})
     for (const codegen::TileConfig& t : tiles) {
       if (std::string(name) != "gemm" && std::string(name) != "gemm_bias_gelu" &&
           !(t.bm == 128 && t.bn == 256))

@@ -31,5 +31,6 @@ typedef struct FpatTensorMap {
 
 typedef struct FpatTmaArgs {
   FpatTensorMap a, b; // A [M, K]; B [N, K] or [K, N]
+  FpatTensorMap c, d; // epilogue tile kernels: the [M, N] operand staged by TMA; the output
   FpatKernelArgs k;
 } FpatTmaArgs;

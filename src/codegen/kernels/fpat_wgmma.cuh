@@ -24,8 +24,11 @@
 //   * Ragged M, N, K: TMA zero-fills out-of-range elements of a box (they add nothing to the dot
 //     products) and the epilogue's stores are predicated.
 //   * The epilogue functor runs on the accumulators in registers, all of a thread's first, then
-//     the stores. Interior tiles store through a small shared-memory slab per warp, so that
-//     each store instruction writes whole 128-byte row segments (a thread's own f16 pairs
+//     the stores. Cooperative kernels with room for it (Epilogue::kTile) write the results into
+//     a BM x BN shared-memory tile that TMA stores (clipping edge tiles), and an [M, N] operand
+//     such as a residual arrives in that tile by TMA, loaded by the producer during the main
+//     loop. Otherwise interior tiles store through a small shared-memory slab per warp, so
+//     that each store instruction writes whole 128-byte row segments (a thread's own f16 pairs
 //     would write 16 bytes of each of 8 rows); edge tiles store checked pairs from registers.
 // Requirements, checked by the host before choosing this backend: A and B 16-byte aligned, K a
 // multiple of 8 (and N too unless TRANS_B): TMA's global strides are multiples of 16 bytes.
@@ -52,10 +55,11 @@ struct WgmmaTile {
   static_assert(CLUSTER == 1 || (CLUSTER == 2 && BN >= 128), "clusters of 2 split B in halves");
 };
 
-/// Dynamic shared memory of a configuration: the stages, plus 1 KB to align them to the
-/// 1024-byte swizzle atom. Mirrors codegen::gemmSmemBytes.
-template <class T> constexpr int wgmmaSmemBytes() {
-  return T::STAGES * T::STAGE_BYTES + 1024;
+/// Dynamic shared memory of a configuration: the stages, the BM x BN epilogue tile where the
+/// epilogue goes through one (TILE), plus 1 KB to align them to the 1024-byte swizzle atom.
+/// Mirrors codegen::gemmSmemBytes and codegen::wgmmaEpilogueTile.
+template <class T, bool TILE = false> constexpr int wgmmaSmemBytes() {
+  return T::STAGES * T::STAGE_BYTES + (TILE ? T::BM * T::BN * 2 : 0) + 1024;
 }
 
 namespace sm90 {
@@ -132,6 +136,35 @@ __device__ __forceinline__ void tmaLoad2dMulticast(void* dst, const void* map, i
                ".multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(smemAddr(dst)),
                "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(smemAddr(bar)), "h"(mask)
                : "memory");
+}
+
+/// One TMA box from shared memory to a 2-D tensor (clipped at the tensor's bounds), in the
+/// calling thread's bulk async-group.
+__device__ __forceinline__ void tmaStore2d(const void* map, const void* src, int c0, int c1) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n" ::"l"(
+          reinterpret_cast<uint64_t>(map)),
+      "r"(smemAddr(src)), "r"(c0), "r"(c1)
+      : "memory");
+}
+__device__ __forceinline__ void bulkCommit() {
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+/// Waits until this thread's bulk stores have read their shared memory (not until they land).
+__device__ __forceinline__ void bulkWaitRead() {
+  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+/// Waits until this thread's bulk stores are complete.
+__device__ __forceinline__ void bulkWait() {
+  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+}
+/// Makes this thread's shared-memory writes visible to the TMA engine (the async proxy).
+__device__ __forceinline__ void fenceProxyAsync() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+/// Barrier `id` (1...15) among `threads` threads, e.g. one warpgroup.
+__device__ __forceinline__ void namedBarrier(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
 /// wgmma shared-memory matrix descriptor, 128-byte swizzle (PTX ISA "matrix descriptor").
@@ -273,19 +306,30 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
   using namespace sm90;
   constexpr int BM = T::BM, BN = T::BN, BK = T::BK, S = T::STAGES;
   extern __shared__ __align__(1024) unsigned char smemRaw[];
-  __shared__ __align__(8) uint64_t full[S], empty[S], order[2];
+  __shared__ __align__(8) uint64_t full[S], empty[S], order[2], tileFull, tileEmpty;
   // Interior tiles store through one 16 x 64 slab of shared memory per consumer warp (padded
   // rows: the pair writes are free of bank conflicts), where the configuration leaves room.
   constexpr int kSlabRows = 16, kSlabPitch = 72;
   constexpr int kSlabs = T::CONSUMERS * 4;
   // sm_90 allows 227 KB of shared memory per block; 1 KB each for alignment and barriers.
+  // Epilogue::kTile (cooperative only; the code generator sets it where the tile fits): the
+  // epilogue writes its results into a BM x BN tile of shared memory behind the stages, laid
+  // out as TMA's 128-byte-swizzled boxes of 64 columns, and one thread per consumer
+  // warpgroup stores its 64 rows with TMA. Operand Epilogue::kStaged ([M, N], e.g. a
+  // residual) arrives in the same tile by TMA, loaded by the producer during the tile's main
+  // loop, and each result overwrites its operand in place.
+  constexpr bool kTile = Epilogue::kTile;
+  constexpr bool kPre = kTile && Epilogue::kStaged >= 0;
+  static_assert(!kTile || !T::PINGPONG, "the epilogue tile is for the cooperative schedule");
   constexpr bool kStagedStore =
+      !kTile &&
       T::STAGES * T::STAGE_BYTES + 1024 + kSlabs * kSlabRows * kSlabPitch * 2 + 1024 <= 232448;
   __shared__ __align__(16) elem epiSlab[kStagedStore ? kSlabs : 1][kSlabRows * kSlabPitch];
   // Swizzled TMA boxes and wgmma descriptors assume 1024-byte aligned stages.
   unsigned char* smem = smemRaw + ((1024 - (smemAddr(smemRaw) & 1023)) & 1023);
   auto stageA = [&](int s) { return smem + s * T::STAGE_BYTES; };
   auto stageB = [&](int s) { return smem + s * T::STAGE_BYTES + T::A_BYTES; };
+  unsigned char* const tileC = smem + S * T::STAGE_BYTES; // kTile: [BN / 64][BM][128 bytes]
 
   const FpatKernelArgs& a = p.k;
   const int M = static_cast<int>(a.M), N = static_cast<int>(a.N), K = static_cast<int>(a.K);
@@ -310,6 +354,10 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
     }
     mbarInit(&order[0], 1);
     mbarInit(&order[1], 1);
+    // kPre: the producer's operand load completes tileFull; each consumer warpgroup's thread 0
+    // arrives on tileEmpty once its previous tile's store has read the tile.
+    mbarInit(&tileFull, 1);
+    mbarInit(&tileEmpty, T::CONSUMERS);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
@@ -321,9 +369,9 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
     if constexpr (T::CONSUMERS == 2)
       asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
     if (threadIdx.x == 0) {
-      int stage = 0;
+      int stage = 0, local = 0;
       unsigned phase = 0;
-      for (int t = unit0; t < units; t += stride) {
+      for (int t = unit0; t < units; t += stride, ++local) {
         int tm, tn;
         tileCoords(t, unitsM, tilesN, 8 / CL, T::RASTER_N, tm, tn);
         tm = min(tm * CL + rank, tilesM - 1);
@@ -353,6 +401,18 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
           if (++stage == S) {
             stage = 0;
             phase ^= 1;
+          }
+          // The epilogue operand, once the consumers have moved on to this tile (they arrive
+          // after its k-tile min(1, KT - 1), loaded before this one: no deadlock) and the
+          // previous tile's stores have read the tile: KT - S - 2 k-tiles ahead of its use.
+          if constexpr (kPre) {
+            if (kt == min(S + 1, KT - 1)) {
+              mbarWait(&tileEmpty, (local & 1) ^ 1);
+              mbarExpectTx(&tileFull, BM * BN * 2);
+#pragma unroll
+              for (int j = 0; j < BN / 64; ++j)
+                tmaLoad2d(tileC + j * BM * 128, &p.c, tn * BN + j * 64, tm * BM, &tileFull);
+            }
           }
         }
       }
@@ -439,6 +499,12 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
             fenceOperand(d[m][i]);
         if (prev >= 0 && lane == 0)
           release(prev);
+        if constexpr (kPre) {
+          if (kt == min(1, KT - 1) && local > 0 && tid == 0) {
+            bulkWaitRead(); // the previous tile's stores have read the tile
+            mbarArrive(&tileEmpty);
+          }
+        }
         prev = stage;
         if (++stage == S) {
           stage = 0;
@@ -456,6 +522,67 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
 
       // Epilogue. Accumulator layout of m64nN: thread (warp w, lane l) holds rows
       // 16w + l/4 (+8) and columns 8j + 2(l%4) (+1), register 4j + 2*(row half) + column.
+      if constexpr (kTile) {
+        // Through the shared-memory tile: the operand is there (kPre) or the tile is free
+        // once this warpgroup's previous stores have read it.
+        if constexpr (kPre) {
+          mbarWait(&tileFull, local & 1);
+        } else {
+          if (tid == 0)
+            bulkWaitRead();
+          namedBarrier(1 + c, 128);
+        }
+        // This thread's pair (j, h) sits in 64-column box j / 8, tile row r + 8h, 16-byte
+        // chunk j % 8 swizzled with the row's low three bits (= lane / 4).
+        const int r = row0 + warp * 16 + lane / 4;
+        unsigned char* const mine = tileC + r * 128 + (lane % 4) * 4;
+        auto at = [&](int j, int h) {
+          return reinterpret_cast<elem2*>(mine + (j / 8) * (BM * 128) + h * 8 * 128 +
+                                          (((j % 8) ^ (lane / 4)) * 16));
+        };
+        const int rowBase = tm * BM + r, colBase = tn * BN + 2 * (lane % 4);
+        auto apply = [&](int j, int h) {
+          const float2 s = kPre ? toF2(*at(j, h)) : make_float2(0.0f, 0.0f);
+          const float2 v = epi.pair(make_float2(d[0][4 * j + 2 * h], d[0][4 * j + 2 * h + 1]),
+                                    rowBase + 8 * h, colBase + 8 * j, a, s);
+          d[0][4 * j + 2 * h] = v.x;
+          d[0][4 * j + 2 * h + 1] = v.y;
+        };
+        // Tiles inside the problem run without bounds checks, in one branch-free block (a
+        // check per pair measured 3-11% slower: each pair's loads and math became a block of
+        // its own); TMA clips the stores of edge tiles (N is even here, so a pair is inside
+        // or outside as a whole).
+        if ((tm + 1) * BM <= M && (tn + 1) * BN <= N) {
+#pragma unroll
+          for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+              apply(j, h);
+        } else {
+#pragma unroll
+          for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+              if (rowBase + 8 * h < M && colBase + 8 * j < N)
+                apply(j, h);
+        }
+        // The stores after all the epilogue's loads (the compiler cannot tell the tile from
+        // the operands in global memory).
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+            *at(j, h) = fromF2(d[0][4 * j + 2 * h], d[0][4 * j + 2 * h + 1]);
+        fenceProxyAsync();
+        namedBarrier(1 + c, 128);
+        if (tid == 0 && tm < tilesM) {
+#pragma unroll
+          for (int q = 0; q < BN / 64; ++q)
+            tmaStore2d(&p.d, tileC + q * (BM * 128) + row0 * 128, tn * BN + 64 * q, tm * BM + row0);
+          bulkCommit();
+        }
+        continue;
+      }
       // Tiles inside the problem (all of them but the last row and column of tiles) run the
       // epilogue on column pairs (its operands load as 4-byte pairs) and store without bounds
       // checks; edge tiles check every element.
@@ -472,8 +599,9 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
           for (int j = 0; j < BN / 8; ++j)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-              const float2 r = epi.pair(make_float2(d[m][4 * j + 2 * h], d[m][4 * j + 2 * h + 1]),
-                                        rowBase + 8 * h, colBase + 8 * j, a);
+              const float2 r =
+                  epi.pair(make_float2(d[m][4 * j + 2 * h], d[m][4 * j + 2 * h + 1]),
+                           rowBase + 8 * h, colBase + 8 * j, a, make_float2(0.0f, 0.0f));
               d[m][4 * j + 2 * h] = r.x;
               d[m][4 * j + 2 * h + 1] = r.y;
             }
@@ -539,6 +667,10 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
           }
         }
       }
+    }
+    if constexpr (kTile) {
+      if (tid == 0)
+        bulkWait(); // the last tile's stores complete before the CTA leaves
     }
   }
   if constexpr (CL > 1)

@@ -81,16 +81,19 @@ std::vector<codegen::TileConfig> wgmmaTiles() {
   std::vector<codegen::TileConfig> t;
   for (const codegen::TileConfig& c : codegen::wgmmaConfigs())
     if (t.empty() || t.back().bm != c.bm || t.back().bn != c.bn || t.back().cluster != c.cluster ||
-        t.back().backend != c.backend || t.back().rasterN != c.rasterN)
-      t.push_back(c);
+        t.back().backend != c.backend || t.back().rasterN != c.rasterN ||
+        codegen::wgmmaEpilogueTile(t.back(), 520) != codegen::wgmmaEpilogueTile(c, 520))
+      t.push_back(c); // each shape, with and without the TMA-stored epilogue tile
   return t;
 }
 const char* const kWgmmaCases[] = {"gemm",           "gemm_bt",       "gemm_bias_gelu",
                                    "gemm_bias_silu", "gemm_bias",     "gemm_bias_residual",
                                    "gemm_silu",      "gemm_residual", "gemm_silu_mul"};
-const Shape kWgmmaShapes[] = {Shape{64, 64, 64},     Shape{1, 8, 8},       Shape{1000, 520, 72},
-                              Shape{129, 264, 4104}, Shape{300, 1000, 40}, Shape{17, 100, 1000},
-                              Shape{64, 64, 100},    Shape{1, 17, 40},     Shape{100, 1, 64}};
+// Aligned, ragged, degenerate (M = 1, N = 1, K = 8) and TMA-incompatible shapes; 1000x1000x40
+// gives CTAs several tiles of one k-tile each (the epilogue tile's hand-over between tiles).
+const Shape kWgmmaShapes[] = {Shape{64, 64, 64},     Shape{1, 8, 8},        Shape{1000, 520, 72},
+                              Shape{129, 264, 4104}, Shape{1000, 1000, 40}, Shape{17, 100, 1000},
+                              Shape{64, 64, 100},    Shape{1, 17, 40},      Shape{100, 1, 64}};
 
 /// Without a GPU the suite ends here with 77 (ctest: skipped). Otherwise every kernel of every
 /// case is compiled up front, in parallel, so the cases find them cached.

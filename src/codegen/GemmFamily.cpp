@@ -3,6 +3,7 @@
 // kernel's Epilogue functor.
 #include "fpat/codegen/Lowering.h"
 
+#include <algorithm>
 #include <sstream>
 
 namespace fpat::codegen::detail {
@@ -164,6 +165,14 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
   const TileConfig& t = u.tile;
   u.sm90a = t.wgmma();
   const bool epiTile = wgmmaEpilogueTile(t, u.N);
+  // Activations are the costly part of an epilogue (MUFU operations while the tensor cores
+  // wait): those epilogues are deferred to the producer warpgroup's idle warps, unless they
+  // read an [M, N] operand (its loads made the three warps fall behind: gemm_silu_mul took
+  // 1.7x as long; it comes through the tile by TMA instead).
+  const bool defer =
+      epiTile && op.kind == ir::OpKind::Fused && stagedOperand(g, v) < 0 &&
+      std::any_of(op.fused.epilogue.nodes.begin(), op.fused.epilogue.nodes.end(),
+                  [](const ir::EpilogueNode& n) { return n.kind == ir::EpiKind::Activation; });
   const int staged = epiTile ? stagedOperand(g, v) : -1;
   const int smemBytes = gemmSmemBytes(t, u.transB) + (epiTile ? t.bm * t.bn * 2 : 0);
 
@@ -200,7 +209,8 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
                       " shared-memory tile, by TMA" +
                       (staged >= 0
                            ? "; $" + std::to_string(staged) + " [M, N] loaded into it by TMA"
-                           : std::string()));
+                           : std::string()) +
+                      (defer ? "; the epilogue deferred to the producer's idle warps" : ""));
   } else {
     lines = {"family:   " + u.family +
                  (t.backend == Backend::MmaSync ? " (mma.sync m16n8k16" : " (WMMA") +
@@ -233,6 +243,7 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
     body << "  // Column pairs; s: operand kStaged's pair, read from the shared-memory tile.\n"
          << "  static constexpr bool kTile = " << (epiTile ? "true" : "false") << ";\n"
          << "  static constexpr int kStaged = " << staged << ";\n"
+         << "  static constexpr bool kDefer = " << (defer ? "true" : "false") << ";\n"
          << "  __device__ __forceinline__ float2 pair(float2 v, int64_t row, int64_t col,\n"
          << "                                         const FpatKernelArgs& a, float2 s) const {\n"
          << "    (void)row;\n    (void)col;\n    (void)a;\n    (void)s;\n"

@@ -357,11 +357,19 @@ BOOST_AUTO_TEST_CASE(wgmma_epilogue_goes_through_a_tma_stored_tile_where_it_fits
   BOOST_TEST(u.source.find("kTile = true;") != std::string::npos);
   BOOST_TEST(u.source.find("staged in shared memory by TMA") != std::string::npos);
   BOOST_TEST(u.source.find("wgmmaSmemBytes<Tile, true>()") != std::string::npos);
-  // The bias stays a global load; nothing is staged without an [M, N] operand.
+  BOOST_TEST(u.source.find("kDefer = false;") != std::string::npos);
+  // The bias stays a global load; nothing is staged without an [M, N] operand. The activation
+  // is deferred to the producer's idle warps, but not where an [M, N] operand is read.
   u = unit("gemm_bias_gelu", {300, 520, 64}, s3);
   BOOST_TEST(u.source.find("kStaged = -1;") != std::string::npos);
+  BOOST_TEST(u.source.find("kDefer = true;") != std::string::npos);
+  BOOST_TEST(u.source.find("the epilogue deferred to the producer's idle warps") !=
+             std::string::npos);
   BOOST_TEST(u.launches[0].tma.size() == 4u);
   BOOST_TEST(u.launches[0].tma[2].operand == codegen::TmaMap::kUnused);
+  u = unit("gemm_silu_mul", {300, 520, 64}, s3);
+  BOOST_TEST(u.source.find("kDefer = false;") != std::string::npos);
+  BOOST_TEST(u.source.find("kStaged = -1;") == std::string::npos);
   // Without room or with odd N: the shared-memory slabs as before, two maps.
   u = unit("gemm_residual", {300, 520, 64}, s4);
   BOOST_TEST(u.source.find("kTile = false;") != std::string::npos);

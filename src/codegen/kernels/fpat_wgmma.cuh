@@ -306,7 +306,7 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
   using namespace sm90;
   constexpr int BM = T::BM, BN = T::BN, BK = T::BK, S = T::STAGES;
   extern __shared__ __align__(1024) unsigned char smemRaw[];
-  __shared__ __align__(8) uint64_t full[S], empty[S], order[2], tileFull, tileEmpty;
+  __shared__ __align__(8) uint64_t full[S], empty[S], order[2], tileFull, tileEmpty, tileReady;
   // Interior tiles store through one 16 x 64 slab of shared memory per consumer warp (padded
   // rows: the pair writes are free of bank conflicts), where the configuration leaves room.
   constexpr int kSlabRows = 16, kSlabPitch = 72;
@@ -321,6 +321,13 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
   constexpr bool kTile = Epilogue::kTile;
   constexpr bool kPre = kTile && Epilogue::kStaged >= 0;
   static_assert(!kTile || !T::PINGPONG, "the epilogue tile is for the cooperative schedule");
+  // Epilogue::kDefer (costly activations): where the CTA has another tile to compute and the
+  // main loop is long enough to hide it, the consumers only write their accumulators into the
+  // tile, rounded to the element type as an unfused GEMM would store them, and go on to the
+  // next tile; the producer warpgroup's three idle warps apply the epilogue there and store
+  // the tile, off the tensor cores' critical path. A CTA's last tile the consumers finish.
+  constexpr bool kDefer = kTile && Epilogue::kDefer;
+  static_assert(!(kDefer && kPre), "deferred epilogues load their operands themselves");
   constexpr bool kStagedStore =
       !kTile &&
       T::STAGES * T::STAGE_BYTES + 1024 + kSlabs * kSlabRows * kSlabPitch * 2 + 1024 <= 232448;
@@ -343,6 +350,9 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
   const int unitsM = (tilesM + CL - 1) / CL, units = unitsM * tilesN;
   const int unit0 = blockIdx.x / CL, stride = gridDim.x / CL;
   const int wg = threadIdx.x / 128;
+  // Whether the epilogue of unit t is deferred to the helper warps (the same answer in every
+  // role). 48 k-tiles: their three warps then take well under a main loop per tile.
+  auto deferred = [&](int t) { return kDefer && KT >= 48 && t + stride < units; };
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < S; ++s) {
@@ -357,7 +367,10 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
     // kPre: the producer's operand load completes tileFull; each consumer warpgroup's thread 0
     // arrives on tileEmpty once its previous tile's store has read the tile.
     mbarInit(&tileFull, 1);
-    mbarInit(&tileEmpty, T::CONSUMERS);
+    mbarInit(&tileEmpty, kDefer ? 1 : T::CONSUMERS);
+    // kDefer: each consumer warpgroup's thread 0 arrives on tileReady once its rows are in the
+    // tile; the helpers' storing thread arrives on tileEmpty once the stores have read it.
+    mbarInit(&tileReady, T::CONSUMERS);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
@@ -416,6 +429,54 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
           }
         }
       }
+    } else if (kDefer && threadIdx.x >= 32) {
+      // Helpers: warp h of 1..3 takes tile rows h - 1, h + 2, ... of each 64-column box, a row
+      // per warp instruction (lane: columns 2 lane, 2 lane + 1), so that operand loads from
+      // global memory are whole 128-byte rows.
+      const Epilogue epi;
+      const int hw = threadIdx.x / 32 - 1, lane = threadIdx.x % 32;
+      int n = 0; // deferred tiles so far
+      for (int t = unit0; t < units; t += stride) {
+        if (!deferred(t))
+          continue;
+        int tm, tn;
+        tileCoords(t, unitsM, tilesN, 8 / CL, T::RASTER_N, tm, tn);
+        tm = tm * CL + rank;
+        mbarWait(&tileReady, n & 1);
+        const bool inside = (tm + 1) * BM <= M && (tn + 1) * BN <= N;
+#pragma unroll 1
+        for (int q = 0; q < BN / 64; ++q) {
+          const int col = tn * BN + 64 * q + 2 * lane;
+          unsigned char* const box = tileC + q * (BM * 128) + (lane % 4) * 4;
+#pragma unroll 4
+          for (int r = hw; r < BM; r += 3) {
+            elem2* e = reinterpret_cast<elem2*>(box + r * 128 + (((lane / 4) ^ (r % 8)) * 16));
+            const int row = tm * BM + r;
+            if (inside || (row < M && col < N)) {
+              const float2 v = epi.pair(toF2(*e), row, col, a, make_float2(0.0f, 0.0f));
+              *e = fromF2(v.x, v.y);
+            }
+          }
+        }
+        fenceProxyAsync();
+        namedBarrier(3, 96);
+        if (threadIdx.x == 32) {
+          if (tm < tilesM) {
+#pragma unroll
+            for (int q = 0; q < BN / 64; ++q)
+#pragma unroll
+              for (int h = 0; h < BM / 64; ++h)
+                tmaStore2d(&p.d, tileC + q * (BM * 128) + h * 64 * 128, tn * BN + 64 * q,
+                           tm * BM + 64 * h);
+            bulkCommit();
+          }
+          bulkWaitRead();
+          mbarArrive(&tileEmpty);
+        }
+        ++n;
+      }
+      if (threadIdx.x == 32)
+        bulkWait();
     }
   } else {
     if constexpr (T::CONSUMERS == 2)
@@ -445,7 +506,8 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
       else if (warp == 1)
         mbarArriveCluster(&empty[s], 1);
     };
-    int local = 0; // the tile's place in this CTA's sequence
+    int local = 0;     // the tile's place in this CTA's sequence
+    int handedOff = 0; // kDefer: tiles left to the helpers so far
     unsigned orderPhase = 0;
     for (int t = unit0; t < units; t += stride, ++local) {
       if (T::PINGPONG && (local & 1) != c)
@@ -523,15 +585,10 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
       // Epilogue. Accumulator layout of m64nN: thread (warp w, lane l) holds rows
       // 16w + l/4 (+8) and columns 8j + 2(l%4) (+1), register 4j + 2*(row half) + column.
       if constexpr (kTile) {
-        // Through the shared-memory tile: the operand is there (kPre) or the tile is free
-        // once this warpgroup's previous stores have read it.
-        if constexpr (kPre) {
-          mbarWait(&tileFull, local & 1);
-        } else {
-          if (tid == 0)
-            bulkWaitRead();
-          namedBarrier(1 + c, 128);
-        }
+        // The helpers' last stores have read the tile.
+        if (kDefer && handedOff > 0)
+          mbarWait(&tileEmpty, (handedOff - 1) & 1);
+        const bool handOff = deferred(t);
         // This thread's pair (j, h) sits in 64-column box j / 8, tile row r + 8h, 16-byte
         // chunk j % 8 swizzled with the row's low three bits (= lane / 4).
         const int r = row0 + warp * 16 + lane / 4;
@@ -540,31 +597,42 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
           return reinterpret_cast<elem2*>(mine + (j / 8) * (BM * 128) + h * 8 * 128 +
                                           (((j % 8) ^ (lane / 4)) * 16));
         };
-        const int rowBase = tm * BM + r, colBase = tn * BN + 2 * (lane % 4);
-        auto apply = [&](int j, int h) {
-          const float2 s = kPre ? toF2(*at(j, h)) : make_float2(0.0f, 0.0f);
-          const float2 v = epi.pair(make_float2(d[0][4 * j + 2 * h], d[0][4 * j + 2 * h + 1]),
-                                    rowBase + 8 * h, colBase + 8 * j, a, s);
-          d[0][4 * j + 2 * h] = v.x;
-          d[0][4 * j + 2 * h + 1] = v.y;
-        };
-        // Tiles inside the problem run without bounds checks, in one branch-free block (a
-        // check per pair measured 3-11% slower: each pair's loads and math became a block of
-        // its own); TMA clips the stores of edge tiles (N is even here, so a pair is inside
-        // or outside as a whole).
-        if ((tm + 1) * BM <= M && (tn + 1) * BN <= N) {
+        if (!handOff) {
+          // The operand is in the tile (kPre), or the tile is free once this warpgroup's
+          // previous stores have read it.
+          if constexpr (kPre) {
+            mbarWait(&tileFull, local & 1);
+          } else {
+            if (tid == 0)
+              bulkWaitRead();
+            namedBarrier(1 + c, 128);
+          }
+          const int rowBase = tm * BM + r, colBase = tn * BN + 2 * (lane % 4);
+          auto apply = [&](int j, int h) {
+            const float2 s = kPre ? toF2(*at(j, h)) : make_float2(0.0f, 0.0f);
+            const float2 v = epi.pair(make_float2(d[0][4 * j + 2 * h], d[0][4 * j + 2 * h + 1]),
+                                      rowBase + 8 * h, colBase + 8 * j, a, s);
+            d[0][4 * j + 2 * h] = v.x;
+            d[0][4 * j + 2 * h + 1] = v.y;
+          };
+          // Tiles inside the problem run without bounds checks, in one branch-free block (a
+          // check per pair measured 3-11% slower: each pair's loads and math became a block
+          // of its own); TMA clips the stores of edge tiles (N is even here, so a pair is
+          // inside or outside as a whole).
+          if ((tm + 1) * BM <= M && (tn + 1) * BN <= N) {
 #pragma unroll
-          for (int j = 0; j < BN / 8; ++j)
+            for (int j = 0; j < BN / 8; ++j)
 #pragma unroll
-            for (int h = 0; h < 2; ++h)
-              apply(j, h);
-        } else {
-#pragma unroll
-          for (int j = 0; j < BN / 8; ++j)
-#pragma unroll
-            for (int h = 0; h < 2; ++h)
-              if (rowBase + 8 * h < M && colBase + 8 * j < N)
+              for (int h = 0; h < 2; ++h)
                 apply(j, h);
+          } else {
+#pragma unroll
+            for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+              for (int h = 0; h < 2; ++h)
+                if (rowBase + 8 * h < M && colBase + 8 * j < N)
+                  apply(j, h);
+          }
         }
         // The stores after all the epilogue's loads (the compiler cannot tell the tile from
         // the operands in global memory).
@@ -573,6 +641,13 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
 #pragma unroll
           for (int h = 0; h < 2; ++h)
             *at(j, h) = fromF2(d[0][4 * j + 2 * h], d[0][4 * j + 2 * h + 1]);
+        if (handOff) {
+          namedBarrier(1 + c, 128);
+          if (tid == 0)
+            mbarArrive(&tileReady);
+          ++handedOff;
+          continue;
+        }
         fenceProxyAsync();
         namedBarrier(1 + c, 128);
         if (tid == 0 && tm < tilesM) {

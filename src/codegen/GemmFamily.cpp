@@ -240,10 +240,13 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
        << "    (void)row;\n    (void)col;\n    (void)a;\n"
        << epi << "  }\n";
   if (t.wgmma())
-    body << "  // Column pairs; s: operand kStaged's pair, read from the shared-memory tile.\n"
+    body << "  // How fpat_wgmma.cuh runs it: through the TMA-stored tile; the [M, N] operand "
+            "loaded\n"
+         << "  // into that tile (-1: none); deferred to the producer warpgroup's idle warps.\n"
          << "  static constexpr bool kTile = " << (epiTile ? "true" : "false") << ";\n"
          << "  static constexpr int kStaged = " << staged << ";\n"
          << "  static constexpr bool kDefer = " << (defer ? "true" : "false") << ";\n"
+         << "  // Column pairs; s: operand kStaged's pair, read from the tile.\n"
          << "  __device__ __forceinline__ float2 pair(float2 v, int64_t row, int64_t col,\n"
          << "                                         const FpatKernelArgs& a, float2 s) const {\n"
          << "    (void)row;\n    (void)col;\n    (void)a;\n    (void)s;\n"

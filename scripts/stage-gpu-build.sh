@@ -1,6 +1,6 @@
 #!/bin/sh
 # Copies what the GPU machine needs from a build tree (executables, ctest files, no objects or
-# CPU-only test binaries), stripped, into another directory: about 20 MB instead of about 80.
+# CPU-only test binaries, test outputs), stripped, into another directory: about 25 MB, not 80.
 # usage: scripts/stage-gpu-build.sh [BUILD_DIR [DEST]]   (defaults: build, build-gpu)
 set -e
 src=${1:-build} dest=${2:-build-gpu}
@@ -10,7 +10,8 @@ tar -C "$src" --exclude='*.o' --exclude='*.a' --exclude='CMakeFiles' --exclude='
   --exclude='test_codegen' --exclude='test_dsl' --exclude='test_ir' --exclude='test_match' \
   --exclude='test_reference' --exclude='test_support' --exclude='test_text' --exclude='test_tune' \
   --exclude='fpat-bench-fusion' --exclude='test_editors' --exclude='tests/consumer' \
-  --exclude='tests/relocated' --exclude='tests/bf16-cache' -cf - . | tar -C "$dest" -xf -
+  --exclude='tests/relocated' --exclude='tests/bf16-cache' --exclude='Testing' -cf - . |
+  tar -C "$dest" -xf -
 for f in src/fpatc tests/test_gpu tests/fpat-check bench/fpat-bench-gemm dsl/fpat-tblgen \
   examples/example_gemm_bias_gelu; do
   [ -f "$dest/$f" ] && strip "$dest/$f"

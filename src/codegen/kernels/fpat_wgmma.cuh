@@ -27,9 +27,11 @@
 //     the stores. Cooperative kernels with room for it (Epilogue::kTile) write the results into
 //     a BM x BN shared-memory tile that TMA stores (clipping edge tiles), and an [M, N] operand
 //     such as a residual arrives in that tile by TMA, loaded by the producer during the main
-//     loop. Otherwise interior tiles store through a small shared-memory slab per warp, so
-//     that each store instruction writes whole 128-byte row segments (a thread's own f16 pairs
-//     would write 16 bytes of each of 8 rows); edge tiles store checked pairs from registers.
+//     loop. Activation epilogues (Epilogue::kDefer) are applied there by the producer
+//     warpgroup's three idle warps while the consumers run the next tile. Otherwise interior tiles
+//     store through a small shared-memory slab per warp, so that each store instruction writes
+//     whole 128-byte row segments (a thread's own f16 pairs would write 16 bytes of each of 8
+//     rows); edge tiles store checked pairs from registers.
 // Requirements, checked by the host before choosing this backend: A and B 16-byte aligned, K a
 // multiple of 8 (and N too unless TRANS_B): TMA's global strides are multiples of 16 bytes.
 #pragma once
@@ -311,7 +313,6 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
   // rows: the pair writes are free of bank conflicts), where the configuration leaves room.
   constexpr int kSlabRows = 16, kSlabPitch = 72;
   constexpr int kSlabs = T::CONSUMERS * 4;
-  // sm_90 allows 227 KB of shared memory per block; 1 KB each for alignment and barriers.
   // Epilogue::kTile (cooperative only; the code generator sets it where the tile fits): the
   // epilogue writes its results into a BM x BN tile of shared memory behind the stages, laid
   // out as TMA's 128-byte-swizzled boxes of 64 columns, and one thread per consumer
@@ -328,6 +329,7 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
   // the tile, off the tensor cores' critical path. A CTA's last tile the consumers finish.
   constexpr bool kDefer = kTile && Epilogue::kDefer;
   static_assert(!(kDefer && kPre), "deferred epilogues load their operands themselves");
+  // sm_90 allows 227 KB of shared memory per block; 1 KB each for alignment and barriers.
   constexpr bool kStagedStore =
       !kTile &&
       T::STAGES * T::STAGE_BYTES + 1024 + kSlabs * kSlabRows * kSlabPitch * 2 + 1024 <= 232448;

@@ -168,6 +168,11 @@ __device__ __forceinline__ void fenceProxyAsync() {
 __device__ __forceinline__ void namedBarrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
+/// Arrives on barrier `id` without waiting: the producer's half of a hand-off, whose consumers
+/// wait with namedBarrier(id, threads); the shared-memory writes before it are visible to them.
+__device__ __forceinline__ void namedBarrierArrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
 
 /// wgmma shared-memory matrix descriptor, 128-byte swizzle (PTX ISA "matrix descriptor").
 /// K-major tiles: rows of 64 elements (128 bytes); `sbo` = 1024 (8 rows), `lbo` unused.
@@ -308,7 +313,7 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
   using namespace sm90;
   constexpr int BM = T::BM, BN = T::BN, BK = T::BK, S = T::STAGES;
   extern __shared__ __align__(1024) unsigned char smemRaw[];
-  __shared__ __align__(8) uint64_t full[S], empty[S], order[2], tileFull, tileEmpty, tileReady;
+  __shared__ __align__(8) uint64_t full[S], empty[S], order[2], tileFull, tileEmpty;
   // Interior tiles store through one 16 x 64 slab of shared memory per consumer warp (padded
   // rows: the pair writes are free of bank conflicts), where the configuration leaves room.
   constexpr int kSlabRows = 16, kSlabPitch = 72;
@@ -355,6 +360,11 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
   // Whether the epilogue of unit t is deferred to the helper warps (the same answer in every
   // role). 48 k-tiles: their three warps then take well under a main loop per tile.
   auto deferred = [&](int t) { return kDefer && KT >= 48 && t + stride < units; };
+  // The hand-offs between consumers and helpers are named barriers (racecheck follows those,
+  // not mbarrier phases, for ordinary shared-memory accesses): kReady, the consumers' rows are
+  // in the tile (consumers arrive, helpers wait); kFree, the helpers' stores have read it
+  // (helpers arrive, consumers wait). Strict alternation keeps each barrier's phases in step.
+  constexpr int kReady = 4, kFree = 5, kHandOff = 128 * T::CONSUMERS + 96;
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < S; ++s) {
@@ -369,10 +379,7 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
     // kPre: the producer's operand load completes tileFull; each consumer warpgroup's thread 0
     // arrives on tileEmpty once its previous tile's store has read the tile.
     mbarInit(&tileFull, 1);
-    mbarInit(&tileEmpty, kDefer ? 1 : T::CONSUMERS);
-    // kDefer: each consumer warpgroup's thread 0 arrives on tileReady once its rows are in the
-    // tile; the helpers' storing thread arrives on tileEmpty once the stores have read it.
-    mbarInit(&tileReady, T::CONSUMERS);
+    mbarInit(&tileEmpty, T::CONSUMERS);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
@@ -437,14 +444,13 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
       // global memory are whole 128-byte rows.
       const Epilogue epi;
       const int hw = threadIdx.x / 32 - 1, lane = threadIdx.x % 32;
-      int n = 0; // deferred tiles so far
       for (int t = unit0; t < units; t += stride) {
         if (!deferred(t))
           continue;
         int tm, tn;
         tileCoords(t, unitsM, tilesN, 8 / CL, T::RASTER_N, tm, tn);
         tm = tm * CL + rank;
-        mbarWait(&tileReady, n & 1);
+        namedBarrier(kReady, kHandOff);
         const bool inside = (tm + 1) * BM <= M && (tn + 1) * BN <= N;
 #pragma unroll 1
         for (int q = 0; q < BN / 64; ++q) {
@@ -473,9 +479,9 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
             bulkCommit();
           }
           bulkWaitRead();
-          mbarArrive(&tileEmpty);
         }
-        ++n;
+        namedBarrier(3, 96); // the stores have read the tile
+        namedBarrierArrive(kFree, kHandOff);
       }
       if (threadIdx.x == 32)
         bulkWait();
@@ -508,8 +514,8 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
       else if (warp == 1)
         mbarArriveCluster(&empty[s], 1);
     };
-    int local = 0;     // the tile's place in this CTA's sequence
-    int handedOff = 0; // kDefer: tiles left to the helpers so far
+    int local = 0;         // the tile's place in this CTA's sequence
+    bool handedOff = false; // kDefer: the previous tile was left to the helpers
     unsigned orderPhase = 0;
     for (int t = unit0; t < units; t += stride, ++local) {
       if (T::PINGPONG && (local & 1) != c)
@@ -587,10 +593,19 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
       // Epilogue. Accumulator layout of m64nN: thread (warp w, lane l) holds rows
       // 16w + l/4 (+8) and columns 8j + 2(l%4) (+1), register 4j + 2*(row half) + column.
       if constexpr (kTile) {
-        // The helpers' last stores have read the tile.
-        if (kDefer && handedOff > 0)
-          mbarWait(&tileEmpty, (handedOff - 1) & 1);
+        // The helpers' stores of the previous tile have read the tile.
+        const bool prevHanded = handedOff;
+        if (kDefer && prevHanded)
+          namedBarrier(kFree, kHandOff);
         const bool handOff = deferred(t);
+        handedOff = handOff;
+        // (Deferred tiles come first in a CTA's sequence: a consumer-stored tile before one
+        // handed off happens only if that changes, and then its stores must have read the tile.)
+        if (handOff && !prevHanded && local > 0) {
+          if (tid == 0)
+            bulkWaitRead();
+          namedBarrier(1 + c, 128);
+        }
         // This thread's pair (j, h) sits in 64-column box j / 8, tile row r + 8h, 16-byte
         // chunk j % 8 swizzled with the row's low three bits (= lane / 4).
         const int r = row0 + warp * 16 + lane / 4;
@@ -644,10 +659,7 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
           for (int h = 0; h < 2; ++h)
             *at(j, h) = fromF2(d[0][4 * j + 2 * h], d[0][4 * j + 2 * h + 1]);
         if (handOff) {
-          namedBarrier(1 + c, 128);
-          if (tid == 0)
-            mbarArrive(&tileReady);
-          ++handedOff;
+          namedBarrierArrive(kReady, kHandOff);
           continue;
         }
         fenceProxyAsync();

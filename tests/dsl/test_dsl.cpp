@@ -159,14 +159,44 @@ BOOST_AUTO_TEST_CASE(cuda_lowering_is_readable_and_complete) {
   BOOST_TEST(f.find("const float l_t = x - -1.5f;") != std::string::npos, f);
   BOOST_TEST(f.find("return l_t * -(-2.0f);") != std::string::npos, f);
   BOOST_TEST(neg->c->library.findActivation("f")->compiled.eval(1.0, nullptr) == 5.0);
-  // Division and exp lower to fpat_divf / fpat_expf calls, whatever surrounds them.
+  // Division and exp lower to fpat_divf / fpat_exp2f calls, whatever surrounds them.
   auto div = compile("include \"fpat.fpat\"\ndef g : Activation { let body = expr { "
                      "-x / 2.0 * x + 1.0 / (x - 3.0) / exp(-x) }; }\n");
   BOOST_TEST_REQUIRE(div->c.has_value(), div->errors());
   std::string g = emitActivationFunction(*div->c->library.findActivation("g"));
   BOOST_TEST(g.find("return fpat_divf(-x, 2.0f) * x + fpat_divf(fpat_divf(1.0f, x - 3.0f), "
-                    "fpat_expf(-x));") != std::string::npos,
+                    "fpat_exp2f((-1.4426950408889634f) * x));") != std::string::npos,
              g);
+}
+
+BOOST_AUTO_TEST_CASE(exp_arguments_take_log2e_into_their_constants) {
+  // exp(y) is ex2(y log2 e): the factor goes into y's constant factors, through negation,
+  // products, constant quotients and sums with a term that takes it, never into a variable
+  // term (that would cost an operation) and never by reordering terms.
+  struct Case {
+    const char* body;
+    const char* lowered;
+  };
+  const Case cases[] = {
+      {"exp(x)", "fpat_exp2f(1.4426950408889634f * x)"},
+      {"exp(-2.0 * pi * (x + 0.5 * x * x))",
+       "fpat_exp2f((-9.064720283654387f) * x + (-4.532360141827193f) * x * x)"},
+      {"exp(x / 4.0 - 1.0)", "fpat_exp2f(0.36067376022224085f * x - 1.4426950408889634f)"},
+      {"exp(x * x)", "fpat_exp2f(1.4426950408889634f * (x * x))"},
+      {"exp(tanh(x) + x)", "fpat_exp2f(1.4426950408889634f * (tanhf(x) + x))"},
+      {"exp(slope * x * 3.0)", "fpat_exp2f(4.32808512266689f * (p_slope * x))"},
+      {"exp(1.0 - x * x) * 2.0",
+       "fpat_exp2f(1.4426950408889634f - 1.4426950408889634f * (x * x)) * 2.0f"},
+  };
+  for (const Case& c : cases)
+    BOOST_TEST_CONTEXT(c.body) {
+      auto r = compile(std::string("include \"fpat.fpat\"\ndef h : Activation { let params = "
+                                   "[Param<\"slope\", 0.5>]; let body = expr { ") +
+                       c.body + " }; }\n");
+      BOOST_TEST_REQUIRE(r->c.has_value(), r->errors());
+      std::string h = emitActivationFunction(*r->c->library.findActivation("h"));
+      BOOST_TEST(h.find(std::string("return ") + c.lowered + ";") != std::string::npos, h);
+    }
 }
 
 BOOST_AUTO_TEST_CASE(pattern_library_fields) {

@@ -325,7 +325,7 @@ BOOST_AUTO_TEST_CASE(wgmma_realistic_shape) {
 
 BOOST_AUTO_TEST_CASE(activation_math_is_within_one_ulp) {
   // The CUDA lowering of activation bodies (float arithmetic, exp and division through
-  // fpat_expf and fpat_divf: a few float ulps) against the double-precision reference over a
+  // fpat_exp2f and fpat_divf: a few float ulps) against the double-precision reference over a
   // dense sweep: every gelu and silu output within one f16 ulp of the exactly rounded value,
   // plus 4 * 2^-24 absolute for outputs of 1e-6 and less.
   for (const char* fn : {"gelu", "silu"})
@@ -357,7 +357,7 @@ BOOST_AUTO_TEST_CASE(activation_math_is_within_one_ulp) {
 
 BOOST_AUTO_TEST_CASE(division_and_exp_at_the_edges_of_the_float_range) {
   // bf16 has f32's exponent range, so its inputs reach what fpat_divf scales for (divisors
-  // beyond 2^125 or subnormal) and fpat_expf's overflow and flush: reciprocal, sigmoid and exp
+  // beyond 2^125 or subnormal) and fpat_exp2f's overflow and flush: reciprocal, sigmoid and exp
   // of zeros, infinities, subnormals and the largest values, each output within one bf16 ulp
   // of the exactly rounded value, infinities and zeros exact; exp may flush results below
   // 2^-126 (where its ex2.approx.ftz does) to zero.

@@ -93,6 +93,11 @@ __device__ __forceinline__ float ldh(const void* p, int64_t i) {
   return toF(static_cast<const elem*>(p)[i]);
 }
 
+/// Asks for the L1 line holding element i (a hint: no fault, no wait).
+__device__ __forceinline__ void prefetchL1(const void* p, int64_t i) {
+  asm volatile("prefetch.global.L1 [%0];\n" ::"l"(static_cast<const elem*>(p) + i));
+}
+
 /// Elements i and i + 1 as one 4-byte load; i must be even (and the base 4-byte aligned).
 __device__ __forceinline__ float2 ldh2(const void* p, int64_t i) {
   return toF2(*reinterpret_cast<const elem2*>(static_cast<const elem*>(p) + i));
@@ -105,13 +110,14 @@ __device__ __forceinline__ float2 ldh2(const void* p, int64_t i) {
 // nothing visible, while their instructions run with the tensor cores idle (bench/RESULTS.md,
 // session 7: 0.1-1% faster GeLU/SiLU GEMMs than expf and div.full.f32).
 
-/// exp(x) as ex2.approx(x * log2 e): relative error about 2^-22, plus |x| * 2^-24 from rounding
-/// the product (below 6e-6 wherever the result is a normal f32); inf, 0 and NaN as expf.
-/// Results below 2^-126 flush to 0 (.ftz; the non-ftz form costs extra instructions).
-__device__ __forceinline__ float fpat_expf(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x * 1.4426950408889634f));
-  return y;
+/// 2^y (ex2.approx): exp(x) lowers to 2^(x log2 e), the factor log2 e folded into the
+/// constants of x where it can (dsl's lowerScaled). Relative error about 2^-22, plus |y| * 2^-24
+/// from rounding y; inf, 0 and NaN as expf. Results below 2^-126 flush to 0 (.ftz; the
+/// non-ftz form costs extra instructions).
+__device__ __forceinline__ float fpat_exp2f(float y) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(y));
+  return r;
 }
 
 /// a / b as a times the approximate reciprocal (within 2 ulp of f32). Both are scaled first

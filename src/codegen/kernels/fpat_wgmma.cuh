@@ -454,12 +454,12 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
         const bool inside = (tm + 1) * BM <= M && (tn + 1) * BN <= N;
 #pragma unroll 1
         for (int q = 0; q < BN / 64; ++q) {
-          const int col = tn * BN + 64 * q + 2 * lane;
+          const int64_t col = static_cast<int64_t>(tn) * BN + 64 * q + 2 * lane;
           unsigned char* const box = tileC + q * (BM * 128) + (lane % 4) * 4;
 #pragma unroll 4
           for (int r = hw; r < BM; r += 3) {
             elem2* e = reinterpret_cast<elem2*>(box + r * 128 + (((lane / 4) ^ (r % 8)) * 16));
-            const int row = tm * BM + r;
+            const int64_t row = static_cast<int64_t>(tm) * BM + r;
             if (inside || (row < M && col < N)) {
               const float2 v = epi.pair(toF2(*e), row, col, a, make_float2(0.0f, 0.0f));
               *e = fromF2(v.x, v.y);
@@ -514,7 +514,7 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
       else if (warp == 1)
         mbarArriveCluster(&empty[s], 1);
     };
-    int local = 0;         // the tile's place in this CTA's sequence
+    int local = 0;          // the tile's place in this CTA's sequence
     bool handedOff = false; // kDefer: the previous tile was left to the helpers
     unsigned orderPhase = 0;
     for (int t = unit0; t < units; t += stride, ++local) {
@@ -536,6 +536,10 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
       unsigned phase = static_cast<unsigned>((first / S) & 1);
       // Rows of the tile this consumer computes: its 64 (cooperative) or all BM (ping-pong).
       const int row0 = T::PINGPONG ? 0 : c * 64;
+      // The epilogue's [N] operands (a bias) into L1 now, for a short latency after the main
+      // loop: lane l takes the line of 64 columns l % (BN / 64).
+      if (const int col = tn * BN + 64 * (lane % (BN / 64)); col < N)
+        epi.prefetch(col, a);
       int prev = -1;
       for (int kt = 0; kt < KT; ++kt) {
         mbarWait(&full[stage], phase);
@@ -624,7 +628,9 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
               bulkWaitRead();
             namedBarrier(1 + c, 128);
           }
-          const int rowBase = tm * BM + r, colBase = tn * BN + 2 * (lane % 4);
+          // 64-bit bases: operand addresses then fold the pair offsets into immediates.
+          const int64_t rowBase = static_cast<int64_t>(tm) * BM + r,
+                        colBase = static_cast<int64_t>(tn) * BN + 2 * (lane % 4);
           auto apply = [&](int j, int h) {
             const float2 s = kPre ? toF2(*at(j, h)) : make_float2(0.0f, 0.0f);
             const float2 v = epi.pair(make_float2(d[0][4 * j + 2 * h], d[0][4 * j + 2 * h + 1]),
@@ -678,8 +684,9 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
       const bool inside = (tm + 1) * BM <= M && (tn + 1) * BN <= N && pairs;
 #pragma unroll
       for (int m = 0; m < MI; ++m) {
-        const int rowBase = tm * BM + row0 + m * 64 + warp * 16 + lane / 4;
-        const int colBase = tn * BN + 2 * (lane % 4);
+        const int64_t rowBase =
+            static_cast<int64_t>(tm) * BM + row0 + m * 64 + warp * 16 + lane / 4;
+        const int64_t colBase = static_cast<int64_t>(tn) * BN + 2 * (lane % 4);
         if (inside) {
           // First the epilogue of every accumulator pair, then the stores: C may alias an
           // operand as far as the compiler knows, so interleaving them would order each
@@ -727,8 +734,7 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
           for (int j = 0; j < BN / 8; ++j)
 #pragma unroll
             for (int h = 0; h < 2; ++h)
-              *reinterpret_cast<elem2*>(C + static_cast<int64_t>(rowBase + 8 * h) * N + colBase +
-                                        8 * j) =
+              *reinterpret_cast<elem2*>(C + (rowBase + 8 * h) * N + colBase + 8 * j) =
                   fromF2(d[m][4 * j + 2 * h], d[m][4 * j + 2 * h + 1]);
           continue;
         }

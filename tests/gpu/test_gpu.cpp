@@ -266,6 +266,21 @@ BOOST_AUTO_TEST_CASE(deferred_epilogues_at_ragged_shapes) {
     }
 }
 
+BOOST_AUTO_TEST_CASE(split_epilogues_at_ragged_shapes) {
+  // 384 tiles of 128x256 with 3 k-tiles (none deferred): the helper warps take the last box of
+  // every tile and store it, about three tiles per CTA, the last row and column ragged; with
+  // clusters of two as well (their odd last M-tile lies below the matrix, computed, not stored).
+  if (gpu()->device().arch != 90)
+    return;
+  for (const codegen::TileConfig& t : wgmmaTiles())
+    if (t.bm == 128 && t.bn == 256 && t.backend == codegen::Backend::Wgmma &&
+        codegen::wgmmaEpilogueTile(t, 3000))
+      for (const char* name : {"gemm_bias_gelu", "gemm_silu"})
+        BOOST_TEST_CONTEXT(name << " " << t.str()) {
+          BOOST_TEST(runWithTile(name, Shape{4000, 3000, 136}, t, 37).wgmma());
+        }
+}
+
 BOOST_AUTO_TEST_CASE(wgmma_realistic_shape) {
   // LLM-sized problems with both B layouts, the default configuration and each tile shape of
   // both schedules: the persistent schedule walks many tiles per CTA and the ring wraps many

@@ -360,11 +360,17 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
   // Whether the epilogue of unit t is deferred to the helper warps (the same answer in every
   // role). 48 k-tiles: their three warps then take well under a main loop per tile.
   auto deferred = [&](int t) { return kDefer && KT >= 48 && t + stride < units; };
+  // kDefer, BN = 256: the helpers also take the last 64-column box of every tile the
+  // consumers finish (a CTA's last one), so that its epilogue, exposed there, runs on eleven
+  // warps instead of eight; they store that tile. kOwnPairs: the consumers' pairs per row.
+  constexpr int kSplit = kDefer && BN == 256 ? 1 : 0;
+  constexpr int kOwnPairs = BN / 8 - 8 * kSplit;
   // The hand-offs between consumers and helpers are named barriers (racecheck follows those,
-  // not mbarrier phases, for ordinary shared-memory accesses): kReady, the consumers' rows are
-  // in the tile (consumers arrive, helpers wait); kFree, the helpers' stores have read it
+  // not mbarrier phases, for ordinary shared-memory accesses): kReady, the consumers' part of
+  // the tile is there for the helpers (consumers arrive, helpers wait); kDone, the consumers'
+  // results of a split tile are in it (likewise); kFree, the helpers' stores have read it
   // (helpers arrive, consumers wait). Strict alternation keeps each barrier's phases in step.
-  constexpr int kReady = 4, kFree = 5, kHandOff = 128 * T::CONSUMERS + 96;
+  constexpr int kReady = 4, kFree = 5, kDone = 6, kHandOff = 128 * T::CONSUMERS + 96;
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < S; ++s) {
@@ -441,11 +447,13 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
     } else if (kDefer && threadIdx.x >= 32) {
       // Helpers: warp h of 1..3 takes tile rows h - 1, h + 2, ... of each 64-column box, a row
       // per warp instruction (lane: columns 2 lane, 2 lane + 1), so that operand loads from
-      // global memory are whole 128-byte rows.
+      // global memory are whole 128-byte rows. Deferred tiles: every box; split tiles (all
+      // the others, with kSplit): the last kSplit boxes, the consumers doing the rest.
       const Epilogue epi;
       const int hw = threadIdx.x / 32 - 1, lane = threadIdx.x % 32;
       for (int t = unit0; t < units; t += stride) {
-        if (!deferred(t))
+        const bool handOff = deferred(t);
+        if (!handOff && kSplit == 0)
           continue;
         int tm, tn;
         tileCoords(t, unitsM, tilesN, 8 / CL, T::RASTER_N, tm, tn);
@@ -453,7 +461,7 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
         namedBarrier(kReady, kHandOff);
         const bool inside = (tm + 1) * BM <= M && (tn + 1) * BN <= N;
 #pragma unroll 1
-        for (int q = 0; q < BN / 64; ++q) {
+        for (int q = handOff ? 0 : BN / 64 - kSplit; q < BN / 64; ++q) {
           const int64_t col = static_cast<int64_t>(tn) * BN + 64 * q + 2 * lane;
           unsigned char* const box = tileC + q * (BM * 128) + (lane % 4) * 4;
 #pragma unroll 4
@@ -467,7 +475,8 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
           }
         }
         fenceProxyAsync();
-        namedBarrier(3, 96);
+        // A split tile: the consumers' results are in it too.
+        namedBarrier(handOff ? 3 : kDone, handOff ? 96 : kHandOff);
         if (threadIdx.x == 32) {
           if (tm < tilesM) {
 #pragma unroll
@@ -480,8 +489,11 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
           }
           bulkWaitRead();
         }
-        namedBarrier(3, 96); // the stores have read the tile
-        namedBarrierArrive(kFree, kHandOff);
+        // The consumers' next tile may use the tile once the stores have read it.
+        if (t + stride < units) {
+          namedBarrier(3, 96);
+          namedBarrierArrive(kFree, kHandOff);
+        }
       }
       if (threadIdx.x == 32)
         bulkWait();
@@ -514,8 +526,8 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
       else if (warp == 1)
         mbarArriveCluster(&empty[s], 1);
     };
-    int local = 0;          // the tile's place in this CTA's sequence
-    bool handedOff = false; // kDefer: the previous tile was left to the helpers
+    int local = 0;       // the tile's place in this CTA's sequence
+    bool helped = false; // kDefer: the helpers took part in the previous tile
     unsigned orderPhase = 0;
     for (int t = unit0; t < units; t += stride, ++local) {
       if (T::PINGPONG && (local & 1) != c)
@@ -597,15 +609,17 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
       // Epilogue. Accumulator layout of m64nN: thread (warp w, lane l) holds rows
       // 16w + l/4 (+8) and columns 8j + 2(l%4) (+1), register 4j + 2*(row half) + column.
       if constexpr (kTile) {
-        // The helpers' stores of the previous tile have read the tile.
-        const bool prevHanded = handedOff;
-        if (kDefer && prevHanded)
-          namedBarrier(kFree, kHandOff);
+        // Tiles the helpers took part in (deferred or split) they store: the tile is free
+        // once those stores have read it. Otherwise once this warpgroup's own have (or, with
+        // kPre, once the operand has arrived).
+        const bool prevHelped = helped;
         const bool handOff = deferred(t);
-        handedOff = handOff;
-        // (Deferred tiles come first in a CTA's sequence: a consumer-stored tile before one
-        // handed off happens only if that changes, and then its stores must have read the tile.)
-        if (handOff && !prevHanded && local > 0) {
+        helped = kDefer && (handOff || kSplit > 0);
+        if (kDefer && prevHelped) {
+          namedBarrier(kFree, kHandOff);
+        } else if constexpr (kPre) {
+          mbarWait(&tileFull, local & 1);
+        } else {
           if (tid == 0)
             bulkWaitRead();
           namedBarrier(1 + c, 128);
@@ -618,57 +632,65 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
           return reinterpret_cast<elem2*>(mine + (j / 8) * (BM * 128) + h * 8 * 128 +
                                           (((j % 8) ^ (lane / 4)) * 16));
         };
-        if (!handOff) {
-          // The operand is in the tile (kPre), or the tile is free once this warpgroup's
-          // previous stores have read it.
-          if constexpr (kPre) {
-            mbarWait(&tileFull, local & 1);
-          } else {
-            if (tid == 0)
-              bulkWaitRead();
-            namedBarrier(1 + c, 128);
-          }
-          // 64-bit bases: operand addresses then fold the pair offsets into immediates.
-          const int64_t rowBase = static_cast<int64_t>(tm) * BM + r,
-                        colBase = static_cast<int64_t>(tn) * BN + 2 * (lane % 4);
-          auto apply = [&](int j, int h) {
-            const float2 s = kPre ? toF2(*at(j, h)) : make_float2(0.0f, 0.0f);
-            const float2 v = epi.pair(make_float2(d[0][4 * j + 2 * h], d[0][4 * j + 2 * h + 1]),
-                                      rowBase + 8 * h, colBase + 8 * j, a, s);
-            d[0][4 * j + 2 * h] = v.x;
-            d[0][4 * j + 2 * h + 1] = v.y;
-          };
-          // Tiles inside the problem run without bounds checks, in one branch-free block (a
-          // check per pair measured 3-11% slower: each pair's loads and math became a block
-          // of its own); TMA clips the stores of edge tiles (N is even here, so a pair is
-          // inside or outside as a whole).
-          if ((tm + 1) * BM <= M && (tn + 1) * BN <= N) {
+        // Accumulators into the tile as they are (rounded to the element type), for the
+        // helpers: pairs j0 <= j < BN / 8.
+        auto raw = [&](int j0) {
 #pragma unroll
-            for (int j = 0; j < BN / 8; ++j)
+          for (int j = j0; j < BN / 8; ++j)
 #pragma unroll
-              for (int h = 0; h < 2; ++h)
+            for (int h = 0; h < 2; ++h)
+              *at(j, h) = fromF2(d[0][4 * j + 2 * h], d[0][4 * j + 2 * h + 1]);
+        };
+        if (handOff) {
+          raw(0);
+          namedBarrierArrive(kReady, kHandOff);
+          continue;
+        }
+        // The helpers' boxes of a split tile first, so that they start at once.
+        if constexpr (kSplit > 0) {
+          raw(kOwnPairs);
+          namedBarrierArrive(kReady, kHandOff);
+        }
+        // 64-bit bases: operand addresses then fold the pair offsets into immediates.
+        const int64_t rowBase = static_cast<int64_t>(tm) * BM + r,
+                      colBase = static_cast<int64_t>(tn) * BN + 2 * (lane % 4);
+        auto apply = [&](int j, int h) {
+          const float2 s = kPre ? toF2(*at(j, h)) : make_float2(0.0f, 0.0f);
+          const float2 v = epi.pair(make_float2(d[0][4 * j + 2 * h], d[0][4 * j + 2 * h + 1]),
+                                    rowBase + 8 * h, colBase + 8 * j, a, s);
+          d[0][4 * j + 2 * h] = v.x;
+          d[0][4 * j + 2 * h + 1] = v.y;
+        };
+        // Tiles inside the problem run without bounds checks, in one branch-free block (a
+        // check per pair measured 3-11% slower: each pair's loads and math became a block of
+        // its own); TMA clips the stores of edge tiles (N is even here, so a pair is inside or
+        // outside as a whole).
+        if ((tm + 1) * BM <= M && (tn + 1) * BN <= N) {
+#pragma unroll
+          for (int j = 0; j < kOwnPairs; ++j)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+              apply(j, h);
+        } else {
+#pragma unroll
+          for (int j = 0; j < kOwnPairs; ++j)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+              if (rowBase + 8 * h < M && colBase + 8 * j < N)
                 apply(j, h);
-          } else {
-#pragma unroll
-            for (int j = 0; j < BN / 8; ++j)
-#pragma unroll
-              for (int h = 0; h < 2; ++h)
-                if (rowBase + 8 * h < M && colBase + 8 * j < N)
-                  apply(j, h);
-          }
         }
         // The stores after all the epilogue's loads (the compiler cannot tell the tile from
         // the operands in global memory).
 #pragma unroll
-        for (int j = 0; j < BN / 8; ++j)
+        for (int j = 0; j < kOwnPairs; ++j)
 #pragma unroll
           for (int h = 0; h < 2; ++h)
             *at(j, h) = fromF2(d[0][4 * j + 2 * h], d[0][4 * j + 2 * h + 1]);
-        if (handOff) {
-          namedBarrierArrive(kReady, kHandOff);
+        fenceProxyAsync();
+        if constexpr (kSplit > 0) {
+          namedBarrierArrive(kDone, kHandOff); // the helpers store the whole tile
           continue;
         }
-        fenceProxyAsync();
         namedBarrier(1 + c, 128);
         if (tid == 0 && tm < tilesM) {
 #pragma unroll

@@ -4,7 +4,6 @@
 #include "fpat/codegen/Lowering.h"
 
 #include <algorithm>
-#include <set>
 #include <sstream>
 
 namespace fpat::codegen::detail {
@@ -97,25 +96,6 @@ std::string epiloguePairBody(const ir::Graph& g, ir::Vertex v, const dsl::Patter
     }
   }
   os << "    return " << name(static_cast<int>(e.nodes.size()) - 1) << ";\n";
-  return os.str();
-}
-
-/// Prefetches of the epilogue's [N] operands (the line of column `col`), which the wgmma
-/// kernels issue when a tile starts so that the epilogue's loads hit L1.
-std::string epiloguePrefetch(const ir::Graph& g, ir::Vertex v) {
-  const ir::Op& op = g.op(v);
-  std::ostringstream os;
-  if (op.kind == ir::OpKind::Fused) {
-    const std::vector<ir::Vertex> ins = g.operands(v);
-    std::set<int> done;
-    for (const ir::EpilogueNode& n : op.fused.epilogue.nodes)
-      if (n.kind == ir::EpiKind::Operand &&
-          g.op(ins.at(static_cast<size_t>(n.operand))).type.rank() == 1 &&
-          done.insert(n.operand).second)
-        os << "    fpat::prefetchL1(a.in[" << n.operand << "], col);\n";
-  }
-  if (os.str().empty())
-    return "    (void)col;\n    (void)a;\n";
   return os.str();
 }
 
@@ -270,11 +250,7 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
          << "  __device__ __forceinline__ float2 pair(float2 v, int64_t row, int64_t col,\n"
          << "                                         const FpatKernelArgs& a, float2 s) const {\n"
          << "    (void)row;\n    (void)col;\n    (void)a;\n    (void)s;\n"
-         << epiloguePairBody(g, v, lib, acts, staged) << "  }\n"
-         << "  // The lines of its [N] operands holding column col, into L1.\n"
-         << "  __device__ __forceinline__ void prefetch(int64_t col, const FpatKernelArgs& a) "
-            "const {\n"
-         << epiloguePrefetch(g, v) << "  }\n";
+         << epiloguePairBody(g, v, lib, acts, staged) << "  }\n";
   body << "};\n\n";
   if (t.wgmma()) {
     body << "using Tile = fpat::WgmmaTile<" << t.bm << ", " << t.bn << ", " << t.stages << ", "

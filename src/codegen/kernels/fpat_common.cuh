@@ -93,11 +93,6 @@ __device__ __forceinline__ float ldh(const void* p, int64_t i) {
   return toF(static_cast<const elem*>(p)[i]);
 }
 
-/// Asks for the L1 line holding element i (a hint: no fault, no wait).
-__device__ __forceinline__ void prefetchL1(const void* p, int64_t i) {
-  asm volatile("prefetch.global.L1 [%0];\n" ::"l"(static_cast<const elem*>(p) + i));
-}
-
 /// Elements i and i + 1 as one 4-byte load; i must be even (and the base 4-byte aligned).
 __device__ __forceinline__ float2 ldh2(const void* p, int64_t i) {
   return toF2(*reinterpret_cast<const elem2*>(static_cast<const elem*>(p) + i));

@@ -360,17 +360,11 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
   // Whether the epilogue of unit t is deferred to the helper warps (the same answer in every
   // role). 48 k-tiles: their three warps then take well under a main loop per tile.
   auto deferred = [&](int t) { return kDefer && KT >= 48 && t + stride < units; };
-  // kDefer, BN = 256: the helpers also take the last 64-column box of every tile the
-  // consumers finish (a CTA's last one), so that its epilogue, exposed there, runs on eleven
-  // warps instead of eight; they store that tile. kOwnPairs: the consumers' pairs per row.
-  constexpr int kSplit = kDefer && BN == 256 ? 1 : 0;
-  constexpr int kOwnPairs = BN / 8 - 8 * kSplit;
   // The hand-offs between consumers and helpers are named barriers (racecheck follows those,
-  // not mbarrier phases, for ordinary shared-memory accesses): kReady, the consumers' part of
-  // the tile is there for the helpers (consumers arrive, helpers wait); kDone, the consumers'
-  // results of a split tile are in it (likewise); kFree, the helpers' stores have read it
+  // not mbarrier phases, for ordinary shared-memory accesses): kReady, the consumers' rows are
+  // in the tile (consumers arrive, helpers wait); kFree, the helpers' stores have read it
   // (helpers arrive, consumers wait). Strict alternation keeps each barrier's phases in step.
-  constexpr int kReady = 4, kFree = 5, kDone = 6, kHandOff = 128 * T::CONSUMERS + 96;
+  constexpr int kReady = 4, kFree = 5, kHandOff = 128 * T::CONSUMERS + 96;
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < S; ++s) {
@@ -447,13 +441,11 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
     } else if (kDefer && threadIdx.x >= 32) {
       // Helpers: warp h of 1..3 takes tile rows h - 1, h + 2, ... of each 64-column box, a row
       // per warp instruction (lane: columns 2 lane, 2 lane + 1), so that operand loads from
-      // global memory are whole 128-byte rows. Deferred tiles: every box; split tiles (all
-      // the others, with kSplit): the last kSplit boxes, the consumers doing the rest.
+      // global memory are whole 128-byte rows.
       const Epilogue epi;
       const int hw = threadIdx.x / 32 - 1, lane = threadIdx.x % 32;
       for (int t = unit0; t < units; t += stride) {
-        const bool handOff = deferred(t);
-        if (!handOff && kSplit == 0)
+        if (!deferred(t))
           continue;
         int tm, tn;
         tileCoords(t, unitsM, tilesN, 8 / CL, T::RASTER_N, tm, tn);
@@ -461,13 +453,13 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
         namedBarrier(kReady, kHandOff);
         const bool inside = (tm + 1) * BM <= M && (tn + 1) * BN <= N;
 #pragma unroll 1
-        for (int q = handOff ? 0 : BN / 64 - kSplit; q < BN / 64; ++q) {
-          const int64_t col = static_cast<int64_t>(tn) * BN + 64 * q + 2 * lane;
+        for (int q = 0; q < BN / 64; ++q) {
+          const int col = tn * BN + 64 * q + 2 * lane;
           unsigned char* const box = tileC + q * (BM * 128) + (lane % 4) * 4;
 #pragma unroll 4
           for (int r = hw; r < BM; r += 3) {
             elem2* e = reinterpret_cast<elem2*>(box + r * 128 + (((lane / 4) ^ (r % 8)) * 16));
-            const int64_t row = static_cast<int64_t>(tm) * BM + r;
+            const int row = tm * BM + r;
             if (inside || (row < M && col < N)) {
               const float2 v = epi.pair(toF2(*e), row, col, a, make_float2(0.0f, 0.0f));
               *e = fromF2(v.x, v.y);
@@ -475,8 +467,7 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
           }
         }
         fenceProxyAsync();
-        // A split tile: the consumers' results are in it too.
-        namedBarrier(handOff ? 3 : kDone, handOff ? 96 : kHandOff);
+        namedBarrier(3, 96);
         if (threadIdx.x == 32) {
           if (tm < tilesM) {
 #pragma unroll
@@ -489,11 +480,8 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
           }
           bulkWaitRead();
         }
-        // The consumers' next tile may use the tile once the stores have read it.
-        if (t + stride < units) {
-          namedBarrier(3, 96);
-          namedBarrierArrive(kFree, kHandOff);
-        }
+        namedBarrier(3, 96); // the stores have read the tile
+        namedBarrierArrive(kFree, kHandOff);
       }
       if (threadIdx.x == 32)
         bulkWait();
@@ -526,8 +514,8 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
       else if (warp == 1)
         mbarArriveCluster(&empty[s], 1);
     };
-    int local = 0;       // the tile's place in this CTA's sequence
-    bool helped = false; // kDefer: the helpers took part in the previous tile
+    int local = 0;          // the tile's place in this CTA's sequence
+    bool handedOff = false; // kDefer: the previous tile was left to the helpers
     unsigned orderPhase = 0;
     for (int t = unit0; t < units; t += stride, ++local) {
       if (T::PINGPONG && (local & 1) != c)
@@ -548,10 +536,6 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
       unsigned phase = static_cast<unsigned>((first / S) & 1);
       // Rows of the tile this consumer computes: its 64 (cooperative) or all BM (ping-pong).
       const int row0 = T::PINGPONG ? 0 : c * 64;
-      // The epilogue's [N] operands (a bias) into L1 now, for a short latency after the main
-      // loop: lane l takes the line of 64 columns l % (BN / 64).
-      if (const int col = tn * BN + 64 * (lane % (BN / 64)); col < N)
-        epi.prefetch(col, a);
       int prev = -1;
       for (int kt = 0; kt < KT; ++kt) {
         mbarWait(&full[stage], phase);
@@ -609,17 +593,15 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
       // Epilogue. Accumulator layout of m64nN: thread (warp w, lane l) holds rows
       // 16w + l/4 (+8) and columns 8j + 2(l%4) (+1), register 4j + 2*(row half) + column.
       if constexpr (kTile) {
-        // Tiles the helpers took part in (deferred or split) they store: the tile is free
-        // once those stores have read it. Otherwise once this warpgroup's own have (or, with
-        // kPre, once the operand has arrived).
-        const bool prevHelped = helped;
-        const bool handOff = deferred(t);
-        helped = kDefer && (handOff || kSplit > 0);
-        if (kDefer && prevHelped) {
+        // The helpers' stores of the previous tile have read the tile.
+        const bool prevHanded = handedOff;
+        if (kDefer && prevHanded)
           namedBarrier(kFree, kHandOff);
-        } else if constexpr (kPre) {
-          mbarWait(&tileFull, local & 1);
-        } else {
+        const bool handOff = deferred(t);
+        handedOff = handOff;
+        // (Deferred tiles come first in a CTA's sequence: a consumer-stored tile before one
+        // handed off happens only if that changes, and then its stores must have read the tile.)
+        if (handOff && !prevHanded && local > 0) {
           if (tid == 0)
             bulkWaitRead();
           namedBarrier(1 + c, 128);
@@ -632,65 +614,57 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
           return reinterpret_cast<elem2*>(mine + (j / 8) * (BM * 128) + h * 8 * 128 +
                                           (((j % 8) ^ (lane / 4)) * 16));
         };
-        // Accumulators into the tile as they are (rounded to the element type), for the
-        // helpers: pairs j0 <= j < BN / 8.
-        auto raw = [&](int j0) {
+        if (!handOff) {
+          // The operand is in the tile (kPre), or the tile is free once this warpgroup's
+          // previous stores have read it.
+          if constexpr (kPre) {
+            mbarWait(&tileFull, local & 1);
+          } else {
+            if (tid == 0)
+              bulkWaitRead();
+            namedBarrier(1 + c, 128);
+          }
+          // 64-bit bases: operand addresses then fold the pair offsets into immediates.
+          const int64_t rowBase = static_cast<int64_t>(tm) * BM + r,
+                        colBase = static_cast<int64_t>(tn) * BN + 2 * (lane % 4);
+          auto apply = [&](int j, int h) {
+            const float2 s = kPre ? toF2(*at(j, h)) : make_float2(0.0f, 0.0f);
+            const float2 v = epi.pair(make_float2(d[0][4 * j + 2 * h], d[0][4 * j + 2 * h + 1]),
+                                      rowBase + 8 * h, colBase + 8 * j, a, s);
+            d[0][4 * j + 2 * h] = v.x;
+            d[0][4 * j + 2 * h + 1] = v.y;
+          };
+          // Tiles inside the problem run without bounds checks, in one branch-free block (a
+          // check per pair measured 3-11% slower: each pair's loads and math became a block
+          // of its own); TMA clips the stores of edge tiles (N is even here, so a pair is
+          // inside or outside as a whole).
+          if ((tm + 1) * BM <= M && (tn + 1) * BN <= N) {
 #pragma unroll
-          for (int j = j0; j < BN / 8; ++j)
+            for (int j = 0; j < BN / 8; ++j)
 #pragma unroll
-            for (int h = 0; h < 2; ++h)
-              *at(j, h) = fromF2(d[0][4 * j + 2 * h], d[0][4 * j + 2 * h + 1]);
-        };
-        if (handOff) {
-          raw(0);
-          namedBarrierArrive(kReady, kHandOff);
-          continue;
-        }
-        // The helpers' boxes of a split tile first, so that they start at once.
-        if constexpr (kSplit > 0) {
-          raw(kOwnPairs);
-          namedBarrierArrive(kReady, kHandOff);
-        }
-        // 64-bit bases: operand addresses then fold the pair offsets into immediates.
-        const int64_t rowBase = static_cast<int64_t>(tm) * BM + r,
-                      colBase = static_cast<int64_t>(tn) * BN + 2 * (lane % 4);
-        auto apply = [&](int j, int h) {
-          const float2 s = kPre ? toF2(*at(j, h)) : make_float2(0.0f, 0.0f);
-          const float2 v = epi.pair(make_float2(d[0][4 * j + 2 * h], d[0][4 * j + 2 * h + 1]),
-                                    rowBase + 8 * h, colBase + 8 * j, a, s);
-          d[0][4 * j + 2 * h] = v.x;
-          d[0][4 * j + 2 * h + 1] = v.y;
-        };
-        // Tiles inside the problem run without bounds checks, in one branch-free block (a
-        // check per pair measured 3-11% slower: each pair's loads and math became a block of
-        // its own); TMA clips the stores of edge tiles (N is even here, so a pair is inside or
-        // outside as a whole).
-        if ((tm + 1) * BM <= M && (tn + 1) * BN <= N) {
-#pragma unroll
-          for (int j = 0; j < kOwnPairs; ++j)
-#pragma unroll
-            for (int h = 0; h < 2; ++h)
-              apply(j, h);
-        } else {
-#pragma unroll
-          for (int j = 0; j < kOwnPairs; ++j)
-#pragma unroll
-            for (int h = 0; h < 2; ++h)
-              if (rowBase + 8 * h < M && colBase + 8 * j < N)
+              for (int h = 0; h < 2; ++h)
                 apply(j, h);
+          } else {
+#pragma unroll
+            for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+              for (int h = 0; h < 2; ++h)
+                if (rowBase + 8 * h < M && colBase + 8 * j < N)
+                  apply(j, h);
+          }
         }
         // The stores after all the epilogue's loads (the compiler cannot tell the tile from
         // the operands in global memory).
 #pragma unroll
-        for (int j = 0; j < kOwnPairs; ++j)
+        for (int j = 0; j < BN / 8; ++j)
 #pragma unroll
           for (int h = 0; h < 2; ++h)
             *at(j, h) = fromF2(d[0][4 * j + 2 * h], d[0][4 * j + 2 * h + 1]);
-        fenceProxyAsync();
-        if constexpr (kSplit > 0) {
-          namedBarrierArrive(kDone, kHandOff); // the helpers store the whole tile
+        if (handOff) {
+          namedBarrierArrive(kReady, kHandOff);
           continue;
         }
+        fenceProxyAsync();
         namedBarrier(1 + c, 128);
         if (tid == 0 && tm < tilesM) {
 #pragma unroll

@@ -950,6 +950,85 @@ std::optional<double> constantValue(const Expr& e, const ActivationDef& a,
   }
 }
 
+/// Bounds of an expression's value over every input (NaN aside), by interval arithmetic; wide
+/// where unsure. The lowering uses them to drop a division's range handling.
+struct Range {
+  double lo = -INFINITY, hi = INFINITY;
+};
+
+Range rangeOf(const Expr& e, const ActivationDef& a) {
+  const Range all;
+  auto finite = [&](double lo, double hi) {
+    return std::isnan(lo) || std::isnan(hi) ? all : Range{lo, hi};
+  };
+  switch (e.kind) {
+  case Expr::Int:
+    return {static_cast<double>(e.i), static_cast<double>(e.i)};
+  case Expr::Float:
+    return {e.f, e.f};
+  case Expr::Name: {
+    for (const auto& [n, v] : a.body->lets)
+      if (n == e.s)
+        return rangeOf(*v, a);
+    if (e.s == "x" || std::count(a.paramNames.begin(), a.paramNames.end(), e.s))
+      return all;
+    const double c = namedConstants().at(e.s);
+    return {c, c};
+  }
+  case Expr::Unary: {
+    const Range r = rangeOf(*e.kids[0], a);
+    return {-r.hi, -r.lo};
+  }
+  case Expr::Binary: {
+    const Range l = rangeOf(*e.kids[0], a), r = rangeOf(*e.kids[1], a);
+    if (e.s == "+")
+      return finite(l.lo + r.lo, l.hi + r.hi);
+    if (e.s == "-")
+      return finite(l.lo - r.hi, l.hi - r.lo);
+    if (e.s == "*") {
+      const double p[] = {l.lo * r.lo, l.lo * r.hi, l.hi * r.lo, l.hi * r.hi};
+      for (double v : p)
+        if (std::isnan(v))
+          return all;
+      return {*std::min_element(p, p + 4), *std::max_element(p, p + 4)};
+    }
+    if (e.s == "/")
+      return all;
+    return {0, 1}; // comparisons
+  }
+  case Expr::Select: {
+    const Range t = rangeOf(*e.kids[1], a), f = rangeOf(*e.kids[2], a);
+    return {std::min(t.lo, f.lo), std::max(t.hi, f.hi)};
+  }
+  case Expr::Call: {
+    const Range r = rangeOf(*e.kids[0], a);
+    if (e.s == "exp")
+      return {std::exp(r.lo), std::exp(r.hi)};
+    if (e.s == "tanh")
+      return {std::tanh(r.lo), std::tanh(r.hi)};
+    if (e.s == "erf")
+      return {std::erf(r.lo), std::erf(r.hi)};
+    if (e.s == "abs")
+      return r.lo >= 0 ? r : Range{0, std::max(-r.lo, r.hi)};
+    if (e.s == "sqrt")
+      return {std::sqrt(std::max(r.lo, 0.0)), std::sqrt(std::max(r.hi, 0.0))};
+    if (e.s == "min" || e.s == "max") {
+      const Range q = rangeOf(*e.kids[1], a);
+      return e.s == "min" ? Range{std::min(r.lo, q.lo), std::min(r.hi, q.hi)}
+                          : Range{std::max(r.lo, q.lo), std::max(r.hi, q.hi)};
+    }
+    return all;
+  }
+  default:
+    return all;
+  }
+}
+
+/// The division a / b: fpat_divf_ge1 where b is at least 1 (as 1 + exp(y)), fpat_divf
+/// otherwise (fpat_common.cuh).
+std::string lowerDivision(const std::string& num, const Expr& den, const ActivationDef& a,
+                          const std::set<std::string>& locals);
+
 /// Whether k * e can take the factor k into a constant of e at no cost: e is a constant, or a
 /// product, quotient or negation with a factor that can.
 bool absorbsFactor(const Expr& e, const ActivationDef& a, const std::set<std::string>& locals) {
@@ -998,13 +1077,19 @@ std::pair<std::string, int> lowerScaled(const Expr& e, double k, const Activatio
     if (auto c = constantValue(r, a, locals); c && *c != 0)
       return scaled(l, k / *c);
     if (absorbsFactor(l, a, locals))
-      return {"fpat_divf(" + scaled(l, k).first + ", " + lowerCuda(r, a, locals) + ")", 6};
+      return {lowerDivision(scaled(l, k).first, r, a, locals), 6};
   }
   if (e.kind == Expr::Binary && (e.s == "+" || e.s == "-") && absorbsFactor(e, a, locals))
     return {paren(scaled(*e.kids[0], k), 3) + " " + e.s + " " + paren(scaled(*e.kids[1], k), 4), 3};
   if (k == 1.0)
     return plain(e);
   return {cudaFloat(k) + " * " + paren(plain(e), 5), 4};
+}
+
+std::string lowerDivision(const std::string& num, const Expr& den, const ActivationDef& a,
+                          const std::set<std::string>& locals) {
+  return std::string(rangeOf(den, a).lo >= 1 ? "fpat_divf_ge1(" : "fpat_divf(") + num + ", " +
+         lowerCuda(den, a, locals) + ")";
 }
 
 std::string lowerCuda(const Expr& e, const ActivationDef& a, const std::set<std::string>& locals) {
@@ -1031,11 +1116,11 @@ std::string lowerCuda(const Expr& e, const ActivationDef& a, const std::set<std:
     return operand[0] == '-' ? "-(" + operand + ")" : "-" + operand;
   }
   case Expr::Binary: {
-    // Division through fpat_divf (fpat_common.cuh): a multiply by the approximate reciprocal,
-    // without a branch; measured faster than `/` (div.full.f32) in GeLU/SiLU epilogues.
+    // Division through fpat_divf or fpat_divf_ge1 (fpat_common.cuh): a multiply by the
+    // approximate reciprocal, without a branch; measured faster than `/` (div.full.f32) in
+    // GeLU/SiLU epilogues.
     if (e.s == "/")
-      return "fpat_divf(" + lowerCuda(*e.kids[0], a, locals) + ", " +
-             lowerCuda(*e.kids[1], a, locals) + ")";
+      return lowerDivision(lowerCuda(*e.kids[0], a, locals), *e.kids[1], a, locals);
     int p = cudaPrec(e);
     std::string l = sub(*e.kids[0], p), r = sub(*e.kids[1], p + 1);
     // A comparison yields 1.0f/0.0f, as the CPU evaluator does.

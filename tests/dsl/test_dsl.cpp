@@ -159,14 +159,46 @@ BOOST_AUTO_TEST_CASE(cuda_lowering_is_readable_and_complete) {
   BOOST_TEST(f.find("const float l_t = x - -1.5f;") != std::string::npos, f);
   BOOST_TEST(f.find("return l_t * -(-2.0f);") != std::string::npos, f);
   BOOST_TEST(neg->c->library.findActivation("f")->compiled.eval(1.0, nullptr) == 5.0);
-  // Division and exp lower to fpat_divf / fpat_exp2f calls, whatever surrounds them.
+  // Division and exp lower to fpat_divf(_ge1) / fpat_exp2f calls, whatever surrounds them.
   auto div = compile("include \"fpat.fpat\"\ndef g : Activation { let body = expr { "
                      "-x / 2.0 * x + 1.0 / (x - 3.0) / exp(-x) }; }\n");
   BOOST_TEST_REQUIRE(div->c.has_value(), div->errors());
   std::string g = emitActivationFunction(*div->c->library.findActivation("g"));
-  BOOST_TEST(g.find("return fpat_divf(-x, 2.0f) * x + fpat_divf(fpat_divf(1.0f, x - 3.0f), "
+  BOOST_TEST(g.find("return fpat_divf_ge1(-x, 2.0f) * x + fpat_divf(fpat_divf(1.0f, x - 3.0f), "
                     "fpat_exp2f((-1.4426950408889634f) * x));") != std::string::npos,
              g);
+}
+
+BOOST_AUTO_TEST_CASE(quotients_over_one_skip_the_range_handling) {
+  // A division whose denominator interval arithmetic puts at 1 or more lowers to
+  // fpat_divf_ge1 (no scaling of tiny or huge divisors); any other to fpat_divf.
+  struct Case {
+    const char* body;
+    bool ge1;
+  };
+  const Case cases[] = {
+      {"x / (1.0 + exp(-x))", true},
+      {"1.0 / (1.0 + abs(x))", true},
+      {"x / max(x, 1.0)", true},
+      {"let d = 2.0 + exp(x); x / d", true},
+      {"x / (0.5 + tanh(x) + 1.0)", false},
+      {"x / (0.5 + exp(x))", false},
+      {"1.0 / x", false},
+      {"x / (1.0 + x * x)", false},
+      {"x / (slope + exp(x))", false},
+      {"x / (x > 0.0 ? 2.0 : 1.5)", true},
+      {"2.0 * (x / (3.0 + exp(x)))", true},
+  };
+  for (const Case& c : cases)
+    BOOST_TEST_CONTEXT(c.body) {
+      auto r = compile(std::string("include \"fpat.fpat\"\ndef h : Activation { let params = "
+                                   "[Param<\"slope\", 2.0>]; let body = expr { ") +
+                       c.body + " }; }\n");
+      BOOST_TEST_REQUIRE(r->c.has_value(), r->errors());
+      std::string h = emitActivationFunction(*r->c->library.findActivation("h"));
+      BOOST_TEST((h.find("fpat_divf_ge1(") != std::string::npos) == c.ge1, h);
+      BOOST_TEST((h.find("fpat_divf(") != std::string::npos) == !c.ge1, h);
+    }
 }
 
 BOOST_AUTO_TEST_CASE(exp_arguments_take_log2e_into_their_constants) {

@@ -413,6 +413,45 @@ BOOST_AUTO_TEST_CASE(division_and_exp_at_the_edges_of_the_float_range) {
     }
 }
 
+BOOST_AUTO_TEST_CASE(quotients_over_one_at_the_edges_of_f16) {
+  // f16 kernels divide by 1 + exp(y) without fpat_divf's scaling (fpat_divf_ge1): sigmoid,
+  // silu and gelu of f16's extremes, infinities, subnormals and the region where exp overflows
+  // f32, each within one f16 ulp of the exactly rounded value; infinities, zeros and NaN as
+  // the reference's.
+  const double inf = std::numeric_limits<double>::infinity();
+  const std::vector<double> xs = {0.0,     -0.0,  inf,   -inf,  65504.0, -65504.0, 6e-8,
+                                  -6e-8,   1e-4,  -1e-4, 1.0,   -1.0,    3.0,      -3.0,
+                                  -11.0,   -17.0, -45.0, -87.0, -88.5,   -89.0,    -100.0,
+                                  -1000.0, 20.0,  100.0, -5.5,  -7.25,   -9.0,     0.5};
+  for (const char* fn : {"sigmoid", "silu", "gelu"})
+    BOOST_TEST_CONTEXT(fn) {
+      ir::ActivationSet acts = builtinLibrary().activationSet();
+      ir::GraphBuilder b("edges16", acts);
+      b.output(b.activation(b.input("x", {1, static_cast<int64_t>(xs.size())}), fn, "y"));
+      ir::Graph g = b.build();
+      auto inputs = ir::randomInputs(g, 1);
+      std::vector<float>& x = inputs.at("x").data;
+      for (size_t i = 0; i < xs.size(); ++i)
+        x[i] = ir::roundTo(xs[i], ir::DType::F16);
+      runtime::BuildResult r = runtime::buildKernels(g, builtinLibrary(), buildOptions());
+      BOOST_TEST_REQUIRE(r.error.empty(), r.error);
+      runtime::Executor ex(*gpu(), r.graph);
+      auto got = ex.run(inputs, true).outputs[0].data;
+      auto exact = ir::evaluate(g, inputs, builtinLibrary().referenceActivations());
+      const std::vector<float>& ref = exact[g.outputs()[0]].data;
+      BOOST_TEST_REQUIRE(got.size() == xs.size());
+      for (size_t i = 0; i < xs.size(); ++i) {
+        const double want = ir::roundTo(ref[i], ir::DType::F16);
+        const double ulp = want == 0 || std::isinf(want)
+                               ? 0
+                               : std::ldexp(1.0, std::max(std::ilogb(want), -14) - 10);
+        const bool same = std::isnan(want) ? std::isnan(got[i])
+                                           : got[i] == want || std::abs(got[i] - want) <= ulp;
+        BOOST_TEST(same, fn << "(" << x[i] << ") = " << got[i] << ", want " << want);
+      }
+    }
+}
+
 BOOST_AUTO_TEST_CASE(poisoned_outputs_catch_unwritten_elements) {
   // A kernel that leaves elements unwritten must fail validation: tell the GEMM it has only
   // half of its 64 rows, so rows 32..63 keep the poison.

@@ -5,7 +5,7 @@
 // gelu: expr { x / (1.0 + exp(-2.0 * 0.7978845608028654 * (x + 0.044715 * x * x * x))) }
 // from patterns/activations.fpat:11
 __device__ __forceinline__ float fpat_act_gelu(float x) {
-  return fpat_divf(x, 1.0f + fpat_exp2f((-2.302208198144325f) * x + (-0.1029432395800235f) * x * x * x));
+  return fpat_divf_ge1(x, 1.0f + fpat_exp2f((-2.302208198144325f) * x + (-0.1029432395800235f) * x * x * x));
 }
 
 // gelu_erf: expr { 0.5 * x * (1.0 + erf(x * 0.7071067811865476)) }
@@ -17,7 +17,7 @@ __device__ __forceinline__ float fpat_act_gelu_erf(float x) {
 // silu: expr { x / (1.0 + exp(-x)) }
 // from patterns/activations.fpat:21
 __device__ __forceinline__ float fpat_act_silu(float x) {
-  return fpat_divf(x, 1.0f + fpat_exp2f((-1.4426950408889634f) * x));
+  return fpat_divf_ge1(x, 1.0f + fpat_exp2f((-1.4426950408889634f) * x));
 }
 
 // relu: expr { max(x, 0.0) }
@@ -35,7 +35,7 @@ __device__ __forceinline__ float fpat_act_leaky_relu(float x, float p_slope) {
 // sigmoid: expr { 1.0 / (1.0 + exp(-x)) }
 // from patterns/activations.fpat:39
 __device__ __forceinline__ float fpat_act_sigmoid(float x) {
-  return fpat_divf(1.0f, 1.0f + fpat_exp2f((-1.4426950408889634f) * x));
+  return fpat_divf_ge1(1.0f, 1.0f + fpat_exp2f((-1.4426950408889634f) * x));
 }
 
 // tanh: expr { tanh(x) }

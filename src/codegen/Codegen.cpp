@@ -84,6 +84,11 @@ bool wgmmaEpilogueTile(const TileConfig& t, int64_t n) {
          gemmSmemBytes(t, false) + t.bm * t.bn * 2 + 1024 <= 232448;
 }
 
+bool wgmmaSideBox(const TileConfig& t, int64_t n) {
+  return wgmmaEpilogueTile(t, n) &&
+         gemmSmemBytes(t, false) + t.bm * t.bn * 2 + t.bm * 128 + 1024 <= 232448;
+}
+
 bool tmaCompatible(int64_t m, int64_t n, int64_t k, bool transB) {
   const int64_t limit = int64_t{1} << 31;
   return m >= 1 && n >= 1 && k >= 1 && m < limit && n < limit && k < limit && k % 8 == 0 &&

@@ -64,6 +64,10 @@ int gemmSmemBytes(const TileConfig& t, bool transB);
 /// gemmSmemBytes + BM * BN * 2.
 bool wgmmaEpilogueTile(const TileConfig& t, int64_t n);
 
+/// Whether such a tile also leaves room for the side buffer of a deferred epilogue's [M, N]
+/// operand, one BM x 64 box (fpat_wgmma.cuh, kSide): BM * 128 more bytes.
+bool wgmmaSideBox(const TileConfig& t, int64_t n);
+
 /// Whether the wgmma backend can run an M x N x K GEMM: TMA needs row strides that are
 /// multiples of 16 bytes (K % 8 == 0, and N % 8 == 0 when B is [K, N]) and 32-bit coordinates.
 bool tmaCompatible(int64_t m, int64_t n, int64_t k, bool transB);

@@ -166,15 +166,17 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
   u.sm90a = t.wgmma();
   const bool epiTile = wgmmaEpilogueTile(t, u.N);
   // Activations are the costly part of an epilogue (MUFU operations while the tensor cores
-  // wait): those epilogues are deferred to the producer warpgroup's idle warps, unless they
-  // read an [M, N] operand (its loads made the three warps fall behind: gemm_silu_mul took
-  // 1.7x as long; it comes through the tile by TMA instead).
+  // wait): those epilogues are deferred to the producer warpgroup's idle warps. An [M, N]
+  // operand then comes to the helpers by TMA through a side buffer, where it fits (their own
+  // loads fell behind). Cheap epilogues stay with the consumers (bench/RESULTS.md, session 10).
+  const int staged = epiTile ? stagedOperand(g, v) : -1;
+  const bool side = staged >= 0 && wgmmaSideBox(t, u.N);
   const bool defer =
-      epiTile && op.kind == ir::OpKind::Fused && stagedOperand(g, v) < 0 &&
+      epiTile && op.kind == ir::OpKind::Fused && (staged < 0 || side) &&
       std::any_of(op.fused.epilogue.nodes.begin(), op.fused.epilogue.nodes.end(),
                   [](const ir::EpilogueNode& n) { return n.kind == ir::EpiKind::Activation; });
-  const int staged = epiTile ? stagedOperand(g, v) : -1;
-  const int smemBytes = gemmSmemBytes(t, u.transB) + (epiTile ? t.bm * t.bn * 2 : 0);
+  const int smemBytes = gemmSmemBytes(t, u.transB) + (epiTile ? t.bm * t.bn * 2 : 0) +
+                        (defer && side ? t.bm * 128 : 0);
 
   const std::string epi = epilogueBody(g, v, lib, acts);
   const std::string base = op.kind == ir::OpKind::Fused ? sanitize(op.fused.pattern) : "gemm";
@@ -210,7 +212,11 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
                       (staged >= 0
                            ? "; $" + std::to_string(staged) + " [M, N] loaded into it by TMA"
                            : std::string()) +
-                      (defer ? "; the epilogue deferred to the producer's idle warps" : ""));
+                      (defer ? "; the epilogue deferred to the producer's idle warps" +
+                                   (side ? " ($" + std::to_string(staged) + " coming to them in " +
+                                               std::to_string(t.bm) + "x64 boxes by TMA)"
+                                         : std::string())
+                             : ""));
   } else {
     lines = {"family:   " + u.family +
                  (t.backend == Backend::MmaSync ? " (mma.sync m16n8k16" : " (WMMA") +
@@ -259,7 +265,7 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
          << (t.rasterN ? ", true" : "") << ">;\n"
          << "// The launch's dynamic shared memory (computed on the host) must be the kernel's.\n"
          << "static_assert(fpat::wgmmaSmemBytes<Tile" << (epiTile ? ", true" : "")
-         << ">() == " << smemBytes
+         << (defer && side ? ", true" : "") << ">() == " << smemBytes
          << ", \"host and device disagree on shared memory\");\n\n} // namespace\n\n"
          << "extern \"C\" __global__ void "
          << (t.cluster > 1 ? "__cluster_dims__(" + std::to_string(t.cluster) + ", 1, 1) " : "")

@@ -367,9 +367,23 @@ BOOST_AUTO_TEST_CASE(wgmma_epilogue_goes_through_a_tma_stored_tile_where_it_fits
              std::string::npos);
   BOOST_TEST(u.launches[0].tma.size() == 4u);
   BOOST_TEST(u.launches[0].tma[2].operand == codegen::TmaMap::kUnused);
+  // An activation with an [M, N] operand: deferred, the operand coming to the helpers through
+  // the side buffer (one BM x 64 box), where the stages leave room for it.
   u = unit("gemm_silu_mul", {300, 520, 64}, s3);
-  BOOST_TEST(u.source.find("kDefer = false;") != std::string::npos);
+  BOOST_TEST(u.source.find("kDefer = true;") != std::string::npos);
   BOOST_TEST(u.source.find("kStaged = -1;") == std::string::npos);
+  BOOST_TEST(u.source.find("wgmmaSmemBytes<Tile, true, true>()") != std::string::npos);
+  BOOST_TEST(u.launches[0].smemBytes ==
+             codegen::gemmSmemBytes(s3, false) + 128 * 256 * 2 + 128 * 128);
+  BOOST_TEST(u.source.find("coming to them in 128x64 boxes by TMA") != std::string::npos);
+  BOOST_TEST(codegen::wgmmaSideBox(s3, 520));
+  // Without room for the side buffer the operand goes through the tile, not deferred.
+  const codegen::TileConfig deep{128, 128, 64, 64, 128, 6, codegen::Backend::Wgmma};
+  BOOST_TEST(codegen::wgmmaEpilogueTile(deep, 520));
+  BOOST_TEST(!codegen::wgmmaSideBox(deep, 520));
+  u = unit("gemm_silu_mul", {300, 520, 64}, deep);
+  BOOST_TEST(u.source.find("kDefer = false;") != std::string::npos);
+  BOOST_TEST(u.launches[0].smemBytes == codegen::gemmSmemBytes(deep, false) + 128 * 128 * 2);
   // Without room or with odd N: the shared-memory slabs as before, two maps.
   u = unit("gemm_residual", {300, 520, 64}, s4);
   BOOST_TEST(u.source.find("kTile = false;") != std::string::npos);

@@ -256,11 +256,13 @@ BOOST_AUTO_TEST_CASE(wgmma_configurations_match_the_reference) {
 
 BOOST_AUTO_TEST_CASE(deferred_epilogues_at_ragged_shapes) {
   // 160 tiles of 64x64 with 48 k-tiles, the last row and column of them ragged: CTAs with two
-  // tiles hand the first to the helper warps (kDefer), edge tiles included.
+  // tiles hand the first to the helper warps (kDefer), edge tiles included; [M, N] operands
+  // come to them through the side buffer (kSide), the last tile's into the tile (kPre).
   if (gpu()->device().arch != 90)
     return;
   const codegen::TileConfig t = *codegen::TileConfig::parse("64x64x64_w1x1_s8_wgmma");
-  for (const char* name : {"gemm_bias_gelu", "gemm_silu"})
+  for (const char* name :
+       {"gemm_bias_gelu", "gemm_silu", "gemm_silu_mul", "gemm_residual", "gemm_bias_residual"})
     BOOST_TEST_CONTEXT(name) {
       BOOST_TEST(runWithTile(name, Shape{600, 1000, 3072}, t, 31).wgmma());
     }

@@ -28,10 +28,11 @@
 //     a BM x BN shared-memory tile that TMA stores (clipping edge tiles), and an [M, N] operand
 //     such as a residual arrives in that tile by TMA, loaded by the producer during the main
 //     loop. Activation epilogues (Epilogue::kDefer) are applied there by the producer
-//     warpgroup's three idle warps while the consumers run the next tile. Otherwise interior tiles
-//     store through a small shared-memory slab per warp, so that each store instruction writes
-//     whole 128-byte row segments (a thread's own f16 pairs would write 16 bytes of each of 8
-//     rows); edge tiles store checked pairs from registers.
+//     warpgroup's three idle warps while the consumers run the next tile; their [M, N] operand
+//     comes to those warps by TMA, a BM x 64 box at a time, into a side buffer behind the
+//     tile. Otherwise interior tiles store through a small shared-memory slab per warp, so
+//     that each store instruction writes whole 128-byte row segments (a thread's own f16 pairs
+//     would write 16 bytes of each of 8 rows); edge tiles store checked pairs from registers.
 // Requirements, checked by the host before choosing this backend: A and B 16-byte aligned, K a
 // multiple of 8 (and N too unless TRANS_B): TMA's global strides are multiples of 16 bytes.
 #pragma once
@@ -58,10 +59,12 @@ struct WgmmaTile {
 };
 
 /// Dynamic shared memory of a configuration: the stages, the BM x BN epilogue tile where the
-/// epilogue goes through one (TILE), plus 1 KB to align them to the 1024-byte swizzle atom.
-/// Mirrors codegen::gemmSmemBytes and codegen::wgmmaEpilogueTile.
-template <class T, bool TILE = false> constexpr int wgmmaSmemBytes() {
-  return T::STAGES * T::STAGE_BYTES + (TILE ? T::BM * T::BN * 2 : 0) + 1024;
+/// epilogue goes through one (TILE), one BM x 64 box of a deferred epilogue's [M, N] operand
+/// (SIDE), plus 1 KB to align them to the 1024-byte swizzle atom. Mirrors
+/// codegen::gemmSmemBytes, codegen::wgmmaEpilogueTile and codegen::wgmmaSideBox.
+template <class T, bool TILE = false, bool SIDE = false> constexpr int wgmmaSmemBytes() {
+  return T::STAGES * T::STAGE_BYTES + (TILE ? T::BM * T::BN * 2 : 0) + (SIDE ? T::BM * 128 : 0) +
+         1024;
 }
 
 namespace sm90 {
@@ -313,7 +316,7 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
   using namespace sm90;
   constexpr int BM = T::BM, BN = T::BN, BK = T::BK, S = T::STAGES;
   extern __shared__ __align__(1024) unsigned char smemRaw[];
-  __shared__ __align__(8) uint64_t full[S], empty[S], order[2], tileFull, tileEmpty;
+  __shared__ __align__(8) uint64_t full[S], empty[S], order[2], tileFull, tileEmpty, sideFull;
   // Interior tiles store through one 16 x 64 slab of shared memory per consumer warp (padded
   // rows: the pair writes are free of bank conflicts), where the configuration leaves room.
   constexpr int kSlabRows = 16, kSlabPitch = 72;
@@ -327,13 +330,16 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
   constexpr bool kTile = Epilogue::kTile;
   constexpr bool kPre = kTile && Epilogue::kStaged >= 0;
   static_assert(!kTile || !T::PINGPONG, "the epilogue tile is for the cooperative schedule");
-  // Epilogue::kDefer (costly activations): where the CTA has another tile to compute and the
-  // main loop is long enough to hide it, the consumers only write their accumulators into the
-  // tile, rounded to the element type as an unfused GEMM would store them, and go on to the
-  // next tile; the producer warpgroup's three idle warps apply the epilogue there and store
-  // the tile, off the tensor cores' critical path. A CTA's last tile the consumers finish.
+  // Epilogue::kDefer: where the CTA has another tile to compute and the main loop is long
+  // enough to hide it, the consumers only write their accumulators into the tile, rounded to
+  // the element type as an unfused GEMM would store them, and go on to the next tile; the
+  // producer warpgroup's three idle warps apply the epilogue there and store the tile, off
+  // the tensor cores' critical path. A CTA's last tile the consumers finish (kPre as above).
   constexpr bool kDefer = kTile && Epilogue::kDefer;
-  static_assert(!(kDefer && kPre), "deferred epilogues load their operands themselves");
+  // kSide: a deferred epilogue's [M, N] operand comes to the helpers by TMA, one BM x 64 box
+  // at a time, into a side buffer behind the tile (their own row loads from global memory
+  // fell behind the main loop: gemm_silu_mul took 1.7x as long).
+  constexpr bool kSide = kDefer && kPre;
   // sm_90 allows 227 KB of shared memory per block; 1 KB each for alignment and barriers.
   constexpr bool kStagedStore =
       !kTile &&
@@ -344,6 +350,7 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
   auto stageA = [&](int s) { return smem + s * T::STAGE_BYTES; };
   auto stageB = [&](int s) { return smem + s * T::STAGE_BYTES + T::A_BYTES; };
   unsigned char* const tileC = smem + S * T::STAGE_BYTES; // kTile: [BN / 64][BM][128 bytes]
+  unsigned char* const side = tileC + BM * BN * 2;        // kSide: [BM][128 bytes]
 
   const FpatKernelArgs& a = p.k;
   const int M = static_cast<int>(a.M), N = static_cast<int>(a.N), K = static_cast<int>(a.K);
@@ -380,6 +387,7 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
     // arrives on tileEmpty once its previous tile's store has read the tile.
     mbarInit(&tileFull, 1);
     mbarInit(&tileEmpty, T::CONSUMERS);
+    mbarInit(&sideFull, 1); // kSide: TMA completes it
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
@@ -394,6 +402,9 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
       int stage = 0, local = 0;
       unsigned phase = 0;
       for (int t = unit0; t < units; t += stride, ++local) {
+        // kSide: after a deferred tile the helpers load the operand, once their stores have
+        // read the tile (waiting for that here would hold up the ring).
+        const bool preLoad = kPre && !deferred(t) && !(kSide && local > 0 && deferred(t - stride));
         int tm, tn;
         tileCoords(t, unitsM, tilesN, 8 / CL, T::RASTER_N, tm, tn);
         tm = min(tm * CL + rank, tilesM - 1);
@@ -427,14 +438,12 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
           // The epilogue operand, once the consumers have moved on to this tile (they arrive
           // after its k-tile min(1, KT - 1), loaded before this one: no deadlock) and the
           // previous tile's stores have read the tile: KT - S - 2 k-tiles ahead of its use.
-          if constexpr (kPre) {
-            if (kt == min(S + 1, KT - 1)) {
-              mbarWait(&tileEmpty, (local & 1) ^ 1);
-              mbarExpectTx(&tileFull, BM * BN * 2);
+          if (preLoad && kt == min(S + 1, KT - 1)) {
+            mbarWait(&tileEmpty, (local & 1) ^ 1);
+            mbarExpectTx(&tileFull, BM * BN * 2);
 #pragma unroll
-              for (int j = 0; j < BN / 64; ++j)
-                tmaLoad2d(tileC + j * BM * 128, &p.c, tn * BN + j * 64, tm * BM, &tileFull);
-            }
+            for (int j = 0; j < BN / 64; ++j)
+              tmaLoad2d(tileC + j * BM * 128, &p.c, tn * BN + j * 64, tm * BM, &tileFull);
           }
         }
       }
@@ -444,6 +453,21 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
       // global memory are whole 128-byte rows.
       const Epilogue epi;
       const int hw = threadIdx.x / 32 - 1, lane = threadIdx.x % 32;
+      // kSide: the operand's box q of tile t into the side buffer (thread 32 issues it once
+      // the helpers have read the previous box). The next box is loaded while the current
+      // one's stores drain, box 0 of a tile while the consumers still compute it.
+      unsigned sidePhase = 0;
+      // Box q of tile t's operand into `dst`, completing `bar` (q < 0: every box).
+      auto loadOperand = [&](int t, int q, unsigned char* dst, uint64_t* bar) {
+        int tm, tn;
+        tileCoords(t, unitsM, tilesN, 8 / CL, T::RASTER_N, tm, tn);
+        tm = min(tm * CL + rank, tilesM - 1);
+        mbarExpectTx(bar, q < 0 ? BM * BN * 2 : BM * 128);
+        for (int j = q < 0 ? 0 : q; j < (q < 0 ? BN / 64 : q + 1); ++j)
+          tmaLoad2d(dst + (q < 0 ? j * BM * 128 : 0), &p.c, tn * BN + 64 * j, tm * BM, bar);
+      };
+      if (kSide && threadIdx.x == 32 && deferred(unit0))
+        loadOperand(unit0, 0, side, &sideFull);
       for (int t = unit0; t < units; t += stride) {
         if (!deferred(t))
           continue;
@@ -456,13 +480,30 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
         for (int q = 0; q < BN / 64; ++q) {
           const int col = tn * BN + 64 * q + 2 * lane;
           unsigned char* const box = tileC + q * (BM * 128) + (lane % 4) * 4;
+          if constexpr (kSide) {
+            mbarWait(&sideFull, sidePhase);
+            sidePhase ^= 1;
+          }
 #pragma unroll 4
           for (int r = hw; r < BM; r += 3) {
-            elem2* e = reinterpret_cast<elem2*>(box + r * 128 + (((lane / 4) ^ (r % 8)) * 16));
+            const int at = r * 128 + (((lane / 4) ^ (r % 8)) * 16);
+            elem2* e = reinterpret_cast<elem2*>(box + at);
             const int row = tm * BM + r;
             if (inside || (row < M && col < N)) {
-              const float2 v = epi.pair(toF2(*e), row, col, a, make_float2(0.0f, 0.0f));
+              const float2 s =
+                  kSide ? toF2(*reinterpret_cast<const elem2*>(side + (lane % 4) * 4 + at))
+                        : make_float2(0.0f, 0.0f);
+              const float2 v = epi.pair(toF2(*e), row, col, a, s);
               *e = fromF2(v.x, v.y);
+            }
+          }
+          if constexpr (kSide) {
+            namedBarrier(3, 96); // the side buffer is read
+            if (threadIdx.x == 32) {
+              if (q + 1 < BN / 64)
+                loadOperand(t, q + 1, side, &sideFull);
+              else if (deferred(t + stride))
+                loadOperand(t + stride, 0, side, &sideFull);
             }
           }
         }
@@ -479,6 +520,9 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
             bulkCommit();
           }
           bulkWaitRead();
+          // A CTA's last tile, which the consumers finish: its operand into the tile (kPre).
+          if (kSide && t + stride < units && !deferred(t + stride))
+            loadOperand(t + stride, -1, tileC, &tileFull);
         }
         namedBarrier(3, 96); // the stores have read the tile
         namedBarrierArrive(kFree, kHandOff);
@@ -516,6 +560,7 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
     };
     int local = 0;          // the tile's place in this CTA's sequence
     bool handedOff = false; // kDefer: the previous tile was left to the helpers
+    int preloaded = 0;      // kPre: tiles (not deferred) whose operand was loaded into the tile
     unsigned orderPhase = 0;
     for (int t = unit0; t < units; t += stride, ++local) {
       if (T::PINGPONG && (local & 1) != c)
@@ -618,7 +663,8 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
           // The operand is in the tile (kPre), or the tile is free once this warpgroup's
           // previous stores have read it.
           if constexpr (kPre) {
-            mbarWait(&tileFull, local & 1);
+            mbarWait(&tileFull, preloaded & 1);
+            ++preloaded;
           } else {
             if (tid == 0)
               bulkWaitRead();

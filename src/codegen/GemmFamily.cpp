@@ -211,12 +211,12 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
                       " shared-memory tile, by TMA" +
                       (staged >= 0
                            ? "; $" + std::to_string(staged) + " [M, N] loaded into it by TMA"
-                           : std::string()) +
-                      (defer ? "; the epilogue deferred to the producer's idle warps" +
-                                   (side ? " ($" + std::to_string(staged) + " coming to them in " +
-                                               std::to_string(t.bm) + "x64 boxes by TMA)"
-                                         : std::string())
-                             : ""));
+                           : std::string()));
+    if (defer)
+      lines.push_back("defer:    the epilogue deferred to the producer's idle warps" +
+                      (side ? ", $" + std::to_string(staged) + " coming to them in " +
+                                  std::to_string(t.bm) + "x64 boxes by TMA"
+                            : std::string()));
   } else {
     lines = {"family:   " + u.family +
                  (t.backend == Backend::MmaSync ? " (mma.sync m16n8k16" : " (WMMA") +

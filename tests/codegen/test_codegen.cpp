@@ -359,7 +359,7 @@ BOOST_AUTO_TEST_CASE(wgmma_epilogue_goes_through_a_tma_stored_tile_where_it_fits
   BOOST_TEST(u.source.find("wgmmaSmemBytes<Tile, true>()") != std::string::npos);
   BOOST_TEST(u.source.find("kDefer = false;") != std::string::npos);
   // The bias stays a global load; nothing is staged without an [M, N] operand. The activation
-  // is deferred to the producer's idle warps, but not where an [M, N] operand is read.
+  // is deferred to the producer's idle warps.
   u = unit("gemm_bias_gelu", {300, 520, 64}, s3);
   BOOST_TEST(u.source.find("kStaged = -1;") != std::string::npos);
   BOOST_TEST(u.source.find("kDefer = true;") != std::string::npos);
@@ -375,7 +375,10 @@ BOOST_AUTO_TEST_CASE(wgmma_epilogue_goes_through_a_tma_stored_tile_where_it_fits
   BOOST_TEST(u.source.find("wgmmaSmemBytes<Tile, true, true>()") != std::string::npos);
   BOOST_TEST(u.launches[0].smemBytes ==
              codegen::gemmSmemBytes(s3, false) + 128 * 256 * 2 + 128 * 128);
-  BOOST_TEST(u.source.find("coming to them in 128x64 boxes by TMA") != std::string::npos);
+  BOOST_TEST(u.source.find("defer:    the epilogue deferred to the producer's idle warps, $" +
+                           std::to_string(u.launches[0].tma[2].operand) +
+                           " coming to them in 128x64 boxes by TMA") != std::string::npos,
+             u.source);
   BOOST_TEST(codegen::wgmmaSideBox(s3, 520));
   // Without room for the side buffer the operand goes through the tile, not deferred.
   const codegen::TileConfig deep{128, 128, 64, 64, 128, 6, codegen::Backend::Wgmma};

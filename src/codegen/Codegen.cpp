@@ -108,13 +108,17 @@ std::vector<TileConfig> wgmmaConfigs() {
   auto add = [&](int bm, int bn, Backend b, int cluster, bool rasterN = false) {
     const int stage = (bm + bn) * 64 * 2;
     const int deepest = std::min(8, (232448 - 1024 - kWgmmaStaticSmem) / stage);
-    const int wm = b == Backend::WgmmaPingPong ? bm : 64;
+    // Cooperative consumers own 64 rows each, or 128 (two m64 MMAs) of a 256-row tile.
+    const int wm = b == Backend::WgmmaPingPong ? bm : bm == 256 ? 128 : 64;
     for (int stages = deepest; stages >= std::max(2, deepest - 1); --stages)
       out.push_back(TileConfig{bm, bn, 64, wm, bn, stages, b, cluster, rasterN});
   };
   for (int bm : {128, 64})
     for (int bn : {256, 128, 64})
       add(bm, bn, Backend::Wgmma, 1);
+  // cuBLAS's shape on the H200 (per MMA 20% fewer shared-memory reads than 128x256, but
+  // measured slower here: kept for the tuner).
+  add(256, 128, Backend::Wgmma, 1);
   for (auto [bm, bn] : {std::pair{128, 128}, {64, 256}, {128, 64}, {64, 128}})
     add(bm, bn, Backend::WgmmaPingPong, 1);
   // Clusters of two split B in halves of at least 64 columns.
@@ -141,12 +145,15 @@ double wgmmaScore(const TileConfig& t, int64_t m, int64_t n, int sms, bool epilo
   // staged stores: 0.91-0.96, and with epilogue inputs too (the tuner chose 128x256 for bias
   // and residual at 1024-4096 rows, bench/RESULTS.md session 5; before the staged stores
   // ping-pong won those by hiding slow stores). Ping-pong needs two tiles per CTA.
-  double speed = t.bm == 128 ? (t.bn == 256   ? 1.0
-                                : t.bn == 128 ? 0.9
-                                              : 0.75)
-                             : (t.bn == 256   ? 0.85
-                                : t.bn == 128 ? 0.75
-                                              : 0.6);
+  // 256x128 measured 2-5% slower than 128x256 with four stages (no epilogue tile), 8-9% with
+  // three (bench/RESULTS.md, session 11).
+  double speed = t.bm == 256   ? 0.95
+                 : t.bm == 128 ? (t.bn == 256   ? 1.0
+                                  : t.bn == 128 ? 0.9
+                                                : 0.75)
+                               : (t.bn == 256   ? 0.85
+                                  : t.bn == 128 ? 0.75
+                                                : 0.6);
   if (pp) {
     const double big = t.bm * t.bn >= 128 * 128 ? 1.0 : 0.85;
     speed = (tiles >= 2.0 * sms ? (epilogueReads ? 0.95 : 0.92) : 0.5) * big *

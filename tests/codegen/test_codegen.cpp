@@ -19,10 +19,12 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::vector<codegen::KernelUnit> unitsFor(const std::string& name, Shape s, int arch) {
+std::vector<codegen::KernelUnit> unitsFor(const std::string& name, Shape s, int arch,
+                                          const codegen::TileConfig* tile = nullptr) {
   ir::Graph f = fuse(caseGraph(name, s));
   codegen::CodegenOptions o;
   o.arch = arch;
+  o.tile = tile;
   std::vector<codegen::KernelUnit> out;
   for (ir::Vertex v : f.vertices()) {
     codegen::KernelUnit u = codegen::generate(f, v, builtinLibrary(), o);
@@ -67,6 +69,7 @@ BOOST_AUTO_TEST_CASE(configuration_names_parse_back) {
         codegen::TileConfig{256, 128, 64, 64, 64, 4, codegen::Backend::MmaSync},
         codegen::TileConfig{128, 256, 64, 64, 256, 4, codegen::Backend::Wgmma},
         codegen::TileConfig{64, 128, 64, 64, 128, 8, codegen::Backend::Wgmma},
+        codegen::TileConfig{256, 128, 64, 128, 128, 3, codegen::Backend::Wgmma},
         codegen::TileConfig{128, 256, 64, 64, 256, 3, codegen::Backend::Wgmma, 2},
         codegen::TileConfig{128, 128, 64, 128, 128, 6, codegen::Backend::WgmmaPingPong, 2},
         codegen::TileConfig{128, 256, 64, 64, 256, 4, codegen::Backend::Wgmma, 1, true}}) {
@@ -77,7 +80,8 @@ BOOST_AUTO_TEST_CASE(configuration_names_parse_back) {
   for (const char* bad :
        {"", "128x128x32", "128x128x32_w2x4_s3_", "128x128x32_w2x4_s3_mmax", "128x128x32_w3x4_s3",
         "128x128x32_w0x4_s3", "-128x128x32_w2x4_s3", "128x256x32_w2x1_s4_wgmma",
-        "256x256x64_w4x1_s4_wgmma", "128x256x64_w2x2_s4_wgmma",
+        "256x256x64_w4x1_s4_wgmma", "128x256x64_w2x2_s4_wgmma", "256x128x64_w4x1_s3_wgmma",
+        "256x128x64_w2x1_s3_pingpong", "256x128x64_w2x1_s3_wgmma_c2",
         // clusters: wgmma only, of two, and B tiles of at least 128 columns
         "128x128x32_w2x4_s3_c2", "128x256x64_w2x1_s3_wgmma_c3", "128x64x64_w2x1_s6_wgmma_c2",
         "128x256x64_w2x1_s3_c2_wgmma", "128x128x32_w2x4_s3_rn", "128x256x64_w2x1_s3_wgmma_rn_c2",
@@ -102,6 +106,17 @@ BOOST_AUTO_TEST_CASE(names_encode_the_configuration) {
              std::string::npos);
   BOOST_TEST(h.source.find("store:    through a 128x256 shared-memory tile, by TMA") !=
              std::string::npos);
+  // 256x128: two consumers of 128 rows (two m64 MMAs each); A in 256-row boxes, the operand
+  // tile's boxes 256 rows deep, the output stored in 64 x 64 boxes as for other tiles.
+  const codegen::TileConfig wide = *codegen::TileConfig::parse("256x128x64_w2x1_s3_wgmma");
+  auto w = unitsFor("gemm_residual", {1024, 4096, 4096}, 90, &wide).at(0);
+  BOOST_TEST(w.source.find("using Tile = fpat::WgmmaTile<256, 128, 3, false>;") !=
+             std::string::npos);
+  BOOST_TEST(w.launches.at(0).threads == 384);
+  BOOST_REQUIRE(w.launches.at(0).tma.size() == 4u);
+  BOOST_TEST(w.launches.at(0).tma[0].boxOuter == 256);
+  BOOST_TEST(w.launches.at(0).tma[2].boxOuter == 256);
+  BOOST_TEST(w.launches.at(0).tma[3].boxOuter == 64);
   // M = 512: 128x256 tiles would fill half the SMs; 128x128 fills them.
   BOOST_TEST(unitsFor("gemm_bias_gelu", {512, 4096, 4096}, 90).at(0).tile.bn == 128);
   // sm_86 cannot hold three stages of that tile (99 KB of shared memory).

@@ -8,7 +8,9 @@
 //     STAGES-deep ring of shared-memory stages (128-byte swizzle), and consumer warpgroups that
 //     issue wgmma.m64nBNk16 with the accumulators in registers. setmaxnreg moves registers from
 //     the producer to the consumers. Two schedules (CUTLASS's names):
-//     - cooperative: each of BM / 64 consumers owns 64 rows of every tile;
+//     - cooperative: each of BM / 64 consumers owns 64 rows of every tile (BM = 256: two
+//       consumers of 128 rows, two m64 MMAs per k step: each reads a 128-row A half and the
+//       shared 128-column B, 20% fewer shared-memory bytes per MMA than 128x256);
 //     - ping-pong: two consumers own alternate tiles, all BM rows of each (BM / 64 MMAs per k
 //       step). The ring hands out whole tiles in order, so one consumer's MMAs run while the
 //       other applies its epilogue: the epilogue's arithmetic costs no tensor-core time.
@@ -47,13 +49,14 @@ template <int BM_, int BN_, int STAGES_, bool PINGPONG_, int CLUSTER_ = 1, bool 
 struct WgmmaTile {
   static constexpr int BM = BM_, BN = BN_, BK = 64, STAGES = STAGES_, CLUSTER = CLUSTER_;
   static constexpr bool PINGPONG = PINGPONG_, RASTER_N = RASTER_N_;
-  static constexpr int CONSUMERS = PINGPONG ? 2 : BM / 64;
-  static constexpr int MI = PINGPONG ? BM / 64 : 1; // m64 MMAs per consumer and k step
+  static constexpr int CONSUMERS = PINGPONG || BM == 256 ? 2 : BM / 64;
+  static constexpr int MI = BM / 64 / (PINGPONG ? 1 : CONSUMERS); // m64 MMAs per consumer, k step
   static constexpr int THREADS = 128 * (CONSUMERS + 1);
   static constexpr int A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2;
   static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
   static_assert(BN == 64 || BN == 128 || BN == 256, "wgmma tiles are 64, 128 or 256 wide");
-  static_assert(BM == 64 || BM == 128, "64 or 128 rows");
+  static_assert(BM == 64 || BM == 128 || (BM == 256 && !PINGPONG && CLUSTER == 1),
+                "64 or 128 rows, or 256 rows of a cooperative tile without clusters");
   static_assert(MI * BN <= 256, "at most 128 accumulators per thread");
   static_assert(CLUSTER == 1 || (CLUSTER == 2 && BN >= 128), "clusters of 2 split B in halves");
 };
@@ -162,6 +165,41 @@ __device__ __forceinline__ void bulkWaitRead() {
 /// Waits until this thread's bulk stores are complete.
 __device__ __forceinline__ void bulkWait() {
   asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+}
+/// stmatrix / ldmatrix .x4: four 8 x 8 matrices of 16-bit pairs. Lane 8i + q gives the address
+/// of row q of matrix i; a lane's register i holds row lane / 4, columns 2 (lane % 4) and + 1 of
+/// matrix i: the layout of wgmma's accumulator pairs, so one instruction moves four pairs.
+/// Volatile, so it stays ordered with the barriers and fences around it, but without a memory
+/// clobber: the epilogue's operand loads from global memory may still move above it.
+__device__ __forceinline__ void stsm4(unsigned addr, unsigned r0, unsigned r1, unsigned r2,
+                                      unsigned r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
+               "r"(r0), "r"(r1), "r"(r2), "r"(r3));
+}
+/// Not volatile, so the compiler schedules the loads: `addr` must depend on orderedZero()
+/// taken after the wait that makes the data valid.
+__device__ __forceinline__ void ldsm4(unsigned addr, unsigned (&r)[4]) {
+  asm("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+      : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+      : "r"(addr));
+}
+/// Zero, produced where the call stands among the volatile asm statements (barrier waits).
+__device__ __forceinline__ unsigned orderedZero() {
+  unsigned z;
+  asm volatile("mov.u32 %0, 0;\n" : "=r"(z));
+  return z;
+}
+template <bool B> struct Flag { static constexpr bool value = B; };
+__device__ __forceinline__ unsigned pairBits(float a, float b) {
+  const elem2 x = fromF2(a, b);
+  unsigned u;
+  memcpy(&u, &x, sizeof u);
+  return u;
+}
+__device__ __forceinline__ float2 bitsPair(unsigned u) {
+  elem2 x;
+  memcpy(&x, &u, sizeof u);
+  return toF2(x);
 }
 /// Makes this thread's shared-memory writes visible to the TMA engine (the async proxy).
 __device__ __forceinline__ void fenceProxyAsync() {
@@ -601,7 +639,7 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
       int stage = static_cast<int>(first % S);
       unsigned phase = static_cast<unsigned>((first / S) & 1);
       // Rows of the tile this consumer computes: its 64 (cooperative) or all BM (ping-pong).
-      const int row0 = T::PINGPONG ? 0 : c * 64;
+      const int row0 = T::PINGPONG ? 0 : c * 64 * MI;
       int prev = -1;
       for (int kt = 0; kt < KT; ++kt) {
         mbarWait(&full[stage], phase);
@@ -672,15 +710,36 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
             bulkWaitRead();
           namedBarrier(1 + c, 128);
         }
-        // This thread's pair (j, h) sits in 64-column box j / 8, tile row r + 8h, 16-byte
-        // chunk j % 8 swizzled with the row's low three bits (= lane / 4).
-        const int r = row0 + warp * 16 + lane / 4;
-        unsigned char* const mine = tileC + r * 128 + (lane % 4) * 4;
-        auto at = [&](int j, int h) {
-          return reinterpret_cast<elem2*>(mine + (j / 8) * (BM * 128) + h * 8 * 128 +
-                                          (((j % 8) ^ (lane / 4)) * 16));
+        // Pair (j, h) of a thread: 64-column box j / 8, tile row r + 8h, 16-byte chunk j % 8
+        // swizzled with the row's low three bits. Matrices j, j + 1 (h = 0, 1) go by one
+        // stmatrix / ldmatrix: lane 8i + q gives row q of pair column j + i / 2, half i % 2,
+        // in chunk ((j % 8) + i / 2) ^ q = (j % 8) ^ (i / 2 ^ q) (j even), one of four
+        // addresses per lane plus an immediate.
+        const int mrow = row0 + warp * 16 + (lane / 8 % 2) * 8 + lane % 8;
+        const int chunk = (lane / 16) ^ (lane % 8);
+        unsigned quad[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+          quad[k] = smemAddr(tileC) + mrow * 128 + (((2 * k) ^ chunk) * 16);
+        auto quadAt = [&](int m, int j) {
+          return quad[(j % 8) / 2] + (j / 8) * (BM * 128) + m * 64 * 128;
         };
-        if (!handOff) {
+        // Each quad is stored as soon as it is computed: its accumulators die there (storing
+        // after all the loads left the operands' registers live alongside the 128
+        // accumulators, and gemm_silu_mul spilled).
+        auto store = [&](int m, int j) {
+          stsm4(quadAt(m, j), pairBits(d[m][4 * j], d[m][4 * j + 1]),
+                pairBits(d[m][4 * j + 2], d[m][4 * j + 3]),
+                pairBits(d[m][4 * j + 4], d[m][4 * j + 5]),
+                pairBits(d[m][4 * j + 6], d[m][4 * j + 7]));
+        };
+        if (handOff) {
+#pragma unroll
+          for (int m = 0; m < MI; ++m)
+#pragma unroll
+            for (int j = 0; j < BN / 8; j += 2)
+              store(m, j);
+        } else {
           // The operand is in the tile (kPre), or the tile is free once this warpgroup's
           // previous stores have read it.
           if constexpr (kPre) {
@@ -691,42 +750,45 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
               bulkWaitRead();
             namedBarrier(1 + c, 128);
           }
+          // The operand's reads may be scheduled freely, but only after the wait above.
+          const unsigned after = orderedZero();
           // 64-bit bases: operand addresses then fold the pair offsets into immediates.
+          const int r = row0 + warp * 16 + lane / 4;
           const int64_t rowBase = static_cast<int64_t>(tm) * BM + r,
                         colBase = static_cast<int64_t>(tn) * BN + 2 * (lane % 4);
-          auto apply = [&](int j, int h) {
-            const float2 s = kPre ? toF2(*at(j, h)) : make_float2(0.0f, 0.0f);
-            const float2 v = epi.pair(make_float2(d[0][4 * j + 2 * h], d[0][4 * j + 2 * h + 1]),
-                                      rowBase + 8 * h, colBase + 8 * j, a, s);
-            d[0][4 * j + 2 * h] = v.x;
-            d[0][4 * j + 2 * h + 1] = v.y;
+          auto apply = [&](int m, int j, int h, float2 s) {
+            const float2 v = epi.pair(make_float2(d[m][4 * j + 2 * h], d[m][4 * j + 2 * h + 1]),
+                                      rowBase + m * 64 + 8 * h, colBase + 8 * j, a, s);
+            d[m][4 * j + 2 * h] = v.x;
+            d[m][4 * j + 2 * h + 1] = v.y;
           };
           // Tiles inside the problem run without bounds checks, in one branch-free block (a
           // check per pair measured 3-11% slower: each pair's loads and math became a block
           // of its own); TMA clips the stores of edge tiles (N is even here, so a pair is
-          // inside or outside as a whole).
-          if ((tm + 1) * BM <= M && (tn + 1) * BN <= N) {
+          // inside or outside as a whole). The operand's out-of-bounds pairs are TMA's zeros.
+          auto applyAll = [&](auto checked) {
 #pragma unroll
-            for (int j = 0; j < BN / 8; ++j)
+            for (int m = 0; m < MI; ++m)
 #pragma unroll
-              for (int h = 0; h < 2; ++h)
-                apply(j, h);
-          } else {
+              for (int j = 0; j < BN / 8; j += 2) {
+                unsigned s[4] = {0, 0, 0, 0};
+                if constexpr (kPre)
+                  ldsm4(quadAt(m, j) + after, s);
 #pragma unroll
-            for (int j = 0; j < BN / 8; ++j)
-#pragma unroll
-              for (int h = 0; h < 2; ++h)
-                if (rowBase + 8 * h < M && colBase + 8 * j < N)
-                  apply(j, h);
-          }
+                for (int i = 0; i < 4; ++i) {
+                  const int jj = j + i / 2, h = i % 2;
+                  if (!decltype(checked)::value ||
+                      (rowBase + m * 64 + 8 * h < M && colBase + 8 * jj < N))
+                    apply(m, jj, h, kPre ? bitsPair(s[i]) : make_float2(0.0f, 0.0f));
+                }
+                store(m, j);
+              }
+          };
+          if ((tm + 1) * BM <= M && (tn + 1) * BN <= N)
+            applyAll(Flag<false>{});
+          else
+            applyAll(Flag<true>{});
         }
-        // The stores after all the epilogue's loads (the compiler cannot tell the tile from
-        // the operands in global memory).
-#pragma unroll
-        for (int j = 0; j < BN / 8; ++j)
-#pragma unroll
-          for (int h = 0; h < 2; ++h)
-            *at(j, h) = fromF2(d[0][4 * j + 2 * h], d[0][4 * j + 2 * h + 1]);
         if (handOff) {
           namedBarrierArrive(kReady, kHandOff);
           continue;
@@ -734,9 +796,13 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
         fenceProxyAsync();
         namedBarrier(1 + c, 128);
         if (tid == 0 && tm < tilesM) {
+          // 64 x 64 boxes: each consumer's rows of each 64-column box.
 #pragma unroll
           for (int q = 0; q < BN / 64; ++q)
-            tmaStore2d(&p.d, tileC + q * (BM * 128) + row0 * 128, tn * BN + 64 * q, tm * BM + row0);
+#pragma unroll
+            for (int m = 0; m < MI; ++m)
+              tmaStore2d(&p.d, tileC + q * (BM * 128) + (row0 + 64 * m) * 128, tn * BN + 64 * q,
+                         tm * BM + row0 + 64 * m);
           bulkCommit();
         }
         continue;

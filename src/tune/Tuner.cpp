@@ -54,9 +54,16 @@ Choice choose(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibrary& lib, 
       c.heuristicMs = e->heuristicMs;
       return c;
     }
+  // The code generator's own default for the op (GemmFamily.cpp): whether TMA can run it and
+  // whether its epilogue reads inputs change the choice.
   const ir::FamilyInfo* family = ir::familyOf(op);
+  const std::vector<ir::Vertex> ins = g.operands(v);
+  const int64_t k = g.op(ins.at(0)).type.shape[1];
+  const bool tma = family && family->hasWgmmaPath &&
+                   codegen::tmaCompatible(op.type.shape[0], op.type.shape[1], k, op.transposeB);
+  const bool reads = op.kind == ir::OpKind::Fused && !op.fused.epilogue.operands().empty();
   c.config = codegen::defaultTile(op.type.shape[0], op.type.shape[1], arch, sms,
-                                  family && family->normalisesA);
+                                  family && family->normalisesA, tma, reads);
   c.source = "heuristic";
   return c;
 }

@@ -314,3 +314,25 @@ BOOST_AUTO_TEST_CASE(without_a_cache_entry_the_heuristic_picks) {
   BOOST_TEST(choose(f, v, testing::builtinLibrary(), c, 90, 132, "nvcc-x", true).source ==
              "heuristic");
 }
+
+BOOST_AUTO_TEST_CASE(the_heuristic_is_the_code_generators_default) {
+  // choose() answers what the code generator would pick by itself: an epilogue that reads an
+  // [M, N] operand changes the choice (at 1000x4104 it ranks the deep rings lower), and where
+  // TMA cannot run (K % 8 != 0) the default is not a wgmma configuration.
+  TempCache tc;
+  TuningCache c(tc.path);
+  for (auto [name, shape] : {std::pair{"gemm_residual", testing::Shape{1000, 4104, 4096}},
+                             {"gemm_bias_gelu", testing::Shape{1000, 4104, 4096}},
+                             {"gemm_residual", testing::Shape{512, 512, 100}},
+                             {"gemm", testing::Shape{2048, 4096, 4096}}}) {
+    ir::Graph f = testing::fuse(testing::caseGraph(name, shape));
+    const ir::Vertex v = f.outputs()[0];
+    codegen::CodegenOptions o;
+    o.arch = 90;
+    o.sms = 132;
+    const codegen::KernelUnit u = codegen::generate(f, v, testing::builtinLibrary(), o);
+    const Choice ch = choose(f, v, testing::builtinLibrary(), c, 90, 132, "nvcc-x", false);
+    BOOST_TEST((ch.config == u.tile), name << " " << shape.str() << ": " << ch.config.str()
+                                           << " against " << u.tile.str());
+  }
+}

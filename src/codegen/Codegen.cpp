@@ -139,7 +139,12 @@ double wgmmaScore(const TileConfig& t, int64_t m, int64_t n, int sms, bool epilo
   const int64_t tilesM = (m + t.bm - 1) / t.bm;
   const double tiles = static_cast<double>((tilesM + t.cluster - 1) / t.cluster * t.cluster) *
                        static_cast<double>((n + t.bn - 1) / t.bn);
-  const double waves = std::ceil(tiles / (sms / t.cluster * t.cluster));
+  // Cooperative tiles without clusters spread the last two waves over every SM (stream-K,
+  // fpat_wgmma.cuh) at the cost of about a twentieth of a tile in partial sums.
+  const bool streamK =
+      !pp && t.cluster == 1 && tiles > sms && static_cast<int64_t>(tiles) % sms != 0;
+  const double waves =
+      streamK ? tiles / sms + 0.05 : std::ceil(tiles / (sms / t.cluster * t.cluster));
   const double useful = static_cast<double>(m) * static_cast<double>(n) / (tiles * t.bm * t.bn);
   // Cooperative tiles relative to 128x256; ping-pong relative to that at 4096^3 with the
   // staged stores: 0.91-0.96, and with epilogue inputs too (the tuner chose 128x256 for bias

@@ -294,13 +294,14 @@ BOOST_AUTO_TEST_CASE(deferred_epilogues_at_ragged_shapes) {
     }
 }
 
-BOOST_AUTO_TEST_CASE(stream_k_at_ragged_shapes) {
-  // Tile counts that are not a multiple of the SMs (132 on the H200): the last two waves run as
-  // k-tile ranges, tiles split between a head (epilogue) and the next CTA's tail (partial sums
-  // through the workspace). 160 and 288 tiles of 64x64 with 48 k-tiles (288: two waves of whole
-  // tiles first, their GeLU epilogues deferred to the helpers); 2 k-tiles (heads of one
-  // k-tile: the operand load at its first k-tile); 1 k-tile (no split); ragged edges; each run
-  // twice (the flags must be back at zero); 128x256 on a few tiles more than the SMs.
+BOOST_AUTO_TEST_CASE(last_wave_split_at_ragged_shapes) {
+  // Tile counts that are not a multiple of the SMs (132 on the H200): the last wave's tiles
+  // are cut into k-pieces that the CTAs take round-robin; the last piece of a tile adds the
+  // others' partial sums (workspace, flags) and runs the epilogue. 160 and 288 tiles of 64x64
+  // with 48 k-tiles (four pieces; at 288 two waves of whole tiles first, their GeLU epilogues
+  // deferred to the helpers); 2 k-tiles (pieces of one k-tile: the operand load at the last
+  // piece's only k-tile); 1 k-tile (nothing split); ragged edges; each run twice (the flags
+  // must be back at zero); 128x256 with 153 tiles.
   if (gpu()->device().arch != 90)
     return;
   const codegen::TileConfig small = *codegen::TileConfig::parse("64x64x64_w1x1_s8_wgmma");

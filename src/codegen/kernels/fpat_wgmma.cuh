@@ -403,25 +403,42 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
   const int unit0 = blockIdx.x / CL, stride = gridDim.x / CL;
   const int wg = threadIdx.x / 128;
   //
-  // Stream-K (cooperative tiles without clusters, where the host passed a workspace): when the
-  // tiles are not a whole number of waves, the last full wave and the partial one are spread
-  // evenly over all CTAs as ranges of k-tiles instead of leaving SMs idle in the partial wave.
-  // Each CTA first computes its whole tiles, then its range of the last waves' k-tiles cut at
-  // tile boundaries. A range is at least KT long, so a tile it splits has two parts: the head
-  // (k-tile 0 on) is the last item of CTA b and runs the epilogue, the tail is the first item
-  // of CTA b + 1, which writes its partial sums to its workspace slot and raises a flag that b
-  // waits for (the tail is done long before the head). Every CTA is resident (grid <= SMs).
-  constexpr bool kStreamK = !T::PINGPONG && CL == 1;
+  // The last wave split in k (cooperative tiles without clusters, where the host passed a
+  // workspace): when the tiles are not a whole number of waves, the last skTiles tiles are cut
+  // into skPieces equal ranges of k-tiles, and the CTAs take those pieces round-robin, piece
+  // by piece (all CTAs then walk the same k-tiles at once, so that L2 serves each slice of A
+  // and B to several of them: CTAs at as many k offsets as there are CTAs ran 10-35% slower).
+  // The last piece of a tile runs its epilogue after adding the others' partial sums, which
+  // they left in a workspace slot each (f32, one per consumer warpgroup) with a flag raised;
+  // it comes at least a round after them. The plan minimises rounds / pieces plus the partial
+  // sums' cost over the remainder of the last wave, or that remainder and the full wave
+  // before it; without a plan under 0.9 of a tile the tiles stay whole. Every CTA is resident.
+  constexpr bool kSplitLast = !T::PINGPONG && CL == 1;
   const int G = gridDim.x;
-  // (32-bit positions: stream-K only where the last waves hold fewer than 2^31 k-tiles.)
-  const long long skAll = static_cast<long long>(units % G + G) * KT;
-  const bool sk =
-      kStreamK && a.scratch[0] != nullptr && units > G && units % G != 0 && skAll < (1ll << 31);
-  const int dpTiles = sk ? (units / G - 1) * G : units;
-  const int u0 = sk ? static_cast<int>(skAll * blockIdx.x / G) : 0,
-            u1 = sk ? static_cast<int>(skAll * (blockIdx.x + 1) / G) : 0;
+  int skTiles = 0, skPieces = 1;
+  if (kSplitLast && a.scratch[0] != nullptr && units > G && units % G != 0) {
+    const int R = units % G;
+    float best = 0.9f;
+    for (int extra = 0; extra <= 1; ++extra)
+      for (int pieces = 2; pieces <= 4 && pieces <= KT; ++pieces) {
+        const int tiles = R + extra * G, rounds = (tiles * pieces + G - 1) / G;
+        // Partial-sum slots: one per tile and piece but the last, at most G (the workspace).
+        if (tiles * (pieces - 1) > G)
+          continue;
+        const float cost = float(rounds) / pieces + 0.03f * (pieces - 1) - extra;
+        if (cost < best) {
+          best = cost;
+          skTiles = tiles;
+          skPieces = pieces;
+        }
+      }
+  }
+  const bool sk = skTiles > 0;
+  const int dpTiles = units - skTiles; // whole tiles, a multiple of G
   const int dpCount = unit0 < dpTiles ? (dpTiles - 1 - unit0) / stride + 1 : 0;
-  // Item w of this CTA's sequence: tile t, k-tiles [k0, k1); false past the last one.
+  const bool hasPieces = static_cast<int>(blockIdx.x) < skTiles * skPieces;
+  // Item w of this CTA's sequence: tile t, k-tiles [k0, k1); false past the last one. Piece
+  // p of split tile i is item p * skTiles + i of the round-robin.
   auto work = [&](int w, int& t, int& k0, int& k1) {
     if (w < dpCount) {
       t = unit0 + w * stride;
@@ -429,23 +446,24 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
       k1 = KT;
       return true;
     }
-    const int j = w - dpCount, tile0 = u0 / KT;
-    const int from = j == 0 ? u0 : (tile0 + j) * KT;
-    if (from >= u1) // also every CTA without stream-K (u0 = u1 = 0)
+    const int q = blockIdx.x + (w - dpCount) * G;
+    if (q >= skTiles * skPieces) // also every CTA without a plan
       return false;
-    t = dpTiles + from / KT;
-    k0 = from % KT;
-    k1 = min((tile0 + j + 1) * KT, u1) - from + k0;
+    const int piece = q / skTiles;
+    t = dpTiles + q % skTiles;
+    k0 = piece * KT / skPieces;
+    k1 = (piece + 1) * KT / skPieces;
     return true;
   };
   // Whether the epilogue of unit t is deferred to the helper warps (the same answer in every
   // role): tiles the CTA computes whole with another item after them. 48 k-tiles: their three
   // warps then take well under a main loop per tile; at 32 (K = 2048) they fall behind (GeLU
-  // tiles at 77% of cuBLAS's speed, 90% undeferred). With stream-K the whole tiles before the
-  // stream-K range (always followed by it), except where the helpers would also load the next
-  // tile's operand (kSide), which assumes whole tiles throughout.
+  // tiles at 77% of cuBLAS's speed, 90% undeferred). With the last wave split, the whole tiles
+  // before the pieces, except where the helpers would also load the next tile's operand
+  // (kSide), which assumes whole tiles throughout.
   auto deferred = [&](int t) {
-    return kDefer && KT >= 48 && (sk ? !kSide && t < dpTiles : t + stride < units);
+    return kDefer && KT >= 48 &&
+           (sk ? !kSide && t < dpTiles && (t + stride < dpTiles || hasPieces) : t + stride < units);
   };
   // The hand-offs between consumers and helpers are named barriers (racecheck follows those,
   // not mbarrier phases, for ordinary shared-memory accesses): kReady, the consumers' rows are
@@ -486,7 +504,7 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
         // read the tile (waiting for that here would hold up the ring). Stream-K tails have no
         // epilogue.
         const bool preLoad =
-            k0 == 0 && kPre && !deferred(t) && !(kSide && local > 0 && deferred(t - stride));
+            k1 == KT && kPre && !deferred(t) && !(kSide && local > 0 && deferred(t - stride));
         int tm, tn;
         tileCoords(t, unitsM, tilesN, 8 / CL, T::RASTER_N, tm, tn);
         tm = min(tm * CL + rank, tilesM - 1);
@@ -520,7 +538,7 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
           // The epilogue operand, once the consumers have moved on to this tile (they arrive
           // after its k-tile min(1, k1 - 1), loaded before this one: no deadlock) and the
           // previous tile's stores have read the tile: k1 - S - 2 k-tiles ahead of its use.
-          if (preLoad && kt == min(S + 1, k1 - 1)) {
+          if (preLoad && kt == min(k0 + S + 1, k1 - 1)) {
             mbarWait(&tileEmpty, (tiled & 1) ^ 1);
             mbarExpectTx(&tileFull, BM * BN * 2);
 #pragma unroll
@@ -528,7 +546,7 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
               tmaLoad2d(tileC + j * BM * 128, &p.c, tn * BN + j * 64, tm * BM, &tileFull);
           }
         }
-        tiled += k0 == 0; // items that store through the tile (tileEmpty's phases)
+        tiled += k1 == KT; // items that store through the tile (tileEmpty's phases)
       }
     } else if (kDefer && threadIdx.x >= 32) {
       // Helpers: warp h of 1..3 takes tile rows h - 1, h + 2, ... of each 64-column box, a row
@@ -668,7 +686,7 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
     unsigned orderPhase = 0;
     long long ring = 0; // k-tiles of this CTA's earlier items: the ring holds them in turn
     int t, k0, k1;
-    for (int w = 0; work(w, t, k0, k1); ++w, ++local, tiled += k0 == 0) {
+    for (int w = 0; work(w, t, k0, k1); ++w, ++local, tiled += k1 == KT) {
       const long long first = ring;
       ring += k1 - k0;
       if (T::PINGPONG && (local & 1) != c)
@@ -721,7 +739,7 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
         if (prev >= 0 && lane == 0)
           release(prev);
         if constexpr (kPre) {
-          if (k0 == 0 && kt == min(1, k1 - 1) && tiled > 0 && tid == 0) {
+          if (k1 == KT && kt == min(k0 + 1, k1 - 1) && tiled > 0 && tid == 0) {
             bulkWaitRead(); // the previous tile's stores have read the tile
             mbarArrive(&tileEmpty);
           }
@@ -741,49 +759,49 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
       if (prev >= 0 && lane == 0)
         release(prev);
 
-      // Stream-K. One slot of partial sums per consumer warpgroup and CTA, register-major so
-      // that a warp's accesses are whole 128-byte lines; flags are 0 between launches.
-      if (sk && k1 - k0 < KT) {
-        const int slotSize = MI * (BN / 2) * 128;
+      // A split tile's pieces. Slot (split tile i, piece p < last), one part per consumer
+      // warpgroup, register-major so that a warp's accesses are whole 128-byte lines; flags
+      // are 0 between launches (the last piece resets them).
+      if (sk && t >= dpTiles) {
+        const int slotSize = MI * (BN / 2) * 128, i = t - dpTiles;
+        const int piece = (static_cast<int>(blockIdx.x) + (w - dpCount) * G) / skTiles;
+        auto part = [&](int p) { return ((i * (skPieces - 1) + p) * T::CONSUMERS + c); };
         unsigned* const flags = static_cast<unsigned*>(a.scratch[1]);
-        if (k0 > 0) { // a tail: partial sums out, then the flag
-          float* const slot =
-              static_cast<float*>(a.scratch[0]) + (blockIdx.x * T::CONSUMERS + c) * slotSize;
+        if (k1 < KT) { // not the last piece: partial sums out, then the flag
+          float* const slot = static_cast<float*>(a.scratch[0]) + part(piece) * slotSize;
 #pragma unroll
           for (int m = 0; m < MI; ++m)
 #pragma unroll
-            for (int i = 0; i < BN / 2; ++i)
-              __stcg(slot + (m * (BN / 2) + i) * 128 + tid, d[m][i]);
+            for (int r = 0; r < BN / 2; ++r)
+              __stcg(slot + (m * (BN / 2) + r) * 128 + tid, d[m][r]);
           __threadfence();
           namedBarrier(1 + c, 128);
           if (tid == 0)
-            asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(
-                             flags + blockIdx.x * T::CONSUMERS + c),
-                         "r"(1u)
+            asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(flags + part(piece)), "r"(1u)
                          : "memory");
           continue;
         }
-        // A head: the tail's partial sums in, from the next CTA's slot.
-        const int peer = blockIdx.x + 1;
-        if (tid == 0) {
-          unsigned* const flag = flags + peer * T::CONSUMERS + c;
-          unsigned seen = 0;
-          do {
-            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n"
-                         : "=r"(seen)
-                         : "l"(flag)
-                         : "memory");
-          } while (seen == 0);
-          *flag = 0; // for the next launch
+        // The last piece: the others' partial sums in.
+        for (int p = 0; p < skPieces - 1; ++p) {
+          if (tid == 0) {
+            unsigned* const flag = flags + part(p);
+            unsigned seen = 0;
+            do {
+              asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n"
+                           : "=r"(seen)
+                           : "l"(flag)
+                           : "memory");
+            } while (seen == 0);
+            *flag = 0; // for the next launch
+          }
+          namedBarrier(1 + c, 128);
+          const float* const slot = static_cast<const float*>(a.scratch[0]) + part(p) * slotSize;
+#pragma unroll
+          for (int m = 0; m < MI; ++m)
+#pragma unroll
+            for (int r = 0; r < BN / 2; ++r)
+              d[m][r] += __ldcg(slot + (m * (BN / 2) + r) * 128 + tid);
         }
-        namedBarrier(1 + c, 128);
-        const float* const slot =
-            static_cast<const float*>(a.scratch[0]) + (peer * T::CONSUMERS + c) * slotSize;
-#pragma unroll
-        for (int m = 0; m < MI; ++m)
-#pragma unroll
-          for (int i = 0; i < BN / 2; ++i)
-            d[m][i] += __ldcg(slot + (m * (BN / 2) + i) * 128 + tid);
       }
 
       // Epilogue. Accumulator layout of m64nN: thread (warp w, lane l) holds rows

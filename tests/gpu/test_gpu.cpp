@@ -168,7 +168,7 @@ void runCase(const std::string& name, Shape s, uint64_t seed) {
 /// Runs case `name` at `s` with configuration `t` forced and compares its output with the CPU
 /// reference; returns the configuration the GEMM op actually ran with (codegen falls back
 /// where a backend cannot run the shape).
-/// Sets an environment variable for a scope (the Executor reads FPAT_STREAM_K when built).
+/// Sets an environment variable for a scope (the Executor reads FPAT_SPLIT_LAST_WAVE when built).
 struct ScopedEnv {
   ScopedEnv(const char* name, const char* value) : name_(name) {
     if (const char* old = std::getenv(name))
@@ -284,8 +284,9 @@ BOOST_AUTO_TEST_CASE(deferred_epilogues_at_ragged_shapes) {
   // come to them through the side buffer (kSide), the last tile's into the tile (kPre).
   if (gpu()->device().arch != 90)
     return;
-  // Without stream-K, which at this shape would take every tile (no whole tiles to defer).
-  ScopedEnv noStreamK("FPAT_STREAM_K", "0");
+  // Without the last wave split in k (a deferred epilogue with a side buffer assumes whole
+  // tiles throughout, so the split turns it off).
+  ScopedEnv noSplit("FPAT_SPLIT_LAST_WAVE", "0");
   const codegen::TileConfig t = *codegen::TileConfig::parse("64x64x64_w1x1_s8_wgmma");
   for (const char* name :
        {"gemm_bias_gelu", "gemm_silu", "gemm_silu_mul", "gemm_residual", "gemm_bias_residual"})

@@ -501,8 +501,8 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
       unsigned phase = 0;
       for (int w = 0; work(w, t, k0, k1); ++w, ++local) {
         // kSide: after a deferred tile the helpers load the operand, once their stores have
-        // read the tile (waiting for that here would hold up the ring). Stream-K tails have no
-        // epilogue.
+        // read the tile (waiting for that here would hold up the ring). Pieces of a split tile but
+        // the last have no epilogue.
         const bool preLoad =
             k1 == KT && kPre && !deferred(t) && !(kSide && local > 0 && deferred(t - stride));
         int tm, tn;

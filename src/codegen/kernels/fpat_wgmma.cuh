@@ -436,7 +436,10 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
   const bool sk = skTiles > 0;
   const int dpTiles = units - skTiles; // whole tiles, a multiple of G
   const int dpCount = unit0 < dpTiles ? (dpTiles - 1 - unit0) / stride + 1 : 0;
-  const bool hasPieces = static_cast<int>(blockIdx.x) < skTiles * skPieces;
+  // Whether this CTA runs the last piece of some split tile (its last item then has an
+  // epilogue, which waits for the helpers to finish a deferred tile before it).
+  const int items = skTiles * skPieces, b = static_cast<int>(blockIdx.x);
+  const bool hasLastPiece = b < items && b + (items - 1 - b) / G * G >= items - skTiles;
   // Item w of this CTA's sequence: tile t, k-tiles [k0, k1); false past the last one. Piece
   // p of split tile i is item p * skTiles + i of the round-robin.
   auto work = [&](int w, int& t, int& k0, int& k1) {
@@ -459,11 +462,12 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
   // role): tiles the CTA computes whole with another item after them. 48 k-tiles: their three
   // warps then take well under a main loop per tile; at 32 (K = 2048) they fall behind (GeLU
   // tiles at 77% of cuBLAS's speed, 90% undeferred). With the last wave split, the whole tiles
-  // before the pieces, except where the helpers would also load the next tile's operand
-  // (kSide), which assumes whole tiles throughout.
+  // before the pieces when an epilogue follows them (the last piece of a tile), except where
+  // the helpers would also load the next tile's operand (kSide), which assumes whole tiles.
   auto deferred = [&](int t) {
     return kDefer && KT >= 48 &&
-           (sk ? !kSide && t < dpTiles && (t + stride < dpTiles || hasPieces) : t + stride < units);
+           (sk ? !kSide && t < dpTiles && (t + stride < dpTiles || hasLastPiece)
+               : t + stride < units);
   };
   // The hand-offs between consumers and helpers are named barriers (racecheck follows those,
   // not mbarrier phases, for ordinary shared-memory accesses): kReady, the consumers' rows are

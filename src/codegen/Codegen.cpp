@@ -139,7 +139,22 @@ double wgmmaScore(const TileConfig& t, int64_t m, int64_t n, int sms, bool epilo
   const int64_t tilesM = (m + t.bm - 1) / t.bm;
   const double tiles = static_cast<double>((tilesM + t.cluster - 1) / t.cluster * t.cluster) *
                        static_cast<double>((n + t.bn - 1) / t.bn);
-  const double waves = std::ceil(tiles / (sms / t.cluster * t.cluster));
+  // Cooperative tiles without clusters split the last wave's tiles in k where that saves a
+  // tenth of a tile or more (fpat_wgmma.cuh, the same plan).
+  double waves = std::ceil(tiles / (sms / t.cluster * t.cluster));
+  const int64_t whole = static_cast<int64_t>(tiles);
+  if (!pp && t.cluster == 1 && whole > sms && whole % sms != 0) {
+    const int64_t r = whole % sms;
+    double best = 0.9;
+    for (int extra = 0; extra <= 1; ++extra)
+      for (int pieces = 2; pieces <= 4; ++pieces) {
+        const int64_t split = r + extra * sms, rounds = (split * pieces + sms - 1) / sms;
+        if (split * (pieces - 1) <= sms)
+          best = std::min(best, static_cast<double>(rounds) / pieces + 0.03 * (pieces - 1) - extra);
+      }
+    if (best < 0.9)
+      waves = std::floor(tiles / sms) + best;
+  }
   const double useful = static_cast<double>(m) * static_cast<double>(n) / (tiles * t.bm * t.bn);
   // Cooperative tiles relative to 128x256; ping-pong relative to that at 4096^3 with the
   // staged stores: 0.91-0.96, and with epilogue inputs too (the tuner chose 128x256 for bias

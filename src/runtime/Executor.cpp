@@ -3,6 +3,7 @@
 #include "fpat/support/Diagnostics.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <set>
 
@@ -75,6 +76,30 @@ Executor::Executor(cuda::Driver& drv, const CompiledGraph& cg) : drv_(drv), cg_(
   const std::vector<cuda::CUdeviceptr>& slots0 = slotSets_[0];
   std::map<std::string, cuda::CUmodule> loaded;
   auto order = *ir::stableOrder(g);
+  // The last wave split in k (fpat_wgmma.cuh): cooperative wgmma kernels without clusters take a
+  // workspace of one BM x BN f32 tile per SM and a zeroed flag per consumer warpgroup and SM (the
+  // kernels leave them zero). Launches run one after another, so every op shares the largest.
+  // FPAT_SPLIT_LAST_WAVE=0 withholds it, and the kernels then keep every tile whole.
+  const char* skEnv = std::getenv("FPAT_SPLIT_LAST_WAVE");
+  const bool split = !(skEnv && std::string(skEnv) == "0");
+  auto takesSplit = [&](const codegen::KernelUnit& u) {
+    return split && u.sm90a && u.tile.backend == codegen::Backend::Wgmma && u.tile.cluster == 1 &&
+           !u.needsRowStats;
+  };
+  size_t skBytes = 0;
+  const size_t sms = static_cast<size_t>(std::max(1, drv_.device().sms));
+  for (ir::Vertex v : order)
+    if (takesSplit(cg_.units[v]))
+      skBytes = std::max(skBytes, sms * static_cast<size_t>(cg_.units[v].tile.bm) *
+                                      static_cast<size_t>(cg_.units[v].tile.bn) * sizeof(float));
+  cuda::CUdeviceptr skWork = 0, skFlags = 0;
+  if (skBytes > 0) {
+    skWork = drv_.alloc(skBytes);
+    skFlags = drv_.alloc(sms * 2 * sizeof(uint32_t));
+    drv_.fill16(skFlags, 0, sms * 4);
+    scratch_.push_back(skWork);
+    scratch_.push_back(skFlags);
+  }
   for (ir::Vertex v : order) {
     const codegen::KernelUnit& u = cg_.units[v];
     if (u.launches.empty())
@@ -107,6 +132,9 @@ Executor::Executor(cuda::Driver& drv, const CompiledGraph& cg) : drv_(drv), cg_(
         scratch_.push_back(drv_.alloc(static_cast<size_t>(u.M) * sizeof(float)));
         a.scratch[s] = reinterpret_cast<void*>(scratch_.back());
       }
+    } else if (takesSplit(u)) {
+      a.scratch[0] = reinterpret_cast<void*>(skWork);
+      a.scratch[1] = reinterpret_cast<void*>(skFlags);
     }
     for (const codegen::Launch& l : u.launches) {
       cuda::CUfunction f = drv_.function(it->second, l.entry);

@@ -29,6 +29,7 @@ int main(int argc, char** argv) {
              "  FPAT_PATTERNS_DIR    read the built-in .fpat files from this directory instead\n"
              "                       of the copies embedded in fpatc\n"
              "  FPAT_KERNEL_HEADERS  replace the embedded kernel headers with this directory's\n"
+             "  FPAT_SPLIT_LAST_WAVE=0  keep every GEMM tile whole (no k-split of the last wave)\n"
              "  FPAT_MEMORY_LIMIT    bytes of host memory the CPU reference may use\n"
              "                       (default: MemAvailable)");
   app.add_option("graph", opts.input,

@@ -16,7 +16,8 @@
 typedef struct FpatKernelArgs {
   void* out;                       // [M, N] f16 output
   const void* in[FPAT_MAX_INPUTS]; // operands, in the fused op's operand order
-  void* scratch[2];                // norm_gemm: per-row mean and rstd (f32, [M])
+  void* scratch[2];                // norm_gemm: per-row mean and rstd (f32, [M]); wgmma: the
+                                   // workspace and flags of the last wave split in k
   int64_t M, N, K;                 // output rows and columns; reduction length
   float eps;                       // layernorm / rmsnorm
   float params[FPAT_MAX_PARAMS];   // activation parameters, in declaration order

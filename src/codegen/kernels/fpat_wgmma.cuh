@@ -402,10 +402,73 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
   const int unitsM = (tilesM + CL - 1) / CL, units = unitsM * tilesN;
   const int unit0 = blockIdx.x / CL, stride = gridDim.x / CL;
   const int wg = threadIdx.x / 128;
+  //
+  // The last wave split in k (cooperative tiles without clusters, where the host passed a
+  // workspace): when the tiles are not a whole number of waves, the last skTiles tiles are cut
+  // into skPieces equal ranges of k-tiles, and the CTAs take those pieces round-robin, piece
+  // by piece (all CTAs then walk the same k-tiles at once, so that L2 serves each slice of A
+  // and B to several of them: CTAs at as many k offsets as there are CTAs ran 10-35% slower).
+  // The last piece of a tile runs its epilogue after adding the others' partial sums, which
+  // they left in a workspace slot each (f32, one per consumer warpgroup) with a flag raised;
+  // it comes at least a round after them. The plan minimises rounds / pieces plus the partial
+  // sums' cost over the remainder of the last wave, or that remainder and the full wave
+  // before it; without a plan under 0.9 of a tile the tiles stay whole. Every CTA is resident.
+  constexpr bool kSplitLast = !T::PINGPONG && CL == 1;
+  const int G = gridDim.x;
+  int skTiles = 0, skPieces = 1;
+  if (kSplitLast && a.scratch[0] != nullptr && units > G && units % G != 0) {
+    const int R = units % G;
+    float best = 0.9f;
+    for (int extra = 0; extra <= 1; ++extra)
+      for (int pieces = 2; pieces <= 4 && pieces <= KT; ++pieces) {
+        const int tiles = R + extra * G, rounds = (tiles * pieces + G - 1) / G;
+        // Partial-sum slots: one per tile and piece but the last, at most G (the workspace).
+        if (tiles * (pieces - 1) > G)
+          continue;
+        const float cost = float(rounds) / pieces + 0.03f * (pieces - 1) - extra;
+        if (cost < best) {
+          best = cost;
+          skTiles = tiles;
+          skPieces = pieces;
+        }
+      }
+  }
+  const bool sk = skTiles > 0;
+  const int dpTiles = units - skTiles; // whole tiles, a multiple of G
+  const int dpCount = unit0 < dpTiles ? (dpTiles - 1 - unit0) / stride + 1 : 0;
+  // Whether this CTA runs the last piece of some split tile (its last item then has an
+  // epilogue, which waits for the helpers to finish a deferred tile before it).
+  const int items = skTiles * skPieces, b = static_cast<int>(blockIdx.x);
+  const bool hasLastPiece = b < items && b + (items - 1 - b) / G * G >= items - skTiles;
+  // Item w of this CTA's sequence: tile t, k-tiles [k0, k1); false past the last one. Piece
+  // p of split tile i is item p * skTiles + i of the round-robin.
+  auto work = [&](int w, int& t, int& k0, int& k1) {
+    if (w < dpCount) {
+      t = unit0 + w * stride;
+      k0 = 0;
+      k1 = KT;
+      return true;
+    }
+    const int q = blockIdx.x + (w - dpCount) * G;
+    if (q >= skTiles * skPieces) // also every CTA without a plan
+      return false;
+    const int piece = q / skTiles;
+    t = dpTiles + q % skTiles;
+    k0 = piece * KT / skPieces;
+    k1 = (piece + 1) * KT / skPieces;
+    return true;
+  };
   // Whether the epilogue of unit t is deferred to the helper warps (the same answer in every
-  // role). 48 k-tiles: their three warps then take well under a main loop per tile; at 32
-  // (K = 2048) they fall behind (GeLU tiles at 77% of cuBLAS's speed, 90% undeferred).
-  auto deferred = [&](int t) { return kDefer && KT >= 48 && t + stride < units; };
+  // role): tiles the CTA computes whole with another item after them. 48 k-tiles: their three
+  // warps then take well under a main loop per tile; at 32 (K = 2048) they fall behind (GeLU
+  // tiles at 77% of cuBLAS's speed, 90% undeferred). With the last wave split, the whole tiles
+  // before the pieces when an epilogue follows them (the last piece of a tile), except where
+  // the helpers would also load the next tile's operand (kSide), which assumes whole tiles.
+  auto deferred = [&](int t) {
+    return kDefer && KT >= 48 &&
+           (sk ? !kSide && t < dpTiles && (t + stride < dpTiles || hasLastPiece)
+               : t + stride < units);
+  };
   // The hand-offs between consumers and helpers are named barriers (racecheck follows those,
   // not mbarrier phases, for ordinary shared-memory accesses): kReady, the consumers' rows are
   // in the tile (consumers arrive, helpers wait); kFree, the helpers' stores have read it
@@ -438,16 +501,18 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
     if constexpr (T::CONSUMERS == 2)
       asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
     if (threadIdx.x == 0) {
-      int stage = 0, local = 0;
+      int stage = 0, local = 0, tiled = 0, t, k0, k1;
       unsigned phase = 0;
-      for (int t = unit0; t < units; t += stride, ++local) {
+      for (int w = 0; work(w, t, k0, k1); ++w, ++local) {
         // kSide: after a deferred tile the helpers load the operand, once their stores have
-        // read the tile (waiting for that here would hold up the ring).
-        const bool preLoad = kPre && !deferred(t) && !(kSide && local > 0 && deferred(t - stride));
+        // read the tile (waiting for that here would hold up the ring). Pieces of a split tile but
+        // the last have no epilogue.
+        const bool preLoad =
+            k1 == KT && kPre && !deferred(t) && !(kSide && local > 0 && deferred(t - stride));
         int tm, tn;
         tileCoords(t, unitsM, tilesN, 8 / CL, T::RASTER_N, tm, tn);
         tm = min(tm * CL + rank, tilesM - 1);
-        for (int kt = 0; kt < KT; ++kt) {
+        for (int kt = k0; kt < k1; ++kt) {
           mbarWait(&empty[stage], phase ^ 1); // a fresh barrier passes parity 1 at once
           mbarExpectTx(&full[stage], T::STAGE_BYTES);
           tmaLoad2d(stageA(stage), &p.a, kt * BK, tm * BM, &full[stage]);
@@ -475,16 +540,17 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
             phase ^= 1;
           }
           // The epilogue operand, once the consumers have moved on to this tile (they arrive
-          // after its k-tile min(1, KT - 1), loaded before this one: no deadlock) and the
-          // previous tile's stores have read the tile: KT - S - 2 k-tiles ahead of its use.
-          if (preLoad && kt == min(S + 1, KT - 1)) {
-            mbarWait(&tileEmpty, (local & 1) ^ 1);
+          // after its k-tile min(1, k1 - 1), loaded before this one: no deadlock) and the
+          // previous tile's stores have read the tile: k1 - S - 2 k-tiles ahead of its use.
+          if (preLoad && kt == min(k0 + S + 1, k1 - 1)) {
+            mbarWait(&tileEmpty, (tiled & 1) ^ 1);
             mbarExpectTx(&tileFull, BM * BN * 2);
 #pragma unroll
             for (int j = 0; j < BN / 64; ++j)
               tmaLoad2d(tileC + j * BM * 128, &p.c, tn * BN + j * 64, tm * BM, &tileFull);
           }
         }
+        tiled += k1 == KT; // items that store through the tile (tileEmpty's phases)
       }
     } else if (kDefer && threadIdx.x >= 32) {
       // Helpers: warp h of 1..3 takes tile rows h - 1, h + 2, ... of each 64-column box, a row
@@ -617,11 +683,16 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
       else if (warp == 1)
         mbarArriveCluster(&empty[s], 1);
     };
-    int local = 0;          // the tile's place in this CTA's sequence
+    int local = 0;          // the item's place in this CTA's sequence
+    int tiled = 0;          // items before this one that stored through the tile
     bool handedOff = false; // kDefer: the previous tile was left to the helpers
     int preloaded = 0;      // kPre: tiles (not deferred) whose operand was loaded into the tile
     unsigned orderPhase = 0;
-    for (int t = unit0; t < units; t += stride, ++local) {
+    long long ring = 0; // k-tiles of this CTA's earlier items: the ring holds them in turn
+    int t, k0, k1;
+    for (int w = 0; work(w, t, k0, k1); ++w, ++local, tiled += k1 == KT) {
+      const long long first = ring;
+      ring += k1 - k0;
       if (T::PINGPONG && (local & 1) != c)
         continue;
       // Ping-pong: a consumer starts a tile's main loop only once the other has seen every
@@ -634,14 +705,12 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
       int tm, tn;
       tileCoords(t, unitsM, tilesN, 8 / CL, T::RASTER_N, tm, tn);
       tm = tm * CL + rank; // tm == tilesM: a tile below the matrix, computed and not stored
-      // The ring holds the CTA's tiles one after the other, KT k-tiles each.
-      const long long first = static_cast<long long>(local) * KT;
       int stage = static_cast<int>(first % S);
       unsigned phase = static_cast<unsigned>((first / S) & 1);
       // Rows of the tile this consumer computes: its 64 (cooperative) or all BM (ping-pong).
       const int row0 = T::PINGPONG ? 0 : c * 64 * MI;
       int prev = -1;
-      for (int kt = 0; kt < KT; ++kt) {
+      for (int kt = k0; kt < k1; ++kt) {
         mbarWait(&full[stage], phase);
         if (T::PINGPONG && kt == KT - 1 && tid == 0 && t + stride < units)
           mbarArrive(&order[1 - c]); // the other consumer's tile may start
@@ -660,7 +729,7 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
 #pragma unroll
           for (int m = 0; m < MI; ++m) {
             const uint64_t da = smemDesc(stageA(stage) + (row0 + m * 64) * 128 + ks * 32, 16, 1024);
-            wgmma<BN, TRANS_B ? 0 : 1>(d[m], da, db, kt > 0 || ks > 0);
+            wgmma<BN, TRANS_B ? 0 : 1>(d[m], da, db, kt > k0 || ks > 0);
           }
         }
         wgmmaCommit();
@@ -674,7 +743,7 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
         if (prev >= 0 && lane == 0)
           release(prev);
         if constexpr (kPre) {
-          if (kt == min(1, KT - 1) && local > 0 && tid == 0) {
+          if (k1 == KT && kt == min(k0 + 1, k1 - 1) && tiled > 0 && tid == 0) {
             bulkWaitRead(); // the previous tile's stores have read the tile
             mbarArrive(&tileEmpty);
           }
@@ -693,6 +762,51 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
           fenceOperand(d[m][i]);
       if (prev >= 0 && lane == 0)
         release(prev);
+
+      // A split tile's pieces. Slot (split tile i, piece p < last), one part per consumer
+      // warpgroup, register-major so that a warp's accesses are whole 128-byte lines; flags
+      // are 0 between launches (the last piece resets them).
+      if (sk && t >= dpTiles) {
+        const int slotSize = MI * (BN / 2) * 128, i = t - dpTiles;
+        const int piece = (static_cast<int>(blockIdx.x) + (w - dpCount) * G) / skTiles;
+        auto part = [&](int p) { return ((i * (skPieces - 1) + p) * T::CONSUMERS + c); };
+        unsigned* const flags = static_cast<unsigned*>(a.scratch[1]);
+        if (k1 < KT) { // not the last piece: partial sums out, then the flag
+          float* const slot = static_cast<float*>(a.scratch[0]) + part(piece) * slotSize;
+#pragma unroll
+          for (int m = 0; m < MI; ++m)
+#pragma unroll
+            for (int r = 0; r < BN / 2; ++r)
+              __stcg(slot + (m * (BN / 2) + r) * 128 + tid, d[m][r]);
+          __threadfence();
+          namedBarrier(1 + c, 128);
+          if (tid == 0)
+            asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(flags + part(piece)), "r"(1u)
+                         : "memory");
+          continue;
+        }
+        // The last piece: the others' partial sums in.
+        for (int p = 0; p < skPieces - 1; ++p) {
+          if (tid == 0) {
+            unsigned* const flag = flags + part(p);
+            unsigned seen = 0;
+            do {
+              asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n"
+                           : "=r"(seen)
+                           : "l"(flag)
+                           : "memory");
+            } while (seen == 0);
+            *flag = 0; // for the next launch
+          }
+          namedBarrier(1 + c, 128);
+          const float* const slot = static_cast<const float*>(a.scratch[0]) + part(p) * slotSize;
+#pragma unroll
+          for (int m = 0; m < MI; ++m)
+#pragma unroll
+            for (int r = 0; r < BN / 2; ++r)
+              d[m][r] += __ldcg(slot + (m * (BN / 2) + r) * 128 + tid);
+        }
+      }
 
       // Epilogue. Accumulator layout of m64nN: thread (warp w, lane l) holds rows
       // 16w + l/4 (+8) and columns 8j + 2(l%4) (+1), register 4j + 2*(row half) + column.

@@ -512,6 +512,8 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
         int tm, tn;
         tileCoords(t, unitsM, tilesN, 8 / CL, T::RASTER_N, tm, tn);
         tm = min(tm * CL + rank, tilesM - 1);
+        const int opStart = min(k0 + S + 1, k1 - 1);
+        const int opEvery = max(1, min(4, (k1 - opStart - S - 2) / (BN / 64)));
         for (int kt = k0; kt < k1; ++kt) {
           mbarWait(&empty[stage], phase ^ 1); // a fresh barrier passes parity 1 at once
           mbarExpectTx(&full[stage], T::STAGE_BYTES);
@@ -541,13 +543,22 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
           }
           // The epilogue operand, once the consumers have moved on to this tile (they arrive
           // after its k-tile min(1, k1 - 1), loaded before this one: no deadlock) and the
-          // previous tile's stores have read the tile: k1 - S - 2 k-tiles ahead of its use.
-          if (preLoad && kt == min(k0 + S + 1, k1 - 1)) {
-            mbarWait(&tileEmpty, (tiled & 1) ^ 1);
-            mbarExpectTx(&tileFull, BM * BN * 2);
-#pragma unroll
-            for (int j = 0; j < BN / 64; ++j)
-              tmaLoad2d(tileC + j * BM * 128, &p.c, tn * BN + j * 64, tm * BM, &tileFull);
+          // previous tile's stores have read the tile: from k-tile `opStart` on, one 64-column
+          // box every `opEvery` k-tiles, the last at least S + 2 k-tiles ahead of its use where
+          // K allows, and all of them by the item's last k-tile. (One 64 KB load at once cost
+          // gemm_residual about 1% against boxes 1-8 k-tiles apart; 14 apart was slower again.)
+          if (preLoad) {
+            const int q = kt - opStart;
+            if (q == 0) {
+              mbarWait(&tileEmpty, (tiled & 1) ^ 1);
+              mbarExpectTx(&tileFull, BM * BN * 2);
+            }
+            if (q >= 0 && (q % opEvery == 0 || kt == k1 - 1)) {
+              const int from = (q + opEvery - 1) / opEvery,
+                        upto = kt == k1 - 1 ? BN / 64 : min(BN / 64, q / opEvery + 1);
+              for (int j = from; j < upto; ++j)
+                tmaLoad2d(tileC + j * BM * 128, &p.c, tn * BN + j * 64, tm * BM, &tileFull);
+            }
           }
         }
         tiled += k1 == KT; // items that store through the tile (tileEmpty's phases)

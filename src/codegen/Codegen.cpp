@@ -132,6 +132,30 @@ std::vector<TileConfig> wgmmaConfigs() {
   return out;
 }
 
+LastWaveSplit lastWaveSplit(int64_t units, int sms, int64_t kTiles) {
+  // fpat_wgmma.cuh's plan, in the same order and with the same float arithmetic: the remainder
+  // of the last wave, or it and the full wave before, in 2-4 pieces per tile, at most one
+  // partial-sum slot per CTA; the least rounds / pieces + 0.03 per extra piece, under 0.9.
+  LastWaveSplit best;
+  const int64_t g = std::min<int64_t>(units, sms);
+  if (g <= 0 || units <= g || units % g == 0)
+    return best;
+  float cost = 0.9f;
+  for (int extra = 0; extra <= 1; ++extra)
+    for (int pieces = 2; pieces <= 4 && pieces <= kTiles; ++pieces) {
+      const int64_t tiles = units % g + extra * g, rounds = (tiles * pieces + g - 1) / g;
+      if (tiles * (pieces - 1) > g)
+        continue;
+      const float c = static_cast<float>(rounds) / static_cast<float>(pieces) +
+                      0.03f * static_cast<float>(pieces - 1) - static_cast<float>(extra);
+      if (c < cost) {
+        cost = c;
+        best = {tiles, pieces};
+      }
+    }
+  return best;
+}
+
 double wgmmaScore(const TileConfig& t, int64_t m, int64_t n, int sms, bool epilogueReads) {
   const bool pp = t.backend == Backend::WgmmaPingPong;
   // A cluster of two computes two M-tiles, the second one below the matrix where their number
@@ -140,20 +164,15 @@ double wgmmaScore(const TileConfig& t, int64_t m, int64_t n, int sms, bool epilo
   const double tiles = static_cast<double>((tilesM + t.cluster - 1) / t.cluster * t.cluster) *
                        static_cast<double>((n + t.bn - 1) / t.bn);
   // Cooperative tiles without clusters split the last wave's tiles in k where that saves a
-  // tenth of a tile or more (fpat_wgmma.cuh, the same plan).
+  // tenth of a tile or more (K is not known here: as if it had 4 k-tiles or more).
   double waves = std::ceil(tiles / (sms / t.cluster * t.cluster));
-  const int64_t whole = static_cast<int64_t>(tiles);
-  if (!pp && t.cluster == 1 && whole > sms && whole % sms != 0) {
-    const int64_t r = whole % sms;
-    double best = 0.9;
-    for (int extra = 0; extra <= 1; ++extra)
-      for (int pieces = 2; pieces <= 4; ++pieces) {
-        const int64_t split = r + extra * sms, rounds = (split * pieces + sms - 1) / sms;
-        if (split * (pieces - 1) <= sms)
-          best = std::min(best, static_cast<double>(rounds) / pieces + 0.03 * (pieces - 1) - extra);
-      }
-    if (best < 0.9)
-      waves = std::floor(tiles / sms) + best;
+  if (!pp && t.cluster == 1) {
+    const int64_t whole = static_cast<int64_t>(tiles);
+    const LastWaveSplit s = lastWaveSplit(whole, sms, 4);
+    if (s.tiles > 0)
+      waves = static_cast<double>((whole - s.tiles) / sms) +
+              static_cast<double>((s.tiles * s.pieces + sms - 1) / sms) / s.pieces +
+              0.03 * (s.pieces - 1);
   }
   const double useful = static_cast<double>(m) * static_cast<double>(n) / (tiles * t.bm * t.bn);
   // Cooperative tiles relative to 128x256; ping-pong relative to that at 4096^3 with the

@@ -76,10 +76,6 @@ bool tmaCompatible(int64_t m, int64_t n, int64_t k, bool transB);
 /// the two deepest rings that fit in 227 KB).
 std::vector<TileConfig> wgmmaConfigs();
 
-/// How well a wgmma configuration should do on an M x N problem with `sms` SMs (higher is
-/// better): the share of SM time spent on useful tiles, times each schedule's and tile shape's
-/// speed on a full GPU as measured on the H200 (bench/RESULTS.md). `epilogueReads`: the
-/// epilogue loads other tensors (bias, residual), which ping-pong hides behind MMAs.
 /// Whether the cp.async GEMM kernels can use 16-byte loads of A and B (K, and N for B [K, N],
 /// multiples of 8).
 inline bool vectorLoads(int64_t m, int64_t n, int64_t k, bool transB) {
@@ -87,6 +83,20 @@ inline bool vectorLoads(int64_t m, int64_t n, int64_t k, bool transB) {
   return k % 8 == 0 && (transB || n % 8 == 0);
 }
 
+/// The last wave split in k of fpat_wgmma.cuh's cooperative schedule without clusters (the
+/// kernel computes the same plan): the last `tiles` of `units` tiles, each cut into `pieces`
+/// ranges of k-tiles, on a grid of `sms` CTAs; tiles == 0 where the tiles stay whole.
+/// `kTiles`: k-tiles per tile (a piece has at least one; 4 or more when not known).
+struct LastWaveSplit {
+  int64_t tiles = 0;
+  int pieces = 1;
+};
+LastWaveSplit lastWaveSplit(int64_t units, int sms, int64_t kTiles);
+
+/// How well a wgmma configuration should do on an M x N problem with `sms` SMs (higher is
+/// better): the share of SM time spent on useful tiles, times each schedule's and tile shape's
+/// speed on a full GPU as measured on the H200 (bench/RESULTS.md). `epilogueReads`: the
+/// epilogue loads other tensors (bias, residual), which ping-pong hides behind MMAs.
 double wgmmaScore(const TileConfig& t, int64_t m, int64_t n, int sms, bool epilogueReads);
 
 /// The heuristic default when nothing better is known (no tuning, no GPU): large tiles for
@@ -136,6 +146,9 @@ struct KernelUnit {
   float eps = 0;
   std::vector<float> params;
   bool needsRowStats = false; // norm_gemm: two f32 [M] scratch buffers
+  // wgmma cooperative: compiled with the last wave split in k (lastWaveSplit planned one for
+  // CodegenOptions::sms); the Executor passes such kernels a partial-sum workspace.
+  bool splitLastWave = false;
 };
 
 struct CodegenOptions {

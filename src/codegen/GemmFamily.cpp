@@ -177,15 +177,24 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
                   [](const ir::EpilogueNode& n) { return n.kind == ir::EpiKind::Activation; });
   const int smemBytes = gemmSmemBytes(t, u.transB) + (epiTile ? t.bm * t.bn * 2 : 0) +
                         (defer && side ? t.bm * 128 : 0);
+  // The last wave split in k, compiled in only where it is planned for this shape on o.sms SMs:
+  // its code cost the kernels 0.2-0.6% where nothing was split (bench/RESULTS.md, session 12).
+  const LastWaveSplit split =
+      t.backend == Backend::Wgmma && t.cluster == 1
+          ? lastWaveSplit(((u.M + t.bm - 1) / t.bm) * ((u.N + t.bn - 1) / t.bn), o.sms,
+                          (u.K + t.bk - 1) / t.bk)
+          : LastWaveSplit{};
+  u.splitLastWave = split.tiles > 0;
 
   const std::string epi = epilogueBody(g, v, lib, acts);
   const std::string base = op.kind == ir::OpKind::Fused ? sanitize(op.fused.pattern) : "gemm";
   // The name tells apart every source one configuration generates: wgmma kernels store through
-  // the epilogue tile or not depending on N.
-  const std::string cfg = t.str() + (u.transB ? "_bt" : "") +
-                          (t.wgmma() ? (epiTile ? "_tilestore" : "")
-                           : u.vec   ? "_vec"
-                                     : "_any");
+  // the epilogue tile or not depending on N, and split the last wave or not by shape.
+  const std::string cfg =
+      t.str() + (u.transB ? "_bt" : "") +
+      (t.wgmma() ? std::string(epiTile ? "_tilestore" : "") + (u.splitLastWave ? "_splitk" : "")
+       : u.vec   ? "_vec"
+                 : "_any");
   u.name = "fpat_" + base + "_" + (t.wgmma() ? std::string("sm90a") : arch) + "_" + cfg;
   // The fallback is said in the log line, not in the source: the source describes the kernel
   // (every op that needs it shares one cubin), the log line the op.
@@ -212,6 +221,12 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
                       (staged >= 0
                            ? "; $" + std::to_string(staged) + " [M, N] loaded into it by TMA"
                            : std::string()));
+    if (u.splitLastWave)
+      lines.push_back(
+          "split:    the last " + std::to_string(split.tiles) + " tiles in " +
+          std::to_string(split.pieces) + " k-pieces each on " + std::to_string(o.sms) +
+          " SMs, the last piece adding the others' partial sums (FPAT_SPLIT_LAST_WAVE=0: "
+          "whole tiles)");
     if (defer)
       lines.push_back("defer:    the epilogue deferred to the producer's idle warps" +
                       (side ? ", $" + std::to_string(staged) + " coming to them in " +
@@ -252,6 +267,8 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
          << "  static constexpr bool kTile = " << (epiTile ? "true" : "false") << ";\n"
          << "  static constexpr int kStaged = " << staged << ";\n"
          << "  static constexpr bool kDefer = " << (defer ? "true" : "false") << ";\n"
+         << "  // Whether the last wave may be split in k (planned for this shape).\n"
+         << "  static constexpr bool kSplit = " << (u.splitLastWave ? "true" : "false") << ";\n"
          << "  // Column pairs; s: operand kStaged's pair, read from the tile.\n"
          << "  __device__ __forceinline__ float2 pair(float2 v, int64_t row, int64_t col,\n"
          << "                                         const FpatKernelArgs& a, float2 s) const {\n"

@@ -82,10 +82,7 @@ Executor::Executor(cuda::Driver& drv, const CompiledGraph& cg) : drv_(drv), cg_(
   // FPAT_SPLIT_LAST_WAVE=0 withholds it, and the kernels then keep every tile whole.
   const char* skEnv = std::getenv("FPAT_SPLIT_LAST_WAVE");
   const bool split = !(skEnv && std::string(skEnv) == "0");
-  auto takesSplit = [&](const codegen::KernelUnit& u) {
-    return split && u.sm90a && u.tile.backend == codegen::Backend::Wgmma && u.tile.cluster == 1 &&
-           !u.needsRowStats;
-  };
+  auto takesSplit = [&](const codegen::KernelUnit& u) { return split && u.splitLastWave; };
   size_t skBytes = 0;
   const size_t sms = static_cast<size_t>(std::max(1, drv_.device().sms));
   for (ir::Vertex v : order)

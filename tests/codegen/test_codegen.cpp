@@ -411,6 +411,57 @@ BOOST_AUTO_TEST_CASE(wgmma_epilogue_goes_through_a_tma_stored_tile_where_it_fits
   BOOST_TEST(u.source.find("kTile = false;") != std::string::npos);
 }
 
+BOOST_AUTO_TEST_CASE(the_last_wave_split_is_compiled_in_where_it_is_planned) {
+  using codegen::Backend;
+  using codegen::TileConfig;
+  // 320 tiles of 128x256 on 132 SMs: the last 56 in two k-pieces; 512 tiles (4096^3): 116 in
+  // the last wave, which no plan improves by a tenth of a tile; too few k-tiles for pieces.
+  BOOST_TEST(codegen::lastWaveSplit(320, 132, 80).tiles == 56);
+  BOOST_TEST(codegen::lastWaveSplit(320, 132, 80).pieces == 2);
+  BOOST_TEST(codegen::lastWaveSplit(512, 132, 64).tiles == 0);
+  BOOST_TEST(codegen::lastWaveSplit(320, 132, 1).tiles == 0);
+  BOOST_TEST(codegen::lastWaveSplit(128, 132, 64).tiles == 0); // one partial wave: none
+  BOOST_TEST(codegen::lastWaveSplit(264, 132, 64).tiles == 0); // whole waves
+  // 160 tiles of 64x64 with 48 k-tiles: the last 28 in four pieces.
+  BOOST_TEST(codegen::lastWaveSplit(160, 132, 48).pieces == 4);
+  BOOST_TEST(codegen::lastWaveSplit(160, 132, 48).tiles == 28);
+  const TileConfig s3{128, 256, 64, 64, 256, 3, Backend::Wgmma},
+      c2{128, 256, 64, 64, 256, 3, Backend::Wgmma, 2},
+      pingpong{128, 128, 64, 128, 128, 5, Backend::WgmmaPingPong},
+      small = *TileConfig::parse("64x64x64_w1x1_s8_wgmma");
+  auto unit = [&](const char* name, Shape sh, const TileConfig& t) {
+    ir::Graph f = fuse(caseGraph(name, sh));
+    codegen::CodegenOptions o;
+    o.arch = 90;
+    o.sms = 132;
+    o.tile = &t;
+    return codegen::generate(f, f.outputs()[0], builtinLibrary(), o);
+  };
+  codegen::KernelUnit u = unit("gemm_residual", {2047, 5120, 5120}, s3);
+  BOOST_TEST(u.splitLastWave);
+  BOOST_TEST(u.name.size() > 7);
+  BOOST_TEST(u.name.substr(u.name.size() - 7) == "_splitk", u.name);
+  BOOST_TEST(u.source.find("kSplit = true;") != std::string::npos);
+  BOOST_TEST(u.source.find("split:    the last 56 tiles in 2 k-pieces each on 132 SMs") !=
+                 std::string::npos,
+             u.source);
+  for (Shape sh : {Shape{4096, 4096, 4096}, Shape{2047, 5120, 40}}) {
+    u = unit("gemm_residual", sh, s3);
+    BOOST_TEST(!u.splitLastWave, sh.str());
+    BOOST_TEST(u.source.find("kSplit = false;") != std::string::npos);
+    BOOST_TEST(u.name.find("_splitk") == std::string::npos);
+  }
+  // Clusters and ping-pong never split.
+  BOOST_TEST(!unit("gemm", {2047, 5120, 5120}, c2).splitLastWave);
+  BOOST_TEST(!unit("gemm", {2047, 5120, 5120}, pingpong).splitLastWave);
+  // The GPU test's shapes (last_wave_split_at_ragged_shapes, 132 SMs) are split, but the one
+  // with a single k-tile.
+  for (Shape sh : {Shape{600, 1000, 3072}, Shape{1000, 1104, 3072}, Shape{600, 1000, 104}})
+    BOOST_TEST(unit("gemm_bias_gelu", sh, small).splitLastWave, sh.str());
+  BOOST_TEST(!unit("gemm_bias_gelu", {600, 1000, 40}, small).splitLastWave);
+  BOOST_TEST(unit("gemm_residual", {1100, 4200, 200}, s3).splitLastWave);
+}
+
 BOOST_AUTO_TEST_CASE(wgmma_backend_compiles_for_sm90a_without_serialization,
                      *boost::unit_test::precondition(nvccPresent)) {
   // Every GEMM-family pattern, both B layouts, every tile shape of the template: nvcc accepts
@@ -431,13 +482,26 @@ BOOST_AUTO_TEST_CASE(wgmma_backend_compiles_for_sm90a_without_serialization,
       if (std::string(name) != "gemm" && std::string(name) != "gemm_bias_gelu" &&
           !(t.bm == 128 && t.bn == 256))
         continue; // all shapes for two patterns, the default shape for the rest
-      ir::Graph f = fuse(caseGraph(name, {256, 512, 128}));
-      codegen::CodegenOptions o;
-      o.arch = 90;
-      o.tile = &t;
-      codegen::KernelUnit u = codegen::generate(f, f.outputs()[0], builtinLibrary(), o);
-      BOOST_TEST(u.sm90a, name << " " << t.str());
-      units.push_back(std::move(u));
+      // With the last wave split compiled in as well (320 tiles of 128x256 on 132 SMs) for
+      // the epilogues' kinds: plain, deferred, staged operand, side buffer, B [N, K].
+      const std::string n = name;
+      const bool split = t.bm == 128 && t.bn == 256 && t.backend == codegen::Backend::Wgmma &&
+                         t.cluster == 1 && !t.rasterN &&
+                         (n == "gemm" || n == "gemm_bt" || n == "gemm_bias_gelu" ||
+                          n == "gemm_residual" || n == "gemm_silu_mul");
+      for (Shape sh : {Shape{256, 512, 128}, Shape{2047, 5120, 512}}) {
+        if (sh.m == 2047 && !split)
+          continue;
+        ir::Graph f = fuse(caseGraph(name, sh));
+        codegen::CodegenOptions o;
+        o.arch = 90;
+        o.sms = 132;
+        o.tile = &t;
+        codegen::KernelUnit u = codegen::generate(f, f.outputs()[0], builtinLibrary(), o);
+        BOOST_TEST(u.sm90a, name << " " << t.str());
+        BOOST_TEST(u.splitLastWave == (sh.m == 2047), name << " " << t.str() << " " << sh.str());
+        units.push_back(std::move(u));
+      }
     }
   runtime::NvccOptions o;
   o.arch = 90;

@@ -403,17 +403,18 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
   const int unit0 = blockIdx.x / CL, stride = gridDim.x / CL;
   const int wg = threadIdx.x / 128;
   //
-  // The last wave split in k (cooperative tiles without clusters, where the host passed a
-  // workspace): when the tiles are not a whole number of waves, the last skTiles tiles are cut
-  // into skPieces equal ranges of k-tiles, and the CTAs take those pieces round-robin, piece
-  // by piece (all CTAs then walk the same k-tiles at once, so that L2 serves each slice of A
-  // and B to several of them: CTAs at as many k offsets as there are CTAs ran 10-35% slower).
-  // The last piece of a tile runs its epilogue after adding the others' partial sums, which
-  // they left in a workspace slot each (f32, one per consumer warpgroup) with a flag raised;
-  // it comes at least a round after them. The plan minimises rounds / pieces plus the partial
-  // sums' cost over the remainder of the last wave, or that remainder and the full wave
-  // before it; without a plan under 0.9 of a tile the tiles stay whole. Every CTA is resident.
-  constexpr bool kSplitLast = !T::PINGPONG && CL == 1;
+  // The last wave split in k (cooperative tiles without clusters, compiled in where the code
+  // generator planned it, Epilogue::kSplit, and where the host passed a workspace): when the tiles
+  // are not a whole number of waves, the last skTiles tiles are cut into skPieces equal ranges of
+  // k-tiles, and the CTAs take those pieces round-robin, piece by piece (all CTAs then walk the
+  // same k-tiles at once, so that L2 serves each slice of A and B to several of them: CTAs at as
+  // many k offsets as there are CTAs ran 10-35% slower). The last piece of a tile runs its epilogue
+  // after adding the others' partial sums, which they left in a workspace slot each (f32, one per
+  // consumer warpgroup) with a flag raised; it comes at least a round after them. The plan
+  // minimises rounds / pieces plus the partial sums' cost over the remainder of the last wave, or
+  // that remainder and the full wave before it; without a plan under 0.9 of a tile the tiles stay
+  // whole (codegen::lastWaveSplit makes the same plan on the host). Every CTA is resident.
+  constexpr bool kSplitLast = !T::PINGPONG && CL == 1 && Epilogue::kSplit;
   const int G = gridDim.x;
   int skTiles = 0, skPieces = 1;
   if (kSplitLast && a.scratch[0] != nullptr && units > G && units % G != 0) {

@@ -133,30 +133,47 @@ std::vector<TileConfig> wgmmaConfigs() {
 }
 
 LastWaveSplit lastWaveSplit(int64_t units, int sms, int64_t kTiles) {
-  // fpat_wgmma.cuh's plan, in the same order and with the same float arithmetic: the remainder
+  // fpat_wgmma.cuh's plan, in the same order and with the same integer arithmetic: the remainder
   // of the last wave, or it and the full wave before, in 2-4 pieces per tile, at most one
-  // partial-sum slot per CTA; the least rounds / pieces + 0.03 per extra piece, under 0.9.
+  // partial-sum slot per CTA; the least rounds / pieces plus the partial sums' cost per extra
+  // piece, where that saves a tenth of a tile. Measured on the H200 (bench/RESULTS.md, session
+  // 13), a 128x256 tile takes about 2.95 + 0.647 KT us and each extra piece about 7.5 + 0.05 KT
+  // us more (writing, waiting for and adding 128 KB of f32 partial sums): costs are counted in
+  // 1 / (12 (59 + 13 KT)) of a tile, the piece's as 12 (150 + KT). A split then pays from about
+  // K = 2048 on (2047x5120: 10% faster at K = 5120, 5-28% slower at K = 1024 down to 256).
   LastWaveSplit best;
   const int64_t g = std::min<int64_t>(units, sms);
   if (g <= 0 || units <= g || units % g == 0)
     return best;
-  float cost = 0.9f;
+  const int64_t den = 59 + 13 * kTiles, piece = 150 + kTiles;
+  int64_t cost = 108 * den / 10; // 0.9 of a tile
   for (int extra = 0; extra <= 1; ++extra)
     for (int pieces = 2; pieces <= 4 && pieces <= kTiles; ++pieces) {
       const int64_t tiles = units % g + extra * g, rounds = (tiles * pieces + g - 1) / g;
       if (tiles * (pieces - 1) > g)
         continue;
-      const float c = static_cast<float>(rounds) / static_cast<float>(pieces) +
-                      0.03f * static_cast<float>(pieces - 1) - static_cast<float>(extra);
+      const int64_t c = 12 / pieces * rounds * den + 12 * (pieces - 1) * piece - 12 * extra * den;
       if (c < cost) {
         cost = c;
-        best = {tiles, pieces};
+        best = {tiles, pieces, static_cast<double>(c + 12 * extra * den) / (12.0 * den)};
       }
     }
   return best;
 }
 
-double wgmmaScore(const TileConfig& t, int64_t m, int64_t n, int sms, bool epilogueReads) {
+GemmProblem gemmProblem(int64_t m, int64_t n, int64_t k, bool transB) {
+  GemmProblem p;
+  p.m = m;
+  p.n = n;
+  p.k = k;
+  p.tma = tmaCompatible(m, n, k, transB);
+  p.vec = vectorLoads(m, n, k, transB);
+  return p;
+}
+
+double wgmmaScore(const TileConfig& t, const GemmProblem& p, int sms) {
+  const int64_t m = p.m, n = p.n;
+  const bool epilogueReads = p.epilogueReads;
   const bool pp = t.backend == Backend::WgmmaPingPong;
   // A cluster of two computes two M-tiles, the second one below the matrix where their number
   // is odd.
@@ -164,15 +181,13 @@ double wgmmaScore(const TileConfig& t, int64_t m, int64_t n, int sms, bool epilo
   const double tiles = static_cast<double>((tilesM + t.cluster - 1) / t.cluster * t.cluster) *
                        static_cast<double>((n + t.bn - 1) / t.bn);
   // Cooperative tiles without clusters split the last wave's tiles in k where that saves a
-  // tenth of a tile or more (K is not known here: as if it had 4 k-tiles or more).
+  // tenth of a tile or more (with K not known, as if K were 4096).
   double waves = std::ceil(tiles / (sms / t.cluster * t.cluster));
   if (!pp && t.cluster == 1) {
     const int64_t whole = static_cast<int64_t>(tiles);
-    const LastWaveSplit s = lastWaveSplit(whole, sms, 4);
+    const LastWaveSplit s = lastWaveSplit(whole, sms, p.k > 0 ? (p.k + t.bk - 1) / t.bk : 64);
     if (s.tiles > 0)
-      waves = static_cast<double>((whole - s.tiles) / sms) +
-              static_cast<double>((s.tiles * s.pieces + sms - 1) / sms) / s.pieces +
-              0.03 * (s.pieces - 1);
+      waves = static_cast<double>((whole - s.tiles) / sms) + s.waves;
   }
   const double useful = static_cast<double>(m) * static_cast<double>(n) / (tiles * t.bm * t.bn);
   // Cooperative tiles relative to 128x256; ping-pong relative to that at 4096^3 with the
@@ -220,11 +235,11 @@ double wgmmaScore(const TileConfig& t, int64_t m, int64_t n, int sms, bool epilo
 namespace {
 
 /// Hopper default: the wgmma configuration with the best wgmmaScore.
-TileConfig hopperTile(int64_t m, int64_t n, int numSms, bool epilogueReads) {
+TileConfig hopperTile(const GemmProblem& p, int numSms) {
   TileConfig best;
   double bestScore = -1;
   for (const TileConfig& t : wgmmaConfigs()) {
-    const double score = wgmmaScore(t, m, n, numSms, epilogueReads);
+    const double score = wgmmaScore(t, p, numSms);
     if (score > bestScore + 1e-9) {
       best = t;
       bestScore = score;
@@ -235,10 +250,11 @@ TileConfig hopperTile(int64_t m, int64_t n, int numSms, bool epilogueReads) {
 
 } // namespace
 
-TileConfig defaultTile(int64_t m, int64_t n, int arch, int numSms, bool norm, bool tma,
-                       bool epilogueReads) {
-  if (arch == 90 && !norm && tma)
-    return hopperTile(m, n, numSms, epilogueReads);
+TileConfig defaultTile(const GemmProblem& p, int arch, int numSms) {
+  const int64_t m = p.m, n = p.n;
+  const bool norm = p.norm;
+  if (arch == 90 && !norm && p.tma)
+    return hopperTile(p, numSms);
   auto tiles = [&](int bm, int bn) { return ((m + bm - 1) / bm) * ((n + bn - 1) / bn); };
   if (arch < 80) { // no cp.async: the register path, two stages
     if (tiles(128, 128) >= numSms)
@@ -254,6 +270,15 @@ TileConfig defaultTile(int64_t m, int64_t n, int arch, int numSms, bool norm, bo
   };
   auto fills = [&](int bm, int bn) { return tiles(bm, bn) * 10 >= numSms * 9; }; // one wave, 90%
   const TileConfig wide{128, 256, 64, 64, 64, 3}, tall{256, 128, 64, 64, 64, 3};
+  if (!p.vec) {
+    // Bounds-checked element loads (K, or N of B [K, N], not a multiple of 8): with 64x64 warp
+    // tiles every pattern spilled 430-720 bytes on sm_90 (rejected by the tuner); 64x32 warp
+    // tiles spill nothing, norm_gemm's included (bench/RESULTS.md, session 13).
+    const TileConfig narrow{128, 128, 64, 64, 32, 3};
+    if (fits(narrow) && fills(128, 128))
+      return narrow;
+    return TileConfig{64, 64, 32, 32, 32, 3};
+  }
   if (norm) {
     // The in-place normalisation wants many threads per tile: the wide tile (8 warps; it
     // spills 108 bytes there, which measured harmless) or 64x32 warp tiles; the 4-warp and

@@ -86,25 +86,43 @@ inline bool vectorLoads(int64_t m, int64_t n, int64_t k, bool transB) {
 /// The last wave split in k of fpat_wgmma.cuh's cooperative schedule without clusters (the
 /// kernel computes the same plan): the last `tiles` of `units` tiles, each cut into `pieces`
 /// ranges of k-tiles, on a grid of `sms` CTAs; tiles == 0 where the tiles stay whole.
-/// `kTiles`: k-tiles per tile (a piece has at least one; 4 or more when not known).
+/// `kTiles`: k-tiles per tile. `waves`: the split tiles' time in whole-tile times, the partial
+/// sums' cost included (the tiles' own wave count where nothing is split).
 struct LastWaveSplit {
   int64_t tiles = 0;
   int pieces = 1;
+  double waves = 0;
 };
 LastWaveSplit lastWaveSplit(int64_t units, int sms, int64_t kTiles);
 
-/// How well a wgmma configuration should do on an M x N problem with `sms` SMs (higher is
-/// better): the share of SM time spent on useful tiles, times each schedule's and tile shape's
-/// speed on a full GPU as measured on the H200 (bench/RESULTS.md). `epilogueReads`: the
-/// epilogue loads other tensors (bias, residual), which ping-pong hides behind MMAs.
-double wgmmaScore(const TileConfig& t, int64_t m, int64_t n, int sms, bool epilogueReads);
+/// What the tile heuristics know of a GEMM-family problem.
+struct GemmProblem {
+  int64_t m = 0, n = 0;
+  int64_t k = 0;              ///< 0: not known (the last wave's split is then planned as for 4096)
+  bool norm = false;          ///< norm_gemm: its in-place normalisation needs ~50 more registers
+  bool tma = true;            ///< the wgmma backend can run it (tmaCompatible, not norm_gemm)
+  bool epilogueReads = false; ///< the epilogue loads other tensors (bias, residual)
+  bool vec = true;            ///< the cp.async kernels' 16-byte loads (vectorLoads)
+};
+
+/// An M x N x K problem (B as [N, K] with `transB`) with `tma` and `vec` from its alignment.
+GemmProblem gemmProblem(int64_t m, int64_t n, int64_t k, bool transB);
+/// The problem of GEMM-family op `v` (a kernel family's op: ir::familyOf), as the code generator
+/// and the tuner both see it.
+GemmProblem gemmProblemOf(const ir::Graph& g, ir::Vertex v);
+
+/// How well a wgmma configuration should do on a problem with `sms` SMs (higher is better): the
+/// share of SM time spent on useful tiles, times each schedule's and tile shape's speed on a
+/// full GPU as measured on the H200 (bench/RESULTS.md). An epilogue that reads inputs is
+/// hidden behind MMAs by ping-pong.
+double wgmmaScore(const TileConfig& t, const GemmProblem& p, int sms);
 
 /// The heuristic default when nothing better is known (no tuning, no GPU): large tiles for
-/// large problems, smaller ones when the large tiles would leave most SMs idle.
-/// `norm`: for norm_gemm, whose in-place normalisation needs about 50 more registers per thread.
-/// On sm_90 the best wgmma configuration by wgmmaScore unless `norm` or `!tma` (tmaCompatible).
-TileConfig defaultTile(int64_t m, int64_t n, int arch, int numSms = 132, bool norm = false,
-                       bool tma = true, bool epilogueReads = false);
+/// large problems, smaller ones when the large tiles would leave most SMs idle. On sm_90 the
+/// best wgmma configuration by wgmmaScore unless norm_gemm or !tma. Without 16-byte loads
+/// (!vec) the cp.async kernels' bounds-checked loads need more registers: 64x64 warp tiles
+/// spill there.
+TileConfig defaultTile(const GemmProblem& p, int arch, int numSms = 132);
 
 /// A TMA tensor map the runtime encodes for a launch: operand `operand` of the op seen as
 /// `outer` rows of `inner` f16 elements (dense rows), read in boxes of boxInner x boxOuter,

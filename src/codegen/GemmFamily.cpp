@@ -148,9 +148,10 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
   u.needsRowStats = norm;
   // The wgmma backend where it applies; otherwise (or when a forced configuration asks for
   // it where it cannot run) the cp.async backends, with the reason in the generated file.
-  const bool tmaOk = family->hasWgmmaPath && o.arch == 90 && tmaCompatible(u.M, u.N, u.K, u.transB);
-  u.epilogueReads = op.kind == ir::OpKind::Fused && !op.fused.epilogue.operands().empty();
-  u.tile = o.tile ? *o.tile : defaultTile(u.M, u.N, o.arch, o.sms, norm, tmaOk, u.epilogueReads);
+  GemmProblem problem = gemmProblemOf(g, v);
+  const bool tmaOk = problem.tma && o.arch == 90;
+  u.epilogueReads = problem.epilogueReads;
+  u.tile = o.tile ? *o.tile : defaultTile(problem, o.arch, o.sms);
   std::string fallback;
   if (u.tile.wgmma() && !tmaOk) {
     fallback = "fallback: " + u.tile.str() + " cannot run here (" +
@@ -160,7 +161,8 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
                 : u.N % 8 != 0 ? "TMA needs N % 8 == 0 for B [K, N], N is " + std::to_string(u.N)
                                : std::string("a dimension exceeds 2^31")) +
                ")";
-    u.tile = defaultTile(u.M, u.N, o.arch, o.sms, norm, false);
+    problem.tma = false;
+    u.tile = defaultTile(problem, o.arch, o.sms);
   }
   const TileConfig& t = u.tile;
   u.sm90a = t.wgmma();
@@ -332,3 +334,18 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
 }
 
 } // namespace fpat::codegen::detail
+
+namespace fpat::codegen {
+
+GemmProblem gemmProblemOf(const ir::Graph& g, ir::Vertex v) {
+  const ir::Op& op = g.op(v);
+  const ir::FamilyInfo* family = ir::familyOf(op);
+  const int64_t k = g.op(g.operands(v).at(0)).type.shape[1];
+  GemmProblem p = gemmProblem(op.type.shape[0], op.type.shape[1], k, op.transposeB);
+  p.norm = family && family->normalisesA;
+  p.tma = p.tma && family && family->hasWgmmaPath && !p.norm;
+  p.epilogueReads = op.kind == ir::OpKind::Fused && !op.fused.epilogue.operands().empty();
+  return p;
+}
+
+} // namespace fpat::codegen

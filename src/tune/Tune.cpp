@@ -106,15 +106,16 @@ std::vector<TileConfig> fullSpace() {
   return out;
 }
 
-std::vector<TileConfig> searchSpace(const DeviceLimits& d, bool transB, int64_t m, int64_t n,
-                                    size_t limit, bool norm, bool tma, bool epilogueReads) {
+std::vector<TileConfig> searchSpace(const DeviceLimits& d, bool transB,
+                                    const codegen::GemmProblem& p, size_t limit) {
+  const int64_t m = p.m, n = p.n;
+  const bool norm = p.norm;
   auto fitsProblem = [&](const TileConfig& t) {
     // A tile more than twice the problem in a dimension only computes padding.
     return t.bm <= std::max<int64_t>(64, 2 * m) && t.bn <= std::max<int64_t>(64, 2 * n);
   };
-  const bool wgmmaOk = d.arch == 90 && tma && !norm;
-  const TileConfig heuristic =
-      codegen::defaultTile(m, n, d.arch, d.sms, norm, wgmmaOk, epilogueReads);
+  const bool wgmmaOk = d.arch == 90 && p.tma && !norm;
+  const TileConfig heuristic = codegen::defaultTile(p, d.arch, d.sms);
   std::vector<TileConfig> ok;
   for (const TileConfig& t : fullSpace())
     if (staticReject(t, transB, d).empty() && fitsProblem(t) && !(t == heuristic) &&
@@ -141,6 +142,8 @@ std::vector<TileConfig> searchSpace(const DeviceLimits& d, bool transB, int64_t 
     const int per = ctasPerSm(t);
     if (per == 0) // would spill or not launch: last
       return -1.0;
+    if (!p.vec && t.wm * t.wn >= 64 * 64) // spills with bounds-checked loads: after all else
+      return -2.0;
     const double tiles =
         static_cast<double>((m + t.bm - 1) / t.bm) * static_cast<double>((n + t.bn - 1) / t.bn);
     const double slots = static_cast<double>(per) * d.sms;
@@ -149,7 +152,7 @@ std::vector<TileConfig> searchSpace(const DeviceLimits& d, bool transB, int64_t 
     // The wgmma kernels run about twice as fast as the others on sm_90 (bench/RESULTS.md):
     // all of them rank first, wider tiles first (more reuse of each loaded byte).
     if (t.wgmma())
-      return 10 + codegen::wgmmaScore(t, m, n, d.sms, epilogueReads);
+      return 10 + codegen::wgmmaScore(t, p, d.sms);
     return fill + 0.05 * std::log2(static_cast<double>(t.wm) * t.wn) +
            0.03 * std::log2(static_cast<double>(t.bm) * t.bn) + 0.02 * (t.bk / 32) +
            0.01 * t.stages;

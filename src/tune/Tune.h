@@ -36,14 +36,12 @@ std::string compiledReject(const codegen::TileConfig& t, int regsPerThread, int 
 
 /// Every configuration the template declares (CTA tile, warp tile, BK, stages), before pruning.
 std::vector<codegen::TileConfig> fullSpace();
-/// The configurations worth timing for an M x N problem on this device: those that fit, with
-/// tiles no larger than the problem needs, at most `limit` of them, the heuristic first.
-/// `norm`: for norm_gemm kernels (more registers per thread). `tma`: the problem meets the
-/// wgmma backend's alignment rules (codegen::tmaCompatible); its configurations lead on sm_90.
-/// `epilogueReads`: the epilogue loads other tensors (see codegen::wgmmaScore).
-std::vector<codegen::TileConfig> searchSpace(const DeviceLimits& d, bool transB, int64_t m,
-                                             int64_t n, size_t limit = 24, bool norm = false,
-                                             bool tma = true, bool epilogueReads = false);
+/// The configurations worth timing for a problem on this device: those that fit, with tiles no
+/// larger than the problem needs, at most `limit` of them, codegen::defaultTile's first. The
+/// wgmma backend's lead on sm_90 where it can run (GemmProblem::tma); without 16-byte loads
+/// (GemmProblem::vec) 64x64 warp tiles, which spill there, rank last.
+std::vector<codegen::TileConfig> searchSpace(const DeviceLimits& d, bool transB,
+                                             const codegen::GemmProblem& p, size_t limit = 24);
 
 /// Identifies one tuning problem.
 struct Key {

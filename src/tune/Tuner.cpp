@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <set>
 #include <stdexcept>
 
@@ -45,7 +46,6 @@ Key keyFor(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibrary& lib, int
 Choice choose(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibrary& lib, TuningCache& cache,
               int arch, int sms, const std::string& nvccVersion, bool retune) {
   Choice c;
-  const ir::Op& op = g.op(v);
   if (!retune && !retuneFromEnvironment())
     if (auto e = cache.lookup(keyFor(g, v, lib, arch, nvccVersion))) {
       c.config = e->config;
@@ -54,16 +54,8 @@ Choice choose(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibrary& lib, 
       c.heuristicMs = e->heuristicMs;
       return c;
     }
-  // The code generator's own default for the op (GemmFamily.cpp): whether TMA can run it and
-  // whether its epilogue reads inputs change the choice.
-  const ir::FamilyInfo* family = ir::familyOf(op);
-  const std::vector<ir::Vertex> ins = g.operands(v);
-  const int64_t k = g.op(ins.at(0)).type.shape[1];
-  const bool tma = family && family->hasWgmmaPath &&
-                   codegen::tmaCompatible(op.type.shape[0], op.type.shape[1], k, op.transposeB);
-  const bool reads = op.kind == ir::OpKind::Fused && !op.fused.epilogue.operands().empty();
-  c.config = codegen::defaultTile(op.type.shape[0], op.type.shape[1], arch, sms,
-                                  family && family->normalisesA, tma, reads);
+  // The code generator's own default for the op (GemmFamily.cpp).
+  c.config = codegen::defaultTile(codegen::gemmProblemOf(g, v), arch, sms);
   c.source = "heuristic";
   return c;
 }
@@ -127,11 +119,10 @@ Choice tune(cuda::Driver& drv, const ir::Graph& g, ir::Vertex v, const dsl::Patt
   base.arch = lim.arch;
   base.sms = lim.sms;
   const codegen::KernelUnit probe = codegen::generate(sub, subOp, lib, base);
+  const codegen::GemmProblem problem = codegen::gemmProblemOf(sub, subOp);
   std::vector<TileConfig> candidates;
   if (o.configs.empty())
-    candidates = searchSpace(
-        lim, probe.transB, probe.M, probe.N, o.maxCandidates, probe.needsRowStats,
-        codegen::tmaCompatible(probe.M, probe.N, probe.K, probe.transB), probe.epilogueReads);
+    candidates = searchSpace(lim, probe.transB, problem, o.maxCandidates);
   else // the heuristic first, as in the search space, so that it is always reported
     candidates = {probe.tile};
   for (const TileConfig& t : o.configs)
@@ -143,20 +134,6 @@ Choice tune(cuda::Driver& drv, const ir::Graph& g, ir::Vertex v, const dsl::Patt
       *o.log << "  " << t.str() << ": " << staticReject(t, probe.transB, lim) << "\n";
   if (candidates.empty())
     throw std::runtime_error("no candidate configuration fits the device");
-
-  // Every candidate's kernel, compiled together.
-  std::vector<codegen::KernelUnit> units;
-  for (const TileConfig& t : candidates) {
-    codegen::CodegenOptions c = base;
-    c.tile = &t;
-    units.push_back(codegen::generate(sub, subOp, lib, c));
-  }
-  runtime::NvccOptions n;
-  n.arch = lim.arch;
-  n.cacheDir = o.cacheDir;
-  n.jobs = o.jobs;
-  n.extraFlags = o.nvccFlags;
-  std::vector<runtime::CompiledKernel> compiled = runtime::compileAll(units, n);
 
   // Inputs (converted to f16 or bf16 once) and the CPU reference of 16 sampled output rows.
   const auto inputs = ir::randomInputs(sub, 17);
@@ -191,11 +168,54 @@ Choice tune(cuda::Driver& drv, const ir::Graph& g, ir::Vertex v, const dsl::Patt
   const ir::Tensor want =
       ir::evaluate(sampled, sampledInputs, lib.referenceActivations())[sampled.outputs()[0]];
 
+  // A batch of candidates' kernels, compiled together.
+  runtime::NvccOptions n;
+  n.arch = lim.arch;
+  n.cacheDir = o.cacheDir;
+  n.jobs = o.jobs;
+  n.extraFlags = o.nvccFlags;
+  auto compileBatch = [&](const std::vector<TileConfig>& batch,
+                          std::vector<codegen::KernelUnit>& units) {
+    units.clear();
+    for (const TileConfig& t : batch) {
+      codegen::CodegenOptions c = base;
+      c.tile = &t;
+      units.push_back(codegen::generate(sub, subOp, lib, c));
+    }
+    return runtime::compileAll(units, n);
+  };
+
   Choice best;
   best.source = "tuned";
   best.ms = INFINITY;
   std::string firstReject;
-  for (size_t i = 0; i < candidates.size(); ++i) {
+  size_t offered = candidates.size(); // for the log: "i/offered"
+  std::vector<codegen::KernelUnit> units;
+  std::vector<runtime::CompiledKernel> compiled = compileBatch(candidates, units);
+  for (size_t i = 0;; ++i) {
+    if (i == candidates.size()) {
+      // Every candidate so far rejected (e.g. a heuristic that spills with this epilogue): the
+      // next ones of the whole search space, a batch at a time, so that an op that some
+      // configuration can run always gets one. Hand-picked lists are experiments: not extended.
+      if (std::isfinite(best.ms) || !o.configs.empty())
+        break;
+      std::vector<TileConfig> more;
+      for (const TileConfig& t :
+           searchSpace(lim, probe.transB, problem, std::numeric_limits<size_t>::max()))
+        if (more.size() < std::max<size_t>(1, o.maxCandidates) &&
+            std::find(candidates.begin(), candidates.end(), t) == candidates.end())
+          more.push_back(t);
+      if (more.empty())
+        break;
+      if (o.log)
+        *o.log << "    all " << candidates.size() << " rejected: " << more.size() << " more\n";
+      std::vector<codegen::KernelUnit> moreUnits;
+      std::vector<runtime::CompiledKernel> moreCompiled = compileBatch(more, moreUnits);
+      candidates.insert(candidates.end(), more.begin(), more.end());
+      units.insert(units.end(), moreUnits.begin(), moreUnits.end());
+      compiled.insert(compiled.end(), moreCompiled.begin(), moreCompiled.end());
+      offered = candidates.size();
+    }
     const TileConfig& t = candidates[i];
     ++best.tried;
     auto reject = [&](const std::string& why) {
@@ -203,8 +223,8 @@ Choice tune(cuda::Driver& drv, const ir::Graph& g, ir::Vertex v, const dsl::Patt
       if (firstReject.empty())
         firstReject = t.str() + ": " + why;
       if (o.log)
-        *o.log << "    " << i + 1 << "/" << candidates.size() << " " << t.str()
-               << ": rejected: " << why << "\n";
+        *o.log << "    " << i + 1 << "/" << offered << " " << t.str() << ": rejected: " << why
+               << "\n";
     };
     if (!compiled[i].error.empty()) {
       reject("nvcc failed");
@@ -244,7 +264,7 @@ Choice tune(cuda::Driver& drv, const ir::Graph& g, ir::Vertex v, const dsl::Patt
         best.config = t;
       }
       if (o.log)
-        *o.log << "    " << i + 1 << "/" << candidates.size() << " " << t.str() << ": " << ms
+        *o.log << "    " << i + 1 << "/" << offered << " " << t.str() << ": " << ms
                << " ms (best so far " << best.config.str() << ", " << best.ms << " ms)\n";
     } catch (const cuda::CudaError& e) {
       reject(e.what());

@@ -48,15 +48,36 @@ Key key(const std::string& sig, int64_t m = 1024) {
   return k;
 }
 
+/// An M x N x 4096 problem, B as [K, N] (or [N, K] with transB): aligned, plain epilogue.
+codegen::GemmProblem problem(int64_t m, int64_t n, bool transB = false) {
+  return codegen::gemmProblem(m, n, 4096, transB);
+}
+codegen::GemmProblem normProblem(int64_t m, int64_t n) {
+  codegen::GemmProblem p = problem(m, n);
+  p.norm = true;
+  p.tma = false;
+  return p;
+}
+codegen::GemmProblem readingProblem(int64_t m, int64_t n) { // a bias or residual to load
+  codegen::GemmProblem p = problem(m, n);
+  p.epilogueReads = true;
+  return p;
+}
+codegen::GemmProblem noTmaProblem(int64_t m, int64_t n) {
+  codegen::GemmProblem p = problem(m, n);
+  p.tma = false;
+  return p;
+}
+
 } // namespace
 
 BOOST_AUTO_TEST_CASE(search_space_respects_the_h200) {
   DeviceLimits d = recorded("h200.json");
   BOOST_TEST(d.smemOptin == 232448);
-  auto space = searchSpace(d, false, 4096, 4096, 24);
+  auto space = searchSpace(d, false, problem(4096, 4096), 24);
   BOOST_REQUIRE(!space.empty());
   BOOST_TEST(space.size() <= 24u);
-  BOOST_TEST((space[0] == codegen::defaultTile(4096, 4096, 90, 132))); // heuristic first
+  BOOST_TEST((space[0] == codegen::defaultTile(problem(4096, 4096), 90, 132))); // heuristic first
   for (const TileConfig& t : space) {
     BOOST_TEST(staticReject(t, false, d).empty(), t.str());
     BOOST_TEST(codegen::gemmSmemBytes(t, false) <= d.smemOptin, t.str());
@@ -68,7 +89,7 @@ BOOST_AUTO_TEST_CASE(search_space_respects_the_h200) {
     big = big || (staticReject(t, false, d).empty() && codegen::gemmSmemBytes(t, false) > 49152);
   BOOST_TEST(big);
   // Small problems get small tiles.
-  for (const TileConfig& t : searchSpace(d, false, 17, 100, 24)) {
+  for (const TileConfig& t : searchSpace(d, false, problem(17, 100), 24)) {
     BOOST_TEST(t.bm <= 64, t.str());
     BOOST_TEST(t.bn <= 256, t.str());
   }
@@ -78,13 +99,15 @@ BOOST_AUTO_TEST_CASE(norm_gemm_keeps_eight_warps_per_tile) {
   // norm_gemm's heuristic: the wide 8-warp tile where it fills the GPU, else 64x32 warp tiles
   // (never the 4-warp or tall 64x64-warp tiles, measured far slower there); heuristic first.
   using codegen::defaultTile;
-  BOOST_TEST((defaultTile(2048, 4096, 90, 132, true) == TileConfig{128, 256, 64, 64, 64, 3}));
-  BOOST_TEST((defaultTile(512, 4096, 90, 132, true) == TileConfig{128, 128, 64, 64, 32, 3}));
-  BOOST_TEST((defaultTile(8192, 4096, 90, 132, true) == TileConfig{128, 128, 64, 64, 32, 3}));
-  BOOST_TEST((defaultTile(8192, 4096, 80, 108) == TileConfig{256, 128, 64, 64, 64, 3}));
+  BOOST_TEST(
+      (defaultTile(normProblem(2048, 4096), 90, 132) == TileConfig{128, 256, 64, 64, 64, 3}));
+  BOOST_TEST((defaultTile(normProblem(512, 4096), 90, 132) == TileConfig{128, 128, 64, 64, 32, 3}));
+  BOOST_TEST(
+      (defaultTile(normProblem(8192, 4096), 90, 132) == TileConfig{128, 128, 64, 64, 32, 3}));
+  BOOST_TEST((defaultTile(problem(8192, 4096), 80, 108) == TileConfig{256, 128, 64, 64, 64, 3}));
   DeviceLimits d = recorded("h200.json");
-  auto space = searchSpace(d, false, 512, 4096, 8, /*norm=*/true);
-  BOOST_TEST((space[0] == defaultTile(512, 4096, 90, 132, true)));
+  auto space = searchSpace(d, false, normProblem(512, 4096), 8);
+  BOOST_TEST((space[0] == defaultTile(normProblem(512, 4096), 90, 132)));
 }
 
 BOOST_AUTO_TEST_CASE(hopper_defaults_to_the_wgmma_backend) {
@@ -93,36 +116,66 @@ BOOST_AUTO_TEST_CASE(hopper_defaults_to_the_wgmma_backend) {
   // Large problems: the cooperative 128x256 tile, 3 stages and the epilogue tile stored by TMA
   // (4 stages leave no room for it); where TMA cannot store (N % 8 != 0, B [N, K]) 4 stages,
   // and with a bias to load still 3 (4 would leave too little L1 for the bias loads).
-  BOOST_TEST(
-      (defaultTile(8192, 4096, 90, 132) == TileConfig{128, 256, 64, 64, 256, 3, Backend::Wgmma}));
-  BOOST_TEST(
-      (defaultTile(8192, 4092, 90, 132) == TileConfig{128, 256, 64, 64, 256, 4, Backend::Wgmma}));
-  BOOST_TEST((defaultTile(8192, 4096, 90, 132, false, true, true) ==
+  BOOST_TEST((defaultTile(problem(8192, 4096), 90, 132) ==
+              TileConfig{128, 256, 64, 64, 256, 3, Backend::Wgmma}));
+  BOOST_TEST((defaultTile(problem(8192, 4092, /*transB=*/true), 90, 132) ==
+              TileConfig{128, 256, 64, 64, 256, 4, Backend::Wgmma}));
+  BOOST_TEST((defaultTile(readingProblem(8192, 4096), 90, 132) ==
               TileConfig{128, 256, 64, 64, 256, 3, Backend::Wgmma}));
   // M = 512: 128x256 tiles would leave half the SMs idle, and ping-pong needs two tiles per
   // CTA: the cooperative 128x128 tile.
-  BOOST_TEST((defaultTile(512, 4096, 90, 132, false, true, true) ==
+  BOOST_TEST((defaultTile(readingProblem(512, 4096), 90, 132) ==
               TileConfig{128, 128, 64, 64, 128, 6, Backend::Wgmma}));
   // Not where TMA cannot run, not for norm_gemm.
-  BOOST_TEST(!defaultTile(4096, 4096, 90, 132, false, false).wgmma());
-  BOOST_TEST(!defaultTile(4096, 4096, 90, 132, true).wgmma());
+  BOOST_TEST(!defaultTile(noTmaProblem(4096, 4096), 90, 132).wgmma());
+  BOOST_TEST(!defaultTile(normProblem(4096, 4096), 90, 132).wgmma());
   DeviceLimits d = recorded("h200.json");
-  auto space = searchSpace(d, false, 4096, 4096, 8);
+  auto space = searchSpace(d, false, problem(4096, 4096), 8);
   BOOST_TEST(space.size() == 8u);
   for (const TileConfig& t : space)
     BOOST_TEST(t.wgmma(), t.str()); // the wgmma kernels lead the ranking on sm_90
-  for (const TileConfig& t : searchSpace(d, false, 4096, 4096, 100, false, /*tma=*/false))
+  for (const TileConfig& t : searchSpace(d, false, noTmaProblem(4096, 4096), 100))
     BOOST_TEST(!t.wgmma(), t.str());
-  for (const TileConfig& t : searchSpace(d, false, 4096, 4096, 100, /*norm=*/true))
+  for (const TileConfig& t : searchSpace(d, false, normProblem(4096, 4096), 100))
     BOOST_TEST(!t.wgmma(), t.str());
   // Other GPUs never get it.
-  for (const TileConfig& t : searchSpace(recorded("t4.json"), false, 4096, 4096, 100))
+  for (const TileConfig& t : searchSpace(recorded("t4.json"), false, problem(4096, 4096), 100))
     BOOST_TEST(!t.wgmma(), t.str());
+}
+
+BOOST_AUTO_TEST_CASE(unaligned_problems_get_narrow_warp_tiles) {
+  // K (or N of B [K, N]) not a multiple of 8: bounds-checked loads, no TMA. 64x64 warp tiles
+  // spilled 430-720 bytes there on sm_90 with every pattern (the tuner rejected the heuristic's
+  // choice: no configuration at all with one candidate); 64x32 warp tiles spill nothing.
+  using codegen::defaultTile;
+  const codegen::GemmProblem wide = codegen::gemmProblem(640, 4104, 4097, false);
+  BOOST_TEST(!wide.vec);
+  BOOST_TEST(!wide.tma);
+  BOOST_TEST((defaultTile(wide, 90, 132) == TileConfig{128, 128, 64, 64, 32, 3}));
+  BOOST_TEST((defaultTile(wide, 80, 108) == TileConfig{128, 128, 64, 64, 32, 3}));
+  BOOST_TEST((defaultTile(codegen::gemmProblem(640, 4100, 4096, false), 90, 132) ==
+              TileConfig{128, 128, 64, 64, 32, 3})); // N % 8 != 0, B [K, N]
+  BOOST_TEST((defaultTile(codegen::gemmProblem(100, 300, 1001, true), 90, 132) ==
+              TileConfig{64, 64, 32, 32, 32, 3}));
+  // Aligned but without TMA (a dimension beyond 2^31 aside, norm_gemm): the wide tiles as before.
+  BOOST_TEST(
+      (defaultTile(noTmaProblem(8192, 4096), 90, 132) == TileConfig{256, 128, 64, 64, 64, 3}));
+  // The search space: the heuristic first, then every 64x64 warp tile after all narrower ones.
+  const std::vector<TileConfig> space = searchSpace(recorded("h200.json"), false, wide, 1000);
+  BOOST_TEST((space[0] == defaultTile(wide, 90, 132)));
+  bool wideSeen = false;
+  for (size_t i = 1; i < space.size(); ++i) {
+    BOOST_TEST(!space[i].wgmma(), space[i].str());
+    const bool w = space[i].wm * space[i].wn >= 64 * 64;
+    BOOST_TEST((!wideSeen || w), space[i].str() << " after a 64x64 warp tile");
+    wideSeen = wideSeen || w;
+  }
+  BOOST_TEST(wideSeen);
 }
 
 BOOST_AUTO_TEST_CASE(search_space_respects_an_sm75_device) {
   DeviceLimits d = recorded("t4.json");
-  for (const TileConfig& t : searchSpace(d, true, 4096, 4096, 100)) {
+  for (const TileConfig& t : searchSpace(d, true, problem(4096, 4096, true), 100)) {
     BOOST_TEST(t.stages == 2, t.str());
     BOOST_TEST(codegen::gemmSmemBytes(t, true) <= 65536, t.str());
   }
@@ -303,7 +356,7 @@ BOOST_AUTO_TEST_CASE(without_a_cache_entry_the_heuristic_picks) {
   BOOST_TEST(tunable(f, v));
   Choice ch = choose(f, v, testing::builtinLibrary(), c, 90, 132, "nvcc-x", false);
   BOOST_TEST(ch.source == "heuristic");
-  BOOST_TEST((ch.config == codegen::defaultTile(2048, 4096, 90, 132)));
+  BOOST_TEST((ch.config == codegen::defaultTile(codegen::gemmProblemOf(f, v), 90, 132)));
   // Once tuned (here: stored by hand), the cache answers, unless retuning is asked for.
   Key k = keyFor(f, v, testing::builtinLibrary(), 90, "nvcc-x");
   BOOST_TEST(k.signature == "gemm:gemm_bias_gelu,gelu(bias_add(acc, $2)):vec");

@@ -419,14 +419,18 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
   int skTiles = 0, skPieces = 1;
   if (kSplitLast && a.scratch[0] != nullptr && units > G && units % G != 0) {
     const int R = units % G;
-    float best = 0.9f;
+    // Costs in 1 / (12 den) of a tile; an extra piece's partial sums cost 12 piece (measured:
+    // codegen::lastWaveSplit, which this must match).
+    const long long den = 59 + 13ll * KT, piece = 150 + KT;
+    long long best = 108 * den / 10; // 0.9 of a tile
     for (int extra = 0; extra <= 1; ++extra)
       for (int pieces = 2; pieces <= 4 && pieces <= KT; ++pieces) {
         const int tiles = R + extra * G, rounds = (tiles * pieces + G - 1) / G;
         // Partial-sum slots: one per tile and piece but the last, at most G (the workspace).
         if (tiles * (pieces - 1) > G)
           continue;
-        const float cost = float(rounds) / pieces + 0.03f * (pieces - 1) - extra;
+        const long long cost =
+            12 / pieces * rounds * den + 12 * (pieces - 1) * piece - 12 * extra * den;
         if (cost < best) {
           best = cost;
           skTiles = tiles;

@@ -181,11 +181,14 @@ double wgmmaScore(const TileConfig& t, const GemmProblem& p, int sms) {
   const double tiles = static_cast<double>((tilesM + t.cluster - 1) / t.cluster * t.cluster) *
                        static_cast<double>((n + t.bn - 1) / t.bn);
   // Cooperative tiles without clusters split the last wave's tiles in k where that saves a
-  // tenth of a tile or more (with K not known, as if K were 4096).
+  // tenth of a tile or more. Ranked as if K were very long (the partial sums almost free), as
+  // the ranking was calibrated before their cost was known: ranked with the op's K instead,
+  // short-K problems got tiles that measured 10-40% slower (1111x2056x1000: 64x64 over the
+  // 128x128 tile; bench/RESULTS.md, session 13). The code generator splits only where K pays.
   double waves = std::ceil(tiles / (sms / t.cluster * t.cluster));
   if (!pp && t.cluster == 1) {
     const int64_t whole = static_cast<int64_t>(tiles);
-    const LastWaveSplit s = lastWaveSplit(whole, sms, p.k > 0 ? (p.k + t.bk - 1) / t.bk : 64);
+    const LastWaveSplit s = lastWaveSplit(whole, sms, int64_t{1} << 20);
     if (s.tiles > 0)
       waves = static_cast<double>((whole - s.tiles) / sms) + s.waves;
   }
@@ -207,6 +210,11 @@ double wgmmaScore(const TileConfig& t, const GemmProblem& p, int sms) {
     const double big = t.bm * t.bn >= 128 * 128 ? 1.0 : 0.85;
     speed = (tiles >= 2.0 * sms ? (epilogueReads ? 0.95 : 0.92) : 0.5) * big *
             (t.bm == 64 ? 0.97 : 1.0);
+    // One consumer's epilogue hides behind the other's main loop only where that is long:
+    // at K = 512-1024 ping-pong measured 10% slower than the cooperative tiles for plain
+    // GEMMs and 1.7-2.4x slower with a residual (bench/RESULTS.md, session 13).
+    if (p.k > 0 && p.k < 2048)
+      speed *= epilogueReads ? 0.5 : 0.85;
   }
   // The deepest ring of a shape first, except that an epilogue reading inputs wants L1, which
   // shares the SM's 256 KB with shared memory: its bias/residual loads measured 10-18% slower

@@ -98,7 +98,7 @@ LastWaveSplit lastWaveSplit(int64_t units, int sms, int64_t kTiles);
 /// What the tile heuristics know of a GEMM-family problem.
 struct GemmProblem {
   int64_t m = 0, n = 0;
-  int64_t k = 0;              ///< 0: not known (the last wave's split is then planned as for 4096)
+  int64_t k = 0;              ///< 0: not known
   bool norm = false;          ///< norm_gemm: its in-place normalisation needs ~50 more registers
   bool tma = true;            ///< the wgmma backend can run it (tmaCompatible, not norm_gemm)
   bool epilogueReads = false; ///< the epilogue loads other tensors (bias, residual)

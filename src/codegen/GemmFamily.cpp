@@ -198,10 +198,16 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
        : u.vec   ? "_vec"
                  : "_any");
   u.name = "fpat_" + base + "_" + (t.wgmma() ? std::string("sm90a") : arch) + "_" + cfg;
-  // The fallback is said in the log line, not in the source: the source describes the kernel
-  // (every op that needs it shares one cubin), the log line the op.
+  // The fallback and the op's split plan are said in the log line, not in the source: the
+  // source describes the kernel (every op that needs it shares one cubin, whatever its shape),
+  // the log line the op.
+  const std::string plan = u.splitLastWave ? "the last " + std::to_string(split.tiles) +
+                                                 " tiles in " + std::to_string(split.pieces) +
+                                                 " k-pieces on " + std::to_string(o.sms) + " SMs"
+                                           : std::string();
   u.what = ref(g, v) + " = " + (op.kind == ir::OpKind::Fused ? op.fused.pattern : "gemm") + where +
-           (fallback.empty() ? "" : " (" + fallback + ")");
+           (fallback.empty() ? "" : " (" + fallback + ")") +
+           (plan.empty() ? "" : " (" + plan + ")");
   std::vector<std::string> lines;
   if (t.wgmma()) {
     const bool pp = t.backend == Backend::WgmmaPingPong;
@@ -224,11 +230,9 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
                            ? "; $" + std::to_string(staged) + " [M, N] loaded into it by TMA"
                            : std::string()));
     if (u.splitLastWave)
-      lines.push_back(
-          "split:    the last " + std::to_string(split.tiles) + " tiles in " +
-          std::to_string(split.pieces) + " k-pieces each on " + std::to_string(o.sms) +
-          " SMs, the last piece adding the others' partial sums (FPAT_SPLIT_LAST_WAVE=0: "
-          "whole tiles)");
+      lines.push_back("split:    the last wave's tiles in k-pieces as the shape's plan says, the "
+                      "last piece adding the others' partial sums (FPAT_SPLIT_LAST_WAVE=0: whole "
+                      "tiles)");
     if (defer)
       lines.push_back("defer:    the epilogue deferred to the producer's idle warps" +
                       (side ? ", $" + std::to_string(staged) + " coming to them in " +

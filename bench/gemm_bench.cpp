@@ -258,6 +258,7 @@ struct Row {
   std::string pattern;
   Shape s;
   std::string config;
+  std::string tuning; // "cached", or how many configurations the tuner timed and rejected
   double fpat = 0, heuristic = 0, gemm = 0, unfused = 0, lt = NAN;
   double errFpat = 0, errUnfused = 0, errLt = NAN, errGemm = 0;
   double tflops(double ms) const { return 2.0 * s.m * s.n * s.k / (ms * 1e-3) / 1e12; }
@@ -357,7 +358,7 @@ FpatRun fpatRun(Env& env, const ir::Graph& fused,
 }
 
 Row benchOne(Env& env, const std::string& pattern, Shape s) {
-  Row row{pattern, s, {}};
+  Row row{pattern, s, {}, {}};
   ir::Graph g = caseGraph(pattern, s);
   ir::Graph fused = fuse(g);
   const ir::Vertex out = fused.outputs()[0];
@@ -370,6 +371,9 @@ Row benchOne(Env& env, const std::string& pattern, Shape s) {
   // fpat: tune (or take the cached result), then time tuned and heuristic in this process.
   tune::Choice c = tune::tune(*env.drv, fused, out, builtinLibrary(), *env.cache, env.topts);
   row.config = c.config.str();
+  row.tuning = c.source == "cache" ? std::string("cached")
+                                   : std::to_string(c.tried) + " tried, " +
+                                         std::to_string(c.rejected) + " rejected";
   // The heuristic's choice, as code generation makes it without a tuned configuration.
   codegen::CodegenOptions copts;
   copts.arch = env.drv->device().arch;
@@ -775,9 +779,10 @@ int main(int argc, char** argv) {
       const Row& r = rows.back();
       // Progress, with the numbers, so that an interrupted run still reports what it measured.
       std::cerr << "  " << p << " " << s.str() << ": fpat " << fmt(r.fpat) << " ms (" << r.config
-                << ", heuristic " << fmt(r.heuristic) << "), cuBLAS GEMM " << fmt(r.gemm)
-                << ", unfused " << fmt(r.unfused) << ", Lt " << fmt(r.lt) << " -> "
-                << fmt(100.0 * r.gemm / r.fpat, 1) << "% of cuBLAS GEMM" << std::endl;
+                << (r.tuning.empty() ? "" : ", " + r.tuning) << ", heuristic " << fmt(r.heuristic)
+                << "), cuBLAS GEMM " << fmt(r.gemm) << ", unfused " << fmt(r.unfused) << ", Lt "
+                << fmt(r.lt) << " -> " << fmt(100.0 * r.gemm / r.fpat, 1) << "% of cuBLAS GEMM"
+                << std::endl;
     }
 
   std::ofstream csv(csvPath);

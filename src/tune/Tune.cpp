@@ -166,6 +166,17 @@ std::vector<TileConfig> searchSpace(const DeviceLimits& d, bool transB,
   return out;
 }
 
+std::vector<TileConfig> nextCandidates(const std::vector<TileConfig>& space,
+                                       const std::vector<TileConfig>& tried, size_t batch) {
+  std::vector<TileConfig> out;
+  for (const TileConfig& t : space)
+    if (out.size() < std::max<size_t>(1, batch) &&
+        std::find(tried.begin(), tried.end(), t) == tried.end() &&
+        std::find(out.begin(), out.end(), t) == out.end())
+      out.push_back(t);
+  return out;
+}
+
 std::string Key::str() const {
   return signature + "|" + std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) +
          "|" + dtype + "|sm_" + std::to_string(arch) + "|tpl " + templateVersion + "|" +

@@ -43,6 +43,12 @@ std::vector<codegen::TileConfig> fullSpace();
 std::vector<codegen::TileConfig> searchSpace(const DeviceLimits& d, bool transB,
                                              const codegen::GemmProblem& p, size_t limit = 24);
 
+/// The tuner's next batch where every candidate so far was rejected: the first `batch` (at
+/// least one) configurations of the ranked `space` not in `tried`, in its order.
+std::vector<codegen::TileConfig> nextCandidates(const std::vector<codegen::TileConfig>& space,
+                                                const std::vector<codegen::TileConfig>& tried,
+                                                size_t batch);
+
 /// Identifies one tuning problem.
 struct Key {
   std::string signature; // the kernel without its configuration (pattern, epilogue, ...)

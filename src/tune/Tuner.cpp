@@ -199,12 +199,9 @@ Choice tune(cuda::Driver& drv, const ir::Graph& g, ir::Vertex v, const dsl::Patt
       // configuration can run always gets one. Hand-picked lists are experiments: not extended.
       if (std::isfinite(best.ms) || !o.configs.empty())
         break;
-      std::vector<TileConfig> more;
-      for (const TileConfig& t :
-           searchSpace(lim, probe.transB, problem, std::numeric_limits<size_t>::max()))
-        if (more.size() < std::max<size_t>(1, o.maxCandidates) &&
-            std::find(candidates.begin(), candidates.end(), t) == candidates.end())
-          more.push_back(t);
+      const std::vector<TileConfig> more = nextCandidates(
+          searchSpace(lim, probe.transB, problem, std::numeric_limits<size_t>::max()), candidates,
+          o.maxCandidates);
       if (more.empty())
         break;
       if (o.log)

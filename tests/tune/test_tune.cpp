@@ -173,6 +173,32 @@ BOOST_AUTO_TEST_CASE(unaligned_problems_get_narrow_warp_tiles) {
   BOOST_TEST(wideSeen);
 }
 
+BOOST_AUTO_TEST_CASE(a_rejected_batch_is_followed_by_the_next_configurations) {
+  // Where every candidate is rejected the tuner goes on down the ranked space, never timing a
+  // configuration twice, until the space runs out.
+  const std::vector<TileConfig> space =
+      searchSpace(recorded("h200.json"), false, codegen::gemmProblem(640, 4104, 4097, false), 1000);
+  BOOST_REQUIRE(space.size() > 20u);
+  std::vector<TileConfig> tried(space.begin(), space.begin() + 8);
+  std::vector<TileConfig> next = nextCandidates(space, tried, 8);
+  BOOST_TEST(next.size() == 8u);
+  for (size_t i = 0; i < next.size(); ++i)
+    BOOST_TEST((next[i] == space[8 + i]), next[i].str()); // in ranked order, after the tried
+  // Tried out of order, a batch of zero (as one), the space's end.
+  tried = {space[1], space[3]};
+  next = nextCandidates(space, tried, 0);
+  BOOST_REQUIRE(next.size() == 1u);
+  BOOST_TEST((next[0] == space[0]));
+  next = nextCandidates(space, tried, 3);
+  BOOST_REQUIRE(next.size() == 3u);
+  BOOST_TEST((next[1] == space[2] && next[2] == space[4]));
+  BOOST_TEST(nextCandidates(space, space, 8).empty());
+  std::vector<TileConfig> allButLast(space.begin(), space.end() - 1);
+  next = nextCandidates(space, allButLast, 8);
+  BOOST_REQUIRE(next.size() == 1u);
+  BOOST_TEST((next[0] == space.back()));
+}
+
 BOOST_AUTO_TEST_CASE(search_space_respects_an_sm75_device) {
   DeviceLimits d = recorded("t4.json");
   for (const TileConfig& t : searchSpace(d, true, problem(4096, 4096, true), 100)) {

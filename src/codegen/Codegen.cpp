@@ -91,7 +91,7 @@ bool wgmmaSideBox(const TileConfig& t, int64_t n) {
 
 bool tmaCompatible(int64_t m, int64_t n, int64_t k, bool transB) {
   const int64_t limit = int64_t{1} << 31;
-  return m >= 1 && n >= 1 && k >= 1 && m < limit && n < limit && k < limit && k % 8 == 0 &&
+  return m >= 1 && n >= 1 && k >= 1 && m < limit && n < limit && k < limit &&
          (transB || n % 8 == 0);
 }
 

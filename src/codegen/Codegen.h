@@ -69,8 +69,19 @@ bool wgmmaEpilogueTile(const TileConfig& t, int64_t n);
 bool wgmmaSideBox(const TileConfig& t, int64_t n);
 
 /// Whether the wgmma backend can run an M x N x K GEMM: TMA needs row strides that are
-/// multiples of 16 bytes (K % 8 == 0, and N % 8 == 0 when B is [K, N]) and 32-bit coordinates.
+/// multiples of 16 bytes and 32-bit coordinates. B [K, N] needs N % 8 == 0; where K % 8 != 0,
+/// A (and B [N, K]) are first copied into rows of paddedK(K) elements (wgmmaPadsK).
 bool tmaCompatible(int64_t m, int64_t n, int64_t k, bool transB);
+
+/// K rounded up to a multiple of 8: the row length of the padded copies of A and B [N, K].
+inline int64_t paddedK(int64_t k) {
+  return (k + 7) / 8 * 8;
+}
+
+/// Whether a wgmma kernel for inner dimension K reads padded copies of A (and B [N, K]).
+inline bool wgmmaPadsK(int64_t k) {
+  return k % 8 != 0;
+}
 
 /// The wgmma configurations the kernel template implements (cooperative and ping-pong tiles,
 /// the two deepest rings that fit in 227 KB).
@@ -133,13 +144,17 @@ struct TmaMap {
   int operand = 0;
   int64_t inner = 0, outer = 0;
   int boxInner = 64, boxOuter = 64;
+  /// >= 0: the map reads the operand's padded copy, FpatKernelArgs::padded[copy], rows of
+  /// paddedK(inner) elements (the Launch::PaddedRows launch wrote it); -1: the operand itself.
+  int copy = -1;
 };
 
 /// How a kernel entry is launched; the runtime derives the grid from the op's shapes.
 struct Launch {
   // Persistent: min(GEMM tiles, SMs) CTAs, each walking tiles (the wgmma backend); in whole
-  // clusters, no more than can be resident at once.
-  enum Grid { GemmTiles, Rows, Elements, Persistent } grid = GemmTiles;
+  // clusters, no more than can be resident at once. PaddedRows: a block-stride loop over the
+  // rows of A (and of B [N, K]) copied into padded rows (wgmmaPadsK).
+  enum Grid { GemmTiles, Rows, Elements, Persistent, PaddedRows } grid = GemmTiles;
   std::string entry; // extern "C" name
   int threads = 256;
   int smemBytes = 0;

@@ -157,7 +157,6 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
     fallback = "fallback: " + u.tile.str() + " cannot run here (" +
                (norm           ? std::string("norm_gemm has no wgmma kernel")
                 : o.arch != 90 ? "wgmma needs sm_90, not sm_" + std::to_string(o.arch)
-                : u.K % 8 != 0 ? "TMA needs K % 8 == 0, K is " + std::to_string(u.K)
                 : u.N % 8 != 0 ? "TMA needs N % 8 == 0 for B [K, N], N is " + std::to_string(u.N)
                                : std::string("a dimension exceeds 2^31")) +
                ")";
@@ -187,6 +186,8 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
                           (u.K + t.bk - 1) / t.bk)
           : LastWaveSplit{};
   u.splitLastWave = split.tiles > 0;
+  // K % 8 != 0: TMA reads padded copies of A (and B [N, K]) that a first launch writes.
+  const bool padK = t.wgmma() && wgmmaPadsK(u.K);
 
   const std::string epi = epilogueBody(g, v, lib, acts);
   const std::string base = op.kind == ir::OpKind::Fused ? sanitize(op.fused.pattern) : "gemm";
@@ -194,9 +195,10 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
   // the epilogue tile or not depending on N, and split the last wave or not by shape.
   const std::string cfg =
       t.str() + (u.transB ? "_bt" : "") +
-      (t.wgmma() ? std::string(epiTile ? "_tilestore" : "") + (u.splitLastWave ? "_splitk" : "")
-       : u.vec   ? "_vec"
-                 : "_any");
+      (t.wgmma() ? std::string(epiTile ? "_tilestore" : "") + (u.splitLastWave ? "_splitk" : "") +
+                       (padK ? "_padk" : "")
+       : u.vec ? "_vec"
+               : "_any");
   u.name = "fpat_" + base + "_" + (t.wgmma() ? std::string("sm90a") : arch) + "_" + cfg;
   // The fallback and the op's split plan are said in the log line, not in the source: the
   // source describes the kernel (every op that needs it shares one cubin, whatever its shape),
@@ -233,6 +235,9 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
       lines.push_back("split:    the last wave's tiles in k-pieces as the shape's plan says, the "
                       "last piece adding the others' partial sums (FPAT_SPLIT_LAST_WAVE=0: whole "
                       "tiles)");
+    if (padK)
+      lines.push_back(std::string("pad:      K % 8 != 0: A") + (u.transB ? " and B [N, K]" : "") +
+                      " copied first into rows of K rounded up to 8 (16-byte TMA strides)");
     if (defer)
       lines.push_back("defer:    the epilogue deferred to the producer's idle warps" +
                       (side ? ", $" + std::to_string(staged) + " coming to them in " +
@@ -290,17 +295,24 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
          << "static_assert(fpat::wgmmaSmemBytes<Tile" << (epiTile ? ", true" : "")
          << (defer && side ? ", true" : "") << ">() == " << smemBytes
          << ", \"host and device disagree on shared memory\");\n\n} // namespace\n\n"
+         << (padK ? "extern \"C\" __global__ void __launch_bounds__(256) " + u.name +
+                        "_pad(const FpatKernelArgs a) {\n  fpat::padRows<" +
+                        (u.transB ? "true" : "false") + ", " + std::to_string(bIdx) + ">(a);\n}\n\n"
+                  : std::string())
          << "extern \"C\" __global__ void "
          << (t.cluster > 1 ? "__cluster_dims__(" + std::to_string(t.cluster) + ", 1, 1) " : "")
          << "__launch_bounds__(" << t.threads() << ", 1) " << u.name
          << "(const __grid_constant__ FpatTmaArgs p) {\n"
          << "  fpat::gemmWgmma<Tile, " << (u.transB ? "true" : "false") << ", Epilogue>(p);\n}\n";
+    if (padK)
+      u.launches.push_back({Launch::PaddedRows, u.name + "_pad", 256, 0, {}});
     Launch l{Launch::Persistent, u.name, t.threads(), smemBytes, {}};
     // Box shapes as fpat_wgmma.cuh loads them: A in BK x BM boxes; B [N, K] in BK x BN
-    // boxes (half of them per CTA of a cluster), B [K, N] in 64-column x BK boxes.
-    l.tma.push_back({0, u.K, u.M, t.bk, t.bm});
+    // boxes (half of them per CTA of a cluster), B [K, N] in 64-column x BK boxes (its rows
+    // past K are TMA's zeros: no copy).
+    l.tma.push_back({0, u.K, u.M, t.bk, t.bm, padK ? 0 : -1});
     const int b = static_cast<int>(bIdx);
-    l.tma.push_back(u.transB ? TmaMap{b, u.K, u.N, t.bk, t.bn / t.cluster}
+    l.tma.push_back(u.transB ? TmaMap{b, u.K, u.N, t.bk, t.bn / t.cluster, padK ? 1 : -1}
                              : TmaMap{b, u.N, u.K, 64, t.bk});
     // The epilogue tile: the staged operand in 64-column x BM boxes, the output stored in
     // 64 x 64 boxes (each consumer warpgroup its rows).

@@ -97,6 +97,29 @@ Executor::Executor(cuda::Driver& drv, const CompiledGraph& cg) : drv_(drv), cg_(
     scratch_.push_back(skWork);
     scratch_.push_back(skFlags);
   }
+  // wgmma kernels with K % 8 != 0 read A (and B [N, K]) from padded copies that their first
+  // launch writes; launches run one after another, so every op shares the largest two.
+  auto pads = [](const codegen::KernelUnit& u) {
+    return std::any_of(u.launches.begin(), u.launches.end(), [](const codegen::Launch& l) {
+      return l.grid == codegen::Launch::PaddedRows;
+    });
+  };
+  size_t padBytes[2] = {0, 0};
+  for (ir::Vertex v : order) {
+    const codegen::KernelUnit& u = cg_.units[v];
+    if (!pads(u))
+      continue;
+    const size_t row = static_cast<size_t>(codegen::paddedK(u.K)) * 2;
+    padBytes[0] = std::max(padBytes[0], static_cast<size_t>(u.M) * row);
+    if (u.transB)
+      padBytes[1] = std::max(padBytes[1], static_cast<size_t>(u.N) * row);
+  }
+  cuda::CUdeviceptr padded[2] = {0, 0};
+  for (int i = 0; i < 2; ++i)
+    if (padBytes[i] > 0) {
+      padded[i] = drv_.alloc(padBytes[i]);
+      scratch_.push_back(padded[i]);
+    }
   for (ir::Vertex v : order) {
     const codegen::KernelUnit& u = cg_.units[v];
     if (u.launches.empty())
@@ -133,6 +156,9 @@ Executor::Executor(cuda::Driver& drv, const CompiledGraph& cg) : drv_(drv), cg_(
       a.scratch[0] = reinterpret_cast<void*>(skWork);
       a.scratch[1] = reinterpret_cast<void*>(skFlags);
     }
+    if (pads(u))
+      for (int i = 0; i < 2; ++i)
+        a.padded[i] = reinterpret_cast<void*>(padded[i]);
     for (const codegen::Launch& l : u.launches) {
       cuda::CUfunction f = drv_.function(it->second, l.entry);
       if (l.smemBytes > drv_.device().smemOptin)
@@ -212,6 +238,11 @@ void Executor::launchAll(bool poison, size_t set) {
     case codegen::Launch::Rows:
       gx = static_cast<unsigned>((u.M + 7) / 8);
       break;
+    case codegen::Launch::PaddedRows: {
+      const int64_t rows = u.M + (u.transB ? u.N : 0);
+      gx = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(rows, sms * 8)));
+      break;
+    }
     case codegen::Launch::Elements: {
       int64_t chunks = (u.M * u.N + 7) / 8;
       gx = static_cast<unsigned>(std::max<int64_t>(
@@ -233,11 +264,13 @@ void Executor::launchAll(bool poison, size_t set) {
           const codegen::TmaMap& m = b.launch.tma[i];
           if (m.operand == codegen::TmaMap::kUnused)
             continue;
-          const void* base = m.operand == codegen::TmaMap::kOutput ? args.out : args.in[m.operand];
+          const void* base = m.copy >= 0                             ? args.padded[m.copy]
+                             : m.operand == codegen::TmaMap::kOutput ? args.out
+                                                                     : args.in[m.operand];
+          const int64_t pitch = m.copy >= 0 ? codegen::paddedK(m.inner) : m.inner;
           drv_.encodeTensorMap(maps[i]->opaque, reinterpret_cast<cuda::CUdeviceptr>(base),
                                static_cast<uint64_t>(m.inner), static_cast<uint64_t>(m.outer),
-                               static_cast<uint64_t>(m.inner) * 2,
-                               static_cast<unsigned>(m.boxInner),
+                               static_cast<uint64_t>(pitch) * 2, static_cast<unsigned>(m.boxInner),
                                static_cast<unsigned>(m.boxOuter));
         }
         b.tmaArgs[set] = std::move(t);

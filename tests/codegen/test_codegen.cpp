@@ -314,29 +314,65 @@ BOOST_AUTO_TEST_CASE(mma_backend_compiles_for_sm80_sm90,
 }
 
 BOOST_AUTO_TEST_CASE(wgmma_falls_back_where_tma_cannot_run) {
-  // TMA needs 16-byte row strides: K % 8 for A (and B^T), N % 8 for B [K, N].
-  for (auto [name, s] : {std::pair<const char*, Shape>{"gemm_bias_gelu", {64, 64, 100}},
+  // TMA needs 16-byte row strides: N % 8 for B [K, N] (K % 8 is padded: below).
+  for (auto [name, s] : {std::pair<const char*, Shape>{"gemm_bias_gelu", {64, 100, 64}},
                          {"gemm", {64, 100, 64}},
-                         {"gemm_bt", {64, 64, 20}}}) {
+                         {"gemm_residual", {1, 17, 40}}}) {
     auto u = unitsFor(name, s, 90).at(0);
     BOOST_TEST(!u.tile.wgmma(), name);
     BOOST_TEST(!u.sm90a, name);
   }
-  // B^T only needs K % 8: N = 100 still runs on wgmma.
+  // B^T does not need N % 8: N = 100 still runs on wgmma.
   BOOST_TEST(unitsFor("gemm_bt", {64, 100, 64}, 90).at(0).tile.wgmma());
   // A forced wgmma configuration where it cannot run says so in the op's log line.
-  ir::Graph f = fuse(caseGraph("gemm_bias", {64, 64, 100}));
+  ir::Graph f = fuse(caseGraph("gemm_bias", {64, 100, 64}));
   const codegen::TileConfig forced{128, 256, 64, 64, 256, 4, codegen::Backend::Wgmma};
   codegen::CodegenOptions o;
   o.tile = &forced;
   codegen::KernelUnit u = codegen::generate(f, f.outputs()[0], builtinLibrary(), o);
   BOOST_TEST(!u.tile.wgmma());
-  BOOST_TEST(u.what.find("fallback: 128x256x64_w2x1_s4_wgmma cannot run here (TMA needs K % 8 "
-                         "== 0, K is 100)") != std::string::npos,
+  BOOST_TEST(u.what.find("fallback: 128x256x64_w2x1_s4_wgmma cannot run here (TMA needs N % 8 "
+                         "== 0 for B [K, N], N is 100)") != std::string::npos,
              u.what);
   // Not on other GPUs, not for norm_gemm.
   BOOST_TEST(!unitsFor("gemm_bias", {1024, 4096, 4096}, 80).at(0).tile.wgmma());
   BOOST_TEST(!unitsFor("rmsnorm_gemm", {1024, 4096, 4096}, 90).at(0).tile.wgmma());
+}
+
+BOOST_AUTO_TEST_CASE(wgmma_pads_k_that_tma_cannot_read) {
+  // K % 8 != 0: a first launch copies A (and B [N, K]) into rows of K rounded up to 8, and the
+  // tensor maps read K columns of those copies. The source names no K: every K of one
+  // configuration shares one kernel.
+  for (const char* name : {"gemm_bias_gelu", "gemm_bt", "gemm_residual"}) {
+    const bool bt = std::string(name) == "gemm_bt";
+    const codegen::KernelUnit u = unitsFor(name, {130, 136, 1001}, 90).at(0);
+    BOOST_TEST_REQUIRE(u.tile.wgmma(), name);
+    BOOST_TEST(u.name.find("_padk") != std::string::npos, u.name);
+    BOOST_REQUIRE(u.launches.size() == 2u);
+    BOOST_TEST(u.launches[0].grid == codegen::Launch::PaddedRows);
+    BOOST_TEST(u.launches[0].entry == u.name + "_pad");
+    BOOST_TEST(u.launches[0].tma.empty());
+    const codegen::Launch& l = u.launches[1];
+    BOOST_TEST(l.grid == codegen::Launch::Persistent);
+    BOOST_TEST(l.tma[0].copy == 0);
+    BOOST_TEST(l.tma[0].inner == 1001);
+    BOOST_TEST(l.tma[1].copy == (bt ? 1 : -1)); // B [K, N]: rows past K are TMA's zeros
+    BOOST_TEST(u.source.find("void __launch_bounds__(256) " + u.name + "_pad(") !=
+                   std::string::npos,
+               name);
+    BOOST_TEST(u.source.find(std::string("fpat::padRows<") + (bt ? "true" : "false")) !=
+                   std::string::npos,
+               name);
+    BOOST_TEST(u.source.find("// pad:      K % 8 != 0: A") != std::string::npos, name);
+    const codegen::KernelUnit other = unitsFor(name, {130, 136, 1003}, 90).at(0);
+    BOOST_TEST(other.name == u.name);
+    BOOST_TEST((other.source == u.source), name);
+    // Aligned K: no copy.
+    const codegen::KernelUnit aligned = unitsFor(name, {130, 136, 1000}, 90).at(0);
+    BOOST_TEST(aligned.launches.size() == 1u);
+    BOOST_TEST(aligned.name.find("_padk") == std::string::npos);
+    BOOST_TEST(aligned.launches[0].tma[0].copy == -1);
+  }
 }
 
 BOOST_AUTO_TEST_CASE(wgmma_epilogue_goes_through_a_tma_stored_tile_where_it_fits) {

@@ -89,11 +89,14 @@ std::vector<codegen::TileConfig> wgmmaTiles() {
 const char* const kWgmmaCases[] = {"gemm",           "gemm_bt",       "gemm_bias_gelu",
                                    "gemm_bias_silu", "gemm_bias",     "gemm_bias_residual",
                                    "gemm_silu",      "gemm_residual", "gemm_silu_mul"};
-// Aligned, ragged, degenerate (M = 1, N = 1, K = 8) and TMA-incompatible shapes; 1000x1000x40
-// gives CTAs several tiles of one k-tile each (the epilogue tile's hand-over between tiles).
+// Aligned, ragged, degenerate (M = 1, N = 1, K = 8) and TMA-incompatible shapes (N % 8 != 0
+// with B [K, N]); 1000x1000x40 gives CTAs several tiles of one k-tile each (the epilogue tile's
+// hand-over between tiles); K % 8 != 0 runs on padded copies (64x64x100, 130x136x1001, and
+// 33x72x7: less than one 16-byte row).
 const Shape kWgmmaShapes[] = {Shape{64, 64, 64},     Shape{1, 8, 8},        Shape{1000, 520, 72},
                               Shape{129, 264, 4104}, Shape{1000, 1000, 40}, Shape{17, 100, 1000},
-                              Shape{64, 64, 100},    Shape{1, 17, 40},      Shape{100, 1, 64}};
+                              Shape{64, 64, 100},    Shape{1, 17, 40},      Shape{100, 1, 64},
+                              Shape{130, 136, 1001}, Shape{33, 72, 7}};
 
 /// Without a GPU the suite ends here with 77 (ctest: skipped). Otherwise every kernel of every
 /// case is compiled up front, in parallel, so the cases find them cached.

@@ -144,19 +144,27 @@ BOOST_AUTO_TEST_CASE(hopper_defaults_to_the_wgmma_backend) {
 }
 
 BOOST_AUTO_TEST_CASE(unaligned_problems_get_narrow_warp_tiles) {
-  // K (or N of B [K, N]) not a multiple of 8: bounds-checked loads, no TMA. 64x64 warp tiles
-  // spilled 430-720 bytes there on sm_90 with every pattern (the tuner rejected the heuristic's
-  // choice: no configuration at all with one candidate); 64x32 warp tiles spill nothing.
+  // N of B [K, N] (or K, before sm_90) not a multiple of 8: bounds-checked loads, no TMA. 64x64
+  // warp tiles spilled 430-720 bytes there on sm_90 with every pattern (the tuner rejected the
+  // heuristic's choice: no configuration at all with one candidate); 64x32 warp tiles spill
+  // nothing.
   using codegen::defaultTile;
-  const codegen::GemmProblem wide = codegen::gemmProblem(640, 4104, 4097, false);
+  const codegen::GemmProblem wide = codegen::gemmProblem(640, 4100, 4097, false);
   BOOST_TEST(!wide.vec);
   BOOST_TEST(!wide.tma);
   BOOST_TEST((defaultTile(wide, 90, 132) == TileConfig{128, 128, 64, 64, 32, 3}));
   BOOST_TEST((defaultTile(wide, 80, 108) == TileConfig{128, 128, 64, 64, 32, 3}));
   BOOST_TEST((defaultTile(codegen::gemmProblem(640, 4100, 4096, false), 90, 132) ==
-              TileConfig{128, 128, 64, 64, 32, 3})); // N % 8 != 0, B [K, N]
-  BOOST_TEST((defaultTile(codegen::gemmProblem(100, 300, 1001, true), 90, 132) ==
+              TileConfig{128, 128, 64, 64, 32, 3})); // K aligned
+  BOOST_TEST((defaultTile(codegen::gemmProblem(100, 300, 1001, true), 80, 108) ==
               TileConfig{64, 64, 32, 32, 32, 3}));
+  // K % 8 != 0 alone: the wgmma backend on padded copies of A (and B [N, K]).
+  for (bool transB : {false, true}) {
+    const codegen::GemmProblem padded = codegen::gemmProblem(640, 4104, 4097, transB);
+    BOOST_TEST(!padded.vec);
+    BOOST_TEST(padded.tma);
+    BOOST_TEST(defaultTile(padded, 90, 132).wgmma());
+  }
   // Aligned but without TMA (a dimension beyond 2^31 aside, norm_gemm): the wide tiles as before.
   BOOST_TEST(
       (defaultTile(noTmaProblem(8192, 4096), 90, 132) == TileConfig{256, 128, 64, 64, 64, 3}));
@@ -177,7 +185,7 @@ BOOST_AUTO_TEST_CASE(a_rejected_batch_is_followed_by_the_next_configurations) {
   // Where every candidate is rejected the tuner goes on down the ranked space, never timing a
   // configuration twice, until the space runs out.
   const std::vector<TileConfig> space =
-      searchSpace(recorded("h200.json"), false, codegen::gemmProblem(640, 4104, 4097, false), 1000);
+      searchSpace(recorded("h200.json"), false, codegen::gemmProblem(640, 4100, 4097, false), 1000);
   BOOST_REQUIRE(space.size() > 20u);
   std::vector<TileConfig> tried(space.begin(), space.begin() + 8);
   std::vector<TileConfig> next = nextCandidates(space, tried, 8);
@@ -397,11 +405,12 @@ BOOST_AUTO_TEST_CASE(without_a_cache_entry_the_heuristic_picks) {
 BOOST_AUTO_TEST_CASE(the_heuristic_is_the_code_generators_default) {
   // choose() answers what the code generator would pick by itself: an epilogue that reads an
   // [M, N] operand changes the choice (at 1000x4104 it ranks the deep rings lower), and where
-  // TMA cannot run (K % 8 != 0) the default is not a wgmma configuration.
+  // TMA cannot run (N % 8 != 0 with B [K, N]) the default is not a wgmma configuration.
   TempCache tc;
   TuningCache c(tc.path);
   for (auto [name, shape] : {std::pair{"gemm_residual", testing::Shape{1000, 4104, 4096}},
                              {"gemm_bias_gelu", testing::Shape{1000, 4104, 4096}},
+                             {"gemm_residual", testing::Shape{512, 500, 100}},
                              {"gemm_residual", testing::Shape{512, 512, 100}},
                              {"gemm", testing::Shape{2048, 4096, 4096}}}) {
     ir::Graph f = testing::fuse(testing::caseGraph(name, shape));

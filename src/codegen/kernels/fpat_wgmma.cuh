@@ -345,6 +345,29 @@ __device__ __forceinline__ void tileCoords(int t, int tilesM, int tilesN, int gr
 
 } // namespace sm90
 
+/// K % 8 != 0 (TMA's row strides must be multiples of 16 bytes): copies the rows of A (operand
+/// 0, M x K) and, with TRANS_B, of B (operand B_INDEX, N x K) into a.padded[0] and a.padded[1]
+/// as rows of K rounded up to 8 elements, the pad zeroed (the tensor maps read only K columns;
+/// TMA fills the rest of a box). A block copies a row at a time, each thread 8 elements of it
+/// per step: the source rows are only 2-byte aligned, the padded ones 16-byte.
+template <bool TRANS_B, int B_INDEX>
+__device__ __forceinline__ void padRows(const FpatKernelArgs& a) {
+  const int64_t K = a.K, P = (K + 7) / 8 * 8, rows = a.M + (TRANS_B ? a.N : 0);
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const bool isA = r < a.M;
+    const int64_t row = isA ? r : r - a.M;
+    const elem* src = static_cast<const elem*>(a.in[isA ? 0 : B_INDEX]) + row * K;
+    Half8* dst = reinterpret_cast<Half8*>(static_cast<elem*>(a.padded[isA ? 0 : 1]) + row * P);
+    for (int64_t c = threadIdx.x; c < P / 8; c += blockDim.x) {
+      Half8 v;
+#pragma unroll
+      for (int e = 0; e < 8; ++e)
+        v.h[e] = 8 * c + e < K ? src[8 * c + e] : fromF(0.0f);
+      dst[c] = v;
+    }
+  }
+}
+
 /// The kernel body; `p` must be the kernel's __grid_constant__ parameter (TMA reads the tensor
 /// maps from parameter space). Launch with T::THREADS threads, wgmmaSmemBytes<T>() bytes of
 /// dynamic shared memory and at most one CTA per SM (grid: min(tiles, SMs), in whole clusters).
@@ -995,25 +1018,43 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
                   fromF2(d[m][4 * j + 2 * h], d[m][4 * j + 2 * h + 1]);
           continue;
         }
+        // Edge tiles: the epilogue of every element first, at coordinates clamped into the
+        // problem (their loads are in bounds and branch-free, so they are all in flight at
+        // once; results outside are dropped), then the checked stores. A check around each
+        // element's epilogue ordered its operand loads after the previous element's store:
+        // ping-pong gemm_residual ran 2x as long at 2047x5120x1024.
+        const int64_t lastRow = M - 1, lastPair = pairs ? N - 2 : N - 1;
 #pragma unroll
-        for (int j = 0; j < BN / 8; ++j) {
-          const int col = colBase + 8 * j;
+        for (int j = 0; j < BN / 8; ++j)
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            const int row = rowBase + 8 * h;
+            const int64_t row = min(rowBase + 8 * h, lastRow);
+            const int64_t col = min(colBase + 8 * j, lastPair);
+            float2 v = make_float2(d[m][4 * j + 2 * h], d[m][4 * j + 2 * h + 1]);
+            if (pairs) {
+              v = epi.pair(v, row, col, a, make_float2(0.0f, 0.0f));
+            } else {
+              v.x = epi(v.x, row, col, a);
+              v.y = epi(v.y, row, min(col + 1, static_cast<int64_t>(N - 1)), a);
+            }
+            d[m][4 * j + 2 * h] = v.x;
+            d[m][4 * j + 2 * h + 1] = v.y;
+          }
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) {
+          const int64_t col = colBase + 8 * j;
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int64_t row = rowBase + 8 * h;
             if (row < M && col < N) {
-              const float v0 = epi(d[m][4 * j + 2 * h], row, col, a);
-              elem* out = C + static_cast<int64_t>(row) * N + col;
-              if (col + 1 < N) {
-                const float v1 = epi(d[m][4 * j + 2 * h + 1], row, col + 1, a);
-                if (pairs) {
-                  *reinterpret_cast<elem2*>(out) = fromF2(v0, v1);
-                } else {
-                  out[0] = fromF(v0);
-                  out[1] = fromF(v1);
-                }
+              elem* out = C + row * N + col;
+              if (pairs) {
+                *reinterpret_cast<elem2*>(out) =
+                    fromF2(d[m][4 * j + 2 * h], d[m][4 * j + 2 * h + 1]);
               } else {
-                out[0] = fromF(v0);
+                out[0] = fromF(d[m][4 * j + 2 * h]);
+                if (col + 1 < N)
+                  out[1] = fromF(d[m][4 * j + 2 * h + 1]);
               }
             }
           }

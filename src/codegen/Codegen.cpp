@@ -212,7 +212,8 @@ double wgmmaScore(const TileConfig& t, const GemmProblem& p, int sms) {
             (t.bm == 64 ? 0.97 : 1.0);
     // One consumer's epilogue hides behind the other's main loop only where that is long:
     // at K = 512-1024 ping-pong measured 10% slower than the cooperative tiles for plain
-    // GEMMs and 1.7-2.4x slower with a residual (bench/RESULTS.md, session 13).
+    // GEMMs and 1.7-2.4x slower with a residual (session 13), still 1.2-1.25x slower once its
+    // edge tiles stopped serializing their loads (session 14, bench/RESULTS.md): ranked last.
     if (p.k > 0 && p.k < 2048)
       speed *= epilogueReads ? 0.5 : 0.85;
   }

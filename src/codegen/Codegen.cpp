@@ -116,6 +116,9 @@ std::vector<TileConfig> wgmmaConfigs() {
   for (int bm : {128, 64})
     for (int bn : {256, 128, 64})
       add(bm, bn, Backend::Wgmma, 1);
+  // 192 wide: a tile count closer to whole waves where 128 and 256 are far from it (cuBLAS ran
+  // 128x192 at 1500x4104x1000 and 256x160 at 2047x5120x1024: bench/RESULTS.md, session 14).
+  add(128, 192, Backend::Wgmma, 1);
   // cuBLAS's shape on the H200 (per MMA 20% fewer shared-memory reads than 128x256, but
   // measured slower here: kept for the tuner).
   add(256, 128, Backend::Wgmma, 1);
@@ -201,6 +204,7 @@ double wgmmaScore(const TileConfig& t, const GemmProblem& p, int sms) {
   // three (bench/RESULTS.md, session 11).
   double speed = t.bm == 256   ? 0.95
                  : t.bm == 128 ? (t.bn == 256   ? 1.0
+                                  : t.bn == 192 ? 0.96
                                   : t.bn == 128 ? 0.9
                                                 : 0.75)
                                : (t.bn == 256   ? 0.85

@@ -171,6 +171,7 @@ GemmProblem gemmProblem(int64_t m, int64_t n, int64_t k, bool transB) {
   p.k = k;
   p.tma = tmaCompatible(m, n, k, transB);
   p.vec = vectorLoads(m, n, k, transB);
+  p.bRows128 = transB || n % 64 == 0;
   return p;
 }
 
@@ -241,6 +242,15 @@ double wgmmaScore(const TileConfig& t, const GemmProblem& p, int sms) {
   // 256x128 through the epilogue tile (three stages) measured 5% slower than with four.
   if (t.bm == 256 && tileStore)
     speed *= 0.93;
+  // B [K, N] rows not 128-byte aligned (N = 4104): its TMA loads are slow (128x192 at
+  // 1536x4104x4096 0.094 ms against 0.072 at 1536x4224), so tiles that load each B tile once
+  // per 128 rows of M lose where there are several waves of them; 256-row tiles and clusters
+  // (B multicast to two M-tiles) load it half as often (4096x4104x4096: 256x128 0.197 ms,
+  // 128x128 in clusters 0.213, 128x192 0.247; bench/RESULTS.md, session 14). Not at K < 2048,
+  // where the 256-row tiles' split credit above overrates them (1500x4104x1000: 256x128 0.043 ms,
+  // 128x192 0.035).
+  if (!p.bRows128 && p.k >= 2048 && t.bm < 256 && t.cluster == 1 && tiles >= 2.0 * sms)
+    speed *= 0.8;
   return tiles / (waves * sms) * useful * speed * (deepest || tileStore ? 1.0 : 0.98) *
          (tileStore ? 1.02 : 1.0) * (lowL1 ? 0.9 : 1.0) * clustered * raster;
 }

@@ -114,6 +114,9 @@ struct GemmProblem {
   bool tma = true;            ///< the wgmma backend can run it (tmaCompatible, not norm_gemm)
   bool epilogueReads = false; ///< the epilogue loads other tensors (bias, residual)
   bool vec = true;            ///< the cp.async kernels' 16-byte loads (vectorLoads)
+  /// B [K, N] rows start at multiples of 128 bytes (N % 64 == 0), or B is [N, K]. TMA loads of
+  /// B [K, N] at another pitch measured 1.3x as long (wgmmaScore).
+  bool bRows128 = true;
 };
 
 /// An M x N x K problem (B as [N, K] with `transB`) with `tma` and `vec` from its alignment.

@@ -399,6 +399,21 @@ BOOST_AUTO_TEST_CASE(the_192_wide_tile_where_its_waves_are_whole) {
   BOOST_TEST(!TileConfig::parse("128x192x64_w2x1_s4_wgmma_c2"));
 }
 
+BOOST_AUTO_TEST_CASE(b_rows_off_128_bytes_prefer_tiles_that_share_b) {
+  // N = 4104 with B [K, N]: each B tile load is slow, so tiles loading B once per 256 rows (or
+  // per two clustered M-tiles) win where there are several waves (measured on the H200,
+  // bench/RESULTS.md session 14: 4096x4104x4096 256x128 0.197 ms, 128x192 0.247; 1536x4104x4096
+  // 128x128 in clusters 0.083, 128x192 0.094). B [N, K], or N = 4224, keeps the usual choice.
+  using codegen::defaultTile;
+  BOOST_TEST(!codegen::gemmProblem(4096, 4104, 4096, false).bRows128);
+  BOOST_TEST(codegen::gemmProblem(4096, 4104, 4096, true).bRows128);
+  BOOST_TEST((defaultTile(codegen::gemmProblem(4096, 4104, 4096, false), 90, 132) ==
+              *TileConfig::parse("256x128x64_w2x1_s4_wgmma")));
+  BOOST_TEST(defaultTile(codegen::gemmProblem(1536, 4104, 4096, false), 90, 132).bn != 192);
+  BOOST_TEST(defaultTile(codegen::gemmProblem(1536, 4104, 4096, true), 90, 132).cluster == 1);
+  BOOST_TEST(defaultTile(codegen::gemmProblem(1536, 4224, 4096, false), 90, 132).cluster == 1);
+}
+
 BOOST_AUTO_TEST_CASE(without_a_cache_entry_the_heuristic_picks) {
   TempCache tc;
   TuningCache c(tc.path);

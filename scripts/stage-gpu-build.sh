@@ -17,3 +17,9 @@ for f in src/fpatc tests/test_gpu tests/fpat-check bench/fpat-bench-gemm dsl/fpa
   [ -f "$dest/$f" ] && strip "$dest/$f"
 done
 du -sh "$dest"
+# Results name the commit the bench was built from; a build of uncommitted changes says
+# "<hash>-dirty", which no later reader can reproduce.
+commit=$(sed -n 's/.*FPAT_COMMIT "\(.*\)"/\1/p' "$src/bench/FpatCommit.h" 2>/dev/null)
+case "$commit" in
+*-dirty) echo "stage-gpu-build: warning: built from uncommitted changes ($commit): commit, rebuild, stage again before results that matter" >&2 ;;
+esac

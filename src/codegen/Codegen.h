@@ -83,6 +83,14 @@ inline bool wgmmaPadsK(int64_t k) {
   return k % 8 != 0;
 }
 
+/// Whether the wgmma kernel for GEMM-family op `v` reads its B from a prepared copy: B is a
+/// weight (a graph input that stays the same between runs) that TMA reads slowly or not at all
+/// as given, so it is copied once, when its value is uploaded, into [N, paddedK(K)] rows
+/// (K-major, as nn.Linear stores it): B [K, N] with N % 64 != 0 (rows off 128 bytes load 1.3x
+/// slower, and N % 8 != 0 cannot be read at all; bench/RESULTS.md, session 14), and B [N, K]
+/// with K % 8 != 0 (padded once instead of on every run).
+bool preparesWeightB(const ir::Graph& g, ir::Vertex v);
+
 /// The wgmma configurations the kernel template implements (cooperative and ping-pong tiles,
 /// the two deepest rings that fit in 227 KB).
 std::vector<TileConfig> wgmmaConfigs();
@@ -156,8 +164,10 @@ struct TmaMap {
 struct Launch {
   // Persistent: min(GEMM tiles, SMs) CTAs, each walking tiles (the wgmma backend); in whole
   // clusters, no more than can be resident at once. PaddedRows: a block-stride loop over the
-  // rows of A (and of B [N, K]) copied into padded rows (wgmmaPadsK).
-  enum Grid { GemmTiles, Rows, Elements, Persistent, PaddedRows } grid = GemmTiles;
+  // rows of A (and of B [N, K]) copied into padded rows (wgmmaPadsK). PreparedWeight: a
+  // block-stride loop over 64 x 64 tiles of a weight B copied into [N, paddedK(K)] rows
+  // (preparesWeightB); the runtime runs it when the weight is uploaded, not on every run.
+  enum Grid { GemmTiles, Rows, Elements, Persistent, PaddedRows, PreparedWeight } grid = GemmTiles;
   std::string entry; // extern "C" name
   int threads = 256;
   int smemBytes = 0;
@@ -175,6 +185,9 @@ struct KernelUnit {
   TileConfig tile;  // gemm families
   bool vec = false; // gemm: aligned 16-byte path
   bool transB = false;
+  // wgmma: B (a weight) is read from FpatKernelArgs::padded[1], [N, paddedK(K)] rows that the
+  // PreparedWeight launch writes when the weight is uploaded (preparesWeightB).
+  bool preparedB = false;
   bool sm90a = false;         // uses sm_90a-only instructions: compiled for compute_90a / sm_90a
   bool epilogueReads = false; // gemm families: the epilogue loads bias, residual or scale inputs
   // Argument block values (pointers are bound by the runtime; in[i] = operand i of the op).

@@ -157,7 +157,8 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
     fallback = "fallback: " + u.tile.str() + " cannot run here (" +
                (norm           ? std::string("norm_gemm has no wgmma kernel")
                 : o.arch != 90 ? "wgmma needs sm_90, not sm_" + std::to_string(o.arch)
-                : u.N % 8 != 0 ? "TMA needs N % 8 == 0 for B [K, N], N is " + std::to_string(u.N)
+                : u.N % 8 != 0 ? "TMA needs N % 8 == 0 for a B [K, N] that is not a weight, N is " +
+                                     std::to_string(u.N)
                                : std::string("a dimension exceeds 2^31")) +
                ")";
     problem.tma = false;
@@ -186,8 +187,12 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
                           (u.K + t.bk - 1) / t.bk)
           : LastWaveSplit{};
   u.splitLastWave = split.tiles > 0;
-  // K % 8 != 0: TMA reads padded copies of A (and B [N, K]) that a first launch writes.
+  // K % 8 != 0: TMA reads padded copies of A (and B [N, K]) that a first launch writes. A weight
+  // B that TMA reads badly as given is read from a copy in [N, K] rows made when it is uploaded.
   const bool padK = t.wgmma() && wgmmaPadsK(u.K);
+  u.preparedB = t.wgmma() && preparesWeightB(g, v);
+  const bool kMajorB = u.transB || u.preparedB; // how the wgmma kernel reads B
+  const bool padB = padK && u.transB && !u.preparedB;
 
   const std::string epi = epilogueBody(g, v, lib, acts);
   const std::string base = op.kind == ir::OpKind::Fused ? sanitize(op.fused.pattern) : "gemm";
@@ -196,7 +201,7 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
   const std::string cfg =
       t.str() + (u.transB ? "_bt" : "") +
       (t.wgmma() ? std::string(epiTile ? "_tilestore" : "") + (u.splitLastWave ? "_splitk" : "") +
-                       (padK ? "_padk" : "")
+                       (padK ? "_padk" : "") + (u.preparedB ? "_bprep" : "")
        : u.vec ? "_vec"
                : "_any");
   u.name = "fpat_" + base + "_" + (t.wgmma() ? std::string("sm90a") : arch) + "_" + cfg;
@@ -225,6 +230,11 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
                       : std::string()) +
                  (t.rasterN ? "tiles in groups along N, " : "") + std::to_string(t.threads()) +
                  " threads" + (u.transB ? ", B is [N, K]" : ", B is [K, N]")};
+    if (u.preparedB)
+      lines.push_back(std::string("weight:   B is a weight, read from a copy in [N, K] rows of K "
+                                  "rounded up to 8 made once, when it is uploaded (") +
+                      (u.transB ? "K % 8 != 0" : "its [K, N] rows are not 128-byte multiples") +
+                      ")");
     if (epiTile)
       lines.push_back("store:    through a " + std::to_string(t.bm) + "x" + std::to_string(t.bn) +
                       " shared-memory tile, by TMA" +
@@ -236,7 +246,7 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
                       "last piece adding the others' partial sums (FPAT_SPLIT_LAST_WAVE=0: whole "
                       "tiles)");
     if (padK)
-      lines.push_back(std::string("pad:      K % 8 != 0: A") + (u.transB ? " and B [N, K]" : "") +
+      lines.push_back(std::string("pad:      K % 8 != 0: A") + (padB ? " and B [N, K]" : "") +
                       " copied first into rows of K rounded up to 8 (16-byte TMA strides)");
     if (defer)
       lines.push_back("defer:    the epilogue deferred to the producer's idle warps" +
@@ -297,13 +307,20 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
          << ", \"host and device disagree on shared memory\");\n\n} // namespace\n\n"
          << (padK ? "extern \"C\" __global__ void __launch_bounds__(256) " + u.name +
                         "_pad(const FpatKernelArgs a) {\n  fpat::padRows<" +
-                        (u.transB ? "true" : "false") + ", " + std::to_string(bIdx) + ">(a);\n}\n\n"
+                        (padB ? "true" : "false") + ", " + std::to_string(bIdx) + ">(a);\n}\n\n"
                   : std::string())
+         << (u.preparedB
+                 ? "extern \"C\" __global__ void __launch_bounds__(256) " + u.name +
+                       "_prep(const FpatKernelArgs a) {\n  fpat::prepareWeightB<" +
+                       (u.transB ? "false" : "true") + ", " + std::to_string(bIdx) + ">(a);\n}\n\n"
+                 : std::string())
          << "extern \"C\" __global__ void "
          << (t.cluster > 1 ? "__cluster_dims__(" + std::to_string(t.cluster) + ", 1, 1) " : "")
          << "__launch_bounds__(" << t.threads() << ", 1) " << u.name
          << "(const __grid_constant__ FpatTmaArgs p) {\n"
-         << "  fpat::gemmWgmma<Tile, " << (u.transB ? "true" : "false") << ", Epilogue>(p);\n}\n";
+         << "  fpat::gemmWgmma<Tile, " << (kMajorB ? "true" : "false") << ", Epilogue>(p);\n}\n";
+    if (u.preparedB)
+      u.launches.push_back({Launch::PreparedWeight, u.name + "_prep", 256, 0, {}});
     if (padK)
       u.launches.push_back({Launch::PaddedRows, u.name + "_pad", 256, 0, {}});
     Launch l{Launch::Persistent, u.name, t.threads(), smemBytes, {}};
@@ -312,8 +329,9 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
     // past K are TMA's zeros: no copy).
     l.tma.push_back({0, u.K, u.M, t.bk, t.bm, padK ? 0 : -1});
     const int b = static_cast<int>(bIdx);
-    l.tma.push_back(u.transB ? TmaMap{b, u.K, u.N, t.bk, t.bn / t.cluster, padK ? 1 : -1}
-                             : TmaMap{b, u.N, u.K, 64, t.bk});
+    l.tma.push_back(kMajorB
+                        ? TmaMap{b, u.K, u.N, t.bk, t.bn / t.cluster, padB || u.preparedB ? 1 : -1}
+                        : TmaMap{b, u.N, u.K, 64, t.bk});
     // The epilogue tile: the staged operand in 64-column x BM boxes, the output stored in
     // 64 x 64 boxes (each consumer warpgroup its rows).
     if (epiTile) {
@@ -353,11 +371,30 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
 
 namespace fpat::codegen {
 
+bool preparesWeightB(const ir::Graph& g, ir::Vertex v) {
+  const ir::Op& op = g.op(v);
+  const ir::FamilyInfo* family = ir::familyOf(op);
+  if (!family || !family->hasWgmmaPath || family->normalisesA)
+    return false;
+  const std::vector<ir::Vertex> ins = g.operands(v);
+  const size_t bIdx = ir::gemmBIndex(op);
+  if (ins.size() <= bIdx)
+    return false;
+  const ir::Op& b = g.op(ins[bIdx]);
+  if (b.kind != ir::OpKind::Input || !b.weight || b.type.rank() != 2)
+    return false;
+  const int64_t n = op.type.shape[1], k = g.op(ins[0]).type.shape[1];
+  return op.transposeB ? wgmmaPadsK(k) : n % 64 != 0;
+}
+
 GemmProblem gemmProblemOf(const ir::Graph& g, ir::Vertex v) {
   const ir::Op& op = g.op(v);
   const ir::FamilyInfo* family = ir::familyOf(op);
   const int64_t k = g.op(g.operands(v).at(0)).type.shape[1];
-  GemmProblem p = gemmProblem(op.type.shape[0], op.type.shape[1], k, op.transposeB);
+  // A prepared weight B is [N, K] to the wgmma kernels; the cp.async ones read it as given.
+  const bool prepared = preparesWeightB(g, v);
+  GemmProblem p = gemmProblem(op.type.shape[0], op.type.shape[1], k, op.transposeB || prepared);
+  p.vec = vectorLoads(p.m, p.n, k, op.transposeB);
   p.norm = family && family->normalisesA;
   p.tma = p.tma && family && family->hasWgmmaPath && !p.norm;
   p.epilogueReads = op.kind == ir::OpKind::Fused && !op.fused.epilogue.operands().empty();

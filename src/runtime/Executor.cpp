@@ -111,7 +111,7 @@ Executor::Executor(cuda::Driver& drv, const CompiledGraph& cg) : drv_(drv), cg_(
       continue;
     const size_t row = static_cast<size_t>(codegen::paddedK(u.K)) * 2;
     padBytes[0] = std::max(padBytes[0], static_cast<size_t>(u.M) * row);
-    if (u.transB)
+    if (u.transB && !u.preparedB)
       padBytes[1] = std::max(padBytes[1], static_cast<size_t>(u.N) * row);
   }
   cuda::CUdeviceptr padded[2] = {0, 0};
@@ -120,6 +120,23 @@ Executor::Executor(cuda::Driver& drv, const CompiledGraph& cg) : drv_(drv), cg_(
       padded[i] = drv_.alloc(padBytes[i]);
       scratch_.push_back(padded[i]);
     }
+  // Weights B that wgmma kernels read from a prepared copy: one copy per weight (and rotation),
+  // shared by every op that reads it, written when the weight is uploaded (prepareWeights).
+  std::map<ir::Vertex, int> prepOf;
+  prepared_.emplace_back();
+  for (ir::Vertex v : order) {
+    const codegen::KernelUnit& u = cg_.units[v];
+    if (!u.preparedB)
+      continue;
+    const ir::Vertex w = g.operands(v).at(ir::gemmBIndex(g.op(v)));
+    if (prepOf.count(w))
+      continue;
+    prepOf[w] = static_cast<int>(preparedBytes_.size());
+    preparedBytes_.push_back(static_cast<size_t>(u.N) * static_cast<size_t>(codegen::paddedK(u.K)) *
+                             2);
+    prepared_[0].push_back(drv_.alloc(preparedBytes_.back()));
+  }
+  std::set<int> prepLaunched; // the first op reading a weight prepares it for all
   for (ir::Vertex v : order) {
     const codegen::KernelUnit& u = cg_.units[v];
     if (u.launches.empty())
@@ -159,7 +176,10 @@ Executor::Executor(cuda::Driver& drv, const CompiledGraph& cg) : drv_(drv), cg_(
     if (pads(u))
       for (int i = 0; i < 2; ++i)
         a.padded[i] = reinterpret_cast<void*>(padded[i]);
+    const int prep = u.preparedB ? prepOf.at(ins.at(ir::gemmBIndex(g.op(v)))) : -1;
     for (const codegen::Launch& l : u.launches) {
+      if (l.grid == codegen::Launch::PreparedWeight && !prepLaunched.insert(prep).second)
+        continue;
       cuda::CUfunction f = drv_.function(it->second, l.entry);
       if (l.smemBytes > drv_.device().smemOptin)
         throw cuda::CudaError(l.entry + " needs " + std::to_string(l.smemBytes) +
@@ -179,7 +199,7 @@ Executor::Executor(cuda::Driver& drv, const CompiledGraph& cg) : drv_(drv), cg_(
               ? drv_.maxActiveClusters(f, static_cast<unsigned>(u.tile.cluster),
                                        static_cast<unsigned>(l.threads), l.smemBytes)
               : 0;
-      launches_.push_back({v, f, l, a, plan_.slotOf[v], inSlots, {}, resident});
+      launches_.push_back({v, f, l, a, plan_.slotOf[v], inSlots, prep, {}, resident});
     }
   }
 }
@@ -192,6 +212,9 @@ Executor::~Executor() {
         drv_.free(p);
     for (cuda::CUdeviceptr p : scratch_)
       drv_.free(p);
+    for (const auto& set : prepared_)
+      for (cuda::CUdeviceptr p : set)
+        drv_.free(p);
     for (cuda::CUmodule m : modules_)
       drv_.unloadModule(m);
   } catch (...) {
@@ -199,12 +222,24 @@ Executor::~Executor() {
 }
 
 void Executor::launchAll(bool poison, size_t set) {
+  launch(false, poison, set);
+}
+
+void Executor::prepareWeights(size_t set) {
+  launch(true, false, set);
+}
+
+void Executor::launch(bool weights, bool poison, size_t set) {
   const int sms = std::max(1, drv_.device().sms);
   const std::vector<cuda::CUdeviceptr>& slots = slotSets_.at(set);
   ir::Vertex poisoned = static_cast<ir::Vertex>(-1);
   ir::Vertex external = static_cast<ir::Vertex>(-1);
   for (Bound& b : launches_) {
+    if ((b.launch.grid == codegen::Launch::PreparedWeight) != weights)
+      continue;
     if (replaced_.count(b.v)) {
+      if (weights)
+        continue;
       if (external != b.v)
         replacement_(b.v, set);
       external = b.v;
@@ -215,6 +250,8 @@ void Executor::launchAll(bool poison, size_t set) {
     args.out = reinterpret_cast<void*>(slots[static_cast<size_t>(b.outSlot)]);
     for (size_t i = 0; i < b.inSlots.size(); ++i)
       args.in[i] = reinterpret_cast<void*>(slots[static_cast<size_t>(b.inSlots[i])]);
+    if (b.prep >= 0)
+      args.padded[1] = reinterpret_cast<void*>(prepared_.at(set)[static_cast<size_t>(b.prep)]);
     if (poison && poisoned != b.v) {
       drv_.fill16(reinterpret_cast<cuda::CUdeviceptr>(args.out), 0x7fff,
                   static_cast<size_t>(cg_.graph.op(b.v).type.numel()));
@@ -239,8 +276,13 @@ void Executor::launchAll(bool poison, size_t set) {
       gx = static_cast<unsigned>((u.M + 7) / 8);
       break;
     case codegen::Launch::PaddedRows: {
-      const int64_t rows = u.M + (u.transB ? u.N : 0);
+      const int64_t rows = u.M + (u.transB && !u.preparedB ? u.N : 0);
       gx = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(rows, sms * 8)));
+      break;
+    }
+    case codegen::Launch::PreparedWeight: {
+      const int64_t tiles = (u.N + 63) / 64 * ((codegen::paddedK(u.K) + 63) / 64);
+      gx = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(tiles, sms * 8)));
       break;
     }
     case codegen::Launch::Elements: {
@@ -327,6 +369,8 @@ RunResult Executor::runBits(const std::map<std::string, std::vector<uint16_t>>& 
     drv_.copyToDevice(slotSets_[0][static_cast<size_t>(plan_.slotOf[v])], fill.data(),
                       fill.size() * 2);
   }
+  // Weights read from prepared copies: copied now, as the new values arrive (not timed).
+  prepareWeights(0);
   std::vector<uint16_t> bits;
   cuda::CUevent start = drv_.createEvent(), stop = drv_.createEvent();
   drv_.record(start);
@@ -363,6 +407,12 @@ void Executor::ensureRotations(size_t n) {
       drv_.copyOnDevice(set.back(), slotSets_[0][s], plan_.slotBytes[s]);
     }
     slotSets_.push_back(std::move(set));
+    std::vector<cuda::CUdeviceptr> prep;
+    for (size_t i = 0; i < preparedBytes_.size(); ++i) {
+      prep.push_back(drv_.alloc(preparedBytes_[i]));
+      drv_.copyOnDevice(prep.back(), prepared_[0][i], preparedBytes_[i]);
+    }
+    prepared_.push_back(std::move(prep));
   }
 }
 

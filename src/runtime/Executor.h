@@ -72,6 +72,10 @@ public:
 
   /// Launches every kernel once on rotation `set` without synchronising.
   void launchAll(bool poison, size_t set = 0);
+  /// Writes the prepared copies of weights (codegen::preparesWeightB) on rotation `set` from
+  /// their buffers. run() does it after uploading the inputs; code that writes a weight through
+  /// devicePointer() calls it before launchAll().
+  void prepareWeights(size_t set = 0);
 
   /// Ops in `ops` are computed by `run(v, set)` instead of their kernels, in their place in the
   /// launch order (the benchmarks put cuBLAS there). `run` reads and writes devicePointer().
@@ -83,6 +87,9 @@ public:
   size_t rotations() const { return slotSets_.size(); }
 
 private:
+  // Launches the weight preparations (`weights`) or every other kernel.
+  void launch(bool weights, bool poison, size_t set);
+
   struct Bound {
     ir::Vertex v;
     cuda::CUfunction fn;
@@ -90,6 +97,7 @@ private:
     FpatKernelArgs args;
     int outSlot;
     std::vector<int> inSlots;
+    int prep = -1; // the prepared weight copy it reads (prepared_), -1: none
     // The wgmma backend's parameter block per buffer rotation, tensor maps encoded on first use
     // (they hold the global addresses). Empty for other kernels.
     std::vector<std::unique_ptr<FpatTmaArgs>> tmaArgs;
@@ -103,6 +111,8 @@ private:
   std::vector<cuda::CUmodule> modules_;
   std::vector<std::vector<cuda::CUdeviceptr>> slotSets_; // [rotation][slot]
   std::vector<cuda::CUdeviceptr> scratch_;
+  std::vector<size_t> preparedBytes_;                    // by prepared weight
+  std::vector<std::vector<cuda::CUdeviceptr>> prepared_; // [rotation][prepared weight]
   std::vector<Bound> launches_;
   std::set<ir::Vertex> replaced_;
   std::function<void(ir::Vertex, size_t)> replacement_;

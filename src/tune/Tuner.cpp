@@ -36,7 +36,8 @@ Key keyFor(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibrary& lib, int
   if (!op.fused.norm.empty())
     k.signature += ":" + op.fused.norm;
   k.signature += std::string(op.transposeB ? ":bt" : "") +
-                 (codegen::vectorLoads(k.m, k.n, k.k, op.transposeB) ? ":vec" : ":any");
+                 (codegen::vectorLoads(k.m, k.n, k.k, op.transposeB) ? ":vec" : ":any") +
+                 (codegen::preparesWeightB(g, v) ? ":bprep" : "");
   k.arch = arch;
   k.templateVersion = codegen::kernelHeadersHash().substr(0, 16);
   k.nvccVersion = nvccVersion;
@@ -80,6 +81,7 @@ ir::Graph isolate(const ir::Graph& g, ir::Vertex v, int64_t rows = 0) {
     in.kind = ir::OpKind::Input;
     in.name = "in" + std::to_string(i);
     in.type = g.op(operands[i]).type;
+    in.weight = g.op(operands[i]).weight; // its values are given: a weight B may be prepared
     if (rows && rowWise.count(static_cast<int>(i)))
       in.type.shape[0] = rows;
     ins.push_back(sub.addOp(in, {}));

@@ -20,8 +20,9 @@ namespace fs = std::filesystem;
 namespace {
 
 std::vector<codegen::KernelUnit> unitsFor(const std::string& name, Shape s, int arch,
-                                          const codegen::TileConfig* tile = nullptr) {
-  ir::Graph f = fuse(caseGraph(name, s));
+                                          const codegen::TileConfig* tile = nullptr,
+                                          bool weights = false) {
+  ir::Graph f = fuse(caseGraph(name, s, weights));
   codegen::CodegenOptions o;
   o.arch = arch;
   o.tile = tile;
@@ -373,6 +374,62 @@ BOOST_AUTO_TEST_CASE(wgmma_pads_k_that_tma_cannot_read) {
     BOOST_TEST(aligned.name.find("_padk") == std::string::npos);
     BOOST_TEST(aligned.launches[0].tma[0].copy == -1);
   }
+}
+
+BOOST_AUTO_TEST_CASE(weights_that_tma_reads_badly_are_prepared_once) {
+  // A weight B [K, N] whose rows are not 128-byte multiples (N % 64 != 0, N % 8 != 0 included)
+  // and a weight B [N, K] with K % 8 != 0 are read from a copy in [N, paddedK(K)] rows that a
+  // PreparedWeight launch writes when the weight is uploaded; the kernel reads B K-major.
+  struct Case {
+    const char* name;
+    Shape s;
+    bool srcKN; // the weight is [K, N]
+    bool padA;  // K % 8 != 0: A is still padded on every run
+  };
+  for (const Case& c :
+       {Case{"gemm_residual", {1536, 4104, 4096}, true, false},
+        Case{"gemm_bias_gelu", {77, 100, 64}, true, false},
+        Case{"gemm", {65, 4100, 1001}, true, true}, Case{"gemm_bt", {130, 136, 1001}, false, true}})
+    BOOST_TEST_CONTEXT(c.name << " " << c.s.str()) {
+      const codegen::KernelUnit u = unitsFor(c.name, c.s, 90, nullptr, true).at(0);
+      BOOST_TEST_REQUIRE(u.tile.wgmma());
+      BOOST_TEST(u.preparedB);
+      BOOST_TEST(u.name.find("_bprep") != std::string::npos, u.name);
+      BOOST_REQUIRE(u.launches.size() == (c.padA ? 3u : 2u));
+      BOOST_TEST(u.launches[0].grid == codegen::Launch::PreparedWeight);
+      BOOST_TEST(u.launches[0].entry == u.name + "_prep");
+      BOOST_TEST(u.source.find(std::string("fpat::prepareWeightB<") + (c.srcKN ? "true" : "false") +
+                               ", 1>(a)") != std::string::npos);
+      if (c.padA) { // A only: B comes prepared
+        BOOST_TEST(u.launches[1].grid == codegen::Launch::PaddedRows);
+        BOOST_TEST(u.source.find("fpat::padRows<false, 1>(a)") != std::string::npos);
+      }
+      const codegen::Launch& l = u.launches.back();
+      BOOST_TEST(l.grid == codegen::Launch::Persistent);
+      BOOST_TEST(l.tma[1].copy == 1); // B from padded[1], K-major
+      BOOST_TEST(l.tma[1].inner == c.s.k);
+      BOOST_TEST(l.tma[1].outer == c.s.n);
+      BOOST_TEST(u.source.find("fpat::gemmWgmma<Tile, true, Epilogue>(p)") != std::string::npos);
+      BOOST_TEST(u.source.find("// weight:   B is a weight") != std::string::npos);
+      // The same shapes with B a plain input: read as given (or the cp.async fallback where TMA
+      // cannot read it), nothing prepared.
+      const codegen::KernelUnit plain = unitsFor(c.name, c.s, 90).at(0);
+      BOOST_TEST(!plain.preparedB);
+      BOOST_TEST(plain.tile.wgmma() == (c.s.n % 8 == 0 || !c.srcKN));
+      for (const codegen::Launch& pl : plain.launches)
+        BOOST_TEST(pl.grid != codegen::Launch::PreparedWeight);
+    }
+  // Weights TMA reads well stay as they are; norm_gemm's kernels read B as given.
+  for (const char* name : {"gemm_bias_gelu", "gemm_bt", "rmsnorm_gemm"})
+    BOOST_TEST_CONTEXT(name) {
+      BOOST_TEST(!unitsFor(name, {1024, 4096, 4096}, 90, nullptr, true).back().preparedB);
+    }
+  BOOST_TEST(!unitsFor("rmsnorm_gemm", {1024, 4104, 4096}, 90, nullptr, true).back().preparedB);
+  // A forced cp.async configuration reads the weight as given.
+  const codegen::TileConfig mma{128, 128, 32, 64, 32, 3, codegen::Backend::MmaSync};
+  BOOST_TEST(!unitsFor("gemm", {1536, 4104, 4096}, 90, &mma, true).at(0).preparedB);
+  // Off sm_90 nothing is prepared either.
+  BOOST_TEST(!unitsFor("gemm", {1536, 4104, 4096}, 80, nullptr, true).at(0).preparedB);
 }
 
 BOOST_AUTO_TEST_CASE(wgmma_epilogue_goes_through_a_tma_stored_tile_where_it_fits) {

@@ -59,12 +59,16 @@ inline std::vector<std::string> caseNames() {
 }
 
 /// A graph that the built-in table fuses into exactly the pattern `name` (or, for fallbacks,
-/// an unfusable graph whose only op is of that kind). x: [M, K], weights: [K, N].
-inline ir::Graph caseGraph(const std::string& name, Shape s) {
+/// an unfusable graph whose only op is of that kind). x: [M, K], weights: [K, N] (gemm_bt:
+/// [N, K]), declared weights (constant between runs) with `weights`, else plain inputs.
+inline ir::Graph caseGraph(const std::string& name, Shape s, bool weights = false) {
   ir::ActivationSet acts = builtinLibrary().activationSet();
   ir::GraphBuilder b(name, acts);
   auto x = b.input("x", {s.m, s.k});
-  auto w = [&] { return b.input("w", {s.k, s.n}); };
+  auto in = [&](const std::string& n, std::vector<int64_t> shape) {
+    return weights ? b.weight(n, std::move(shape)) : b.input(n, std::move(shape));
+  };
+  auto w = [&] { return in("w", {s.k, s.n}); };
   auto bias = [&] { return b.input("b", {s.n}); };
   if (name == "gemm_bias_gelu" || name == "gemm_bias_silu" || name == "gemm_bias_relu") {
     b.output(b.activation(b.bias(b.gemm(x, w()), bias()), name.substr(10), "y"));
@@ -92,7 +96,7 @@ inline ir::Graph caseGraph(const std::string& name, Shape s) {
   } else if (name == "gemm") {
     b.output(b.gemm(x, w(), false, "y"));
   } else if (name == "gemm_bt") {
-    b.output(b.gemm(x, b.input("wt", {s.n, s.k}), true, "y"));
+    b.output(b.gemm(x, in("wt", {s.n, s.k}), true, "y"));
   } else if (name == "bias_add") {
     b.output(b.bias(b.input("h", {s.m, s.n}), bias(), "y"));
   } else if (name == "activation_gelu_erf" || name == "activation_leaky_relu") {

@@ -414,6 +414,36 @@ BOOST_AUTO_TEST_CASE(b_rows_off_128_bytes_prefer_tiles_that_share_b) {
   BOOST_TEST(defaultTile(codegen::gemmProblem(1536, 4224, 4096, false), 90, 132).cluster == 1);
 }
 
+BOOST_AUTO_TEST_CASE(prepared_weights_are_their_own_problem) {
+  // A weight B that is read from a prepared [N, K] copy is a K-major problem to the heuristics
+  // (TMA can run it, its rows are 128-byte aligned) and its own cache entry; the cp.async
+  // kernels still read it as given (16-byte loads need N % 8 == 0).
+  for (testing::Shape s : {testing::Shape{1536, 4104, 4096}, testing::Shape{600, 4100, 1000}}) {
+    ir::Graph plain = testing::fuse(testing::caseGraph("gemm_residual", s));
+    ir::Graph weights = testing::fuse(testing::caseGraph("gemm_residual", s, true));
+    const ir::Vertex v = plain.outputs()[0], w = weights.outputs()[0];
+    BOOST_TEST(!codegen::preparesWeightB(plain, v));
+    BOOST_TEST(codegen::preparesWeightB(weights, w));
+    const codegen::GemmProblem p = codegen::gemmProblemOf(plain, v),
+                               q = codegen::gemmProblemOf(weights, w);
+    BOOST_TEST(p.tma == (s.n % 8 == 0));
+    BOOST_TEST(q.tma);
+    BOOST_TEST(!p.bRows128);
+    BOOST_TEST(q.bRows128);
+    BOOST_TEST(q.vec == p.vec);
+    const Key kp = keyFor(plain, v, testing::builtinLibrary(), 90, "nvcc-x"),
+              kw = keyFor(weights, w, testing::builtinLibrary(), 90, "nvcc-x");
+    BOOST_TEST(kw.signature == kp.signature + ":bprep");
+    TempCache tc;
+    TuningCache c(tc.path);
+    codegen::CodegenOptions o;
+    o.arch = 90;
+    o.sms = 132;
+    BOOST_TEST((choose(weights, w, testing::builtinLibrary(), c, 90, 132, "nvcc-x", false).config ==
+                codegen::generate(weights, w, testing::builtinLibrary(), o).tile));
+  }
+}
+
 BOOST_AUTO_TEST_CASE(without_a_cache_entry_the_heuristic_picks) {
   TempCache tc;
   TuningCache c(tc.path);

@@ -19,7 +19,8 @@ typedef struct FpatKernelArgs {
   void* scratch[2];                // norm_gemm: per-row mean and rstd (f32, [M]); wgmma: the
                                    // workspace and flags of the last wave split in k
   void* padded[2];                 // wgmma with K % 8 != 0: A and B [N, K] in rows of K
-                                   // rounded up to 8 elements, which TMA can read
+                                   // rounded up to 8 elements, which TMA can read; [1]: a
+                                   // weight B prepared as [N, K] rows of that pitch
   int64_t M, N, K;                 // output rows and columns; reduction length
   float eps;                       // layernorm / rmsnorm
   float params[FPAT_MAX_PARAMS];   // activation parameters, in declaration order

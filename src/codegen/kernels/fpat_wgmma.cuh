@@ -401,6 +401,38 @@ __device__ __forceinline__ void padRows(const FpatKernelArgs& a) {
   }
 }
 
+/// A weight B (operand B_INDEX) copied into a.padded[1] as N rows of K rounded up to 8
+/// elements, the pad zeroed: transposed from [K, N] (SRC_KN) or re-pitched from [N, K]. The
+/// runtime runs it once when the weight is uploaded; one 64 x 64 tile per step of a
+/// block-stride loop, through shared memory so that reads and writes both go along rows.
+template <bool SRC_KN, int B_INDEX>
+__device__ __forceinline__ void prepareWeightB(const FpatKernelArgs& a) {
+  __shared__ elem t[64][65]; // [n][k]; the odd pitch keeps the transposing writes conflict-free
+  const int64_t N = a.N, K = a.K, P = (K + 7) / 8 * 8;
+  const int64_t tilesN = (N + 63) / 64, tiles = tilesN * ((P + 63) / 64);
+  const elem* src = static_cast<const elem*>(a.in[B_INDEX]);
+  elem* dst = static_cast<elem*>(a.padded[1]);
+  for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    const int64_t n0 = tile % tilesN * 64, k0 = tile / tilesN * 64;
+    for (int i = threadIdx.x; i < 64 * 64; i += blockDim.x) {
+      const int r = i / 64, c = i % 64; // r along the source's rows, c along them
+      const int64_t n = SRC_KN ? n0 + c : n0 + r, k = SRC_KN ? k0 + r : k0 + c;
+      const elem v = n < N && k < K ? src[SRC_KN ? k * N + n : n * K + k] : fromF(0.0f);
+      if (SRC_KN)
+        t[c][r] = v;
+      else
+        t[r][c] = v;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < 64 * 64; i += blockDim.x) {
+      const int r = i / 64, c = i % 64;
+      if (n0 + r < N && k0 + c < P)
+        dst[(n0 + r) * P + k0 + c] = t[r][c];
+    }
+    __syncthreads();
+  }
+}
+
 /// The kernel body; `p` must be the kernel's __grid_constant__ parameter (TMA reads the tensor
 /// maps from parameter space). Launch with T::THREADS threads, wgmmaSmemBytes<T>() bytes of
 /// dynamic shared memory and at most one CTA per SM (grid: min(tiles, SMs), in whole clusters).

@@ -333,7 +333,8 @@ BOOST_AUTO_TEST_CASE(wgmma_falls_back_where_tma_cannot_run) {
   codegen::KernelUnit u = codegen::generate(f, f.outputs()[0], builtinLibrary(), o);
   BOOST_TEST(!u.tile.wgmma());
   BOOST_TEST(u.what.find("fallback: 128x256x64_w2x1_s4_wgmma cannot run here (TMA needs N % 8 "
-                         "== 0 for B [K, N], N is 100)") != std::string::npos,
+                         "== 0 for a B [K, N] that is not a weight, N is 100)") !=
+                 std::string::npos,
              u.what);
   // Not on other GPUs, not for norm_gemm.
   BOOST_TEST(!unitsFor("gemm_bias", {1024, 4096, 4096}, 80).at(0).tile.wgmma());

@@ -189,10 +189,14 @@ double wgmmaScore(const TileConfig& t, const GemmProblem& p, int sms) {
   // the ranking was calibrated before their cost was known: ranked with the op's K instead,
   // short-K problems got tiles that measured 10-40% slower (1111x2056x1000: 64x64 over the
   // 128x128 tile; bench/RESULTS.md, session 13). The code generator splits only where K pays.
+  // From K = 2048 on, where the split pays, its cost is known well enough to rank with the
+  // op's K: ranked as free, 128x192 (5.3 waves, its last split) came before 256x128 (4.0 waves)
+  // at 4096x4104x4096 and measured 3% slower (bench/RESULTS.md, session 16).
   double waves = std::ceil(tiles / (sms / t.cluster * t.cluster));
   if (!pp && t.cluster == 1) {
     const int64_t whole = static_cast<int64_t>(tiles);
-    const LastWaveSplit s = lastWaveSplit(whole, sms, int64_t{1} << 20);
+    const int64_t kTiles = p.k >= 2048 ? (p.k + t.bk - 1) / t.bk : int64_t{1} << 20;
+    const LastWaveSplit s = lastWaveSplit(whole, sms, kTiles);
     if (s.tiles > 0)
       waves = static_cast<double>((whole - s.tiles) / sms) + s.waves;
   }
@@ -228,7 +232,12 @@ double wgmmaScore(const TileConfig& t, const GemmProblem& p, int sms) {
   // chose 145 KB over 193 KB at 4 of 5 shapes once the stores were staged (session 5).
   const int stage = (t.bm + t.bn) * t.bk * 2;
   const bool deepest = (t.stages + 1) * stage + 1024 + kWgmmaStaticSmem > 232448 || t.stages >= 8;
-  const bool lowL1 = epilogueReads && gemmSmemBytes(t, false) > 160 * 1024;
+  // Not for 256-row tiles from K = 2048 on: 256x128 with four stages (211 KB) measured 1-8%
+  // faster than three and the epilogue tile with a residual or bias + GELU at 1000-4096 x
+  // 4100-4104 x 4096, but 22-29% slower at 1500x4104x1000, where the stores weigh more
+  // (bench/RESULTS.md, session 16).
+  const bool lowL1 =
+      epilogueReads && (t.bm < 256 || p.k < 2048) && gemmSmemBytes(t, false) > 160 * 1024;
   // Stores through the epilogue tile (TMA) measured 1.8-2.6% faster than the deepest ring
   // with slab stores for plain GEMMs at 4096 rows, 0.7% slower at 1024 (bench/RESULTS.md,
   // session 8).

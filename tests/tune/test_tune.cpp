@@ -126,6 +126,27 @@ BOOST_AUTO_TEST_CASE(hopper_defaults_to_the_wgmma_backend) {
   // CTA: the cooperative 128x128 tile.
   BOOST_TEST((defaultTile(readingProblem(512, 4096), 90, 132) ==
               TileConfig{128, 128, 64, 64, 128, 6, Backend::Wgmma}));
+  // N = 4104, B read from a weight copy in [N, K] rows: 256x128 tiles (528, four whole waves)
+  // with four stages, with or without inputs to load, measured 1-8% faster than 128x256 (544
+  // tiles, its last wave split) and 128x192; at K = 1000 128x192 (the stores weigh more there:
+  // 256x128 with four stages measured 35% slower; bench/RESULTS.md, session 16).
+  auto prepared = [](int64_t m, int64_t n, int64_t k, bool reads) {
+    codegen::GemmProblem p = codegen::gemmProblem(m, n, k, /*transB=*/true);
+    p.epilogueReads = reads;
+    return p;
+  };
+  const TileConfig tall4{256, 128, 64, 128, 128, 4, Backend::Wgmma};
+  BOOST_TEST((defaultTile(prepared(4096, 4104, 4096, false), 90, 132) == tall4));
+  BOOST_TEST((defaultTile(prepared(4096, 4104, 4096, true), 90, 132) == tall4));
+  BOOST_TEST((defaultTile(prepared(1024, 4100, 4096, true), 90, 132) == tall4));
+  BOOST_TEST((defaultTile(prepared(1500, 4104, 1000, true), 90, 132) ==
+              TileConfig{128, 192, 64, 64, 192, 4, Backend::Wgmma}));
+  // 8192x768x3072 with a residual: 128x192 (256 tiles, 1.94 waves) measured 10-20% faster than
+  // 128x256 (192 tiles, 1.45 waves, the last split in k); M = 77: 128x128, not 64x128 (10-17%).
+  BOOST_TEST((defaultTile(prepared(8192, 768, 3072, true), 90, 132) ==
+              TileConfig{128, 192, 64, 64, 192, 4, Backend::Wgmma}));
+  BOOST_TEST((defaultTile(prepared(77, 11008, 4096, false), 90, 132) ==
+              TileConfig{128, 128, 64, 64, 128, 6, Backend::Wgmma}));
   // Not where TMA cannot run, not for norm_gemm.
   BOOST_TEST(!defaultTile(noTmaProblem(4096, 4096), 90, 132).wgmma());
   BOOST_TEST(!defaultTile(normProblem(4096, 4096), 90, 132).wgmma());

@@ -121,14 +121,19 @@ Executor::Executor(cuda::Driver& drv, const CompiledGraph& cg) : drv_(drv), cg_(
       scratch_.push_back(padded[i]);
     }
   // Weights B that wgmma kernels read from a prepared copy: one copy per weight (and rotation),
-  // shared by every op that reads it, written when the weight is uploaded (prepareWeights).
-  std::map<ir::Vertex, int> prepOf;
+  // shared by every op that reads it in the same layout (a weight read as B [K, N] by one op and
+  // as B [N, K] by another needs two different copies), written when the weight is uploaded
+  // (prepareWeights).
+  std::map<std::pair<ir::Vertex, bool>, int> prepOf;
+  auto prepKey = [&](ir::Vertex v, const codegen::KernelUnit& u) {
+    return std::pair{g.operands(v).at(ir::gemmBIndex(g.op(v))), u.transB};
+  };
   prepared_.emplace_back();
   for (ir::Vertex v : order) {
     const codegen::KernelUnit& u = cg_.units[v];
     if (!u.preparedB)
       continue;
-    const ir::Vertex w = g.operands(v).at(ir::gemmBIndex(g.op(v)));
+    const auto w = prepKey(v, u);
     if (prepOf.count(w))
       continue;
     prepOf[w] = static_cast<int>(preparedBytes_.size());
@@ -176,7 +181,7 @@ Executor::Executor(cuda::Driver& drv, const CompiledGraph& cg) : drv_(drv), cg_(
     if (pads(u))
       for (int i = 0; i < 2; ++i)
         a.padded[i] = reinterpret_cast<void*>(padded[i]);
-    const int prep = u.preparedB ? prepOf.at(ins.at(ir::gemmBIndex(g.op(v)))) : -1;
+    const int prep = u.preparedB ? prepOf.at(prepKey(v, u)) : -1;
     for (const codegen::Launch& l : u.launches) {
       if (l.grid == codegen::Launch::PreparedWeight && !prepLaunched.insert(prep).second)
         continue;

@@ -144,16 +144,18 @@ LastWaveSplit lastWaveSplit(int64_t units, int sms, int64_t kTiles) {
   // us more (writing, waiting for and adding 128 KB of f32 partial sums): costs are counted in
   // 1 / (12 (59 + 13 KT)) of a tile, the piece's as 12 (150 + KT). A split then pays from about
   // K = 2048 on (2047x5120: 10% faster at K = 5120, 5-28% slower at K = 1024 down to 256).
+  // A grid of fewer tiles than SMs is one partial wave: its tiles may be cut the same way, the
+  // grid then launched on every SM (decode shapes: 64 tiles at 77x4096x11008).
   LastWaveSplit best;
-  const int64_t g = std::min<int64_t>(units, sms);
-  if (g <= 0 || units <= g || units % g == 0)
+  const int64_t g = sms;
+  if (g <= 0 || units <= 0 || units % g == 0)
     return best;
   const int64_t den = 59 + 13 * kTiles, piece = 150 + kTiles;
   int64_t cost = 108 * den / 10; // 0.9 of a tile
   for (int extra = 0; extra <= 1; ++extra)
     for (int pieces = 2; pieces <= 4 && pieces <= kTiles; ++pieces) {
       const int64_t tiles = units % g + extra * g, rounds = (tiles * pieces + g - 1) / g;
-      if (tiles * (pieces - 1) > g)
+      if (tiles > units || tiles * (pieces - 1) > g)
         continue;
       const int64_t c = 12 / pieces * rounds * den + 12 * (pieces - 1) * piece - 12 * extra * den;
       if (c < cost) {
@@ -195,7 +197,8 @@ double wgmmaScore(const TileConfig& t, const GemmProblem& p, int sms) {
   double waves = std::ceil(tiles / (sms / t.cluster * t.cluster));
   if (!pp && t.cluster == 1) {
     const int64_t whole = static_cast<int64_t>(tiles);
-    const int64_t kTiles = p.k >= 2048 ? (p.k + t.bk - 1) / t.bk : int64_t{1} << 20;
+    // A grid of under one wave (split since session 17) is ranked with the op's K as well.
+    const int64_t kTiles = p.k >= 2048 || whole < sms ? (p.k + t.bk - 1) / t.bk : int64_t{1} << 20;
     const LastWaveSplit s = lastWaveSplit(whole, sms, kTiles);
     if (s.tiles > 0)
       waves = static_cast<double>((whole - s.tiles) / sms) + s.waves;

@@ -162,7 +162,8 @@ struct TmaMap {
 
 /// How a kernel entry is launched; the runtime derives the grid from the op's shapes.
 struct Launch {
-  // Persistent: min(GEMM tiles, SMs) CTAs, each walking tiles (the wgmma backend); in whole
+  // Persistent: min(GEMM tiles, SMs) CTAs, each walking tiles (the wgmma backend; one per SM
+  // where the kernel may split tiles in k and gets its workspace, splitLastWave); in whole
   // clusters, no more than can be resident at once. PaddedRows: a block-stride loop over the
   // rows of A (and of B [N, K]) copied into padded rows (wgmmaPadsK). PreparedWeight: a
   // block-stride loop over 64 x 64 tiles of a weight B copied into [N, paddedK(K)] rows

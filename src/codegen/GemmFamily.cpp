@@ -208,9 +208,11 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
   // The fallback and the op's split plan are said in the log line, not in the source: the
   // source describes the kernel (every op that needs it shares one cubin, whatever its shape),
   // the log line the op.
-  const std::string plan = u.splitLastWave ? "the last " + std::to_string(split.tiles) +
-                                                 " tiles in " + std::to_string(split.pieces) +
-                                                 " k-pieces on " + std::to_string(o.sms) + " SMs"
+  const int64_t tileCount = ((u.M + t.bm - 1) / t.bm) * ((u.N + t.bn - 1) / t.bn);
+  const std::string plan = u.splitLastWave ? (split.tiles == tileCount ? "all " : "the last ") +
+                                                 std::to_string(split.tiles) + " tiles in " +
+                                                 std::to_string(split.pieces) + " k-pieces on " +
+                                                 std::to_string(o.sms) + " SMs"
                                            : std::string();
   u.what = ref(g, v) + " = " + (op.kind == ir::OpKind::Fused ? op.fused.pattern : "gemm") + where +
            (fallback.empty() ? "" : " (" + fallback + ")") +

@@ -270,7 +270,10 @@ void Executor::launch(bool weights, bool poison, size_t set) {
       const int64_t unitsM = ((u.M + u.tile.bm - 1) / u.tile.bm + c - 1) / c;
       const int64_t units = ((u.N + u.tile.bn - 1) / u.tile.bn) * unitsM;
       const int64_t clusters = b.residentClusters > 0 ? b.residentClusters : sms / c;
-      gx = static_cast<unsigned>(c * std::max<int64_t>(1, std::min<int64_t>(clusters, units)));
+      // A kernel that may split its tiles in k gets every SM, also where there are fewer tiles.
+      const bool split = u.splitLastWave && args.scratch[0] != nullptr;
+      gx = static_cast<unsigned>(
+          c * std::max<int64_t>(1, split ? clusters : std::min<int64_t>(clusters, units)));
       break;
     }
     case codegen::Launch::GemmTiles:

@@ -514,8 +514,15 @@ BOOST_AUTO_TEST_CASE(the_last_wave_split_is_compiled_in_where_it_is_planned) {
   BOOST_TEST(codegen::lastWaveSplit(320, 132, 80).pieces == 2);
   BOOST_TEST(codegen::lastWaveSplit(512, 132, 64).tiles == 0);
   BOOST_TEST(codegen::lastWaveSplit(320, 132, 1).tiles == 0);
-  BOOST_TEST(codegen::lastWaveSplit(128, 132, 64).tiles == 0); // one partial wave: none
-  BOOST_TEST(codegen::lastWaveSplit(264, 132, 64).tiles == 0); // whole waves
+  BOOST_TEST(codegen::lastWaveSplit(128, 132, 64).tiles == 0); // two rounds of halves: none
+  // Fewer tiles than SMs (decode shapes): all of them in pieces where K pays, one round.
+  BOOST_TEST(codegen::lastWaveSplit(64, 132, 172).tiles == 64); // 77x4096x11008, 64x128
+  BOOST_TEST(codegen::lastWaveSplit(64, 132, 172).pieces == 2);
+  BOOST_TEST(codegen::lastWaveSplit(32, 132, 172).pieces == 3); // slots: 64 of 132
+  BOOST_TEST(codegen::lastWaveSplit(86, 132, 64).tiles == 0);   // 172 pieces: two rounds
+  BOOST_TEST(codegen::lastWaveSplit(64, 132, 30).tiles == 0);   // too short
+  BOOST_TEST(codegen::lastWaveSplit(132, 132, 172).tiles == 0); // one whole wave
+  BOOST_TEST(codegen::lastWaveSplit(264, 132, 64).tiles == 0);  // whole waves
   // The partial sums cost about as much as 12-16 k-tiles: short tiles stay whole (2047x5120
   // measured 5% slower split at K = 1024), from about 31 k-tiles on the split pays.
   BOOST_TEST(codegen::lastWaveSplit(320, 132, 16).tiles == 0);
@@ -571,6 +578,12 @@ BOOST_AUTO_TEST_CASE(the_last_wave_split_is_compiled_in_where_it_is_planned) {
     BOOST_TEST(!unit("gemm_bias_gelu", sh, small).splitLastWave, sh.str());
   BOOST_TEST(unit("gemm_residual", {1100, 4200, 2560}, s3).splitLastWave);
   BOOST_TEST(!unit("gemm_residual", {1100, 4200, 200}, s3).splitLastWave);
+  // Under one wave: 32 tiles of 64x64 at 77x1000x4096, all split (the GPU test's shape).
+  u = unit("gemm_residual", {77, 1000, 4096}, small);
+  BOOST_TEST(u.splitLastWave);
+  BOOST_TEST(u.what.find("(all 32 tiles in 2 k-pieces on 132 SMs)") != std::string::npos, u.what);
+  u = unit("gemm_bias_gelu", {50, 1496, 11000}, *TileConfig::parse("64x128x64_w1x1_s8_wgmma"));
+  BOOST_TEST(u.what.find("(all 12 tiles in 3 k-pieces on 132 SMs)") != std::string::npos, u.what);
 }
 
 BOOST_AUTO_TEST_CASE(wgmma_backend_compiles_for_sm90a_without_serialization,

@@ -348,6 +348,18 @@ BOOST_AUTO_TEST_CASE(last_wave_split_at_ragged_shapes) {
       BOOST_TEST_CONTEXT(name << " 1100x4200x2560 " << wide.str()) {
         BOOST_TEST(runWithTile(name, Shape{1100, 4200, 2560}, wide, 43, 2).wgmma());
       }
+  // Fewer tiles than SMs: the grid takes every SM and all tiles are split (32 tiles of 64x64
+  // in two pieces; 12 tiles of 64x128 with 172 k-tiles in three, M below a tile).
+  const codegen::TileConfig mid = *codegen::TileConfig::parse("64x128x64_w1x1_s8_wgmma");
+  for (const char* name : {"gemm_residual", "gemm_bias_gelu", "gemm_silu_mul", "gemm_bt"}) {
+    BOOST_TEST_CONTEXT(name << " 77x1000x4096 " << small.str()) {
+      BOOST_TEST(runWithTile(name, Shape{77, 1000, 4096}, small, 47, 2).wgmma());
+    }
+    if (!quick())
+      BOOST_TEST_CONTEXT(name << " 50x1496x11000 " << mid.str()) {
+        BOOST_TEST(runWithTile(name, Shape{50, 1496, 11000}, mid, 53, 2).wgmma());
+      }
+  }
 }
 
 BOOST_AUTO_TEST_CASE(short_tiles_in_turn_at_ragged_shapes) {

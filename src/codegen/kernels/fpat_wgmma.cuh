@@ -505,7 +505,8 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
   constexpr bool kSplitLast = !T::PINGPONG && CL == 1 && Epilogue::kSplit;
   const int G = gridDim.x;
   int skTiles = 0, skPieces = 1;
-  if (kSplitLast && a.scratch[0] != nullptr && units > G && units % G != 0) {
+  // (A grid of fewer tiles than SMs, launched on every SM, splits all of them.)
+  if (kSplitLast && a.scratch[0] != nullptr && units % G != 0) {
     const int R = units % G;
     // Costs in 1 / (12 den) of a tile; an extra piece's partial sums cost 12 piece (measured:
     // codegen::lastWaveSplit, which this must match).
@@ -515,7 +516,7 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
       for (int pieces = 2; pieces <= 4 && pieces <= KT; ++pieces) {
         const int tiles = R + extra * G, rounds = (tiles * pieces + G - 1) / G;
         // Partial-sum slots: one per tile and piece but the last, at most G (the workspace).
-        if (tiles * (pieces - 1) > G)
+        if (tiles > units || tiles * (pieces - 1) > G)
           continue;
         const long long cost =
             12 / pieces * rounds * den + 12 * (pieces - 1) * piece - 12 * extra * den;

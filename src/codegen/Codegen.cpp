@@ -209,15 +209,17 @@ double wgmmaScore(const TileConfig& t, const GemmProblem& p, int sms) {
   // and residual at 1024-4096 rows, bench/RESULTS.md session 5; before the staged stores
   // ping-pong won those by hiding slow stores). Ping-pong needs two tiles per CTA.
   // 256x128 measured 2-5% slower than 128x256 with four stages (no epilogue tile), 8-9% with
-  // three (bench/RESULTS.md, session 11).
+  // three (bench/RESULTS.md, session 11). 64x64 at decode shapes (M <= 77): 1.56x as long as
+  // 64x128 at 77x4096x11008 and 1.24x at 1x11008x4096, 0.9-0.95x at 1-128 x 4096 x 4096;
+  // 128x64 1.06-1.4x as long as 64x128 at the same shapes (bench/RESULTS.md, session 17).
   double speed = t.bm == 256   ? 0.95
                  : t.bm == 128 ? (t.bn == 256   ? 1.0
                                   : t.bn == 192 ? 0.96
                                   : t.bn == 128 ? 0.9
-                                                : 0.75)
+                                                : 0.7)
                                : (t.bn == 256   ? 0.85
                                   : t.bn == 128 ? 0.75
-                                                : 0.6);
+                                                : 0.52);
   if (pp) {
     const double big = t.bm * t.bn >= 128 * 128 ? 1.0 : 0.85;
     speed = (tiles >= 2.0 * sms ? (epilogueReads ? 0.95 : 0.92) : 0.5) * big *

@@ -56,7 +56,7 @@ std::string epilogueBody(const ir::Graph& g, ir::Vertex v, const dsl::PatternLib
 /// 4-byte pair, halving the epilogue's load instructions. Kernels that store f16 pairs call it.
 /// Operand `staged` (-1: none) is the pair `s` the kernel read from shared memory.
 std::string epiloguePairBody(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibrary& lib,
-                             ActivationCode& acts, int staged) {
+                             ActivationCode& acts, int staged, int result = -1) {
   const ir::Op& op = g.op(v);
   const ir::Epilogue& e = op.fused.epilogue;
   if (op.kind != ir::OpKind::Fused || e.identity())
@@ -64,7 +64,19 @@ std::string epiloguePairBody(const ir::Graph& g, ir::Vertex v, const dsl::Patter
   const std::vector<ir::Vertex> ins = g.operands(v);
   std::ostringstream os;
   auto name = [](int i) { return "t" + std::to_string(i); };
+  // With `result` (head()): the nodes but the last, less those only the last one reads.
+  std::vector<bool> wanted(e.nodes.size(), result < 0);
+  if (result >= 0) {
+    wanted[static_cast<size_t>(result)] = true;
+    for (size_t i = e.nodes.size() - 1; i-- > 0;)
+      if (wanted[i])
+        for (int c : {e.nodes[i].lhs, e.nodes[i].rhs})
+          if (c >= 0)
+            wanted[static_cast<size_t>(c)] = true;
+  }
   for (size_t i = 0; i < e.nodes.size(); ++i) {
+    if (!wanted[i])
+      continue;
     const ir::EpilogueNode& n = e.nodes[i];
     os << "    const float2 " << name(static_cast<int>(i)) << " = ";
     switch (n.kind) {
@@ -95,7 +107,42 @@ std::string epiloguePairBody(const ir::Graph& g, ir::Vertex v, const dsl::Patter
       break;
     }
   }
-  os << "    return " << name(static_cast<int>(e.nodes.size()) - 1) << ";\n";
+  os << "    return " << name(result >= 0 ? result : static_cast<int>(e.nodes.size()) - 1) << ";\n";
+  return os.str();
+}
+
+/// Where the epilogue's last node adds the staged operand (node `staged`'s value) to a value
+/// computed from the others: that value's node, else -1. The kernel then adds the two in f16
+/// (or bf16) pairs after rounding the value, as the unfused path's add does: one instruction
+/// per pair where the f32 add needs four (bench/RESULTS.md, session 19).
+int stagedAddend(const ir::Epilogue& e, const std::vector<ir::Vertex>& ins, const ir::Graph& g,
+                 int staged) {
+  if (staged < 0 || e.nodes.empty() || e.nodes.back().kind != ir::EpiKind::Add)
+    return -1;
+  const ir::EpilogueNode& last = e.nodes.back();
+  auto isStaged = [&](int i) {
+    const ir::EpilogueNode& n = e.nodes.at(static_cast<size_t>(i));
+    return n.kind == ir::EpiKind::Operand && n.operand == staged &&
+           g.op(ins.at(static_cast<size_t>(n.operand))).type.rank() == 2;
+  };
+  if (isStaged(last.rhs) && !isStaged(last.lhs))
+    return last.lhs;
+  if (isStaged(last.lhs) && !isStaged(last.rhs))
+    return last.rhs;
+  return -1;
+}
+
+/// Prefetches into L1 of the [N] operands' (biases') 128-byte lines of columns [col0, col0 +
+/// width): `line` says which; a line that starts at or beyond N is skipped.
+std::string vectorPrefetchBody(const ir::Graph& g, ir::Vertex v) {
+  const ir::Op& op = g.op(v);
+  std::ostringstream os;
+  if (op.kind != ir::OpKind::Fused)
+    return os.str();
+  const std::vector<ir::Vertex> ins = g.operands(v);
+  for (int i : op.fused.epilogue.operands())
+    if (g.op(ins.at(static_cast<size_t>(i))).type.rank() == 1)
+      os << "    fpat::prefetchLineL1(a.in[" << i << "], col0, line, a.N);\n";
   return os.str();
 }
 
@@ -297,6 +344,27 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
          << "                                         const FpatKernelArgs& a, float2 s) const {\n"
          << "    (void)row;\n    (void)col;\n    (void)a;\n    (void)s;\n"
          << epiloguePairBody(g, v, lib, acts, staged) << "  }\n";
+  if (t.wgmma()) {
+    const int addend =
+        op.kind == ir::OpKind::Fused ? stagedAddend(op.fused.epilogue, ins, g, staged) : -1;
+    body << "  // kAddStaged: the epilogue ends by adding operand kStaged; head() computes the "
+            "rest,\n"
+         << "  // and the kernel adds the two in element pairs after rounding head's value.\n"
+         << "  static constexpr bool kAddStaged = " << (addend >= 0 ? "true" : "false") << ";\n";
+    if (addend >= 0)
+      body << "  __device__ __forceinline__ float2 head(float2 v, int64_t row, int64_t col,\n"
+           << "                                         const FpatKernelArgs& a, float2 s) const "
+              "{\n"
+           << "    (void)row;\n    (void)col;\n    (void)a;\n    (void)s;\n"
+           << epiloguePairBody(g, v, lib, acts, staged, addend) << "  }\n";
+    body
+        << "  // Line `line` of the [N] operands' columns from col0 into L1, before the epilogue.\n"
+        << "  __device__ __forceinline__ void prefetchVectors(const FpatKernelArgs& a, int64_t "
+           "col0,\n"
+        << "                                                int line) const {\n"
+        << "    (void)a;\n    (void)col0;\n    (void)line;\n"
+        << vectorPrefetchBody(g, v) << "  }\n";
+  }
   body << "};\n\n";
   if (t.wgmma()) {
     body << "using Tile = fpat::WgmmaTile<" << t.bm << ", " << t.bn << ", " << t.stages << ", "

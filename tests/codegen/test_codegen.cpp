@@ -505,6 +505,44 @@ BOOST_AUTO_TEST_CASE(wgmma_epilogue_goes_through_a_tma_stored_tile_where_it_fits
   BOOST_TEST(u.source.find("kTile = false;") != std::string::npos);
 }
 
+BOOST_AUTO_TEST_CASE(wgmma_epilogue_adds_a_staged_operand_last_in_element_pairs) {
+  // An epilogue ending in an add of the staged [M, N] operand: head() computes the rest (the
+  // bias add here), which the kernel rounds before adding the operand in f16 pairs.
+  const codegen::TileConfig s3{128, 256, 64, 64, 256, 3, codegen::Backend::Wgmma};
+  auto unit = [&](const char* name) {
+    ir::Graph f = fuse(caseGraph(name, {300, 520, 64}));
+    codegen::CodegenOptions o;
+    o.arch = 90;
+    o.tile = &s3;
+    return codegen::generate(f, f.outputs()[0], builtinLibrary(), o);
+  };
+  auto between = [](const std::string& src, const std::string& from, const std::string& to) {
+    const size_t a = src.find(from);
+    return a == std::string::npos ? std::string() : src.substr(a, src.find(to, a) - a);
+  };
+  codegen::KernelUnit u = unit("gemm_bias_residual");
+  BOOST_TEST(u.source.find("kAddStaged = true;") != std::string::npos, u.source);
+  const std::string head = between(u.source, "float2 head(", "\n  }\n");
+  BOOST_TEST(head.find("fpat::ldh2(a.in[2], col)") != std::string::npos, head);
+  BOOST_TEST(head.find("staged in shared memory") == std::string::npos, head); // no operand
+  BOOST_TEST(head.find("return t2;") != std::string::npos, head);
+  // The bias is prefetched; the residual is not a vector.
+  const std::string pre = between(u.source, "void prefetchVectors(", "\n  }\n");
+  BOOST_TEST(pre.find("fpat::prefetchLineL1(a.in[2], col0, line, a.N);") != std::string::npos, pre);
+  BOOST_TEST(pre.find("a.in[3]") == std::string::npos, pre);
+  u = unit("gemm_residual");
+  BOOST_TEST(u.source.find("kAddStaged = true;") != std::string::npos);
+  BOOST_TEST(between(u.source, "float2 head(", "\n  }\n").find("return t0;") != std::string::npos);
+  BOOST_TEST(between(u.source, "void prefetchVectors(", "\n  }\n").find("prefetchLineL1") ==
+             std::string::npos);
+  // A product with the operand, or no operand: the whole epilogue in f32, no head().
+  for (const char* name : {"gemm_silu_mul", "gemm_bias_gelu", "gemm"}) {
+    u = unit(name);
+    BOOST_TEST(u.source.find("kAddStaged = false;") != std::string::npos, name);
+    BOOST_TEST(u.source.find("float2 head(") == std::string::npos, name);
+  }
+}
+
 BOOST_AUTO_TEST_CASE(the_last_wave_split_is_compiled_in_where_it_is_planned) {
   using codegen::Backend;
   using codegen::TileConfig;

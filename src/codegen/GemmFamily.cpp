@@ -132,20 +132,6 @@ int stagedAddend(const ir::Epilogue& e, const std::vector<ir::Vertex>& ins, cons
   return -1;
 }
 
-/// Prefetches into L1 of the [N] operands' (biases') 128-byte lines of columns [col0, col0 +
-/// width): `line` says which; a line that starts at or beyond N is skipped.
-std::string vectorPrefetchBody(const ir::Graph& g, ir::Vertex v) {
-  const ir::Op& op = g.op(v);
-  std::ostringstream os;
-  if (op.kind != ir::OpKind::Fused)
-    return os.str();
-  const std::vector<ir::Vertex> ins = g.operands(v);
-  for (int i : op.fused.epilogue.operands())
-    if (g.op(ins.at(static_cast<size_t>(i))).type.rank() == 1)
-      os << "    fpat::prefetchLineL1(a.in[" << i << "], col0, line, a.N);\n";
-  return os.str();
-}
-
 /// The operand an epilogue tile kernel has TMA load into its tile: the first [M, N] one.
 int stagedOperand(const ir::Graph& g, ir::Vertex v) {
   const ir::Op& op = g.op(v);
@@ -357,13 +343,6 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
               "{\n"
            << "    (void)row;\n    (void)col;\n    (void)a;\n    (void)s;\n"
            << epiloguePairBody(g, v, lib, acts, staged, addend) << "  }\n";
-    body
-        << "  // Line `line` of the [N] operands' columns from col0 into L1, before the epilogue.\n"
-        << "  __device__ __forceinline__ void prefetchVectors(const FpatKernelArgs& a, int64_t "
-           "col0,\n"
-        << "                                                int line) const {\n"
-        << "    (void)a;\n    (void)col0;\n    (void)line;\n"
-        << vectorPrefetchBody(g, v) << "  }\n";
   }
   body << "};\n\n";
   if (t.wgmma()) {

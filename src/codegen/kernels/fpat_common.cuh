@@ -98,14 +98,6 @@ __device__ __forceinline__ float2 ldh2(const void* p, int64_t i) {
   return toF2(*reinterpret_cast<const elem2*>(static_cast<const elem*>(p) + i));
 }
 
-/// Prefetches into L1 the 128-byte line holding element col0 + 64 line of the n-element
-/// vector at p, where that element exists.
-__device__ __forceinline__ void prefetchLineL1(const void* p, int64_t col0, int line, int64_t n) {
-  const int64_t i = col0 + 64 * static_cast<int64_t>(line);
-  if (i < n)
-    asm volatile("prefetch.global.L1 [%0];\n" ::"l"(static_cast<const elem*>(p) + i));
-}
-
 /// The element pairs a + b, rounded once (the unfused path's add of two stored tensors).
 __device__ __forceinline__ unsigned addPairBits(unsigned a, unsigned b) {
   unsigned r;

@@ -823,10 +823,6 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
       int prev = -1;
       for (int kt = k0; kt < k1; ++kt) {
         mbarWait(&full[stage], phase);
-        // The epilogue's [N] operands (biases) into L1 a few k-tiles before it needs them: its
-        // loads of them then hit (gemm_bias 0.6% faster at 1024x4096x4096, session 19).
-        if (kt == max(k0, k1 - 3) && warp == 0 && lane < BN / 64)
-          epi.prefetchVectors(a, static_cast<int64_t>(tn) * BN, lane);
         if (T::PINGPONG && kt == KT - 1 && tid == 0 && t + stride < units)
           mbarArrive(&order[1 - c]); // the other consumer's tile may start
 #pragma unroll

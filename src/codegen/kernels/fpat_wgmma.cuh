@@ -29,7 +29,9 @@
 //     the stores. Cooperative kernels with room for it (Epilogue::kTile) write the results into
 //     a BM x BN shared-memory tile that TMA stores (clipping edge tiles), and an [M, N] operand
 //     such as a residual arrives in that tile by TMA, loaded by the producer during the main
-//     loop. Activation epilogues (Epilogue::kDefer) are applied there by the producer
+//     loop; an epilogue that ends by adding it (Epilogue::kAddStaged) rounds the rest first and
+//     adds the operand in element pairs, as the unfused add of two stored tensors does.
+//     Activation epilogues (Epilogue::kDefer) are applied there by the producer
 //     warpgroup's three idle warps while the consumers run the next tile; their [M, N] operand
 //     comes to those warps by TMA, a BM x 64 box at a time, into a side buffer behind the
 //     tile. Otherwise interior tiles store through a small shared-memory slab per warp, so

@@ -1088,7 +1088,7 @@ std::pair<std::string, int> lowerScaled(const Expr& e, double k, const Activatio
 
 std::string lowerDivision(const std::string& num, const Expr& den, const ActivationDef& a,
                           const std::set<std::string>& locals) {
-  return std::string(rangeOf(den, a).lo >= 1 ? "fpat_divf_ge1(" : "fpat_divf(") + num + ", " +
+  return std::string(rangeOf(den, a).lo >= 1 ? "fpat_divf_ge1<kFma>(" : "fpat_divf(") + num + ", " +
          lowerCuda(den, a, locals) + ")";
 }
 
@@ -1138,7 +1138,7 @@ std::string lowerCuda(const Expr& e, const ActivationDef& a, const std::set<std:
   case Expr::Call: {
     // exp(y) as ex2(y log2 e) (fpat_common.cuh), the factor folded into y's constants.
     if (e.s == "exp")
-      return "fpat_exp2f(" + lowerScaled(*e.kids[0], M_LOG2E, a, locals).first + ")";
+      return "fpat_exp2f<kFma>(" + lowerScaled(*e.kids[0], M_LOG2E, a, locals).first + ")";
     std::string s = std::string(findIntrinsic(e.s)->cuda) + "(";
     for (size_t i = 0; i < e.kids.size(); ++i)
       s += (i ? ", " : "") + lowerCuda(*e.kids[i], a, locals);
@@ -1160,7 +1160,9 @@ std::string emitActivationFunction(const ActivationDef& a) {
   os << "// " << a.name << ": " << printExpr(*a.body) << "\n";
   if (!a.where.empty())
     os << "// from " << a.where << "\n";
-  os << "__device__ __forceinline__ float fpat_act_" << a.name << "(float x";
+  // kFma: the caller's choice of pipe for exp and division (fpat_common.cuh).
+  os << "template <bool kFma = false>\n__device__ __forceinline__ float fpat_act_" << a.name
+     << "(float x";
   for (const std::string& p : a.paramNames)
     os << ", float p_" << p;
   os << ") {\n";

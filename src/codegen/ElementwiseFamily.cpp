@@ -95,7 +95,7 @@ KernelUnit generateElementwise(const ir::Graph& g, ir::Vertex v, const dsl::Patt
     break;
   }
   case ir::OpKind::Activation:
-    expr = callActivation(op.fn, op.params, "in[0]", ref(g, v), lib, acts);
+    expr = callActivation(op.fn, op.params, "in[0]", ref(g, v), lib, acts, "kFma");
     kinds = "FPAT_IN_FULL";
     suffix = sanitize(op.fn);
     break;
@@ -116,6 +116,8 @@ KernelUnit generateElementwise(const ir::Graph& g, ir::Vertex v, const dsl::Patt
        << "  static constexpr int kInputs = " << nin << ";\n"
        << "  __host__ __device__ static constexpr int kind(int k) {\n"
        << "    return " << kinds << ";\n  }\n"
+       << "  // kFma: exp and division on the FMA pipe (every second element).\n"
+       << "  template <bool kFma = false>\n"
        << "  __device__ __forceinline__ float operator()(const float* in,\n"
        << "                                              const FpatKernelArgs& a) const {\n"
        << "    (void)a;\n    return " << expr << ";\n  }\n};\n\n} // namespace\n\n"

@@ -100,10 +100,11 @@ std::string epiloguePairBody(const ir::Graph& g, ir::Vertex v, const dsl::Patter
          << ".y" << o << name(n.rhs) << ".y);\n";
       break;
     }
-    case ir::EpiKind::Activation:
+    case ir::EpiKind::Activation: // .y with exp and division on the FMA pipe
       os << "make_float2("
          << callActivation(n.fn, n.params, name(n.lhs) + ".x", ref(g, v), lib, acts) << ", "
-         << callActivation(n.fn, n.params, name(n.lhs) + ".y", ref(g, v), lib, acts) << ");\n";
+         << callActivation(n.fn, n.params, name(n.lhs) + ".y", ref(g, v), lib, acts, "true")
+         << ");\n";
       break;
     }
   }

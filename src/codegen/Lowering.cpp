@@ -17,11 +17,10 @@ std::string sanitize(const std::string& s) {
   return o;
 }
 
-/// Registers one use of `fn` with the given parameters (the rest take their defaults) and
-/// returns the CUDA call on `arg`.
 std::string callActivation(const std::string& fn, const std::map<std::string, double>& given,
                            const std::string& arg, const std::string& who,
-                           const dsl::PatternLibrary& lib, ActivationCode& code) {
+                           const dsl::PatternLibrary& lib, ActivationCode& code,
+                           const std::string& fma) {
   const dsl::ActivationDef* a = lib.findActivation(fn);
   if (!a)
     throw CodegenError("no .fpat body for activation '" + fn + "' (used by " + who + ")");
@@ -39,7 +38,7 @@ std::string callActivation(const std::string& fn, const std::map<std::string, do
     code.params.insert(code.params.end(), values.begin(), values.end());
   if (code.params.size() > 8)
     throw CodegenError(who + " needs more than 8 activation parameters");
-  std::string s = "fpat_act_" + fn + "(" + arg;
+  std::string s = "fpat_act_" + fn + (fma.empty() ? "(" : "<" + fma + ">(") + arg;
   for (size_t i = 0; i < a->paramNames.size(); ++i)
     s += ", a.params[" + std::to_string(it->second + static_cast<int>(i)) + "]";
   return s + ")";

@@ -21,10 +21,12 @@ struct ActivationCode {
 };
 
 /// Registers one use of `fn` with the given parameters (the rest take their defaults) and
-/// returns the CUDA call on `arg`.
+/// returns the CUDA call on `arg`. `fma`, where not empty, is the call's template argument kFma
+/// ("true", or a name in scope): exp and division on the FMA pipe (fpat_common.cuh).
 std::string callActivation(const std::string& fn, const std::map<std::string, double>& given,
                            const std::string& arg, const std::string& who,
-                           const dsl::PatternLibrary& lib, ActivationCode& code);
+                           const dsl::PatternLibrary& lib, ActivationCode& code,
+                           const std::string& fma = "");
 void requireHalfPrecision(const ir::Graph& g, ir::Vertex v, int arch);
 /// The comment block at the top of a generated file.
 std::string header(const std::string& kernel, const CodegenOptions& o,

@@ -174,7 +174,7 @@ BOOST_AUTO_TEST_CASE(sources_say_where_they_came_from_and_are_deterministic) {
   auto act = unitsFor("activation_leaky_relu", {8, 8, 8}, 90).at(0);
   BOOST_TEST(act.source.find("// from ") != std::string::npos);
   BOOST_TEST(act.source.find("activations.fpat:") != std::string::npos, act.source);
-  BOOST_TEST(act.source.find("fpat_act_leaky_relu(in[0], a.params[0])") != std::string::npos);
+  BOOST_TEST(act.source.find("fpat_act_leaky_relu<kFma>(in[0], a.params[0])") != std::string::npos);
   BOOST_REQUIRE(act.params.size() == 1u);
   BOOST_TEST(act.params[0] == 0.2f);
 }
@@ -535,6 +535,35 @@ BOOST_AUTO_TEST_CASE(wgmma_epilogue_adds_a_staged_operand_last_in_element_pairs)
     BOOST_TEST(u.source.find("kAddStaged = false;") != std::string::npos, name);
     BOOST_TEST(u.source.find("float2 head(") == std::string::npos, name);
   }
+}
+
+BOOST_AUTO_TEST_CASE(the_second_element_of_a_pair_takes_the_fma_pipe_forms) {
+  // exp and division of every second element run on the FMA pipe (kFma, fpat_common.cuh), so
+  // that GeLU and SiLU epilogues do not wait on the MUFU alone; the scalar path (edge
+  // elements) and unfused elementwise kernels' even elements keep the MUFU forms.
+  const codegen::TileConfig s3{128, 256, 64, 64, 256, 3, codegen::Backend::Wgmma};
+  for (const char* name : {"gemm_bias_gelu", "gemm_silu_mul"})
+    BOOST_TEST_CONTEXT(name) {
+      ir::Graph f = fuse(caseGraph(name, {300, 520, 64}));
+      codegen::CodegenOptions o;
+      o.arch = 90;
+      o.tile = &s3;
+      const std::string src = codegen::generate(f, f.outputs()[0], builtinLibrary(), o).source;
+      const std::string act = std::string(name) == "gemm_silu_mul" ? "silu" : "gelu";
+      const std::string t = std::string(name) == "gemm_silu_mul" ? "t0" : "t2";
+      BOOST_TEST(src.find("template <bool kFma = false>\n__device__ __forceinline__ float "
+                          "fpat_act_" +
+                          act + "(float x)") != std::string::npos,
+                 src);
+      BOOST_TEST(src.find("make_float2(fpat_act_" + act + "(" + t + ".x), fpat_act_" + act +
+                          "<true>(" + t + ".y))") != std::string::npos,
+                 src);
+      BOOST_TEST(src.find("= fpat_act_" + act + "(" + t + ");") != std::string::npos, src);
+    }
+  auto ew = unitsFor("activation_leaky_relu", {8, 8, 8}, 90).at(0);
+  BOOST_TEST(ew.source.find("template <bool kFma = false>\n  __device__ __forceinline__ float "
+                            "operator()(const float* in,") != std::string::npos,
+             ew.source);
 }
 
 BOOST_AUTO_TEST_CASE(the_last_wave_split_is_compiled_in_where_it_is_planned) {

@@ -144,7 +144,8 @@ BOOST_AUTO_TEST_CASE(cuda_lowering_is_readable_and_complete) {
   auto r = compileBuiltin();
   BOOST_TEST_REQUIRE(r->c.has_value());
   std::string relu = emitActivationFunction(*r->c->library.findActivation("relu"));
-  BOOST_TEST(relu.find("__device__ __forceinline__ float fpat_act_relu(float x) {\n"
+  BOOST_TEST(relu.find("template <bool kFma = false>\n"
+                       "__device__ __forceinline__ float fpat_act_relu(float x) {\n"
                        "  return fmaxf(x, 0.0f);\n}") != std::string::npos,
              relu);
   std::string leaky = emitActivationFunction(*r->c->library.findActivation("leaky_relu"));
@@ -159,14 +160,16 @@ BOOST_AUTO_TEST_CASE(cuda_lowering_is_readable_and_complete) {
   BOOST_TEST(f.find("const float l_t = x - -1.5f;") != std::string::npos, f);
   BOOST_TEST(f.find("return l_t * -(-2.0f);") != std::string::npos, f);
   BOOST_TEST(neg->c->library.findActivation("f")->compiled.eval(1.0, nullptr) == 5.0);
-  // Division and exp lower to fpat_divf(_ge1) / fpat_exp2f calls, whatever surrounds them.
+  // Division and exp lower to fpat_divf(_ge1) / fpat_exp2f calls, whatever surrounds them;
+  // the caller picks their pipe (kFma).
   auto div = compile("include \"fpat.fpat\"\ndef g : Activation { let body = expr { "
                      "-x / 2.0 * x + 1.0 / (x - 3.0) / exp(-x) }; }\n");
   BOOST_TEST_REQUIRE(div->c.has_value(), div->errors());
   std::string g = emitActivationFunction(*div->c->library.findActivation("g"));
-  BOOST_TEST(g.find("return fpat_divf_ge1(-x, 2.0f) * x + fpat_divf(fpat_divf(1.0f, x - 3.0f), "
-                    "fpat_exp2f((-1.4426950408889634f) * x));") != std::string::npos,
-             g);
+  BOOST_TEST(
+      g.find("return fpat_divf_ge1<kFma>(-x, 2.0f) * x + fpat_divf(fpat_divf(1.0f, x - 3.0f), "
+             "fpat_exp2f<kFma>((-1.4426950408889634f) * x));") != std::string::npos,
+      g);
 }
 
 BOOST_AUTO_TEST_CASE(quotients_over_one_skip_the_range_handling) {
@@ -196,7 +199,7 @@ BOOST_AUTO_TEST_CASE(quotients_over_one_skip_the_range_handling) {
                        c.body + " }; }\n");
       BOOST_TEST_REQUIRE(r->c.has_value(), r->errors());
       std::string h = emitActivationFunction(*r->c->library.findActivation("h"));
-      BOOST_TEST((h.find("fpat_divf_ge1(") != std::string::npos) == c.ge1, h);
+      BOOST_TEST((h.find("fpat_divf_ge1<kFma>(") != std::string::npos) == c.ge1, h);
       BOOST_TEST((h.find("fpat_divf(") != std::string::npos) == !c.ge1, h);
     }
 }
@@ -210,15 +213,15 @@ BOOST_AUTO_TEST_CASE(exp_arguments_take_log2e_into_their_constants) {
     const char* lowered;
   };
   const Case cases[] = {
-      {"exp(x)", "fpat_exp2f(1.4426950408889634f * x)"},
+      {"exp(x)", "fpat_exp2f<kFma>(1.4426950408889634f * x)"},
       {"exp(-2.0 * pi * (x + 0.5 * x * x))",
-       "fpat_exp2f((-9.064720283654387f) * x + (-4.532360141827193f) * x * x)"},
-      {"exp(x / 4.0 - 1.0)", "fpat_exp2f(0.36067376022224085f * x - 1.4426950408889634f)"},
-      {"exp(x * x)", "fpat_exp2f(1.4426950408889634f * (x * x))"},
-      {"exp(tanh(x) + x)", "fpat_exp2f(1.4426950408889634f * (tanhf(x) + x))"},
-      {"exp(slope * x * 3.0)", "fpat_exp2f(4.32808512266689f * (p_slope * x))"},
+       "fpat_exp2f<kFma>((-9.064720283654387f) * x + (-4.532360141827193f) * x * x)"},
+      {"exp(x / 4.0 - 1.0)", "fpat_exp2f<kFma>(0.36067376022224085f * x - 1.4426950408889634f)"},
+      {"exp(x * x)", "fpat_exp2f<kFma>(1.4426950408889634f * (x * x))"},
+      {"exp(tanh(x) + x)", "fpat_exp2f<kFma>(1.4426950408889634f * (tanhf(x) + x))"},
+      {"exp(slope * x * 3.0)", "fpat_exp2f<kFma>(4.32808512266689f * (p_slope * x))"},
       {"exp(1.0 - x * x) * 2.0",
-       "fpat_exp2f(1.4426950408889634f - 1.4426950408889634f * (x * x)) * 2.0f"},
+       "fpat_exp2f<kFma>(1.4426950408889634f - 1.4426950408889634f * (x * x)) * 2.0f"},
   };
   for (const Case& c : cases)
     BOOST_TEST_CONTEXT(c.body) {

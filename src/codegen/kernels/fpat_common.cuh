@@ -115,15 +115,90 @@ __device__ __forceinline__ unsigned addPairBits(unsigned a, unsigned b) {
 // f16 or bf16 (11 or 8 significand bits), so the last f32 ulps of expf and of the division buy
 // nothing visible, while their instructions run with the tensor cores idle (bench/RESULTS.md,
 // session 7: 0.1-1% faster GeLU/SiLU GEMMs than expf and div.full.f32).
+//
+// kFma (a template argument of every generated activation): whether exp and the division take
+// their FMA-pipe forms. ex2 and rcp run on the MUFU, 16 lanes per clock per SM against 128 for
+// the FMA pipe, so a GeLU or SiLU epilogue (two MUFU operations per element) waits on the MUFU
+// while the FMA pipe idles. Kernels pass kFma = true for the second element of each pair, which
+// moves a quarter of the MUFU work to the FMA pipe (sm_90 only, where it was measured).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define FPAT_FMA_FORMS 1
+#else
+#define FPAT_FMA_FORMS 0
+#endif
+#ifndef FPAT_FMA_EXP2
+#define FPAT_FMA_EXP2 0
+#endif
+#ifndef FPAT_FMA_RCP
+#define FPAT_FMA_RCP 1
+#endif
+#ifndef FPAT_RCP_STEPS
+#define FPAT_RCP_STEPS 2
+#endif
+
+#if FPAT_FMA_FORMS
+namespace fpat {
+
+__device__ __forceinline__ float minNaN(float a, float b) {
+  float r;
+  asm("min.NaN.f32 %0, %1, %2;\n" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+__device__ __forceinline__ float maxNaN(float a, float b) {
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;\n" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+
+/// 2^y on the FMA pipe. y = j + f with j = floor(y) (the 1.5 * 2^23 shift rounding down, which
+/// also leaves j + 127 in the low bits) and 0 <= f < 1; 2^f by a degree-5 polynomial with
+/// p(0) = 1 (relative error 2^-22.6 in f32, as ex2.approx's), times 2^j built from those bits.
+/// y is clamped to [-127, 128] first (NaN passes): 2^128 is inf, j = -127 gives 0 (the flush of
+/// ex2.approx.ftz for every y < -126).
+__device__ __forceinline__ float exp2Fma(float y) {
+  const float yc = minNaN(maxNaN(y, -127.0f), 128.0f);
+  const float shift = 0x1.8p23f + 127.0f;
+  const float t = __fadd_rd(yc, shift);
+  const float f = __fsub_rn(yc, __fsub_rn(t, shift));
+  float p = 0x1.e974bap-10f;
+  p = __fmaf_rn(p, f, 0x1.277866p-7f);
+  p = __fmaf_rn(p, f, 0x1.c91ce4p-5f);
+  p = __fmaf_rn(p, f, 0x1.ebdb58p-3f);
+  p = __fmaf_rn(p, f, 0x1.62e4bap-1f);
+  p = __fmaf_rn(p, f, 1.0f);
+  return p * __int_as_float(__float_as_int(t) << 23);
+}
+
+/// 1 / b for b >= 1 (or NaN) on the FMA pipe: the integer estimate 0x7ef31000 - bits(b)
+/// (relative error 5%), then FPAT_RCP_STEPS Newton steps (2^-17.2 after two, 2^-23.4 after
+/// three). Beyond 2^125 the estimate leaves the normal range; the reciprocal is then 0, as
+/// rcp.approx.ftz's is beyond 2^126. NaN stays NaN.
+__device__ __forceinline__ float rcpGe1Fma(float b) {
+  float r = __int_as_float(0x7ef31000 - __float_as_int(b));
+#pragma unroll
+  for (int i = 0; i < FPAT_RCP_STEPS; ++i)
+    r = __fmaf_rn(r, __fmaf_rn(-b, r, 1.0f), r);
+  return b > 0x1p125f ? 0.0f : r;
+}
+
+} // namespace fpat
+#endif
 
 /// 2^y (ex2.approx): exp(x) lowers to 2^(x log2 e), the factor log2 e folded into the
 /// constants of x where it can (dsl's lowerScaled). Relative error about 2^-22, plus |y| * 2^-24
 /// from rounding y; inf, 0 and NaN as expf. Results below 2^-126 flush to 0 (.ftz; the
 /// non-ftz form costs extra instructions).
-__device__ __forceinline__ float fpat_exp2f(float y) {
-  float r;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(y));
-  return r;
+template <bool kFma = false> __device__ __forceinline__ float fpat_exp2f(float y) {
+#if FPAT_FMA_FORMS && FPAT_FMA_EXP2
+  if constexpr (kFma)
+    return fpat::exp2Fma(y);
+  else
+#endif
+  {
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(y));
+    return r;
+  }
 }
 
 /// a / b as a times the approximate reciprocal (within 2 ulp of f32). Both are scaled first
@@ -139,17 +214,24 @@ __device__ __forceinline__ float fpat_divf(float a, float b) {
 }
 
 /// a / b where b >= 1 or NaN, which the lowering proves (1 + exp(y) in GeLU, SiLU, sigmoid).
-/// f16 kernels: a times rcp(b), nothing to scale. Where b > 2^126 the reciprocal flushes to 0
-/// and so does the quotient, an error below |a| 2^-126 that no f16 result shows unless
-/// |a| > 2^101 (an infinite a over such a b gives NaN, not inf). Four operations fewer per
-/// element than fpat_divf: gemm_bias_gelu 1024x4096x4096 1.2% faster on the H200. bf16 has
-/// f32's exponent range, so its kernels keep fpat_divf.
-__device__ __forceinline__ float fpat_divf_ge1(float a, float b) {
+/// f16 kernels: a times rcp(b), nothing to scale. Where b > 2^126 (2^125 for kFma) the
+/// reciprocal flushes to 0 and so does the quotient, an error below |a| 2^-125 that no f16
+/// result shows unless |a| > 2^100 (an infinite a over such a b gives NaN, not inf). Four
+/// operations fewer per element than fpat_divf: gemm_bias_gelu 1024x4096x4096 1.2% faster on
+/// the H200. bf16 has f32's exponent range, so its kernels keep fpat_divf.
+template <bool kFma = false> __device__ __forceinline__ float fpat_divf_ge1(float a, float b) {
 #if FPAT_BF16
   return fpat_divf(a, b);
 #else
-  float r;
-  asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(b));
-  return a * r;
+#if FPAT_FMA_FORMS && FPAT_FMA_RCP
+  if constexpr (kFma)
+    return a * fpat::rcpGe1Fma(b);
+  else
+#endif
+  {
+    float r;
+    asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(b));
+    return a * r;
+  }
 #endif
 }

@@ -5,7 +5,9 @@
 //
 // F provides:   static constexpr int kInputs;
 //               __host__ __device__ static constexpr int kind(int input); // FPAT_IN_*
-//               __device__ float operator()(const float* in, const FpatKernelArgs&) const;
+//               template <bool kFma> __device__ float operator()(const float* in,
+//                                                                const FpatKernelArgs&) const;
+//               (kFma: exp and division on the FMA pipe, fpat_common.cuh; odd elements)
 #pragma once
 
 #include "fpat_common.cuh"
@@ -47,7 +49,7 @@ template <class F> __device__ __forceinline__ void elementwise(const FpatKernelA
 #pragma unroll
       for (int k = 0; k < F::kInputs; ++k)
         x[k] = in[k][e];
-      out.h[e] = fromF(f(x, a));
+      out.h[e] = fromF(e % 2 ? f.template operator()<true>(x, a) : f(x, a));
     }
     elem* o = static_cast<elem*>(a.out);
     if (vec) {

@@ -4,84 +4,98 @@
 
 // gelu: expr { x / (1.0 + exp(-2.0 * 0.7978845608028654 * (x + 0.044715 * x * x * x))) }
 // from patterns/activations.fpat:11
+template <bool kFma = false>
 __device__ __forceinline__ float fpat_act_gelu(float x) {
-  return fpat_divf_ge1(x, 1.0f + fpat_exp2f((-2.302208198144325f) * x + (-0.1029432395800235f) * x * x * x));
+  return fpat_divf_ge1<kFma>(x, 1.0f + fpat_exp2f<kFma>((-2.302208198144325f) * x + (-0.1029432395800235f) * x * x * x));
 }
 
 // gelu_erf: expr { 0.5 * x * (1.0 + erf(x * 0.7071067811865476)) }
 // from patterns/activations.fpat:16
+template <bool kFma = false>
 __device__ __forceinline__ float fpat_act_gelu_erf(float x) {
   return 0.5f * x * (1.0f + erff(x * 0.7071067811865476f));
 }
 
 // silu: expr { x / (1.0 + exp(-x)) }
 // from patterns/activations.fpat:21
+template <bool kFma = false>
 __device__ __forceinline__ float fpat_act_silu(float x) {
-  return fpat_divf_ge1(x, 1.0f + fpat_exp2f((-1.4426950408889634f) * x));
+  return fpat_divf_ge1<kFma>(x, 1.0f + fpat_exp2f<kFma>((-1.4426950408889634f) * x));
 }
 
 // relu: expr { max(x, 0.0) }
 // from patterns/activations.fpat:25
+template <bool kFma = false>
 __device__ __forceinline__ float fpat_act_relu(float x) {
   return fmaxf(x, 0.0f);
 }
 
 // leaky_relu: expr { x > 0.0 ? x : slope * x }
 // from patterns/activations.fpat:30
+template <bool kFma = false>
 __device__ __forceinline__ float fpat_act_leaky_relu(float x, float p_slope) {
   return x > 0.0f ? x : p_slope * x;
 }
 
 // sigmoid: expr { 1.0 / (1.0 + exp(-x)) }
 // from patterns/activations.fpat:39
+template <bool kFma = false>
 __device__ __forceinline__ float fpat_act_sigmoid(float x) {
-  return fpat_divf_ge1(1.0f, 1.0f + fpat_exp2f((-1.4426950408889634f) * x));
+  return fpat_divf_ge1<kFma>(1.0f, 1.0f + fpat_exp2f<kFma>((-1.4426950408889634f) * x));
 }
 
 // tanh: expr { tanh(x) }
 // from patterns/activations.fpat:42
+template <bool kFma = false>
 __device__ __forceinline__ float fpat_act_tanh(float x) {
   return tanhf(x);
 }
 
 // erf: expr { erf(x) }
 // from patterns/activations.fpat:45
+template <bool kFma = false>
 __device__ __forceinline__ float fpat_act_erf(float x) {
   return erff(x);
 }
 
 // exp: expr { exp(x) }
 // from patterns/activations.fpat:48
+template <bool kFma = false>
 __device__ __forceinline__ float fpat_act_exp(float x) {
-  return fpat_exp2f(1.4426950408889634f * x);
+  return fpat_exp2f<kFma>(1.4426950408889634f * x);
 }
 
 // log: expr { log(x) }
 // from patterns/activations.fpat:51
+template <bool kFma = false>
 __device__ __forceinline__ float fpat_act_log(float x) {
   return logf(x);
 }
 
 // sqrt: expr { sqrt(x) }
 // from patterns/activations.fpat:54
+template <bool kFma = false>
 __device__ __forceinline__ float fpat_act_sqrt(float x) {
   return sqrtf(x);
 }
 
 // reciprocal: expr { 1.0 / x }
 // from patterns/activations.fpat:57
+template <bool kFma = false>
 __device__ __forceinline__ float fpat_act_reciprocal(float x) {
   return fpat_divf(1.0f, x);
 }
 
 // neg: expr { -x }
 // from patterns/activations.fpat:60
+template <bool kFma = false>
 __device__ __forceinline__ float fpat_act_neg(float x) {
   return -x;
 }
 
 // abs: expr { abs(x) }
 // from patterns/activations.fpat:63
+template <bool kFma = false>
 __device__ __forceinline__ float fpat_act_abs(float x) {
   return fabsf(x);
 }

@@ -100,10 +100,10 @@ std::string epiloguePairBody(const ir::Graph& g, ir::Vertex v, const dsl::Patter
          << ".y" << o << name(n.rhs) << ".y);\n";
       break;
     }
-    case ir::EpiKind::Activation: // .y with exp and division on the FMA pipe
+    case ir::EpiKind::Activation: // .y: exp and division on the FMA pipe where kFma
       os << "make_float2("
          << callActivation(n.fn, n.params, name(n.lhs) + ".x", ref(g, v), lib, acts) << ", "
-         << callActivation(n.fn, n.params, name(n.lhs) + ".y", ref(g, v), lib, acts, "true")
+         << callActivation(n.fn, n.params, name(n.lhs) + ".y", ref(g, v), lib, acts, "kFma")
          << ");\n";
       break;
     }
@@ -326,7 +326,9 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
          << "  static constexpr bool kDefer = " << (defer ? "true" : "false") << ";\n"
          << "  // Whether the last wave may be split in k (planned for this shape).\n"
          << "  static constexpr bool kSplit = " << (u.splitLastWave ? "true" : "false") << ";\n"
-         << "  // Column pairs; s: operand kStaged's pair, read from the tile.\n"
+         << "  // Column pairs; s: operand kStaged's pair, read from the tile. kFma: the second\n"
+         << "  // element's exp and division on the FMA pipe (fpat_common.cuh).\n"
+         << "  template <bool kFma = true>\n"
          << "  __device__ __forceinline__ float2 pair(float2 v, int64_t row, int64_t col,\n"
          << "                                         const FpatKernelArgs& a, float2 s) const {\n"
          << "    (void)row;\n    (void)col;\n    (void)a;\n    (void)s;\n"
@@ -339,7 +341,8 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
          << "  // and the kernel adds the two in element pairs after rounding head's value.\n"
          << "  static constexpr bool kAddStaged = " << (addend >= 0 ? "true" : "false") << ";\n";
     if (addend >= 0)
-      body << "  __device__ __forceinline__ float2 head(float2 v, int64_t row, int64_t col,\n"
+      body << "  template <bool kFma = true>\n"
+           << "  __device__ __forceinline__ float2 head(float2 v, int64_t row, int64_t col,\n"
            << "                                         const FpatKernelArgs& a, float2 s) const "
               "{\n"
            << "    (void)row;\n    (void)col;\n    (void)a;\n    (void)s;\n"

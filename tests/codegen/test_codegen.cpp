@@ -539,8 +539,9 @@ BOOST_AUTO_TEST_CASE(wgmma_epilogue_adds_a_staged_operand_last_in_element_pairs)
 
 BOOST_AUTO_TEST_CASE(the_second_element_of_a_pair_takes_the_fma_pipe_forms) {
   // exp and division of every second element run on the FMA pipe (kFma, fpat_common.cuh), so
-  // that GeLU and SiLU epilogues do not wait on the MUFU alone; the scalar path (edge
-  // elements) and unfused elementwise kernels' even elements keep the MUFU forms.
+  // that GeLU and SiLU epilogues do not wait on the MUFU alone: pair() takes kFma (the wgmma
+  // header's helpers pass false); the scalar path (edge elements) and unfused elementwise
+  // kernels' even elements keep the MUFU forms.
   const codegen::TileConfig s3{128, 256, 64, 64, 256, 3, codegen::Backend::Wgmma};
   for (const char* name : {"gemm_bias_gelu", "gemm_silu_mul"})
     BOOST_TEST_CONTEXT(name) {
@@ -556,9 +557,12 @@ BOOST_AUTO_TEST_CASE(the_second_element_of_a_pair_takes_the_fma_pipe_forms) {
                           act + "(float x)") != std::string::npos,
                  src);
       BOOST_TEST(src.find("make_float2(fpat_act_" + act + "(" + t + ".x), fpat_act_" + act +
-                          "<true>(" + t + ".y))") != std::string::npos,
+                          "<kFma>(" + t + ".y))") != std::string::npos,
                  src);
       BOOST_TEST(src.find("= fpat_act_" + act + "(" + t + ");") != std::string::npos, src);
+      BOOST_TEST(src.find("template <bool kFma = true>\n  __device__ __forceinline__ float2 "
+                          "pair(") != std::string::npos,
+                 src);
     }
   auto ew = unitsFor("activation_leaky_relu", {8, 8, 8}, 90).at(0);
   BOOST_TEST(ew.source.find("template <bool kFma = false>\n  __device__ __forceinline__ float "

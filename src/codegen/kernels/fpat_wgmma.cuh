@@ -720,11 +720,15 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
               if (ok[u]) {
                 if constexpr (kSide && Epilogue::kAddStaged) {
                   // As the consumers do: the operand added to head's rounded pair (the
-                  // element type's pairs convert to f32 and back exactly).
-                  const float2 h = epi.head(v[u], tm * BM + r0 + 3 * u, col, a, s[u]);
+                  // element type's pairs convert to f32 and back exactly). The helpers keep
+                  // exp and division on the MUFU (kFma = false): one warp per scheduler is
+                  // bound by its own latency, and the FMA forms' extra instructions cost
+                  // gemm_bias_gelu 4096^3 1 point (bench/RESULTS.md, session 20).
+                  const float2 h =
+                      epi.template head<false>(v[u], tm * BM + r0 + 3 * u, col, a, s[u]);
                   v[u] = bitsPair(addPairBits(pairBits(h.x, h.y), pairBits(s[u].x, s[u].y)));
                 } else {
-                  v[u] = epi.pair(v[u], tm * BM + r0 + 3 * u, col, a, s[u]);
+                  v[u] = epi.template pair<false>(v[u], tm * BM + r0 + 3 * u, col, a, s[u]);
                 }
               }
 #pragma unroll

@@ -119,8 +119,12 @@ __device__ __forceinline__ unsigned addPairBits(unsigned a, unsigned b) {
 // kFma (a template argument of every generated activation): whether exp and the division take
 // their FMA-pipe forms. ex2 and rcp run on the MUFU, 16 lanes per clock per SM against 128 for
 // the FMA pipe, so a GeLU or SiLU epilogue (two MUFU operations per element) waits on the MUFU
-// while the FMA pipe idles. Kernels pass kFma = true for the second element of each pair, which
-// moves a quarter of the MUFU work to the FMA pipe (sm_90 only, where it was measured).
+// while the FMA pipe idles. Kernels pass kFma = true for the second element of each pair, whose
+// division then runs as Newton steps on the FMA pipe: a quarter of the MUFU work moved, +0.5-0.8
+// points at M = 1024 (sm_90 only, where it was measured; bench/RESULTS.md, session 20). The
+// switches below are the measured alternatives, for header variants: FPAT_FMA_EXP2 (2^y by a
+// polynomial; 12 instructions for one, issue-bound, slower), FPAT_RCP_STEPS 3 (no faster), and
+// FPAT_FMA_RCP 0 (MUFU only, as before session 20).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define FPAT_FMA_FORMS 1
 #else

@@ -56,7 +56,7 @@ std::string epilogueBody(const ir::Graph& g, ir::Vertex v, const dsl::PatternLib
 /// 4-byte pair, halving the epilogue's load instructions. Kernels that store f16 pairs call it.
 /// Operand `staged` (-1: none) is the pair `s` the kernel read from shared memory.
 std::string epiloguePairBody(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibrary& lib,
-                             ActivationCode& acts, int staged, int result = -1, int initAdd = -1) {
+                             ActivationCode& acts, int staged, int result = -1) {
   const ir::Op& op = g.op(v);
   const ir::Epilogue& e = op.fused.epilogue;
   if (op.kind != ir::OpKind::Fused || e.identity())
@@ -96,9 +96,6 @@ std::string epiloguePairBody(const ir::Graph& g, ir::Vertex v, const dsl::Patter
     case ir::EpiKind::Add:
     case ir::EpiKind::Mul: {
       const char* o = n.kind == ir::EpiKind::Mul ? " * " : " + ";
-      const int acc = e.nodes[static_cast<size_t>(n.lhs)].kind == ir::EpiKind::Acc ? n.lhs : n.rhs;
-      if (static_cast<int>(i) == initAdd)
-        os << "kInit ? " << name(acc) << " : "; // the accumulators started at init()
       os << "make_float2(" << name(n.lhs) << ".x" << o << name(n.rhs) << ".x, " << name(n.lhs)
          << ".y" << o << name(n.rhs) << ".y);\n";
       break;
@@ -134,33 +131,6 @@ int stagedAddend(const ir::Epilogue& e, const std::vector<ir::Vertex>& ins, cons
   if (isStaged(last.lhs) && !isStaged(last.rhs))
     return last.rhs;
   return -1;
-}
-
-/// Where the epilogue adds an [N] operand to the accumulator and reads the accumulator nowhere
-/// else (bias_add(acc, $b), add($b, acc)): that node, else -1. The wgmma kernel then starts
-/// the accumulators at the operand instead of zero (kInit), taking the add off the epilogue,
-/// which runs while the tensor cores wait; the loads overlap the first k-tile's.
-int initAddNode(const ir::Epilogue& e, const std::vector<ir::Vertex>& ins, const ir::Graph& g) {
-  int add = -1, uses = 0;
-  for (size_t i = 0; i < e.nodes.size(); ++i) {
-    const ir::EpilogueNode& n = e.nodes[i];
-    for (int c : {n.lhs, n.rhs})
-      if (c >= 0 && e.nodes.at(static_cast<size_t>(c)).kind == ir::EpiKind::Acc) {
-        ++uses;
-        add = static_cast<int>(i);
-      }
-  }
-  if (uses != 1)
-    return -1;
-  const ir::EpilogueNode& n = e.nodes[static_cast<size_t>(add)];
-  if (n.kind != ir::EpiKind::BiasAdd && n.kind != ir::EpiKind::Add)
-    return -1;
-  const ir::EpilogueNode& other = e.nodes.at(static_cast<size_t>(
-      e.nodes.at(static_cast<size_t>(n.lhs)).kind == ir::EpiKind::Acc ? n.rhs : n.lhs));
-  if (other.kind != ir::EpiKind::Operand ||
-      g.op(ins.at(static_cast<size_t>(other.operand))).type.rank() != 1)
-    return -1;
-  return add;
 }
 
 /// The operand an epilogue tile kernel has TMA load into its tile: the first [M, N] one.
@@ -258,17 +228,6 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
   const bool kMajorB = u.transB || u.preparedB; // how the wgmma kernel reads B
   const bool padB = padK && u.transB && !u.preparedB;
 
-  const int initAdd =
-      epiTile && op.kind == ir::OpKind::Fused ? initAddNode(op.fused.epilogue, ins, g) : -1;
-  const int initOperand = [&] {
-    if (initAdd < 0)
-      return -1;
-    const ir::EpilogueNode& n = op.fused.epilogue.nodes[static_cast<size_t>(initAdd)];
-    const ir::EpilogueNode& l = op.fused.epilogue.nodes.at(static_cast<size_t>(n.lhs));
-    return (l.kind == ir::EpiKind::Operand ? l
-                                           : op.fused.epilogue.nodes.at(static_cast<size_t>(n.rhs)))
-        .operand;
-  }();
   const std::string epi = epilogueBody(g, v, lib, acts);
   const std::string base = op.kind == ir::OpKind::Fused ? sanitize(op.fused.pattern) : "gemm";
   // The name tells apart every source one configuration generates: wgmma kernels store through
@@ -325,9 +284,6 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
     if (padK)
       lines.push_back(std::string("pad:      K % 8 != 0: A") + (padB ? " and B [N, K]" : "") +
                       " copied first into rows of K rounded up to 8 (16-byte TMA strides)");
-    if (initAdd >= 0)
-      lines.push_back("init:     the accumulators start at $" + std::to_string(initOperand) +
-                      " [N], which takes its add off the epilogue");
     if (defer)
       lines.push_back("defer:    the epilogue deferred to the producer's idle warps" +
                       (side ? ", $" + std::to_string(staged) + " coming to them in " +
@@ -370,18 +326,13 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
          << "  static constexpr bool kDefer = " << (defer ? "true" : "false") << ";\n"
          << "  // Whether the last wave may be split in k (planned for this shape).\n"
          << "  static constexpr bool kSplit = " << (u.splitLastWave ? "true" : "false") << ";\n"
-         << "  // An [N] operand the epilogue adds to acc first (-1: none): the kernel may start "
-            "the\n"
-         << "  // accumulators at it and call pair() and head() with kInit = true, which skip the "
-            "add.\n"
-         << "  static constexpr int kInitOperand = " << initOperand << ";\n"
          << "  // Column pairs; s: operand kStaged's pair, read from the tile. kFma: the second\n"
          << "  // element's exp and division on the FMA pipe (fpat_common.cuh).\n"
-         << "  template <bool kFma = true, bool kInit = false>\n"
+         << "  template <bool kFma = true>\n"
          << "  __device__ __forceinline__ float2 pair(float2 v, int64_t row, int64_t col,\n"
          << "                                         const FpatKernelArgs& a, float2 s) const {\n"
          << "    (void)row;\n    (void)col;\n    (void)a;\n    (void)s;\n"
-         << epiloguePairBody(g, v, lib, acts, staged, -1, initAdd) << "  }\n";
+         << epiloguePairBody(g, v, lib, acts, staged) << "  }\n";
   if (t.wgmma()) {
     const int addend =
         op.kind == ir::OpKind::Fused ? stagedAddend(op.fused.epilogue, ins, g, staged) : -1;
@@ -390,12 +341,12 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
          << "  // and the kernel adds the two in element pairs after rounding head's value.\n"
          << "  static constexpr bool kAddStaged = " << (addend >= 0 ? "true" : "false") << ";\n";
     if (addend >= 0)
-      body << "  template <bool kFma = true, bool kInit = false>\n"
+      body << "  template <bool kFma = true>\n"
            << "  __device__ __forceinline__ float2 head(float2 v, int64_t row, int64_t col,\n"
            << "                                         const FpatKernelArgs& a, float2 s) const "
               "{\n"
            << "    (void)row;\n    (void)col;\n    (void)a;\n    (void)s;\n"
-           << epiloguePairBody(g, v, lib, acts, staged, addend, initAdd) << "  }\n";
+           << epiloguePairBody(g, v, lib, acts, staged, addend) << "  }\n";
   }
   body << "};\n\n";
   if (t.wgmma()) {

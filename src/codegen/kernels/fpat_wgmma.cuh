@@ -468,13 +468,6 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
   // at a time, into a side buffer behind the tile (their own row loads from global memory
   // fell behind the main loop: gemm_silu_mul took 1.7x as long).
   constexpr bool kSide = kDefer && kPre;
-  // kInit: where the epilogue first adds an [N] operand (a bias) to acc, a tile's accumulators
-  // start at that operand instead of zero, and the epilogue skips the add (FPAT_INIT_ACC 0:
-  // the add in the epilogue, for header variants).
-#ifndef FPAT_INIT_ACC
-#define FPAT_INIT_ACC 1
-#endif
-  constexpr bool kInit = FPAT_INIT_ACC && kTile && Epilogue::kInitOperand >= 0;
   // sm_90 allows 227 KB of shared memory per block; 1 KB each for alignment and barriers.
   constexpr bool kStagedStore =
       !kTile &&
@@ -732,10 +725,10 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
                   // bound by its own latency, and the FMA forms' extra instructions cost
                   // gemm_bias_gelu 4096^3 1 point (bench/RESULTS.md, session 20).
                   const float2 h =
-                      epi.template head<false, kInit>(v[u], tm * BM + r0 + 3 * u, col, a, s[u]);
+                      epi.template head<false>(v[u], tm * BM + r0 + 3 * u, col, a, s[u]);
                   v[u] = bitsPair(addPairBits(pairBits(h.x, h.y), pairBits(s[u].x, s[u].y)));
                 } else {
-                  v[u] = epi.template pair<false, kInit>(v[u], tm * BM + r0 + 3 * u, col, a, s[u]);
+                  v[u] = epi.template pair<false>(v[u], tm * BM + r0 + 3 * u, col, a, s[u]);
                 }
               }
 #pragma unroll
@@ -833,27 +826,6 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
       unsigned phase = static_cast<unsigned>((first / S) & 1);
       // Rows of the tile this consumer computes: its 64 (cooperative) or all BM (ping-pong).
       const int row0 = T::PINGPONG ? 0 : c * 64 * MI;
-      // kInit: the tile's first piece starts at the operand, the others at zero (the last
-      // piece adds their sums); columns past N start at zero (TMA clips their stores).
-      const bool init = kInit && k0 == 0;
-      if constexpr (kInit) {
-        if (init) {
-          const int64_t colBase = static_cast<int64_t>(tn) * BN + 2 * (lane % 4);
-#pragma unroll
-          for (int j = 0; j < BN / 8; ++j) {
-            const float2 b = colBase + 8 * j < N
-                                 ? ldh2(a.in[Epilogue::kInitOperand], colBase + 8 * j)
-                                 : float2{};
-#pragma unroll
-            for (int m = 0; m < MI; ++m)
-#pragma unroll
-              for (int h = 0; h < 2; ++h) {
-                d[m][4 * j + 2 * h] = b.x;
-                d[m][4 * j + 2 * h + 1] = b.y;
-              }
-          }
-        }
-      }
       int prev = -1;
       for (int kt = k0; kt < k1; ++kt) {
         mbarWait(&full[stage], phase);
@@ -874,7 +846,7 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
 #pragma unroll
           for (int m = 0; m < MI; ++m) {
             const uint64_t da = smemDesc(stageA(stage) + (row0 + m * 64) * 128 + ks * 32, 16, 1024);
-            wgmma<BN, TRANS_B ? 0 : 1>(d[m], da, db, init || kt > k0 || ks > 0);
+            wgmma<BN, TRANS_B ? 0 : 1>(d[m], da, db, kt > k0 || ks > 0);
           }
         }
         wgmmaCommit();
@@ -1016,9 +988,8 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
           const int64_t rowBase = static_cast<int64_t>(tm) * BM + r,
                         colBase = static_cast<int64_t>(tn) * BN + 2 * (lane % 4);
           auto apply = [&](int m, int j, int h, float2 s) {
-            const float2 v = epi.template pair<true, kInit>(
-                make_float2(d[m][4 * j + 2 * h], d[m][4 * j + 2 * h + 1]), rowBase + m * 64 + 8 * h,
-                colBase + 8 * j, a, s);
+            const float2 v = epi.pair(make_float2(d[m][4 * j + 2 * h], d[m][4 * j + 2 * h + 1]),
+                                      rowBase + m * 64 + 8 * h, colBase + 8 * j, a, s);
             d[m][4 * j + 2 * h] = v.x;
             d[m][4 * j + 2 * h + 1] = v.y;
           };
@@ -1046,8 +1017,8 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
                     o[i] = pairBits(acc.x, acc.y);
                     if (!decltype(checked)::value ||
                         (rowBase + m * 64 + 8 * h < M && colBase + 8 * jj < N)) {
-                      const float2 r = epi.template head<true, kInit>(
-                          acc, rowBase + m * 64 + 8 * h, colBase + 8 * jj, a, bitsPair(s[i]));
+                      const float2 r = epi.head(acc, rowBase + m * 64 + 8 * h, colBase + 8 * jj, a,
+                                                bitsPair(s[i]));
                       o[i] = addPairBits(pairBits(r.x, r.y), s[i]);
                     }
                   }

@@ -715,25 +715,22 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
                   s[u] = toF2(*reinterpret_cast<const elem2*>(side + (lane % 4) * 4 + at));
               }
             }
-            // The arithmetic of every row, the rows outside the problem at coordinates clamped
-            // into it (their operand loads stay in bounds; their results are not stored): a
-            // branch around each row's arithmetic kept the rows' MUFU latencies from
-            // overlapping.
 #pragma unroll
-            for (int u = 0; u < kRows; ++u) {
-              const int row = min(tm * BM + r0 + 3 * u, M - 1), cc = min(col, N - 2);
-              if constexpr (kSide && Epilogue::kAddStaged) {
-                // As the consumers do: the operand added to head's rounded pair (the
-                // element type's pairs convert to f32 and back exactly). The helpers keep
-                // exp and division on the MUFU (kFma = false): one warp per scheduler is
-                // bound by its own latency, and the FMA forms' extra instructions cost
-                // gemm_bias_gelu 4096^3 1 point (bench/RESULTS.md, session 20).
-                const float2 h = epi.template head<false>(v[u], row, cc, a, s[u]);
-                v[u] = bitsPair(addPairBits(pairBits(h.x, h.y), pairBits(s[u].x, s[u].y)));
-              } else {
-                v[u] = epi.template pair<false>(v[u], row, cc, a, s[u]);
+            for (int u = 0; u < kRows; ++u)
+              if (ok[u]) {
+                if constexpr (kSide && Epilogue::kAddStaged) {
+                  // As the consumers do: the operand added to head's rounded pair (the
+                  // element type's pairs convert to f32 and back exactly). The helpers keep
+                  // exp and division on the MUFU (kFma = false): one warp per scheduler is
+                  // bound by its own latency, and the FMA forms' extra instructions cost
+                  // gemm_bias_gelu 4096^3 1 point (bench/RESULTS.md, session 20).
+                  const float2 h =
+                      epi.template head<false>(v[u], tm * BM + r0 + 3 * u, col, a, s[u]);
+                  v[u] = bitsPair(addPairBits(pairBits(h.x, h.y), pairBits(s[u].x, s[u].y)));
+                } else {
+                  v[u] = epi.template pair<false>(v[u], tm * BM + r0 + 3 * u, col, a, s[u]);
+                }
               }
-            }
 #pragma unroll
             for (int u = 0; u < kRows; ++u) {
               const int r = r0 + 3 * u;

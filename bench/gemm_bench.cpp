@@ -4,7 +4,9 @@
 //   Lt     cuBLASLt with its fused epilogue where one exists (BIAS, RELU_BIAS, GELU_BIAS),
 // plus plain cuBLAS GEMM as the throughput yardstick, all in one process on the same inputs,
 // each checked against the CPU reference on sampled rows. Then the SwiGLU FFN block end to end.
-// Writes a markdown table (stdout), a CSV and an SVG plot.
+// Writes a markdown table (stdout), a CSV and an SVG plot. The table's last column is what the
+// epilogue costs: each fused kernel's time over fpat's plain gemm at the same shape and run
+// (where the run times `gemm` at that shape too).
 //
 //   fpat-bench-gemm [--quick] [--only PATTERN[,PATTERN]...] [--no-ffn] [--shape MxNxK]...
 //                   [--csv F] [--svg F] [--candidates N] [--configs LIST] [--reps N]
@@ -795,28 +797,43 @@ int main(int argc, char** argv) {
                 << std::endl;
     }
 
+  // What the epilogue costs: a fused kernel's time over fpat's own plain GEMM at the same
+  // shape in this run (NaN where the run has no gemm row for the shape).
+  auto overGemm = [&](const Row& r) {
+    for (const Row& g : rows)
+      if (g.pattern == "gemm" && r.pattern != "gemm" && g.s.m == r.s.m && g.s.n == r.s.n &&
+          g.s.k == r.s.k)
+        return r.fpat / g.fpat - 1.0;
+    return static_cast<double>(NAN);
+  };
   std::ofstream csv(csvPath);
   csv << "pattern,M,N,K,config,fpat_ms,fpat_tflops,heuristic_ms,cublas_gemm_ms,"
          "cublas_unfused_ms,cublaslt_fused_ms,fpat_pct_of_cublas_gemm,speedup_vs_unfused,"
-         "speedup_vs_cublaslt,err_fpat,err_unfused,err_cublaslt,gpu,driver,nvcc,commit\n";
+         "speedup_vs_cublaslt,err_fpat,err_unfused,err_cublaslt,gpu,driver,nvcc,commit,"
+         "fpat_over_fpat_gemm\n";
   std::cout << "| pattern | M x N x K | config | fpat ms | TFLOP/s | heuristic ms | cuBLAS GEMM ms "
                "| cuBLAS+epilogue ms | cuBLASLt fused ms | % of cuBLAS GEMM | vs unfused | vs "
-               "Lt | max rel err fpat / unfused / Lt |\n"
-            << "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
+               "Lt | max rel err fpat / unfused / Lt | over fpat gemm |\n"
+            << "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|\n";
   for (const Row& r : rows) {
     double pct = 100.0 * r.gemm / r.fpat;
+    const double over = overGemm(r);
     std::cout << "| " << r.pattern << " | " << r.s.str() << " | " << r.config << " | "
               << fmt(r.fpat) << " | " << fmt(r.tflops(r.fpat), 1) << " | " << fmt(r.heuristic)
               << " | " << fmt(r.gemm) << " | " << fmt(r.unfused) << " | " << fmt(r.lt) << " | "
               << fmt(pct, 1) << "% | " << fmt(r.unfused / r.fpat, 2) << "x | "
               << fmt(r.lt / r.fpat, 2) << (std::isnan(r.lt) ? "" : "x") << " | " << sci(r.errFpat)
-              << " / " << sci(r.errUnfused) << " / " << sci(r.errLt) << " |\n";
+              << " / " << sci(r.errUnfused) << " / " << sci(r.errLt) << " | "
+              << (std::isnan(over) ? ""
+                  : over >= 0      ? "+"
+                                   : "")
+              << fmt(100.0 * over, 1) << (std::isnan(over) ? "" : "%") << " |\n";
     csv << r.pattern << "," << r.s.m << "," << r.s.n << "," << r.s.k << "," << r.config << ","
         << r.fpat << "," << r.tflops(r.fpat) << "," << r.heuristic << "," << r.gemm << ","
         << r.unfused << "," << r.lt << "," << pct << "," << r.unfused / r.fpat << ","
         << r.lt / r.fpat << "," << r.errFpat << "," << r.errUnfused << "," << r.errLt << ","
         << csvField(prov.gpu) << "," << csvField(prov.driver) << "," << csvField(prov.nvcc) << ","
-        << csvField(prov.commit) << "\n";
+        << csvField(prov.commit) << "," << over << "\n";
   }
   writeSvg(svgPath, rows, "gemm_bias_gelu", drv->device().name);
   int bad = 0;

@@ -6,11 +6,12 @@
 // each checked against the CPU reference on sampled rows. Then the SwiGLU FFN block end to end.
 // Writes a markdown table (stdout), a CSV and an SVG plot. The table's last column is what the
 // epilogue costs: each fused kernel's time over fpat's plain gemm at the same shape and run
-// (where the run times `gemm` at that shape too).
+// (where the run times `gemm` at that shape too). --models replaces the shape list with the
+// patterns at the shapes where transformer models use them.
 //
 //   fpat-bench-gemm [--quick] [--only PATTERN[,PATTERN]...] [--no-ffn] [--shape MxNxK]...
-//                   [--csv F] [--svg F] [--candidates N] [--configs LIST] [--reps N]
-//                   [--rounds N] [--b-input]
+//                   [--models] [--csv F] [--svg F] [--candidates N] [--configs LIST]
+//                   [--reps N] [--rounds N] [--b-input]
 // Every result names the GPU, its driver, nvcc and the commit the benchmark was built from.
 #include "../tests/common/TestGraphs.h"
 #include "FpatCommit.h"
@@ -38,6 +39,33 @@ using namespace fpat;
 using namespace fpat::testing;
 
 namespace {
+
+/// --models: a pattern at a shape where a model uses it, M being the tokens of one batch (of
+/// prompts, or of decode steps). The layouts stay the benchmark's: B [K, N], [N, K] for gemm_bt.
+struct ModelCase {
+  const char* model;
+  const char* pattern;
+  Shape s;
+};
+const ModelCase kModelCases[] = {
+    {"GPT-2 MLP up", "gemm_bias_gelu", {4096, 3072, 768}},
+    {"GPT-2 MLP down", "gemm_bias_residual", {4096, 768, 3072}},
+    {"BERT-large MLP up", "gemm_bias_gelu", {3000, 4096, 1024}},
+    {"BERT-large MLP down", "gemm_bias_residual", {3000, 1024, 4096}},
+    {"Llama-3-8B QKV", "gemm_bt", {2048, 6144, 4096}},
+    {"Llama-3-8B QKV, 16 decode steps", "gemm_bt", {16, 6144, 4096}},
+    {"Llama-3-8B gate, one decode step", "gemm_bt", {1, 14336, 4096}},
+    {"Llama-3-8B gate and up", "gemm_silu_mul", {2048, 14336, 4096}},
+    {"Llama-3-8B down", "gemm_residual", {2048, 4096, 14336}},
+    {"Llama-3-70B gate and up", "gemm_silu_mul", {1024, 28672, 8192}},
+    {"Llama-3-70B down", "gemm_residual", {1024, 8192, 28672}},
+    {"Llama-2-13B down", "gemm_residual", {777, 5120, 13824}},
+    {"Qwen2-7B gate and up", "gemm_silu_mul", {512, 18944, 3584}},
+    {"Qwen2-7B down", "gemm_residual", {512, 3584, 18944}},
+    {"Phi-3-mini gate and up", "gemm_silu_mul", {2000, 8192, 3072}},
+    {"Phi-3-mini down", "gemm_residual", {2000, 3072, 8192}},
+    {"Gemma-7B gate", "gemm_gelu", {1024, 24576, 3072}},
+};
 
 #define CK(x)                                                                                      \
   do {                                                                                             \
@@ -649,7 +677,7 @@ int main(int argc, char** argv) {
   std::string csvPath = "bench-gemm.csv", svgPath = "bench-gemm.svg";
   int candidates = 8, reps = 20, rounds = 5; // the full run fits one 10-minute GPU call
   std::vector<std::string> patternList;      // --only: benchmark just these patterns
-  bool noFfn = false, bInput = false;
+  bool noFfn = false, bInput = false, models = false;
   std::vector<std::string> shapeArgs, configArgs;
   CLI::App app{"fpat-bench-gemm - fpat's fused GEMM kernels against cuBLAS and cuBLASLt, in one "
                "process on the same data",
@@ -665,6 +693,9 @@ int main(int argc, char** argv) {
                  "a problem size MxNxK instead of the default list "
                  "(repeatable)")
       ->allow_extra_args(false);
+  app.add_flag("--models", models,
+               "instead of the shape list, each pattern at the shapes where transformer models "
+               "(GPT-2, BERT, Llama, Qwen2, Phi-3, Gemma) use it; --only filters them");
   app.add_flag("--no-ffn", noFfn, "skip the SwiGLU FFN block");
   app.add_flag("--b-input", bInput,
                "B is a plain input, not a weight: never read from a copy prepared when uploaded");
@@ -740,6 +771,38 @@ int main(int argc, char** argv) {
   }
   if (!onlyShapes.empty())
     shapes = onlyShapes;
+  // What to run, in order: every pattern at every shape, or --models' cases.
+  std::vector<std::pair<std::string, Shape>> runs;
+  std::string modelNames;
+  if (models) {
+    if (quick || !onlyShapes.empty()) {
+      std::cerr << "fpat-bench-gemm: error: --models: not with " << (quick ? "--quick" : "--shape")
+                << " (the models give the shapes)\n";
+      return 2;
+    }
+    for (const ModelCase& c : kModelCases)
+      if (patternList.empty() ||
+          std::find(patternList.begin(), patternList.end(), c.pattern) != patternList.end()) {
+        runs.emplace_back(c.pattern, c.s);
+        modelNames += std::string(modelNames.empty() ? "" : "; ") + c.pattern + " " + c.s.str() +
+                      " = " + c.model;
+      }
+    if (runs.empty()) {
+      std::vector<std::string> used;
+      for (const ModelCase& c : kModelCases)
+        if (std::find(used.begin(), used.end(), c.pattern) == used.end())
+          used.push_back(c.pattern);
+      std::cerr << "fpat-bench-gemm: error: --models: no model uses --only's patterns (they use";
+      for (const std::string& u : used)
+        std::cerr << " " << u;
+      std::cerr << ")\n";
+      return 2;
+    }
+  } else {
+    for (const std::string& p : patterns)
+      for (Shape s : shapes)
+        runs.emplace_back(p, s);
+  }
   std::string why;
   cuda::Driver* drv = cuda::Driver::get(&why);
   if (!drv) {
@@ -773,29 +836,29 @@ int main(int argc, char** argv) {
             << (env.weights ? "a weight (where TMA reads it badly fpat reads a copy made once, "
                               "when it is uploaded, untimed)"
                             : "a plain input")
-            << "\n\n"
+            << "\n"
+            << (modelNames.empty() ? "" : "# models: " + modelNames + "\n") << "\n"
             << std::flush;
   std::vector<Row> rows;
-  for (const std::string& p : patterns)
-    for (Shape s : shapes) {
-      try {
-        rows.push_back(benchOne(env, p, s));
-      } catch (const std::exception& e) { // report the row as failed and go on with the rest
-        Row r;
-        r.pattern = p;
-        r.s = s;
-        r.config = std::string("error: ") + e.what();
-        r.fpat = r.heuristic = r.gemm = r.unfused = r.errFpat = r.errUnfused = NAN;
-        rows.push_back(r);
-      }
-      const Row& r = rows.back();
-      // Progress, with the numbers, so that an interrupted run still reports what it measured.
-      std::cerr << "  " << p << " " << s.str() << ": fpat " << fmt(r.fpat) << " ms (" << r.config
-                << (r.tuning.empty() ? "" : ", " + r.tuning) << ", heuristic " << fmt(r.heuristic)
-                << "), cuBLAS GEMM " << fmt(r.gemm) << ", unfused " << fmt(r.unfused) << ", Lt "
-                << fmt(r.lt) << " -> " << fmt(100.0 * r.gemm / r.fpat, 1) << "% of cuBLAS GEMM"
-                << std::endl;
+  for (const auto& [p, s] : runs) {
+    try {
+      rows.push_back(benchOne(env, p, s));
+    } catch (const std::exception& e) { // report the row as failed and go on with the rest
+      Row r;
+      r.pattern = p;
+      r.s = s;
+      r.config = std::string("error: ") + e.what();
+      r.fpat = r.heuristic = r.gemm = r.unfused = r.errFpat = r.errUnfused = NAN;
+      rows.push_back(r);
     }
+    const Row& r = rows.back();
+    // Progress, with the numbers, so that an interrupted run still reports what it measured.
+    std::cerr << "  " << p << " " << s.str() << ": fpat " << fmt(r.fpat) << " ms (" << r.config
+              << (r.tuning.empty() ? "" : ", " + r.tuning) << ", heuristic " << fmt(r.heuristic)
+              << "), cuBLAS GEMM " << fmt(r.gemm) << ", unfused " << fmt(r.unfused) << ", Lt "
+              << fmt(r.lt) << " -> " << fmt(100.0 * r.gemm / r.fpat, 1) << "% of cuBLAS GEMM"
+              << std::endl;
+  }
 
   // What the epilogue costs: a fused kernel's time over fpat's own plain GEMM at the same
   // shape in this run (NaN where the run has no gemm row for the shape).

@@ -107,7 +107,10 @@ std::vector<TileConfig> wgmmaConfigs() {
   std::vector<TileConfig> out;
   auto add = [&](int bm, int bn, Backend b, int cluster, bool rasterN = false) {
     const int stage = (bm + bn) * 64 * 2;
-    const int deepest = std::min(8, (232448 - 1024 - kWgmmaStaticSmem) / stage);
+    // As deep as shared memory allows (only 64x64 goes past 8 stages): at decode shapes its
+    // loads of B are bound by their latency, and 12 stages measured 4-16% faster than 8 at
+    // 1-16 x 1024-8192 x 4096, within 2% at 64x8192x4096 (bench/RESULTS.md, session 24).
+    const int deepest = (232448 - 1024 - kWgmmaStaticSmem) / stage;
     // Cooperative consumers own 64 rows each, or 128 (two m64 MMAs) of a 256-row tile.
     const int wm = b == Backend::WgmmaPingPong ? bm : bm == 256 ? 128 : 64;
     for (int stages = deepest; stages >= std::max(2, deepest - 1); --stages)

@@ -157,8 +157,8 @@ BOOST_AUTO_TEST_CASE(sources_say_where_they_came_from_and_are_deterministic) {
   o.arch = 90;
   codegen::KernelUnit h = codegen::generate(f, *f.find("y"), builtinLibrary(), o);
   for (const char* s : {"#include \"fpat_wgmma.cuh\"", "// epilogue: add(bias_add(acc, $2), $3)",
-                        "using Tile = fpat::WgmmaTile<64, 64, 8, false>;",
-                        "__launch_bounds__(256, 1) fpat_gemm_bias_residual_sm90a_64x64x64_w1x1_s8_"
+                        "using Tile = fpat::WgmmaTile<64, 64, 12, false>;",
+                        "__launch_bounds__(256, 1) fpat_gemm_bias_residual_sm90a_64x64x64_w1x1_s12_"
                         "wgmma_tilestore(const __grid_constant__ FpatTmaArgs p)"})
     BOOST_TEST(h.source.find(s) != std::string::npos, s << "\n" << h.source);
   // A cluster configuration says so in its comment, template arguments and launch attributes.

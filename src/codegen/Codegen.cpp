@@ -14,6 +14,7 @@ namespace fpat::codegen {
 std::string TileConfig::str() const {
   return std::to_string(bm) + "x" + std::to_string(bn) + "x" + std::to_string(bk) + "_w" +
          std::to_string(bm / wm) + "x" + std::to_string(bn / wn) + "_s" + std::to_string(stages) +
+         (aRows > 0 ? "_a" + std::to_string(aRows) : "") +
          (backend == Backend::MmaSync         ? "_mma"
           : backend == Backend::Wgmma         ? "_wgmma"
           : backend == Backend::WgmmaPingPong ? "_pingpong"
@@ -28,6 +29,12 @@ std::optional<TileConfig> TileConfig::parse(const std::string& text) {
                   &t.stages, &used) != 6)
     return std::nullopt;
   std::string rest = text.substr(static_cast<size_t>(used));
+  if (int rows = 0, n = 0; std::sscanf(rest.c_str(), "_a%d%n", &rows, &n) == 1) {
+    if (rows <= 0)
+      return std::nullopt;
+    t.aRows = rows;
+    rest.erase(0, static_cast<size_t>(n));
+  }
   auto strip = [&](const char* suffix) {
     const size_t n = std::char_traits<char>::length(suffix);
     if (rest.size() <= n || rest.compare(rest.size() - n, n, suffix) != 0)
@@ -57,11 +64,12 @@ std::optional<TileConfig> TileConfig::parse(const std::string& text) {
     auto known = wgmmaConfigs();
     bool shapeKnown = std::any_of(known.begin(), known.end(), [&](const TileConfig& k) {
       return k.bm == t.bm && k.bn == t.bn && k.bk == t.bk && k.wm == t.wm && k.wn == t.wn &&
-             k.backend == t.backend && k.cluster == t.cluster && k.rasterN == t.rasterN;
+             k.backend == t.backend && k.cluster == t.cluster && k.rasterN == t.rasterN &&
+             k.aRows == t.aRows;
     });
     if (!shapeKnown || t.stages < 2)
       return std::nullopt;
-  } else if (t.cluster != 1 || t.rasterN) {
+  } else if (t.cluster != 1 || t.rasterN || t.aRows != 0) {
     return std::nullopt;
   }
   return t;
@@ -69,7 +77,7 @@ std::optional<TileConfig> TileConfig::parse(const std::string& text) {
 
 int gemmSmemBytes(const TileConfig& t, bool transB) {
   if (t.wgmma()) // the ring of A and B stages, 1 KB for aligning it to the swizzle atom
-    return t.stages * (t.bm + t.bn) * t.bk * 2 + 1024;
+    return t.stages * (t.stageRowsA() + t.bn) * t.bk * 2 + 1024;
   const int pad = 8;
   int a = t.bm * (t.bk + pad);
   int b = transB ? t.bn * (t.bk + pad) : t.bk * (t.bn + pad);
@@ -105,8 +113,8 @@ constexpr int kWgmmaStaticSmem = 1024 + 8 * 16 * 72 * 2;
 
 std::vector<TileConfig> wgmmaConfigs() {
   std::vector<TileConfig> out;
-  auto add = [&](int bm, int bn, Backend b, int cluster, bool rasterN = false) {
-    const int stage = (bm + bn) * 64 * 2;
+  auto add = [&](int bm, int bn, Backend b, int cluster, bool rasterN = false, int aRows = 0) {
+    const int stage = ((aRows > 0 ? aRows : bm) + bn) * 64 * 2;
     // As deep as shared memory allows (only 64x64 goes past 8 stages): at decode shapes its
     // loads of B are bound by their latency, and 12 stages measured 4-16% faster than 8 at
     // 1-16 x 1024-8192 x 4096, within 2% at 64x8192x4096 (bench/RESULTS.md, session 24).
@@ -114,7 +122,7 @@ std::vector<TileConfig> wgmmaConfigs() {
     // Cooperative consumers own 64 rows each, or 128 (two m64 MMAs) of a 256-row tile.
     const int wm = b == Backend::WgmmaPingPong ? bm : bm == 256 ? 128 : 64;
     for (int stages = deepest; stages >= std::max(2, deepest - 1); --stages)
-      out.push_back(TileConfig{bm, bn, 64, wm, bn, stages, b, cluster, rasterN});
+      out.push_back(TileConfig{bm, bn, 64, wm, bn, stages, b, cluster, rasterN, aRows});
   };
   for (int bm : {128, 64})
     for (int bn : {256, 128, 64})
@@ -135,6 +143,11 @@ std::vector<TileConfig> wgmmaConfigs() {
   // The raster along N, for the tiles the heuristic uses most.
   for (auto [bm, bn] : {std::pair{128, 256}, {128, 128}})
     add(bm, bn, Backend::Wgmma, 1, true);
+  // Decode (at most 16 or 32 rows): A boxes of only those rows, so that the ring holds more
+  // stages of B, whose loads are bound by their latency there (session 24).
+  for (int bn : {64, 128})
+    for (int rows : {16, 32})
+      add(64, bn, Backend::Wgmma, 1, false, rows);
   return out;
 }
 
@@ -182,6 +195,8 @@ GemmProblem gemmProblem(int64_t m, int64_t n, int64_t k, bool transB) {
 
 double wgmmaScore(const TileConfig& t, const GemmProblem& p, int sms) {
   const int64_t m = p.m, n = p.n;
+  if (!t.runsRows(m))
+    return 0;
   const bool epilogueReads = p.epilogueReads;
   const bool pp = t.backend == Backend::WgmmaPingPong;
   // A cluster of two computes two M-tiles, the second one below the matrix where their number
@@ -238,7 +253,7 @@ double wgmmaScore(const TileConfig& t, const GemmProblem& p, int sms) {
   // shares the SM's 256 KB with shared memory: its bias/residual loads measured 10-18% slower
   // with a 226 KB ring than with 194 KB (bench/RESULTS.md, gemm_bias_residual), and the tuner
   // chose 145 KB over 193 KB at 4 of 5 shapes once the stores were staged (session 5).
-  const int stage = (t.bm + t.bn) * t.bk * 2;
+  const int stage = (t.stageRowsA() + t.bn) * t.bk * 2;
   const bool deepest = (t.stages + 1) * stage + 1024 + kWgmmaStaticSmem > 232448 || t.stages >= 8;
   // Not for 256-row tiles from K = 2048 on: 256x128 with four stages (211 KB) measured 1-8%
   // faster than three and the epilogue tile with a residual or bias + GELU at 1000-4096 x

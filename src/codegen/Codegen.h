@@ -38,6 +38,14 @@ struct TileConfig {
   int cluster = 1;
   /// wgmma backends: the persistent schedule walks groups of tiles along N instead of M.
   bool rasterN = false;
+  /// wgmma 64-row cooperative tiles: each stage holds an A box of only this many rows (0: bm),
+  /// leaving room for more stages of B; such a configuration runs problems of at most aRows
+  /// rows (decode), see runsRows.
+  int aRows = 0;
+  /// The rows of A one stage holds.
+  int stageRowsA() const { return aRows > 0 ? aRows : bm; }
+  /// Whether the configuration can compute an M-row problem (a short A box holds them all).
+  bool runsRows(int64_t m) const { return aRows == 0 || m <= aRows; }
   bool wgmma() const { return backend == Backend::Wgmma || backend == Backend::WgmmaPingPong; }
   int threads() const {
     return backend == Backend::WgmmaPingPong ? 384
@@ -47,7 +55,8 @@ struct TileConfig {
   /// `128x128x32_w2x4_s3` (warps along M x N), `_mma` for the mma.sync backend;
   /// `128x256x64_w2x1_s4_wgmma` (consumer warpgroups along M x N) for the wgmma backend,
   /// `128x128x64_w1x1_s6_pingpong` for its ping-pong schedule; `_c2` after either for
-  /// clusters of two, then `_rn` for the raster along N.
+  /// clusters of two, then `_rn` for the raster along N; `64x64x64_w1x1_s20_a16_wgmma` for an
+  /// A box of 16 rows.
   std::string str() const;
   /// The inverse of str(); nullopt for text that is not a configuration name.
   static std::optional<TileConfig> parse(const std::string& text);

@@ -187,15 +187,17 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
   u.epilogueReads = problem.epilogueReads;
   u.tile = o.tile ? *o.tile : defaultTile(problem, o.arch, o.sms);
   std::string fallback;
-  if (u.tile.wgmma() && !tmaOk) {
+  if (u.tile.wgmma() && (!tmaOk || !u.tile.runsRows(u.M))) {
     fallback = "fallback: " + u.tile.str() + " cannot run here (" +
-               (norm           ? std::string("norm_gemm has no wgmma kernel")
-                : o.arch != 90 ? "wgmma needs sm_90, not sm_" + std::to_string(o.arch)
+               (norm                    ? std::string("norm_gemm has no wgmma kernel")
+                : o.arch != 90          ? "wgmma needs sm_90, not sm_" + std::to_string(o.arch)
+                : !u.tile.runsRows(u.M) ? "its A box of " + std::to_string(u.tile.aRows) +
+                                              " rows cannot hold M = " + std::to_string(u.M)
                 : u.N % 8 != 0 ? "TMA needs N % 8 == 0 for a B [K, N] that is not a weight, N is " +
                                      std::to_string(u.N)
                                : std::string("a dimension exceeds 2^31")) +
                ")";
-    problem.tma = false;
+    problem.tma = tmaOk;
     u.tile = defaultTile(problem, o.arch, o.sms);
   }
   const TileConfig& t = u.tile;
@@ -260,7 +262,10 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
              "config:   CTA " + std::to_string(t.bm) + "x" + std::to_string(t.bn) + "x" +
                  std::to_string(t.bk) + ", " + std::to_string(consumers) + " consumer warpgroup" +
                  (consumers > 1 ? "s" : "") + (pp ? " taking alternate tiles (ping-pong)" : "") +
-                 " + 1 producer, " + std::to_string(t.stages) + " stages, " +
+                 " + 1 producer, " + std::to_string(t.stages) + " stages" +
+                 (t.aRows > 0 ? " holding A boxes of " + std::to_string(t.aRows) + " rows"
+                              : std::string()) +
+                 ", " +
                  (t.cluster > 1
                       ? "clusters of " + std::to_string(t.cluster) + " CTAs multicasting B, "
                       : std::string()) +
@@ -352,8 +357,10 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
   if (t.wgmma()) {
     body << "using Tile = fpat::WgmmaTile<" << t.bm << ", " << t.bn << ", " << t.stages << ", "
          << (t.backend == Backend::WgmmaPingPong ? "true" : "false")
-         << (t.cluster > 1 || t.rasterN ? ", " + std::to_string(t.cluster) : std::string())
-         << (t.rasterN ? ", true" : "") << ">;\n"
+         << (t.cluster > 1 || t.rasterN || t.aRows > 0 ? ", " + std::to_string(t.cluster)
+                                                       : std::string())
+         << (t.rasterN || t.aRows > 0 ? t.rasterN ? ", true" : ", false" : "")
+         << (t.aRows > 0 ? ", " + std::to_string(t.aRows) : std::string()) << ">;\n"
          << "// The launch's dynamic shared memory (computed on the host) must be the kernel's.\n"
          << "static_assert(fpat::wgmmaSmemBytes<Tile" << (epiTile ? ", true" : "")
          << (defer && side ? ", true" : "") << ">() == " << smemBytes
@@ -377,10 +384,10 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
     if (padK)
       u.launches.push_back({Launch::PaddedRows, u.name + "_pad", 256, 0, {}});
     Launch l{Launch::Persistent, u.name, t.threads(), smemBytes, {}};
-    // Box shapes as fpat_wgmma.cuh loads them: A in BK x BM boxes; B [N, K] in BK x BN
-    // boxes (half of them per CTA of a cluster), B [K, N] in 64-column x BK boxes (its rows
-    // past K are TMA's zeros: no copy).
-    l.tma.push_back({0, u.K, u.M, t.bk, t.bm, padK ? 0 : -1});
+    // Box shapes as fpat_wgmma.cuh loads them: A in BK x BM boxes (BK x aRows with a short A
+    // box); B [N, K] in BK x BN boxes (half of them per CTA of a cluster), B [K, N] in
+    // 64-column x BK boxes (its rows past K are TMA's zeros: no copy).
+    l.tma.push_back({0, u.K, u.M, t.bk, t.stageRowsA(), padK ? 0 : -1});
     const int b = static_cast<int>(bIdx);
     l.tma.push_back(kMajorB
                         ? TmaMap{b, u.K, u.N, t.bk, t.bn / t.cluster, padB || u.preparedB ? 1 : -1}

@@ -47,7 +47,8 @@ std::string staticReject(const TileConfig& t, bool transB, const DeviceLimits& d
     const auto known = codegen::wgmmaConfigs();
     if (std::none_of(known.begin(), known.end(), [&](const TileConfig& k) {
           return k.bm == t.bm && k.bn == t.bn && k.bk == t.bk && k.wm == t.wm && k.wn == t.wn &&
-                 k.backend == t.backend && k.cluster == t.cluster && k.rasterN == t.rasterN;
+                 k.backend == t.backend && k.cluster == t.cluster && k.rasterN == t.rasterN &&
+                 k.aRows == t.aRows;
         }))
       return "not a tile shape of the wgmma kernel";
     if (t.threads() > d.maxThreadsPerBlock)
@@ -112,7 +113,8 @@ std::vector<TileConfig> searchSpace(const DeviceLimits& d, bool transB,
   const bool norm = p.norm;
   auto fitsProblem = [&](const TileConfig& t) {
     // A tile more than twice the problem in a dimension only computes padding.
-    return t.bm <= std::max<int64_t>(64, 2 * m) && t.bn <= std::max<int64_t>(64, 2 * n);
+    return t.bm <= std::max<int64_t>(64, 2 * m) && t.bn <= std::max<int64_t>(64, 2 * n) &&
+           t.runsRows(m);
   };
   const bool wgmmaOk = d.arch == 90 && p.tma && !norm;
   const TileConfig heuristic = codegen::defaultTile(p, d.arch, d.sms);
@@ -297,7 +299,8 @@ nlohmann::json configJson(const TileConfig& t) {
           {"stages", t.stages},
           {"backend", backendName(t.backend)},
           {"cluster", t.cluster},
-          {"raster", t.rasterN ? "n" : "m"}};
+          {"raster", t.rasterN ? "n" : "m"},
+          {"a_rows", t.aRows}};
 }
 
 } // namespace
@@ -338,6 +341,9 @@ std::optional<Entry> TuningCache::lookup(const Key& k) {
     if (raster != "m" && !(raster == "n" && e.config.wgmma()))
       throw nlohmann::json::other_error::create(501, "bad raster order " + raster, &c);
     e.config.rasterN = raster == "n";
+    e.config.aRows = c.value("a_rows", 0);
+    if (e.config.aRows != 0 && !TileConfig::parse(e.config.str())) // not the template's
+      throw nlohmann::json::other_error::create(501, "bad A box rows", &c);
     e.ms = it->value("ms", 0.0);
     e.heuristicMs = it->value("heuristic_ms", 0.0);
     e.candidates = it->value("candidates", 0);

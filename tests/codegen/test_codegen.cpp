@@ -73,7 +73,8 @@ BOOST_AUTO_TEST_CASE(configuration_names_parse_back) {
         codegen::TileConfig{256, 128, 64, 128, 128, 3, codegen::Backend::Wgmma},
         codegen::TileConfig{128, 256, 64, 64, 256, 3, codegen::Backend::Wgmma, 2},
         codegen::TileConfig{128, 128, 64, 128, 128, 6, codegen::Backend::WgmmaPingPong, 2},
-        codegen::TileConfig{128, 256, 64, 64, 256, 4, codegen::Backend::Wgmma, 1, true}}) {
+        codegen::TileConfig{128, 256, 64, 64, 256, 4, codegen::Backend::Wgmma, 1, true},
+        codegen::TileConfig{64, 64, 64, 64, 64, 20, codegen::Backend::Wgmma, 1, false, 16}}) {
     auto back = codegen::TileConfig::parse(t.str());
     BOOST_REQUIRE(back.has_value());
     BOOST_TEST((*back == t), t.str());
@@ -86,7 +87,11 @@ BOOST_AUTO_TEST_CASE(configuration_names_parse_back) {
         // clusters: wgmma only, of two, and B tiles of at least 128 columns
         "128x128x32_w2x4_s3_c2", "128x256x64_w2x1_s3_wgmma_c3", "128x64x64_w2x1_s6_wgmma_c2",
         "128x256x64_w2x1_s3_c2_wgmma", "128x128x32_w2x4_s3_rn", "128x256x64_w2x1_s3_wgmma_rn_c2",
-        "64x256x64_w1x1_s5_pingpong_rn"})
+        "64x256x64_w1x1_s5_pingpong_rn",
+        // short A boxes: the template's (64-row cooperative tiles, 16 or 32 rows), wgmma only
+        "64x64x64_w2x2_s3_a16", "64x64x64_w1x1_s20_a24_wgmma", "128x128x64_w2x1_s6_a16_wgmma",
+        "64x64x64_w1x1_s20_a0_wgmma", "64x64x64_w1x1_s20_a-16_wgmma", "64x64x64_w1x1_s20_wgmma_a16",
+        "64x256x64_w1x1_s5_a16_pingpong"})
     BOOST_TEST(!codegen::TileConfig::parse(bad).has_value(), bad);
 }
 
@@ -339,6 +344,40 @@ BOOST_AUTO_TEST_CASE(wgmma_falls_back_where_tma_cannot_run) {
   // Not on other GPUs, not for norm_gemm.
   BOOST_TEST(!unitsFor("gemm_bias", {1024, 4096, 4096}, 80).at(0).tile.wgmma());
   BOOST_TEST(!unitsFor("rmsnorm_gemm", {1024, 4096, 4096}, 90).at(0).tile.wgmma());
+}
+
+BOOST_AUTO_TEST_CASE(short_a_boxes_hold_decode_rows_only) {
+  // A box of 16 rows per stage: the ring's stages are (16 + 64) x 64 elements, the A map's
+  // boxes 16 rows deep, and the template says so.
+  const codegen::TileConfig a16 = *codegen::TileConfig::parse("64x64x64_w1x1_s20_a16_wgmma");
+  BOOST_TEST(a16.aRows == 16);
+  BOOST_TEST(codegen::gemmSmemBytes(a16, true) == 20 * (16 + 64) * 64 * 2 + 1024);
+  BOOST_TEST(a16.runsRows(16));
+  BOOST_TEST(!a16.runsRows(17));
+  auto u = unitsFor("gemm_residual", {13, 4096, 4096}, 90, &a16).at(0);
+  BOOST_TEST(u.tile.str() == a16.str());
+  BOOST_TEST(u.name.find("_64x64x64_w1x1_s20_a16_wgmma") != std::string::npos, u.name);
+  BOOST_TEST(u.source.find("using Tile = fpat::WgmmaTile<64, 64, 20, false, 1, false, 16>;") !=
+                 std::string::npos,
+             u.source);
+  BOOST_TEST(u.source.find("20 stages holding A boxes of 16 rows") != std::string::npos);
+  BOOST_REQUIRE(!u.launches.empty());
+  BOOST_TEST(u.launches.back().tma.at(0).boxOuter == 16);
+  BOOST_TEST(u.launches.back().tma.at(2).boxOuter == 64); // the operand tile's boxes: BM rows
+  // More rows than the box holds: the heuristic's configuration instead, and the log line says
+  // why.
+  ir::Graph f = fuse(caseGraph("gemm_residual", {17, 4096, 4096}));
+  codegen::CodegenOptions o;
+  o.tile = &a16;
+  codegen::KernelUnit fb = codegen::generate(f, f.outputs()[0], builtinLibrary(), o);
+  BOOST_TEST(fb.tile.wgmma());
+  BOOST_TEST(fb.tile.aRows == 0);
+  BOOST_TEST(fb.what.find("fallback: 64x64x64_w1x1_s20_a16_wgmma cannot run here (its A box of "
+                          "16 rows cannot hold M = 17)") != std::string::npos,
+             fb.what);
+  // The heuristic never picks a box too short for the problem.
+  for (int64_t m : {17, 33, 64, 1024})
+    BOOST_TEST(unitsFor("gemm_bt", {m, 4096, 4096}, 90).at(0).tile.runsRows(m), m);
 }
 
 BOOST_AUTO_TEST_CASE(wgmma_pads_k_that_tma_cannot_read) {
@@ -661,7 +700,7 @@ BOOST_AUTO_TEST_CASE(wgmma_backend_compiles_for_sm90a_without_serialization,
   for (const codegen::TileConfig& t : codegen::wgmmaConfigs())
     if (tiles.empty() || tiles.back().bm != t.bm || tiles.back().bn != t.bn ||
         tiles.back().cluster != t.cluster || tiles.back().backend != t.backend ||
-        tiles.back().rasterN != t.rasterN ||
+        tiles.back().rasterN != t.rasterN || tiles.back().aRows != t.aRows ||
         codegen::wgmmaEpilogueTile(tiles.back(), 512) != codegen::wgmmaEpilogueTile(t, 512))
       tiles.push_back(t); // each shape once, with and without the epilogue tile
   for (const char* name :
@@ -678,7 +717,8 @@ BOOST_AUTO_TEST_CASE(wgmma_backend_compiles_for_sm90a_without_serialization,
                          t.cluster == 1 && !t.rasterN &&
                          (n == "gemm" || n == "gemm_bt" || n == "gemm_bias_gelu" ||
                           n == "gemm_residual" || n == "gemm_silu_mul");
-      for (Shape sh : {Shape{256, 512, 128}, Shape{2047, 5120, 2048}}) {
+      // Short A boxes at a decode shape (16 rows; the others would fall back).
+      for (Shape sh : {Shape{t.aRows > 0 ? 16 : 256, 512, 128}, Shape{2047, 5120, 2048}}) {
         if (sh.m == 2047 && !split)
           continue;
         ir::Graph f = fuse(caseGraph(name, sh));
@@ -688,6 +728,7 @@ BOOST_AUTO_TEST_CASE(wgmma_backend_compiles_for_sm90a_without_serialization,
         o.tile = &t;
         codegen::KernelUnit u = codegen::generate(f, f.outputs()[0], builtinLibrary(), o);
         BOOST_TEST(u.sm90a, name << " " << t.str());
+        BOOST_TEST(u.tile.str() == t.str());
         BOOST_TEST(u.splitLastWave == (sh.m == 2047), name << " " << t.str() << " " << sh.str());
         units.push_back(std::move(u));
       }

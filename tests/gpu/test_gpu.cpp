@@ -82,6 +82,7 @@ std::vector<codegen::TileConfig> wgmmaTiles() {
   for (const codegen::TileConfig& c : codegen::wgmmaConfigs())
     if (t.empty() || t.back().bm != c.bm || t.back().bn != c.bn || t.back().cluster != c.cluster ||
         t.back().backend != c.backend || t.back().rasterN != c.rasterN ||
+        t.back().aRows != c.aRows ||
         codegen::wgmmaEpilogueTile(t.back(), 520) != codegen::wgmmaEpilogueTile(c, 520))
       t.push_back(c); // each shape, with and without the TMA-stored epilogue tile
   return t;
@@ -92,11 +93,12 @@ const char* const kWgmmaCases[] = {"gemm",           "gemm_bt",       "gemm_bias
 // Aligned, ragged, degenerate (M = 1, N = 1, K = 8) and TMA-incompatible shapes (N % 8 != 0
 // with B [K, N]); 1000x1000x40 gives CTAs several tiles of one k-tile each (the epilogue tile's
 // hand-over between tiles); K % 8 != 0 runs on padded copies (64x64x100, 130x136x1001, and
-// 33x72x7: less than one 16-byte row).
+// 33x72x7: less than one 16-byte row). 13x264x4104 is a decode shape for the short A boxes
+// (13 of a box's 16 rows, 65 k-tiles: the deepest ring wraps three times; few tiles, split in k).
 const Shape kWgmmaShapes[] = {Shape{64, 64, 64},     Shape{1, 8, 8},        Shape{1000, 520, 72},
                               Shape{129, 264, 4104}, Shape{1000, 1000, 40}, Shape{17, 100, 1000},
                               Shape{64, 64, 100},    Shape{1, 17, 40},      Shape{100, 1, 64},
-                              Shape{130, 136, 1001}, Shape{33, 72, 7}};
+                              Shape{130, 136, 1001}, Shape{33, 72, 7},      Shape{13, 264, 4104}};
 
 /// prepared_weights_match_the_reference: weights B that TMA reads badly as given, N % 8 != 0,
 /// N % 64 != 0, K % 8 != 0, M = 1; the default configuration, clusters, ping-pong.
@@ -303,6 +305,10 @@ BOOST_AUTO_TEST_CASE(wgmma_configurations_match_the_reference) {
           const codegen::TileConfig ran = runWithTile(name, s, t, 13);
           const bool tma = codegen::tmaCompatible(s.m, s.n, s.k, std::string(name) == "gemm_bt");
           BOOST_TEST(ran.wgmma() == tma, "ran as " << ran.str());
+          // A configuration runs as forced wherever TMA can run the shape and, with a short A
+          // box, the box holds its rows (otherwise the code generator falls back).
+          if (tma && t.runsRows(s.m))
+            BOOST_TEST(ran.str() == t.str());
           onWgmma += ran.wgmma();
         }
   BOOST_TEST(onWgmma > 0);

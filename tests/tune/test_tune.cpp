@@ -9,6 +9,7 @@
 #include <fstream>
 #include <iterator>
 #include <sys/wait.h>
+#include <tuple>
 #include <unistd.h>
 
 using namespace fpat;
@@ -88,11 +89,17 @@ BOOST_AUTO_TEST_CASE(search_space_respects_the_h200) {
   for (const TileConfig& t : fullSpace())
     big = big || (staticReject(t, false, d).empty() && codegen::gemmSmemBytes(t, false) > 49152);
   BOOST_TEST(big);
-  // Small problems get small tiles.
-  for (const TileConfig& t : searchSpace(d, false, problem(17, 100), 24)) {
+  // Small problems get small tiles, and short A boxes only where they hold every row.
+  bool shortBox = false;
+  for (const TileConfig& t : searchSpace(d, false, problem(17, 128), 1000)) {
     BOOST_TEST(t.bm <= 64, t.str());
     BOOST_TEST(t.bn <= 256, t.str());
+    BOOST_TEST(t.runsRows(17), t.str());
+    shortBox = shortBox || t.aRows > 0;
   }
+  BOOST_TEST(shortBox); // 32-row boxes
+  for (const TileConfig& t : searchSpace(d, false, problem(33, 4096), 100))
+    BOOST_TEST(t.aRows == 0, t.str());
 }
 
 BOOST_AUTO_TEST_CASE(norm_gemm_keeps_eight_warps_per_tile) {
@@ -295,6 +302,12 @@ BOOST_AUTO_TEST_CASE(cache_round_trip) {
   auto b = TuningCache(tc.path).lookup(key("b"));
   BOOST_REQUIRE(b.has_value());
   BOOST_TEST((b->config == clustered));
+  // So does a short A box.
+  const TileConfig decode = *TileConfig::parse("64x128x64_w1x1_s11_a16_wgmma");
+  again.store(key("d"), Entry{decode, 0.02, 0.03, 2});
+  auto d = TuningCache(tc.path).lookup(key("d"));
+  BOOST_REQUIRE(d.has_value());
+  BOOST_TEST(d->config.str() == decode.str());
   // A cluster size or raster the kernels do not have makes the entry malformed: ignored with a
   // warning, never a configuration codegen would reject later.
   std::string text;
@@ -302,9 +315,11 @@ BOOST_AUTO_TEST_CASE(cache_round_trip) {
     std::ifstream in(tc.path);
     text.assign(std::istreambuf_iterator<char>(in), {});
   }
-  for (auto [from, to] : {std::pair<std::string, std::string>{"\"cluster\": 2", "\"cluster\": 3"},
-                          {"\"raster\": \"n\"", "\"raster\": \"z\""},
-                          {"\"backend\": \"wgmma\"", "\"backend\": \"wmma\""}})
+  for (auto [from, to, which] :
+       {std::tuple<std::string, std::string, std::string>{"\"cluster\": 2", "\"cluster\": 3", "b"},
+        {"\"raster\": \"n\"", "\"raster\": \"z\"", "b"},
+        {"\"backend\": \"wgmma\"", "\"backend\": \"wmma\"", "b"},
+        {"\"a_rows\": 16", "\"a_rows\": 24", "d"}})
     BOOST_TEST_CONTEXT(to) {
       const size_t at = text.find(from);
       BOOST_REQUIRE(at != std::string::npos);
@@ -312,7 +327,7 @@ BOOST_AUTO_TEST_CASE(cache_round_trip) {
       bad.replace(at, from.size(), to);
       std::ofstream(tc.path, std::ios::trunc) << bad;
       TuningCache c(tc.path);
-      BOOST_TEST(!c.lookup(key("b")).has_value());
+      BOOST_TEST(!c.lookup(key(which)).has_value());
       auto w = c.takeWarnings();
       BOOST_REQUIRE(w.size() == 1u);
       BOOST_TEST(w[0].find("malformed") != std::string::npos, w[0]);

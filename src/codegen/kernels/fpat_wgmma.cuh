@@ -47,15 +47,27 @@ namespace fpat {
 
 /// A wgmma configuration: a BM x BN tile (64-deep k-tiles), cooperative or ping-pong, alone or
 /// in clusters of two CTAs sharing B, tiles walked in groups along M or along N.
-template <int BM_, int BN_, int STAGES_, bool PINGPONG_, int CLUSTER_ = 1, bool RASTER_N_ = false>
+///
+/// A_ROWS < BM (64-row cooperative tiles only, for problems of at most A_ROWS rows: decode):
+/// each stage holds an A box of only A_ROWS rows, so that more stages of B fit in shared memory
+/// (their loads are bound by latency there). The m64 MMAs still read 64 rows of A: rows A_ROWS
+/// and on come from the same stage's B, which the same TMA transaction brought (so nothing is
+/// read before it lands), and give accumulator rows below the problem, which no path stores.
+template <int BM_, int BN_, int STAGES_, bool PINGPONG_, int CLUSTER_ = 1, bool RASTER_N_ = false,
+          int A_ROWS_ = BM_>
 struct WgmmaTile {
   static constexpr int BM = BM_, BN = BN_, BK = 64, STAGES = STAGES_, CLUSTER = CLUSTER_;
   static constexpr bool PINGPONG = PINGPONG_, RASTER_N = RASTER_N_;
   static constexpr int CONSUMERS = PINGPONG || BM == 256 ? 2 : BM / 64;
   static constexpr int MI = BM / 64 / (PINGPONG ? 1 : CONSUMERS); // m64 MMAs per consumer, k step
   static constexpr int THREADS = 128 * (CONSUMERS + 1);
-  static constexpr int A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2;
+  static constexpr int A_ROWS = A_ROWS_;
+  static constexpr int A_BYTES = A_ROWS * BK * 2, B_BYTES = BN * BK * 2;
   static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
+  static_assert(A_ROWS == BM || (BM == 64 && !PINGPONG && CLUSTER == 1 && A_ROWS % 8 == 0 &&
+                                 A_ROWS > 0 && A_ROWS < BM),
+                "a short A box: whole 1 KB swizzle atoms, 64-row cooperative tiles alone");
+  static_assert(BM * BK * 2 <= STAGE_BYTES, "an MMA's 64 rows of A stay inside their stage");
   static_assert(BN == 64 || BN == 128 || BN == 192 || BN == 256,
                 "wgmma tiles are 64, 128, 192 or 256 wide");
   static_assert(BM == 64 || BM == 128 || (BM == 256 && !PINGPONG && CLUSTER == 1),

@@ -238,6 +238,12 @@ double wgmmaScore(const TileConfig& t, const GemmProblem& p, int sms) {
                                : (t.bn == 256   ? 0.85
                                   : t.bn == 128 ? 0.75
                                                 : 0.52);
+  // Short A boxes (decode: M <= aRows) hold more stages of B, whose loads are bound by their
+  // latency there: 64x64 with 16 or 32 rows ran 1.05-1.5x as fast as with 64 rows, 64x128
+  // 1.0-1.1x (1-32 x 2048-14336 x 4096-14336, bench/RESULTS.md, session 25). The shorter box
+  // first: its ring is deeper.
+  if (t.aRows > 0)
+    speed *= (t.bn == 64 ? 1.2 : 1.05) - 0.01 * t.aRows / 16;
   if (pp) {
     const double big = t.bm * t.bn >= 128 * 128 ? 1.0 : 0.85;
     speed = (tiles >= 2.0 * sms ? (epilogueReads ? 0.95 : 0.92) : 0.5) * big *

@@ -157,13 +157,26 @@ BOOST_AUTO_TEST_CASE(hopper_defaults_to_the_wgmma_backend) {
   // Fewer tiles than SMs are split in k (session 17): 77x4096x11008 on 64x128 in two pieces
   // (0.034 ms) rather than 128 tiles of 64x64 (0.053), also with a residual; 1x11008x4096 with
   // a residual 64x128 (0.035) rather than 64x64 (0.043); 64x64 still at 16x4096x4096, with
-  // 12 stages (0.0185 ms against 0.0193 with 8, session 24).
+  // 12 stages (0.0185 ms against 0.0193 with 8, session 24). At most 16 or 32 rows: the same
+  // tiles with A boxes of 16 or 32 rows and deeper rings (session 25: 1x14336x4096 64x128 0.034
+  // ms against 0.037 with 64-row boxes; 16x4096x4096 64x64 0.0175 against 0.0183; 8x5120x5120
+  // 64x64 0.019 against 64x128's 0.025; 32x8192x4096 0.023 against 0.024).
   const TileConfig mid8{64, 128, 64, 64, 128, 8, Backend::Wgmma};
   BOOST_TEST((defaultTile(prepared(77, 4096, 11008, false), 90, 132) == mid8));
   BOOST_TEST((defaultTile(prepared(77, 4096, 11008, true), 90, 132) == mid8));
-  BOOST_TEST((defaultTile(prepared(1, 11008, 4096, true), 90, 132) == mid8));
-  BOOST_TEST((defaultTile(prepared(16, 4096, 4096, false), 90, 132) ==
-              TileConfig{64, 64, 64, 64, 64, 12, Backend::Wgmma}));
+  BOOST_TEST(defaultTile(prepared(1, 11008, 4096, true), 90, 132).str() ==
+             "64x128x64_w1x1_s11_a16_wgmma");
+  BOOST_TEST(defaultTile(prepared(1, 14336, 4096, true), 90, 132).str() ==
+             "64x128x64_w1x1_s11_a16_wgmma");
+  BOOST_TEST(defaultTile(prepared(16, 4096, 4096, false), 90, 132).str() ==
+             "64x64x64_w1x1_s20_a16_wgmma");
+  BOOST_TEST(defaultTile(prepared(8, 5120, 5120, true), 90, 132).str() ==
+             "64x64x64_w1x1_s20_a16_wgmma");
+  BOOST_TEST(defaultTile(prepared(32, 8192, 4096, true), 90, 132).str() ==
+             "64x64x64_w1x1_s17_a32_wgmma");
+  BOOST_TEST(defaultTile(prepared(24, 14336, 4096, true), 90, 132).str() ==
+             "64x128x64_w1x1_s10_a32_wgmma");
+  BOOST_TEST(defaultTile(prepared(33, 4096, 4096, true), 90, 132).aRows == 0);
   // Not where TMA cannot run, not for norm_gemm.
   BOOST_TEST(!defaultTile(noTmaProblem(4096, 4096), 90, 132).wgmma());
   BOOST_TEST(!defaultTile(normProblem(4096, 4096), 90, 132).wgmma());

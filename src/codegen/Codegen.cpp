@@ -145,7 +145,7 @@ std::vector<TileConfig> wgmmaConfigs() {
     add(bm, bn, Backend::Wgmma, 1, true);
   // Decode (at most 16 or 32 rows): A boxes of only those rows, so that the ring holds more
   // stages of B, whose loads are bound by their latency there (session 24).
-  for (int bn : {64, 128})
+  for (int bn : {64, 128, 256})
     for (int rows : {16, 32})
       add(64, bn, Backend::Wgmma, 1, false, rows);
   return out;

@@ -164,18 +164,14 @@ BOOST_AUTO_TEST_CASE(hopper_defaults_to_the_wgmma_backend) {
   const TileConfig mid8{64, 128, 64, 64, 128, 8, Backend::Wgmma};
   BOOST_TEST((defaultTile(prepared(77, 4096, 11008, false), 90, 132) == mid8));
   BOOST_TEST((defaultTile(prepared(77, 4096, 11008, true), 90, 132) == mid8));
-  BOOST_TEST(defaultTile(prepared(1, 11008, 4096, true), 90, 132).str() ==
-             "64x128x64_w1x1_s11_a16_wgmma");
-  BOOST_TEST(defaultTile(prepared(1, 14336, 4096, true), 90, 132).str() ==
-             "64x128x64_w1x1_s11_a16_wgmma");
-  BOOST_TEST(defaultTile(prepared(16, 4096, 4096, false), 90, 132).str() ==
-             "64x64x64_w1x1_s20_a16_wgmma");
-  BOOST_TEST(defaultTile(prepared(8, 5120, 5120, true), 90, 132).str() ==
-             "64x64x64_w1x1_s20_a16_wgmma");
-  BOOST_TEST(defaultTile(prepared(32, 8192, 4096, true), 90, 132).str() ==
-             "64x64x64_w1x1_s17_a32_wgmma");
-  BOOST_TEST(defaultTile(prepared(24, 14336, 4096, true), 90, 132).str() ==
-             "64x128x64_w1x1_s10_a32_wgmma");
+  for (auto [m, n, k, transB, name] : {std::tuple<int64_t, int64_t, int64_t, bool, const char*>{
+                                           1, 11008, 4096, true, "64x128x64_w1x1_s11_a16_wgmma"},
+                                       {1, 14336, 4096, true, "64x128x64_w1x1_s11_a16_wgmma"},
+                                       {16, 4096, 4096, false, "64x64x64_w1x1_s20_a16_wgmma"},
+                                       {8, 5120, 5120, true, "64x64x64_w1x1_s20_a16_wgmma"},
+                                       {32, 8192, 4096, true, "64x64x64_w1x1_s17_a32_wgmma"},
+                                       {24, 14336, 4096, true, "64x128x64_w1x1_s10_a32_wgmma"}})
+    BOOST_TEST(defaultTile(prepared(m, n, k, transB), 90, 132).str() == name);
   BOOST_TEST(defaultTile(prepared(33, 4096, 4096, true), 90, 132).aRows == 0);
   // Not where TMA cannot run, not for norm_gemm.
   BOOST_TEST(!defaultTile(noTmaProblem(4096, 4096), 90, 132).wgmma());

@@ -494,6 +494,10 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
 
   const FpatKernelArgs& a = p.k;
   const int M = static_cast<int>(a.M), N = static_cast<int>(a.N), K = static_cast<int>(a.K);
+  // A short A box cannot hold more rows: fail the launch rather than compute wrong rows (the
+  // code generator never pairs such a configuration with a larger M).
+  if (T::A_ROWS < BM && M > T::A_ROWS)
+    __trap();
   const int tilesM = (M + BM - 1) / BM, tilesN = (N + BN - 1) / BN, KT = (K + BK - 1) / BK;
   // The schedule hands out units of CL M-tiles sharing one B tile, one per cluster; this CTA
   // computes M-tile CL * um + rank of unit (um, tn). With an odd number of M-tiles the last

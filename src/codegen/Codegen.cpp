@@ -144,7 +144,8 @@ std::vector<TileConfig> wgmmaConfigs() {
   for (auto [bm, bn] : {std::pair{128, 256}, {128, 128}})
     add(bm, bn, Backend::Wgmma, 1, true);
   // Decode (at most 16 or 32 rows): A boxes of only those rows, so that the ring holds more
-  // stages of B, whose loads are bound by their latency there (session 24).
+  // stages of B, whose loads are bound by their latency there (bench/RESULTS.md, sessions 24
+  // and 25).
   for (int bn : {64, 128, 256})
     for (int rows : {16, 32})
       add(64, bn, Backend::Wgmma, 1, false, rows);
@@ -239,9 +240,9 @@ double wgmmaScore(const TileConfig& t, const GemmProblem& p, int sms) {
                                   : t.bn == 128 ? 0.75
                                                 : 0.52);
   // Short A boxes (decode: M <= aRows) hold more stages of B, whose loads are bound by their
-  // latency there: 64x64 with 16 or 32 rows ran 1.05-1.5x as fast as with 64 rows, 64x128
-  // 1.0-1.1x (1-32 x 2048-14336 x 4096-14336, bench/RESULTS.md, session 25). The shorter box
-  // first: its ring is deeper.
+  // latency there: 64x64 with 16 or 32 rows ran 1.05-1.5x as fast as with 64 rows, 64x128 and
+  // 64x256 1.0-1.1x (1-32 x 2048-128256 x 4096-14336, bench/RESULTS.md, session 25). The
+  // shorter box first: its ring is deeper.
   if (t.aRows > 0)
     speed *= (t.bn == 64 ? 1.2 : 1.05) - 0.01 * t.aRows / 16;
   if (pp) {

@@ -101,7 +101,7 @@ inline bool wgmmaPadsK(int64_t k) {
 bool preparesWeightB(const ir::Graph& g, ir::Vertex v);
 
 /// The wgmma configurations the kernel template implements (cooperative and ping-pong tiles,
-/// the two deepest rings that fit in 227 KB).
+/// the two deepest rings that fit in 227 KB; 64-row tiles also with short A boxes).
 std::vector<TileConfig> wgmmaConfigs();
 
 /// Whether the cp.async GEMM kernels can use 16-byte loads of A and B (K, and N for B [K, N],

@@ -100,6 +100,13 @@ inline bool wgmmaPadsK(int64_t k) {
 /// with K % 8 != 0 (padded once instead of on every run).
 bool preparesWeightB(const ir::Graph& g, ir::Vertex v);
 
+/// Whether the wgmma kernel for norm_gemm op `v` defers its normalisation: it runs on the raw
+/// rows of x with gamma folded into B (x (diag(gamma) W)), scales each row by rstd in its
+/// epilogue and, for LayerNorm, subtracts mean rstd colsum(diag(gamma) W) and adds beta W;
+/// a statistics launch computes mean and rstd first. Needs W, gamma (and beta) to be weights:
+/// their folded forms are computed once, when they are uploaded.
+bool defersNorm(const ir::Graph& g, ir::Vertex v);
+
 /// The wgmma configurations the kernel template implements (cooperative and ping-pong tiles,
 /// the two deepest rings that fit in 227 KB; 64-row tiles also with short A boxes).
 std::vector<TileConfig> wgmmaConfigs();
@@ -177,12 +184,27 @@ struct Launch {
   // rows of A (and of B [N, K]) copied into padded rows (wgmmaPadsK). PreparedWeight: a
   // block-stride loop over 64 x 64 tiles of a weight B copied into [N, paddedK(K)] rows
   // (preparesWeightB); the runtime runs it when the weight is uploaded, not on every run.
-  enum Grid { GemmTiles, Rows, Elements, Persistent, PaddedRows, PreparedWeight } grid = GemmTiles;
+  // PreparedColumns: a warp per column of the weight (the deferred LayerNorm's column terms),
+  // also run when the weight is uploaded.
+  enum Grid {
+    GemmTiles,
+    Rows,
+    Elements,
+    Persistent,
+    PaddedRows,
+    PreparedWeight,
+    PreparedColumns
+  } grid = GemmTiles;
   std::string entry; // extern "C" name
   int threads = 256;
   int smemBytes = 0;
   // Non-empty: the kernel takes FpatTmaArgs with these maps, in its order (a, b, c, d).
   std::vector<TmaMap> tma;
+  // The kernel may start before the launch ahead of it has finished (programmatic dependent
+  // launch): it waits for that launch's results where it reads them (fpat::waitPriorGrid).
+  bool overlapsPrevious = false;
+  /// Whether the runtime runs it when weights are uploaded rather than on every run.
+  bool preparesWeights() const { return grid == PreparedWeight || grid == PreparedColumns; }
 };
 
 /// One generated translation unit and how to run it for one op.
@@ -205,10 +227,18 @@ struct KernelUnit {
   float eps = 0;
   std::vector<float> params;
   bool needsRowStats = false; // norm_gemm: two f32 [M] scratch buffers
+  // wgmma norm_gemm: the norm deferred to the epilogue (deferredNorm below); its statistics
+  // launch writes two f32 [M] buffers (FpatKernelArgs::rowStats), and the prepared B carries
+  // the LayerNorm's column terms behind it (preparedBBytes).
+  ir::NormKind deferredNorm = ir::NormKind::None;
   // wgmma cooperative: compiled with the last wave split in k (lastWaveSplit planned one for
   // CodegenOptions::sms); the Executor passes such kernels a partial-sum workspace.
   bool splitLastWave = false;
 };
+
+/// Bytes of the prepared copy of B for a wgmma kernel: N rows of paddedK(K) elements, and for
+/// a deferred LayerNorm its two f32 column vectors of normColumnsPitch(N) entries (fpat_wgmma.cuh).
+size_t preparedBBytes(const KernelUnit& u);
 
 struct CodegenOptions {
   int arch = 90;                              // sm_XX

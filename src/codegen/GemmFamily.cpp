@@ -179,7 +179,9 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
   u.transB = op.transposeB;
   u.vec = vectorLoads(u.M, u.N, u.K, u.transB);
   u.family = family->name;
-  u.needsRowStats = norm;
+  // The deferred norm where the Hopper backend runs this op; the cp.async kernels normalise A
+  // as they load it, after a statistics launch of their own (needsRowStats).
+  const bool deferrable = norm && defersNorm(g, v);
   // The wgmma backend where it applies; otherwise (or when a forced configuration asks for
   // it where it cannot run) the cp.async backends, with the reason in the generated file.
   GemmProblem problem = gemmProblemOf(g, v);
@@ -189,7 +191,9 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
   std::string fallback;
   if (u.tile.wgmma() && (!tmaOk || !u.tile.runsRows(u.M))) {
     fallback = "fallback: " + u.tile.str() + " cannot run here (" +
-               (norm                    ? std::string("norm_gemm has no wgmma kernel")
+               (norm && !deferrable
+                    ? std::string("norm_gemm defers its norm to a wgmma kernel only where W, "
+                                  "gamma and beta are weights")
                 : o.arch != 90          ? "wgmma needs sm_90, not sm_" + std::to_string(o.arch)
                 : !u.tile.runsRows(u.M) ? "its A box of " + std::to_string(u.tile.aRows) +
                                               " rows cannot hold M = " + std::to_string(u.M)
@@ -202,6 +206,9 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
   }
   const TileConfig& t = u.tile;
   u.sm90a = t.wgmma();
+  const bool deferNorm = deferrable && t.wgmma();
+  u.needsRowStats = norm && !deferNorm;
+  u.deferredNorm = deferNorm ? ir::normKindOf(op) : ir::NormKind::None;
   const bool epiTile = wgmmaEpilogueTile(t, u.N);
   // Activations are the costly part of an epilogue (MUFU operations while the tensor cores
   // wait): those epilogues are deferred to the producer warpgroup's idle warps. An [M, N]
@@ -237,7 +244,7 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
   const std::string cfg =
       t.str() + (u.transB ? "_bt" : "") +
       (t.wgmma() ? std::string(epiTile ? "_tilestore" : "") + (u.splitLastWave ? "_splitk" : "") +
-                       (padK ? "_padk" : "") + (u.preparedB ? "_bprep" : "")
+                       (padK ? "_padk" : "") + (u.preparedB && !deferNorm ? "_bprep" : "")
        : u.vec ? "_vec"
                : "_any");
   u.name = "fpat_" + base + "_" + (t.wgmma() ? std::string("sm90a") : arch) + "_" + cfg;
@@ -271,7 +278,16 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
                       : std::string()) +
                  (t.rasterN ? "tiles in groups along N, " : "") + std::to_string(t.threads()) +
                  " threads" + (u.transB ? ", B is [N, K]" : ", B is [K, N]")};
-    if (u.preparedB)
+    if (deferNorm)
+      lines.push_back(std::string("norm:     deferred: the GEMM reads the raw rows of x and a copy "
+                                  "of B in [N, K] rows with gamma folded in, made once when the "
+                                  "weights are uploaded; a statistics launch before it (which it "
+                                  "overlaps) gives each row's ") +
+                      (normKind == 1 ? "mean and rstd; acc = rstd (acc - mean colsum(B')) + "
+                                       "beta W, the column terms also made at upload"
+                                     : "rstd; acc = rstd acc") +
+                      ", before the epilogue");
+    else if (u.preparedB)
       lines.push_back(std::string("weight:   B is a weight, read from a copy in [N, K] rows of K "
                                   "rounded up to 8 made once, when it is uploaded (") +
                       (u.transB ? "K % 8 != 0" : "its [K, N] rows are not 128-byte multiples") +
@@ -315,6 +331,7 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
        << (t.wgmma() ? "#include \"fpat_wgmma.cuh\"\n" : "#include \"fpat_gemm.cuh\"\n");
   if (norm)
     body << "#include \"fpat_rowwise.cuh\"\n";
+  const int deferredKind = deferNorm ? normKind : 0;
   body << "\n" << activationFunctions(acts, lib);
   body << (acts.fns.empty() ? "" : "\n") << "namespace {\n\n"
        << "struct Epilogue {\n"
@@ -331,6 +348,8 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
          << "  static constexpr bool kDefer = " << (defer ? "true" : "false") << ";\n"
          << "  // Whether the last wave may be split in k (planned for this shape).\n"
          << "  static constexpr bool kSplit = " << (u.splitLastWave ? "true" : "false") << ";\n"
+         << "  // The deferred norm applied to the accumulator first: 0 none, 1 layernorm, 2 rmsnorm.\n"
+         << "  static constexpr int kNorm = " << deferredKind << ";\n"
          << "  // Column pairs; s: operand kStaged's pair, read from the tile. kFma: the second\n"
          << "  // element's exp and division on the FMA pipe (fpat_common.cuh).\n"
          << "  template <bool kFma = true>\n"
@@ -372,8 +391,19 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
          << (u.preparedB
                  ? "extern \"C\" __global__ void __launch_bounds__(256) " + u.name +
                        "_prep(const FpatKernelArgs a) {\n  fpat::prepareWeightB<" +
-                       (u.transB ? "false" : "true") + ", " + std::to_string(bIdx) + ">(a);\n}\n\n"
+                       (u.transB ? "false" : "true") + ", " + std::to_string(bIdx) +
+                       (deferNorm ? ", true" : "") + ">(a);\n}\n\n"
                  : std::string())
+         << (deferNorm && normKind == 1
+                 ? "extern \"C\" __global__ void __launch_bounds__(256) " + u.name +
+                       "_prepcols(const FpatKernelArgs a) {\n  fpat::prepareNormColumns<" +
+                       (u.transB ? "false" : "true") + ", " + std::to_string(bIdx) +
+                       ">(a);\n}\n\n"
+                 : std::string())
+         << (deferNorm ? "extern \"C\" __global__ void __launch_bounds__(256) " + u.name +
+                             "_rowstats(const FpatKernelArgs a) {\n  fpat::deferredNormStats<" +
+                             (normKind == 1 ? "true" : "false") + ">(a);\n}\n\n"
+                       : std::string())
          << "extern \"C\" __global__ void "
          << (t.cluster > 1 ? "__cluster_dims__(" + std::to_string(t.cluster) + ", 1, 1) " : "")
          << "__launch_bounds__(" << t.threads() << ", 1) " << u.name
@@ -381,9 +411,16 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
          << "  fpat::gemmWgmma<Tile, " << (kMajorB ? "true" : "false") << ", Epilogue>(p);\n}\n";
     if (u.preparedB)
       u.launches.push_back({Launch::PreparedWeight, u.name + "_prep", 256, 0, {}});
+    if (deferNorm && normKind == 1)
+      u.launches.push_back({Launch::PreparedColumns, u.name + "_prepcols", 256, 0, {}});
     if (padK)
       u.launches.push_back({Launch::PaddedRows, u.name + "_pad", 256, 0, {}});
+    // The statistics launch goes last before the GEMM, which overlaps it: the GEMM's main loop
+    // needs only x and B, its epilogue waits for the statistics.
+    if (deferNorm)
+      u.launches.push_back({Launch::Rows, u.name + "_rowstats", 256, 0, {}});
     Launch l{Launch::Persistent, u.name, t.threads(), smemBytes, {}};
+    l.overlapsPrevious = deferNorm;
     // Box shapes as fpat_wgmma.cuh loads them: A in BK x BM boxes (BK x aRows with a short A
     // box); B [N, K] in BK x BN boxes (half of them per CTA of a cluster), B [K, N] in
     // 64-column x BK boxes (its rows past K are TMA's zeros: no copy).
@@ -431,10 +468,36 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
 
 namespace fpat::codegen {
 
+bool defersNorm(const ir::Graph& g, ir::Vertex v) {
+  const ir::Op& op = g.op(v);
+  const ir::FamilyInfo* family = ir::familyOf(op);
+  if (!family || !family->normalisesA || ir::normKindOf(op) == ir::NormKind::None)
+    return false;
+  const std::vector<ir::Vertex> ins = g.operands(v);
+  const size_t bIdx = ir::gemmBIndex(op);
+  if (ins.size() <= bIdx)
+    return false;
+  // gamma (and beta) and W: weights, the first two vectors, W a matrix.
+  for (size_t i = 1; i <= bIdx; ++i) {
+    const ir::Op& w = g.op(ins[i]);
+    if (w.kind != ir::OpKind::Input || !w.weight || w.type.rank() != (i == bIdx ? 2 : 1))
+      return false;
+  }
+  return true;
+}
+
+size_t preparedBBytes(const KernelUnit& u) {
+  const size_t n = static_cast<size_t>(u.N), k = static_cast<size_t>(paddedK(u.K));
+  const size_t pitch = (n + 255) / 256 * 256; // normColumnsPitch in fpat_wgmma.cuh
+  return n * k * 2 + (u.deferredNorm == ir::NormKind::LayerNorm ? 2 * pitch * sizeof(float) : 0);
+}
+
 bool preparesWeightB(const ir::Graph& g, ir::Vertex v) {
   const ir::Op& op = g.op(v);
   const ir::FamilyInfo* family = ir::familyOf(op);
-  if (!family || !family->hasWgmmaPath || family->normalisesA)
+  if (family && family->normalisesA)
+    return defersNorm(g, v); // gamma is folded into a copy of B
+  if (!family || !family->hasWgmmaPath)
     return false;
   const std::vector<ir::Vertex> ins = g.operands(v);
   const size_t bIdx = ir::gemmBIndex(op);
@@ -455,8 +518,10 @@ GemmProblem gemmProblemOf(const ir::Graph& g, ir::Vertex v) {
   const bool prepared = preparesWeightB(g, v);
   GemmProblem p = gemmProblem(op.type.shape[0], op.type.shape[1], k, op.transposeB || prepared);
   p.vec = vectorLoads(p.m, p.n, k, op.transposeB);
-  p.norm = family && family->normalisesA;
-  p.tma = p.tma && family && family->hasWgmmaPath && !p.norm;
+  // A deferred norm leaves the main loop a plain GEMM's (on the Hopper backend).
+  const bool deferred = defersNorm(g, v);
+  p.norm = family && family->normalisesA && !deferred;
+  p.tma = p.tma && family && (family->hasWgmmaPath || deferred) && !p.norm;
   p.epilogueReads = op.kind == ir::OpKind::Fused && !op.fused.epilogue.operands().empty();
   return p;
 }

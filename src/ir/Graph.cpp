@@ -141,6 +141,14 @@ const FamilyInfo& familyInfo(Family f) {
   return kernelFamilies().at(static_cast<size_t>(f));
 }
 
+NormKind normKindOf(const Op& op) {
+  if (op.kind != OpKind::Fused)
+    return NormKind::None;
+  return op.fused.norm == "layernorm" ? NormKind::LayerNorm
+         : op.fused.norm == "rmsnorm" ? NormKind::RmsNorm
+                                      : NormKind::None;
+}
+
 size_t gemmBIndex(const Op& op) {
   const FamilyInfo* f = familyOf(op);
   if (!f || !f->normalisesA)

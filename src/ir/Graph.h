@@ -108,6 +108,10 @@ struct Op {
   SourceLoc loc;                        // where it was defined, when it came from text
 };
 
+/// The normalisation a norm_gemm op applies to its A (None for every other op).
+enum class NormKind : uint8_t { None, LayerNorm, RmsNorm };
+NormKind normKindOf(const Op& op);
+
 /// The operand index of a GEMM-family op's B (its main operands are 0 .. that index): gemm
 /// A, B; norm_gemm x, gamma, B (rmsnorm) or x, gamma, beta, B (layernorm). The one place that
 /// layout is written down; the rewriter, type inference, the reference and codegen use it.

@@ -39,7 +39,9 @@ struct Api {
   CUresult (*cuEventSynchronize)(CUevent);
   CUresult (*cuEventElapsedTime)(float*, CUevent, CUevent);
   CUresult (*cuEventDestroy)(CUevent);
-  // Optional (CUDA 12+): cluster occupancy and TMA tensor maps for the Hopper backend.
+  // Optional (CUDA 12+): cluster occupancy and TMA tensor maps for the Hopper backend, and
+  // launches with attributes (programmatic dependent launch).
+  CUresult (*cuLaunchKernelEx)(const void*, CUfunction, void**, void**);
   CUresult (*cuOccupancyMaxActiveClusters)(int*, CUfunction, const void*);
   CUresult (*cuTensorMapEncodeTiled)(void*, int, unsigned, void*, const uint64_t*, const uint64_t*,
                                      const unsigned*, const unsigned*, int, int, int, int);
@@ -112,6 +114,7 @@ bool Driver::init(std::string* why) {
   }
   hasTensorMaps_ = resolve(lib_, api.cuTensorMapEncodeTiled, "cuTensorMapEncodeTiled");
   resolve(lib_, api.cuOccupancyMaxActiveClusters, "cuOccupancyMaxActiveClusters");
+  resolve(lib_, api.cuLaunchKernelEx, "cuLaunchKernelEx");
   const char* msg = nullptr;
   if (CUresult r = api.cuInit(0); r != 0) {
     api.cuGetErrorString(r, &msg);
@@ -183,6 +186,33 @@ void Driver::launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigne
   check(api.cuLaunchKernel(f, gx, gy, gz, bx, 1, 1, static_cast<unsigned>(smem), nullptr, params,
                            nullptr),
         "cuLaunchKernel");
+}
+void Driver::launchOverlapping(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                               int smem, void* argBlock) {
+  if (!api.cuLaunchKernelEx) {
+    launch(f, gx, gy, gz, bx, smem, argBlock, 0);
+    return;
+  }
+  // cuda.h's CUlaunchAttribute (id, padding to 8 bytes, a 64-byte value) and CUlaunchConfig;
+  // CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6, its value an int.
+  struct Attr {
+    int id;
+    char pad[4];
+    union {
+      char bytes[64];
+      int allowed;
+    } value;
+  } attr{};
+  attr.id = 6;
+  attr.value.allowed = 1;
+  struct {
+    unsigned gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes;
+    CUstream hStream;
+    Attr* attrs;
+    unsigned numAttrs;
+  } config = {gx, gy, gz, bx, 1, 1, static_cast<unsigned>(smem), nullptr, &attr, 1};
+  void* params[] = {argBlock};
+  check(api.cuLaunchKernelEx(&config, f, params, nullptr), "cuLaunchKernelEx");
 }
 int Driver::maxActiveClusters(CUfunction f, unsigned clusterSize, unsigned threads, int smem) {
   if (!api.cuOccupancyMaxActiveClusters)

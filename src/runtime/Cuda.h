@@ -56,6 +56,11 @@ public:
   int funcAttribute(CUfunction f, int attr);
   void launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, int smem,
               void* argBlock, size_t argBytes);
+  /// The same, allowed to start before the launch ahead of it in the stream has finished
+  /// (programmatic dependent launch): `f` waits for it where it reads its results
+  /// (fpat::waitPriorGrid). A plain launch where the driver lacks cuLaunchKernelEx.
+  void launchOverlapping(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, int smem,
+                         void* argBlock);
   CUdeviceptr alloc(size_t bytes);
   void free(CUdeviceptr p);
   void copyToDevice(CUdeviceptr dst, const void* src, size_t bytes);

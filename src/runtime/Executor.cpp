@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <set>
+#include <tuple>
 
 namespace fpat::runtime {
 
@@ -124,9 +125,16 @@ Executor::Executor(cuda::Driver& drv, const CompiledGraph& cg) : drv_(drv), cg_(
   // shared by every op that reads it in the same layout (a weight read as B [K, N] by one op and
   // as B [N, K] by another needs two different copies), written when the weight is uploaded
   // (prepareWeights).
-  std::map<std::pair<ir::Vertex, bool>, int> prepOf;
+  // A deferred norm's copy holds gamma (and beta's column terms) too: its key names them.
+  using PrepKey = std::tuple<ir::Vertex, bool, ir::Vertex, ir::Vertex>;
+  std::map<PrepKey, int> prepOf;
   auto prepKey = [&](ir::Vertex v, const codegen::KernelUnit& u) {
-    return std::pair{g.operands(v).at(ir::gemmBIndex(g.op(v))), u.transB};
+    const std::vector<ir::Vertex> ins = g.operands(v);
+    const ir::Vertex none = static_cast<ir::Vertex>(-1);
+    const bool norm = u.deferredNorm != ir::NormKind::None;
+    const bool layer = u.deferredNorm == ir::NormKind::LayerNorm;
+    return PrepKey{ins.at(ir::gemmBIndex(g.op(v))), u.transB, norm ? ins.at(1) : none,
+                   layer ? ins.at(2) : none};
   };
   prepared_.emplace_back();
   for (ir::Vertex v : order) {
@@ -137,11 +145,11 @@ Executor::Executor(cuda::Driver& drv, const CompiledGraph& cg) : drv_(drv), cg_(
     if (prepOf.count(w))
       continue;
     prepOf[w] = static_cast<int>(preparedBytes_.size());
-    preparedBytes_.push_back(static_cast<size_t>(u.N) * static_cast<size_t>(codegen::paddedK(u.K)) *
-                             2);
+    preparedBytes_.push_back(codegen::preparedBBytes(u));
     prepared_[0].push_back(drv_.alloc(preparedBytes_.back()));
   }
-  std::set<int> prepLaunched; // the first op reading a weight prepares it for all
+  // The first op reading a weight prepares it for all (each of its preparing entries once).
+  std::set<std::pair<int, std::string>> prepLaunched;
   for (ir::Vertex v : order) {
     const codegen::KernelUnit& u = cg_.units[v];
     if (u.launches.empty())
@@ -174,7 +182,13 @@ Executor::Executor(cuda::Driver& drv, const CompiledGraph& cg) : drv_(drv), cg_(
         scratch_.push_back(drv_.alloc(static_cast<size_t>(u.M) * sizeof(float)));
         a.scratch[s] = reinterpret_cast<void*>(scratch_.back());
       }
-    } else if (takesSplit(u)) {
+    }
+    if (u.deferredNorm != ir::NormKind::None)
+      for (int s = 0; s < 2; ++s) {
+        scratch_.push_back(drv_.alloc(static_cast<size_t>(u.M) * sizeof(float)));
+        a.rowStats[s] = reinterpret_cast<void*>(scratch_.back());
+      }
+    if (!u.needsRowStats && takesSplit(u)) {
       a.scratch[0] = reinterpret_cast<void*>(skWork);
       a.scratch[1] = reinterpret_cast<void*>(skFlags);
     }
@@ -183,7 +197,7 @@ Executor::Executor(cuda::Driver& drv, const CompiledGraph& cg) : drv_(drv), cg_(
         a.padded[i] = reinterpret_cast<void*>(padded[i]);
     const int prep = u.preparedB ? prepOf.at(prepKey(v, u)) : -1;
     for (const codegen::Launch& l : u.launches) {
-      if (l.grid == codegen::Launch::PreparedWeight && !prepLaunched.insert(prep).second)
+      if (l.preparesWeights() && !prepLaunched.insert({prep, l.entry}).second)
         continue;
       cuda::CUfunction f = drv_.function(it->second, l.entry);
       if (l.smemBytes > drv_.device().smemOptin)
@@ -240,7 +254,7 @@ void Executor::launch(bool weights, bool poison, size_t set) {
   ir::Vertex poisoned = static_cast<ir::Vertex>(-1);
   ir::Vertex external = static_cast<ir::Vertex>(-1);
   for (Bound& b : launches_) {
-    if ((b.launch.grid == codegen::Launch::PreparedWeight) != weights)
+    if (b.launch.preparesWeights() != weights)
       continue;
     if (replaced_.count(b.v)) {
       if (weights)
@@ -293,6 +307,11 @@ void Executor::launch(bool weights, bool poison, size_t set) {
       gx = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(tiles, sms * 8)));
       break;
     }
+    case codegen::Launch::PreparedColumns: {
+      const int64_t columns = (u.N + 255) / 256 * 256; // normColumnsPitch: a warp each, 8 a block
+      gx = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(columns / 8, sms * 8)));
+      break;
+    }
     case codegen::Launch::Elements: {
       int64_t chunks = (u.M * u.N + 7) / 8;
       gx = static_cast<unsigned>(std::max<int64_t>(
@@ -325,8 +344,12 @@ void Executor::launch(bool weights, bool poison, size_t set) {
         }
         b.tmaArgs[set] = std::move(t);
       }
-      drv_.launch(b.fn, gx, gy, 1, static_cast<unsigned>(b.launch.threads), b.launch.smemBytes,
-                  b.tmaArgs[set].get(), sizeof(FpatTmaArgs));
+      if (b.launch.overlapsPrevious)
+        drv_.launchOverlapping(b.fn, gx, gy, 1, static_cast<unsigned>(b.launch.threads),
+                               b.launch.smemBytes, b.tmaArgs[set].get());
+      else
+        drv_.launch(b.fn, gx, gy, 1, static_cast<unsigned>(b.launch.threads), b.launch.smemBytes,
+                    b.tmaArgs[set].get(), sizeof(FpatTmaArgs));
       continue;
     }
     drv_.launch(b.fn, gx, gy, 1, static_cast<unsigned>(b.launch.threads), b.launch.smemBytes, &args,

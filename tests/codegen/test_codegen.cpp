@@ -459,17 +459,78 @@ BOOST_AUTO_TEST_CASE(weights_that_tma_reads_badly_are_prepared_once) {
       for (const codegen::Launch& pl : plain.launches)
         BOOST_TEST(pl.grid != codegen::Launch::PreparedWeight);
     }
-  // Weights TMA reads well stay as they are; norm_gemm's kernels read B as given.
-  for (const char* name : {"gemm_bias_gelu", "gemm_bt", "rmsnorm_gemm"})
+  // Weights TMA reads well stay as they are (norm_gemm's: norm_gemm_defers_its_norm_...).
+  for (const char* name : {"gemm_bias_gelu", "gemm_bt"})
     BOOST_TEST_CONTEXT(name) {
       BOOST_TEST(!unitsFor(name, {1024, 4096, 4096}, 90, nullptr, true).back().preparedB);
     }
-  BOOST_TEST(!unitsFor("rmsnorm_gemm", {1024, 4104, 4096}, 90, nullptr, true).back().preparedB);
   // A forced cp.async configuration reads the weight as given.
   const codegen::TileConfig mma{128, 128, 32, 64, 32, 3, codegen::Backend::MmaSync};
   BOOST_TEST(!unitsFor("gemm", {1536, 4104, 4096}, 90, &mma, true).at(0).preparedB);
   // Off sm_90 nothing is prepared either.
   BOOST_TEST(!unitsFor("gemm", {1536, 4104, 4096}, 80, nullptr, true).at(0).preparedB);
+}
+
+BOOST_AUTO_TEST_CASE(norm_gemm_defers_its_norm_where_its_weights_are_known) {
+  auto entries = [](const codegen::KernelUnit& u) {
+    std::vector<std::string> e;
+    for (const codegen::Launch& l : u.launches)
+      e.push_back(l.entry.substr(u.name.size()));
+    return e;
+  };
+  // RMSNorm: gamma folded into the prepared B, a statistics launch, the GEMM overlapping it.
+  for (Shape s : {Shape{1024, 4096, 4096}, Shape{333, 1000, 1032}, Shape{1, 4104, 4096}})
+    BOOST_TEST_CONTEXT(s.m << "x" << s.n << "x" << s.k) {
+      const codegen::KernelUnit u = unitsFor("rmsnorm_gemm", s, 90, nullptr, true).at(0);
+      BOOST_TEST(u.tile.wgmma());
+      BOOST_TEST((u.deferredNorm == ir::NormKind::RmsNorm));
+      BOOST_TEST(!u.needsRowStats);
+      BOOST_TEST(u.preparedB);
+      BOOST_TEST((entries(u) == std::vector<std::string>{"_prep", "_rowstats", ""}));
+      BOOST_TEST((u.launches[1].grid == codegen::Launch::Rows));
+      BOOST_TEST(u.launches.back().overlapsPrevious);
+      BOOST_TEST(!u.launches[1].overlapsPrevious);
+      BOOST_TEST(u.launches.back().tma[0].operand == 0); // the raw x
+      BOOST_TEST(u.launches.back().tma[1].copy == 1);    // the folded B
+      BOOST_TEST(u.source.find("fpat::prepareWeightB<true, 2, true>(a)") != std::string::npos);
+      BOOST_TEST(u.source.find("fpat::deferredNormStats<false>(a)") != std::string::npos);
+      BOOST_TEST(u.source.find("kNorm = 2;") != std::string::npos);
+      BOOST_TEST(u.source.find("// norm:     deferred") != std::string::npos);
+      BOOST_TEST(codegen::preparedBBytes(u) ==
+                 static_cast<size_t>(s.n) * static_cast<size_t>(codegen::paddedK(s.k)) * 2);
+    }
+  // LayerNorm: the column terms prepared too; K % 8 != 0 pads A before the statistics.
+  {
+    const codegen::KernelUnit u =
+        unitsFor("layernorm_gemm_bias_gelu", {777, 1000, 1003}, 90, nullptr, true).at(0);
+    BOOST_TEST((u.deferredNorm == ir::NormKind::LayerNorm));
+    BOOST_TEST((entries(u) == std::vector<std::string>{"_prep", "_prepcols", "_pad", "_rowstats", ""}));
+    BOOST_TEST((u.launches[1].grid == codegen::Launch::PreparedColumns));
+    BOOST_TEST(u.launches[1].preparesWeights());
+    BOOST_TEST(!u.launches[3].preparesWeights());
+    BOOST_TEST(u.source.find("fpat::prepareNormColumns<true, 3>(a)") != std::string::npos);
+    BOOST_TEST(u.source.find("fpat::deferredNormStats<true>(a)") != std::string::npos);
+    BOOST_TEST(u.source.find("kNorm = 1;") != std::string::npos);
+    // Two f32 column vectors, padded to whole 256-column tiles, behind the [N, K] copy.
+    BOOST_TEST(codegen::preparedBBytes(u) == 1000u * 1008u * 2u + 2u * 1024u * 4u);
+  }
+  // gamma a plain input (it may change between runs): the cp.async kernel normalising A on
+  // load, and a forced wgmma configuration says why it falls back.
+  {
+    const codegen::KernelUnit u = unitsFor("rmsnorm_gemm", {1024, 4096, 4096}, 90).at(0);
+    BOOST_TEST(!u.tile.wgmma());
+    BOOST_TEST(u.needsRowStats);
+    BOOST_TEST((u.deferredNorm == ir::NormKind::None));
+    const codegen::TileConfig w = *codegen::TileConfig::parse("128x256x64_w2x1_s3_wgmma");
+    const codegen::KernelUnit f = unitsFor("layernorm_gemm", {1024, 4096, 4096}, 90, &w).at(0);
+    BOOST_TEST(!f.tile.wgmma());
+    BOOST_TEST(f.what.find("only where W, gamma and beta are weights") != std::string::npos, f.what);
+  }
+  // Off sm_90 the cp.async kernels as before, weights or not.
+  const codegen::KernelUnit old = unitsFor("layernorm_gemm", {1024, 4096, 4096}, 80, nullptr, true).at(0);
+  BOOST_TEST(!old.tile.wgmma());
+  BOOST_TEST(old.needsRowStats);
+  BOOST_TEST(!old.preparedB);
 }
 
 BOOST_AUTO_TEST_CASE(wgmma_epilogue_goes_through_a_tma_stored_tile_where_it_fits) {
@@ -705,29 +766,34 @@ BOOST_AUTO_TEST_CASE(wgmma_backend_compiles_for_sm90a_without_serialization,
       tiles.push_back(t); // each shape once, with and without the epilogue tile
   for (const char* name :
        {"gemm", "gemm_bt", "gemm_bias_gelu", "gemm_bias_silu", "gemm_bias_relu", "gemm_bias",
-        "gemm_bias_residual", "gemm_gelu", "gemm_silu", "gemm_residual", "gemm_silu_mul"})
+        "gemm_bias_residual", "gemm_gelu", "gemm_silu", "gemm_residual", "gemm_silu_mul",
+        "layernorm_gemm_bias_gelu", "layernorm_gemm", "rmsnorm_gemm"})
     for (const codegen::TileConfig& t : tiles) {
-      if (std::string(name) != "gemm" && std::string(name) != "gemm_bias_gelu" &&
+      const std::string n = name;
+      if (n != "gemm" && n != "gemm_bias_gelu" && n != "layernorm_gemm_bias_gelu" &&
           !(t.bm == 128 && t.bn == 256))
-        continue; // all shapes for two patterns, the default shape for the rest
+        continue; // all shapes for three patterns, the default shape for the rest
+      // norm_gemm with its weights known: the deferred norm.
+      const bool norm = n.find("norm") != std::string::npos;
       // With the last wave split compiled in as well (320 tiles of 128x256 on 132 SMs) for
       // the epilogues' kinds: plain, deferred, staged operand, side buffer, B [N, K].
-      const std::string n = name;
       const bool split = t.bm == 128 && t.bn == 256 && t.backend == codegen::Backend::Wgmma &&
                          t.cluster == 1 && !t.rasterN &&
                          (n == "gemm" || n == "gemm_bt" || n == "gemm_bias_gelu" ||
-                          n == "gemm_residual" || n == "gemm_silu_mul");
+                          n == "gemm_residual" || n == "gemm_silu_mul" ||
+                          n == "layernorm_gemm_bias_gelu");
       // Short A boxes at a decode shape (16 rows; the others would fall back).
       for (Shape sh : {Shape{t.aRows > 0 ? 16 : 256, 512, 128}, Shape{2047, 5120, 2048}}) {
         if (sh.m == 2047 && !split)
           continue;
-        ir::Graph f = fuse(caseGraph(name, sh));
+        ir::Graph f = fuse(caseGraph(name, sh, norm));
         codegen::CodegenOptions o;
         o.arch = 90;
         o.sms = 132;
         o.tile = &t;
         codegen::KernelUnit u = codegen::generate(f, f.outputs()[0], builtinLibrary(), o);
         BOOST_TEST(u.sm90a, name << " " << t.str());
+        BOOST_TEST((u.deferredNorm != ir::NormKind::None) == norm, name << " " << t.str());
         BOOST_TEST(u.tile.str() == t.str());
         BOOST_TEST(u.splitLastWave == (sh.m == 2047), name << " " << t.str() << " " << sh.str());
         units.push_back(std::move(u));

@@ -60,7 +60,8 @@ inline std::vector<std::string> caseNames() {
 
 /// A graph that the built-in table fuses into exactly the pattern `name` (or, for fallbacks,
 /// an unfusable graph whose only op is of that kind). x: [M, K], weights: [K, N] (gemm_bt:
-/// [N, K]), declared weights (constant between runs) with `weights`, else plain inputs.
+/// [N, K]), declared weights (constant between runs) with `weights`, else plain inputs; so are
+/// a norm's gamma and beta (weights: the Hopper backend defers the norm, codegen::defersNorm).
 inline ir::Graph caseGraph(const std::string& name, Shape s, bool weights = false) {
   ir::ActivationSet acts = builtinLibrary().activationSet();
   ir::GraphBuilder b(name, acts);
@@ -83,15 +84,15 @@ inline ir::Graph caseGraph(const std::string& name, Shape s, bool weights = fals
     auto up = b.input("up", {s.m, s.n});
     b.output(b.mul(up, b.activation(b.gemm(x, w()), "silu"), "y")); // up first: commutativity
   } else if (name == "layernorm_gemm_bias_gelu") {
-    auto g = b.input("g", {s.k}), be = b.input("be", {s.k});
+    auto g = in("g", {s.k}), be = in("be", {s.k});
     b.output(b.activation(b.bias(b.gemm(b.layernorm(x, g, be, 1e-5), w()), bias()), "gelu", "y"));
   } else if (name == "gemm_gelu" || name == "gemm_silu") {
     b.output(b.activation(b.gemm(x, w()), name.substr(5), "y"));
   } else if (name == "layernorm_gemm") {
-    auto g = b.input("g", {s.k}), be = b.input("be", {s.k});
+    auto g = in("g", {s.k}), be = in("be", {s.k});
     b.output(b.gemm(b.layernorm(x, g, be, 1e-5), w(), false, "y"));
   } else if (name == "rmsnorm_gemm") {
-    auto g = b.input("g", {s.k});
+    auto g = in("g", {s.k});
     b.output(b.gemm(b.rmsnorm(x, g, 1e-6), w(), false, "y"));
   } else if (name == "gemm") {
     b.output(b.gemm(x, w(), false, "y"));

@@ -21,6 +21,8 @@ typedef struct FpatKernelArgs {
   void* padded[2];                 // wgmma with K % 8 != 0: A and B [N, K] in rows of K
                                    // rounded up to 8 elements, which TMA can read; [1]: a
                                    // weight B prepared as [N, K] rows of that pitch
+  void* rowStats[2];               // wgmma norm_gemm (deferred norm): per-row mean and rstd
+                                   // (f32, [M]), written by the statistics launch
   int64_t M, N, K;                 // output rows and columns; reduction length
   float eps;                       // layernorm / rmsnorm
   float params[FPAT_MAX_PARAMS];   // activation parameters, in declaration order

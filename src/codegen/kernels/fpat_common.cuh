@@ -83,6 +83,22 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
 #endif
 }
 
+/// Programmatic dependent launch (sm_90+). A kernel the runtime launches to overlap the launch
+/// before it (codegen::Launch::overlapsPrevious) calls waitPriorGrid() before it reads what that
+/// launch writes: it returns once the earlier grid has finished and its writes are visible (at
+/// once where the launch did not overlap). The earlier kernel calls allowDependentGrid() as it
+/// starts, so that the next one's CTAs may start while its own still run.
+__device__ __forceinline__ void waitPriorGrid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void allowDependentGrid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 /// Eight elements as one 16-byte word.
 union Half8 {
   uint4 u;

@@ -419,7 +419,9 @@ __device__ __forceinline__ void padRows(const FpatKernelArgs& a) {
 /// elements, the pad zeroed: transposed from [K, N] (SRC_KN) or re-pitched from [N, K]. The
 /// runtime runs it once when the weight is uploaded; one 64 x 64 tile per step of a
 /// block-stride loop, through shared memory so that reads and writes both go along rows.
-template <bool SRC_KN, int B_INDEX>
+/// FOLD_GAMMA (the deferred norm of norm_gemm): each element times gamma[k] (operand 1) in f32,
+/// rounded once, so that the GEMM on raw rows computes x (diag(gamma) W).
+template <bool SRC_KN, int B_INDEX, bool FOLD_GAMMA = false>
 __device__ __forceinline__ void prepareWeightB(const FpatKernelArgs& a) {
   __shared__ elem t[64][65]; // [n][k]; the odd pitch keeps the transposing writes conflict-free
   const int64_t N = a.N, K = a.K, P = (K + 7) / 8 * 8;
@@ -431,7 +433,9 @@ __device__ __forceinline__ void prepareWeightB(const FpatKernelArgs& a) {
     for (int i = threadIdx.x; i < 64 * 64; i += blockDim.x) {
       const int r = i / 64, c = i % 64; // r along the source's rows, c along them
       const int64_t n = SRC_KN ? n0 + c : n0 + r, k = SRC_KN ? k0 + r : k0 + c;
-      const elem v = n < N && k < K ? src[SRC_KN ? k * N + n : n * K + k] : fromF(0.0f);
+      elem v = n < N && k < K ? src[SRC_KN ? k * N + n : n * K + k] : fromF(0.0f);
+      if (FOLD_GAMMA && k < K)
+        v = fromF(toF(v) * ldh(a.in[1], k));
       if (SRC_KN)
         t[c][r] = v;
       else
@@ -444,6 +448,47 @@ __device__ __forceinline__ void prepareWeightB(const FpatKernelArgs& a) {
         dst[(n0 + r) * P + k0 + c] = t[r][c];
     }
     __syncthreads();
+  }
+}
+
+/// The deferred LayerNorm's column terms, behind the prepared B in a.padded[1]: colsum[n] =
+/// sum over k of the prepared (gamma-folded, rounded) B[k][n], and (beta W)[n] = sum over k of
+/// beta[k] W[k][n], f32, each padded with zeros to normColumnsPitch(N) entries, a multiple of
+/// every tile's width: the epilogue reads a tile's columns without bounds checks.
+__device__ __forceinline__ int64_t normColumnsPitch(int64_t n) {
+  return (n + 255) / 256 * 256;
+}
+__device__ __forceinline__ float* normColumns(const FpatKernelArgs& a) {
+  return reinterpret_cast<float*>(static_cast<char*>(a.padded[1]) +
+                                  a.N * ((a.K + 7) / 8 * 8) * 2);
+}
+
+/// Writes those column terms from the weight W (operand B_INDEX, [K, N] where SRC_KN, else
+/// [N, K]), gamma (operand 1) and beta (operand 2); run once, when the weight is uploaded. One
+/// warp per column: its lanes stride k.
+template <bool SRC_KN, int B_INDEX>
+__device__ __forceinline__ void prepareNormColumns(const FpatKernelArgs& a) {
+  const int64_t N = a.N, K = a.K, pitch = normColumnsPitch(N);
+  const elem* w = static_cast<const elem*>(a.in[B_INDEX]);
+  float* const cols = normColumns(a);
+  const int lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  for (int64_t n = static_cast<int64_t>(blockIdx.x) * warps + threadIdx.x / 32; n < pitch;
+       n += static_cast<int64_t>(gridDim.x) * warps) {
+    float cs = 0.0f, bw = 0.0f;
+    if (n < N)
+      for (int64_t k = lane; k < K; k += 32) {
+        const float v = toF(w[SRC_KN ? k * N + n : n * K + k]);
+        cs += toF(fromF(v * ldh(a.in[1], k))); // the element prepareWeightB stored
+        bw += ldh(a.in[2], k) * v;
+      }
+    for (int o = 16; o > 0; o /= 2) {
+      cs += __shfl_xor_sync(0xffffffffu, cs, o);
+      bw += __shfl_xor_sync(0xffffffffu, bw, o);
+    }
+    if (lane == 0) {
+      cols[n] = cs;
+      cols[pitch + n] = bw;
+    }
   }
 }
 
@@ -938,6 +983,47 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
 #pragma unroll
             for (int r = 0; r < BN / 2; ++r)
               d[m][r] += __ldcg(slot + (m * (BN / 2) + r) * 128 + tid);
+        }
+      }
+
+      // The deferred norm (Epilogue::kNorm: 1 layernorm, 2 rmsnorm): the main loop ran on the
+      // raw rows of x with gamma folded into B, so each accumulator becomes rstd[row] * (acc -
+      // mean[row] colsum[col]) + (beta W)[col], or rstd[row] * acc, before any epilogue (the
+      // helpers of a deferred tile then see the normalised GEMM, as rounded as the unfused
+      // one's). The statistics come from the launch before, which this kernel overlaps.
+      if constexpr (Epilogue::kNorm != 0) {
+        waitPriorGrid();
+        float rs[MI][2], mr[MI][2];
+#pragma unroll
+        for (int m = 0; m < MI; ++m)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int row = min(tm * BM + row0 + m * 64 + warp * 16 + lane / 4 + 8 * h, M - 1);
+            rs[m][h] = static_cast<const float*>(a.rowStats[1])[row];
+            mr[m][h] = Epilogue::kNorm == 1
+                           ? static_cast<const float*>(a.rowStats[0])[row] * rs[m][h]
+                           : 0.0f;
+          }
+        // This thread's columns of the tile: pairs 8 apart (their offsets fold into immediates).
+        const float* const cols =
+            Epilogue::kNorm == 1 ? normColumns(a) + tn * BN + 2 * (lane % 4) : nullptr;
+        const int64_t pitch = normColumnsPitch(N);
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) {
+          float2 cs = make_float2(0.0f, 0.0f), bw = cs;
+          if constexpr (Epilogue::kNorm == 1) {
+            cs = *reinterpret_cast<const float2*>(cols + 8 * j);
+            bw = *reinterpret_cast<const float2*>(cols + pitch + 8 * j);
+          }
+#pragma unroll
+          for (int m = 0; m < MI; ++m)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              float& x0 = d[m][4 * j + 2 * h];
+              float& x1 = d[m][4 * j + 2 * h + 1];
+              x0 = fmaf(x0, rs[m][h], fmaf(-mr[m][h], cs.x, bw.x));
+              x1 = fmaf(x1, rs[m][h], fmaf(-mr[m][h], cs.y, bw.y));
+            }
         }
       }
 

@@ -227,10 +227,12 @@ struct KernelUnit {
   float eps = 0;
   std::vector<float> params;
   bool needsRowStats = false; // norm_gemm: two f32 [M] scratch buffers
-  // wgmma norm_gemm: the norm deferred to the epilogue (deferredNorm below); its statistics
-  // launch writes two f32 [M] buffers (FpatKernelArgs::rowStats), and the prepared B carries
-  // the LayerNorm's column terms behind it (preparedBBytes).
+  // wgmma norm_gemm: the norm deferred to the epilogue (codegen::defersNorm); its statistics
+  // summed in the GEMM's main loop or, with normStatsLaunch, by a launch into two f32 [M]
+  // buffers (FpatKernelArgs::rowStats); the prepared B carries LayerNorm's column terms behind
+  // it (preparedBBytes).
   ir::NormKind deferredNorm = ir::NormKind::None;
+  bool normStatsLaunch = false; // the deferred norm's statistics from a launch of their own
   // wgmma cooperative: compiled with the last wave split in k (lastWaveSplit planned one for
   // CodegenOptions::sms); the Executor passes such kernels a partial-sum workspace.
   bool splitLastWave = false;

@@ -4,6 +4,7 @@
 #include "fpat/codegen/Lowering.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <sstream>
 
 namespace fpat::codegen::detail {
@@ -229,7 +230,13 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
           ? lastWaveSplit(((u.M + t.bm - 1) / t.bm) * ((u.N + t.bn - 1) / t.bn), o.sms,
                           (u.K + t.bk - 1) / t.bk)
           : LastWaveSplit{};
-  u.splitLastWave = split.tiles > 0;
+  // The deferred norm's statistics: summed by the consumers from the A tiles of the main loop,
+  // or (FPAT_NORM_STATS=launch, the first form, kept to compare) by a launch before the GEMM.
+  const char* statsEnv = std::getenv("FPAT_NORM_STATS");
+  u.normStatsLaunch = deferNorm && statsEnv && std::string(statsEnv) == "launch";
+  const bool statsInLoop = deferNorm && !u.normStatsLaunch;
+  // Statistics summed in the main loop need every tile whole.
+  u.splitLastWave = split.tiles > 0 && !statsInLoop;
   // K % 8 != 0: TMA reads padded copies of A (and B [N, K]) that a first launch writes. A weight
   // B that TMA reads badly as given is read from a copy in [N, K] rows made when it is uploaded.
   const bool padK = t.wgmma() && wgmmaPadsK(u.K);
@@ -281,8 +288,11 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
     if (deferNorm)
       lines.push_back(std::string("norm:     deferred: the GEMM reads the raw rows of x and a copy "
                                   "of B in [N, K] rows with gamma folded in, made once when the "
-                                  "weights are uploaded; a statistics launch before it (which it "
-                                  "overlaps) gives each row's ") +
+                                  "weights are uploaded; ") +
+                      (u.normStatsLaunch
+                           ? "a statistics launch before it (which it overlaps) gives each row's "
+                           : "the consumers sum each row's statistics from the A tiles of the "
+                             "main loop: ") +
                       (normKind == 1 ? "mean and rstd; acc = rstd (acc - mean colsum(B')) + "
                                        "beta W, the column terms also made at upload"
                                      : "rstd; acc = rstd acc") +
@@ -350,6 +360,8 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
          << "  static constexpr bool kSplit = " << (u.splitLastWave ? "true" : "false") << ";\n"
          << "  // The deferred norm applied to the accumulator first: 0 none, 1 layernorm, 2 rmsnorm.\n"
          << "  static constexpr int kNorm = " << deferredKind << ";\n"
+         << "  // Its row statistics summed by the consumers in the main loop (else: rowStats).\n"
+         << "  static constexpr bool kNormStats = " << (statsInLoop ? "true" : "false") << ";\n"
          << "  // Column pairs; s: operand kStaged's pair, read from the tile. kFma: the second\n"
          << "  // element's exp and division on the FMA pipe (fpat_common.cuh).\n"
          << "  template <bool kFma = true>\n"
@@ -400,7 +412,7 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
                        (u.transB ? "false" : "true") + ", " + std::to_string(bIdx) +
                        ">(a);\n}\n\n"
                  : std::string())
-         << (deferNorm ? "extern \"C\" __global__ void __launch_bounds__(256) " + u.name +
+         << (u.normStatsLaunch ? "extern \"C\" __global__ void __launch_bounds__(256) " + u.name +
                              "_rowstats(const FpatKernelArgs a) {\n  fpat::deferredNormStats<" +
                              (normKind == 1 ? "true" : "false") + ">(a);\n}\n\n"
                        : std::string())
@@ -417,10 +429,10 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
       u.launches.push_back({Launch::PaddedRows, u.name + "_pad", 256, 0, {}});
     // The statistics launch goes last before the GEMM, which overlaps it: the GEMM's main loop
     // needs only x and B, its epilogue waits for the statistics.
-    if (deferNorm)
+    if (u.normStatsLaunch)
       u.launches.push_back({Launch::Rows, u.name + "_rowstats", 256, 0, {}});
     Launch l{Launch::Persistent, u.name, t.threads(), smemBytes, {}};
-    l.overlapsPrevious = deferNorm;
+    l.overlapsPrevious = u.normStatsLaunch;
     // Box shapes as fpat_wgmma.cuh loads them: A in BK x BM boxes (BK x aRows with a short A
     // box); B [N, K] in BK x BN boxes (half of them per CTA of a cluster), B [K, N] in
     // 64-column x BK boxes (its rows past K are TMA's zeros: no copy).

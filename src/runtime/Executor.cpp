@@ -183,7 +183,7 @@ Executor::Executor(cuda::Driver& drv, const CompiledGraph& cg) : drv_(drv), cg_(
         a.scratch[s] = reinterpret_cast<void*>(scratch_.back());
       }
     }
-    if (u.deferredNorm != ir::NormKind::None)
+    if (u.normStatsLaunch)
       for (int s = 0; s < 2; ++s) {
         scratch_.push_back(drv_.alloc(static_cast<size_t>(u.M) * sizeof(float)));
         a.rowStats[s] = reinterpret_cast<void*>(scratch_.back());

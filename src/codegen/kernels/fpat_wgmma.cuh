@@ -566,6 +566,8 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
   // that remainder and the full wave before it; without a plan under 0.9 of a tile the tiles stay
   // whole (codegen::lastWaveSplit makes the same plan on the host). Every CTA is resident.
   constexpr bool kSplitLast = !T::PINGPONG && CL == 1 && Epilogue::kSplit;
+  static_assert(!(Epilogue::kSplit && Epilogue::kNormStats),
+                "row statistics summed in the main loop need whole tiles (no split in k)");
   const int G = gridDim.x;
   int skTiles = 0, skPieces = 1;
   // (A grid of fewer tiles than SMs, launched on every SM, splits all of them.)
@@ -887,6 +889,17 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
       unsigned phase = static_cast<unsigned>((first / S) & 1);
       // Rows of the tile this consumer computes: its 64 (cooperative) or all BM (ping-pong).
       const int row0 = T::PINGPONG ? 0 : c * 64 * MI;
+      // Epilogue::kNormStats: the deferred norm's row statistics from the A tiles this
+      // consumer already has in shared memory. Thread (warp w, lane l) sums its accumulator
+      // rows' 16 elements l % 4 of each k-tile (two 16-byte chunks of the 128-byte swizzled
+      // row); LayerNorm's sums are of x - x[row][0], a shift near the mean (no cancellation).
+      constexpr bool kStats = Epilogue::kNorm != 0 && Epilogue::kNormStats;
+      float sx[MI][2], sq[MI][2], shift[MI][2];
+#pragma unroll
+      for (int m = 0; m < MI; ++m)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          sx[m][h] = sq[m][h] = shift[m][h] = 0.0f;
       int prev = -1;
       for (int kt = k0; kt < k1; ++kt) {
         mbarWait(&full[stage], phase);
@@ -911,6 +924,28 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
           }
         }
         wgmmaCommit();
+        if constexpr (kStats) {
+#pragma unroll
+          for (int m = 0; m < MI; ++m)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const int r = row0 + m * 64 + warp * 16 + lane / 4 + 8 * h;
+              const unsigned char* rowA = stageA(stage) + r * 128;
+              if (Epilogue::kNorm == 1 && kt == 0)
+                shift[m][h] = toF(*reinterpret_cast<const elem*>(rowA + ((r % 8) * 16)));
+#pragma unroll
+              for (int q = 0; q < 2; ++q) {
+                Half8 v;
+                v.u = *reinterpret_cast<const uint4*>(rowA + (((2 * (lane % 4) + q) ^ (r % 8)) * 16));
+#pragma unroll
+                for (int e = 0; e < 8; ++e) {
+                  const float x = toF(v.h[e]) - shift[m][h];
+                  sx[m][h] += x;
+                  sq[m][h] = fmaf(x, x, sq[m][h]);
+                }
+              }
+            }
+        }
         // One group stays in flight: the previous k-tile's MMAs are done, release its stage.
         wgmmaWait<1>();
 #pragma unroll
@@ -992,18 +1027,42 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
       // helpers of a deferred tile then see the normalised GEMM, as rounded as the unfused
       // one's). The statistics come from the launch before, which this kernel overlaps.
       if constexpr (Epilogue::kNorm != 0) {
-        waitPriorGrid();
         float rs[MI][2], mr[MI][2];
+        if constexpr (kStats) {
+          // The four lanes of a row hold its sums over K rounded up to whole k-tiles, whose
+          // columns past K were TMA's zeros: each added -shift and shift^2.
+          const float pad = static_cast<float>(KT * BK - K), n = static_cast<float>(K);
 #pragma unroll
-        for (int m = 0; m < MI; ++m)
+          for (int m = 0; m < MI; ++m)
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int row = min(tm * BM + row0 + m * 64 + warp * 16 + lane / 4 + 8 * h, M - 1);
-            rs[m][h] = static_cast<const float*>(a.rowStats[1])[row];
-            mr[m][h] = Epilogue::kNorm == 1
-                           ? static_cast<const float*>(a.rowStats[0])[row] * rs[m][h]
-                           : 0.0f;
-          }
+            for (int h = 0; h < 2; ++h) {
+              float s1 = sx[m][h], s2 = sq[m][h];
+#pragma unroll
+              for (int o = 1; o < 4; o *= 2) {
+                s1 += __shfl_xor_sync(0xffffffffu, s1, o);
+                s2 += __shfl_xor_sync(0xffffffffu, s2, o);
+              }
+              const float c0 = shift[m][h];
+              s1 += pad * c0;
+              s2 -= pad * c0 * c0;
+              const float d = s1 / n;
+              const float var = Epilogue::kNorm == 1 ? fmaxf(s2 / n - d * d, 0.0f) : s2 / n;
+              rs[m][h] = rsqrtf(var + a.eps);
+              mr[m][h] = Epilogue::kNorm == 1 ? (c0 + d) * rs[m][h] : 0.0f;
+            }
+        } else {
+          waitPriorGrid();
+#pragma unroll
+          for (int m = 0; m < MI; ++m)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const int row = min(tm * BM + row0 + m * 64 + warp * 16 + lane / 4 + 8 * h, M - 1);
+              rs[m][h] = static_cast<const float*>(a.rowStats[1])[row];
+              mr[m][h] = Epilogue::kNorm == 1
+                             ? static_cast<const float*>(a.rowStats[0])[row] * rs[m][h]
+                             : 0.0f;
+            }
+        }
         // This thread's columns of the tile: pairs 8 apart (their offsets fold into immediates).
         const float* const cols =
             Epilogue::kNorm == 1 ? normColumns(a) + tn * BN + 2 * (lane % 4) : nullptr;

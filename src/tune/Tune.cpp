@@ -344,12 +344,31 @@ std::optional<Entry> TuningCache::lookup(const Key& k) {
     e.config.aRows = c.value("a_rows", 0);
     if (e.config.aRows != 0 && !TileConfig::parse(e.config.str())) // not the template's
       throw nlohmann::json::other_error::create(501, "bad A box rows", &c);
+    // Only what the kernel templates implement: any other sizes (a zero tile, a negative one,
+    // stages the ring cannot hold) would divide by zero or fail in nvcc later.
+    const std::vector<TileConfig> space = fullSpace();
+    const TileConfig& t = e.config;
+    const bool implemented = std::any_of(space.begin(), space.end(), [&](const TileConfig& o) {
+      // wgmma: the tile of one the template lists, in a ring of 2 up to that one's stages;
+      // its cluster and raster (checked above) combine freely.
+      return t.wgmma() ? o.backend == t.backend && o.bm == t.bm && o.bn == t.bn && o.bk == t.bk &&
+                             o.wm == t.wm && o.wn == t.wn && o.aRows == t.aRows && t.stages >= 2 &&
+                             t.stages <= o.stages
+                       : o == t;
+    });
+    if (!implemented) // (no str(): it divides by the warp tile)
+      throw nlohmann::json::other_error::create(501, "the kernels implement no such configuration",
+                                                &c);
     e.ms = it->value("ms", 0.0);
     e.heuristicMs = it->value("heuristic_ms", 0.0);
     e.candidates = it->value("candidates", 0);
     return e;
-  } catch (const nlohmann::json::exception&) {
-    warnings_.push_back("tuning cache entry '" + k.str() + "' is malformed; ignored");
+  } catch (const nlohmann::json::exception& ex) {
+    // The library's message less its "[json.exception...] " prefix says which field.
+    std::string why = ex.what();
+    if (const size_t end = why.find("] "); end != std::string::npos)
+      why = why.substr(end + 2);
+    warnings_.push_back("tuning cache entry '" + k.str() + "' is malformed (" + why + "); ignored");
     return std::nullopt;
   }
 }

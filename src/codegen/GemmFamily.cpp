@@ -358,7 +358,8 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
          << "  static constexpr bool kDefer = " << (defer ? "true" : "false") << ";\n"
          << "  // Whether the last wave may be split in k (planned for this shape).\n"
          << "  static constexpr bool kSplit = " << (u.splitLastWave ? "true" : "false") << ";\n"
-         << "  // The deferred norm applied to the accumulator first: 0 none, 1 layernorm, 2 rmsnorm.\n"
+         << "  // The deferred norm applied to the accumulator first: 0 none, 1 layernorm, 2 "
+            "rmsnorm.\n"
          << "  static constexpr int kNorm = " << deferredKind << ";\n"
          << "  // Its row statistics summed by the consumers in the main loop (else: rowStats).\n"
          << "  static constexpr bool kNormStats = " << (statsInLoop ? "true" : "false") << ";\n"
@@ -400,22 +401,21 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
                         "_pad(const FpatKernelArgs a) {\n  fpat::padRows<" +
                         (padB ? "true" : "false") + ", " + std::to_string(bIdx) + ">(a);\n}\n\n"
                   : std::string())
-         << (u.preparedB
-                 ? "extern \"C\" __global__ void __launch_bounds__(256) " + u.name +
-                       "_prep(const FpatKernelArgs a) {\n  fpat::prepareWeightB<" +
-                       (u.transB ? "false" : "true") + ", " + std::to_string(bIdx) +
-                       (deferNorm ? ", true" : "") + ">(a);\n}\n\n"
-                 : std::string())
+         << (u.preparedB ? "extern \"C\" __global__ void __launch_bounds__(256) " + u.name +
+                               "_prep(const FpatKernelArgs a) {\n  fpat::prepareWeightB<" +
+                               (u.transB ? "false" : "true") + ", " + std::to_string(bIdx) +
+                               (deferNorm ? ", true" : "") + ">(a);\n}\n\n"
+                         : std::string())
          << (deferNorm && normKind == 1
                  ? "extern \"C\" __global__ void __launch_bounds__(256) " + u.name +
                        "_prepcols(const FpatKernelArgs a) {\n  fpat::prepareNormColumns<" +
-                       (u.transB ? "false" : "true") + ", " + std::to_string(bIdx) +
-                       ">(a);\n}\n\n"
+                       (u.transB ? "false" : "true") + ", " + std::to_string(bIdx) + ">(a);\n}\n\n"
                  : std::string())
-         << (u.normStatsLaunch ? "extern \"C\" __global__ void __launch_bounds__(256) " + u.name +
-                             "_rowstats(const FpatKernelArgs a) {\n  fpat::deferredNormStats<" +
-                             (normKind == 1 ? "true" : "false") + ">(a);\n}\n\n"
-                       : std::string())
+         << (u.normStatsLaunch
+                 ? "extern \"C\" __global__ void __launch_bounds__(256) " + u.name +
+                       "_rowstats(const FpatKernelArgs a) {\n  fpat::deferredNormStats<" +
+                       (normKind == 1 ? "true" : "false") + ">(a);\n}\n\n"
+                 : std::string())
          << "extern \"C\" __global__ void "
          << (t.cluster > 1 ? "__cluster_dims__(" + std::to_string(t.cluster) + ", 1, 1) " : "")
          << "__launch_bounds__(" << t.threads() << ", 1) " << u.name

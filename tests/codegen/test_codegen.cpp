@@ -541,10 +541,12 @@ BOOST_AUTO_TEST_CASE(norm_gemm_defers_its_norm_where_its_weights_are_known) {
     const codegen::TileConfig w = *codegen::TileConfig::parse("128x256x64_w2x1_s3_wgmma");
     const codegen::KernelUnit f = unitsFor("layernorm_gemm", {1024, 4096, 4096}, 90, &w).at(0);
     BOOST_TEST(!f.tile.wgmma());
-    BOOST_TEST(f.what.find("only where W, gamma and beta are weights") != std::string::npos, f.what);
+    BOOST_TEST(f.what.find("only where W, gamma and beta are weights") != std::string::npos,
+               f.what);
   }
   // Off sm_90 the cp.async kernels as before, weights or not.
-  const codegen::KernelUnit old = unitsFor("layernorm_gemm", {1024, 4096, 4096}, 80, nullptr, true).at(0);
+  const codegen::KernelUnit old =
+      unitsFor("layernorm_gemm", {1024, 4096, 4096}, 80, nullptr, true).at(0);
   BOOST_TEST(!old.tile.wgmma());
   BOOST_TEST(old.needsRowStats);
   BOOST_TEST(!old.preparedB);

@@ -114,8 +114,8 @@ std::vector<Shape> preparedShapes() {
 /// MMAs per consumer), a 256-row tile (two per consumer), a short A box (16 rows).
 std::vector<std::optional<codegen::TileConfig>> normConfigs() {
   std::vector<std::optional<codegen::TileConfig>> c = {std::nullopt};
-  for (const char* t : {"128x256x64_w2x1_s3_wgmma_c2", "64x256x64_w1x1_s5_pingpong",
-                        "128x128x64_w1x1_s6_pingpong"})
+  for (const char* t :
+       {"128x256x64_w2x1_s3_wgmma_c2", "64x256x64_w1x1_s5_pingpong", "128x128x64_w1x1_s6_pingpong"})
     c.push_back(codegen::TileConfig::parse(t));
   for (const codegen::TileConfig& t : codegen::wgmmaConfigs())
     if ((t.bm == 256 && c.size() == 4) || (t.aRows == 16 && t.bn == 64 && c.size() == 5))

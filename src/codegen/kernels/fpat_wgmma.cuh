@@ -459,8 +459,7 @@ __device__ __forceinline__ int64_t normColumnsPitch(int64_t n) {
   return (n + 255) / 256 * 256;
 }
 __device__ __forceinline__ float* normColumns(const FpatKernelArgs& a) {
-  return reinterpret_cast<float*>(static_cast<char*>(a.padded[1]) +
-                                  a.N * ((a.K + 7) / 8 * 8) * 2);
+  return reinterpret_cast<float*>(static_cast<char*>(a.padded[1]) + a.N * ((a.K + 7) / 8 * 8) * 2);
 }
 
 /// Writes those column terms from the weight W (operand B_INDEX, [K, N] where SRC_KN, else
@@ -936,7 +935,8 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
 #pragma unroll
               for (int q = 0; q < 2; ++q) {
                 Half8 v;
-                v.u = *reinterpret_cast<const uint4*>(rowA + (((2 * (lane % 4) + q) ^ (r % 8)) * 16));
+                v.u =
+                    *reinterpret_cast<const uint4*>(rowA + (((2 * (lane % 4) + q) ^ (r % 8)) * 16));
 #pragma unroll
                 for (int e = 0; e < 8; ++e) {
                   const float x = toF(v.h[e]) - shift[m][h];

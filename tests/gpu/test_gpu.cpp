@@ -463,12 +463,18 @@ BOOST_AUTO_TEST_CASE(deferred_norms_match_the_reference) {
   // (the mean correction subtracts two large terms), f16 and within the usual tolerance.
   if (gpu()->device().arch != 90)
     return;
-  std::vector<Shape> shapes = {{1, 17, 40}, {7, 100, 64}, {333, 1000, 1003}, {130, 1000, 136}};
-  if (!quick())
-    shapes.insert(shapes.end(), {Shape{2047, 5120, 2048}, Shape{600, 4104, 3072}});
+  // FPAT_GPU_QUICK (the sanitizers): fewer shapes and configurations, one of them realistic.
+  std::vector<Shape> shapes = {{1, 17, 40}, {333, 1000, 1003}, {130, 1000, 136}};
+  std::vector<std::optional<codegen::TileConfig>> configs = normConfigs();
+  if (quick()) {
+    configs.resize(4);
+  } else {
+    shapes.insert(shapes.end(),
+                  {Shape{7, 100, 64}, Shape{2047, 5120, 2048}, Shape{600, 4104, 3072}});
+  }
   for (const char* name : {"rmsnorm_gemm", "layernorm_gemm", "layernorm_gemm_bias_gelu"})
     for (Shape s : shapes)
-      for (const auto& cfg : normConfigs())
+      for (const auto& cfg : configs)
         BOOST_TEST_CONTEXT(name << " " << s.str() << " " << (cfg ? cfg->str() : "default")) {
           ir::Graph g = caseGraph(name, s, /*weights=*/true);
           ir::Graph f = fuse(g);
@@ -482,6 +488,8 @@ BOOST_AUTO_TEST_CASE(deferred_norms_match_the_reference) {
           BOOST_TEST(u.tile.wgmma());
           runtime::Executor ex(*gpu(), b.graph);
           for (uint64_t seed : {uint64_t{61}, uint64_t{62}, uint64_t{63}}) {
+            if (quick() && seed == 62)
+              continue;
             auto inputs = ir::randomInputs(g, seed);
             if (seed == 63) // rows of mean 40 +- 8 and spread about 1: |mean| >> sigma
               for (size_t i = 0; i < inputs["x"].data.size(); ++i)

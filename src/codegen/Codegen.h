@@ -228,9 +228,9 @@ struct KernelUnit {
   std::vector<float> params;
   bool needsRowStats = false; // norm_gemm: two f32 [M] scratch buffers
   // wgmma norm_gemm: the norm deferred to the epilogue (codegen::defersNorm); its statistics
-  // summed in the GEMM's main loop or, with normStatsLaunch, by a launch into two f32 [M]
-  // buffers (FpatKernelArgs::rowStats); the prepared B carries LayerNorm's column terms behind
-  // it (preparedBBytes).
+  // from a launch into two f32 [M] buffers (FpatKernelArgs::rowStats, normStatsLaunch) or, with
+  // FPAT_NORM_STATS=loop, summed in the GEMM's main loop; the prepared B carries LayerNorm's
+  // column terms behind it (preparedBBytes).
   ir::NormKind deferredNorm = ir::NormKind::None;
   bool normStatsLaunch = false; // the deferred norm's statistics from a launch of their own
   // wgmma cooperative: compiled with the last wave split in k (lastWaveSplit planned one for

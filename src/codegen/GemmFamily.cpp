@@ -230,10 +230,12 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
           ? lastWaveSplit(((u.M + t.bm - 1) / t.bm) * ((u.N + t.bn - 1) / t.bn), o.sms,
                           (u.K + t.bk - 1) / t.bk)
           : LastWaveSplit{};
-  // The deferred norm's statistics: summed by the consumers from the A tiles of the main loop,
-  // or (FPAT_NORM_STATS=launch, the first form, kept to compare) by a launch before the GEMM.
+  // The deferred norm's statistics: from a launch before the GEMM, which the GEMM overlaps, or
+  // (FPAT_NORM_STATS=loop) summed by the consumers from the A tiles of the main loop, which
+  // measured slower: the shared-memory reads beside the MMAs cost more than reading x once
+  // more (+18-29% over the plain GEMM against +5-10% at M >= 1024; bench/RESULTS.md, session 26).
   const char* statsEnv = std::getenv("FPAT_NORM_STATS");
-  u.normStatsLaunch = deferNorm && statsEnv && std::string(statsEnv) == "launch";
+  u.normStatsLaunch = deferNorm && !(statsEnv && std::string(statsEnv) == "loop");
   const bool statsInLoop = deferNorm && !u.normStatsLaunch;
   // Statistics summed in the main loop need every tile whole.
   u.splitLastWave = split.tiles > 0 && !statsInLoop;

@@ -479,54 +479,54 @@ BOOST_AUTO_TEST_CASE(norm_gemm_defers_its_norm_where_its_weights_are_known) {
       e.push_back(l.entry.substr(u.name.size()));
     return e;
   };
-  // RMSNorm: gamma folded into the prepared B, the statistics summed in the main loop (no
-  // launch of their own, every tile whole).
-  for (Shape s : {Shape{1024, 4096, 4096}, Shape{333, 1000, 1032}, Shape{1, 4104, 4096},
-                  Shape{2047, 5120, 2048}})
+  // RMSNorm: gamma folded into the prepared B, a statistics launch, the GEMM overlapping it.
+  for (Shape s : {Shape{1024, 4096, 4096}, Shape{333, 1000, 1032}, Shape{1, 4104, 4096}})
     BOOST_TEST_CONTEXT(s.m << "x" << s.n << "x" << s.k) {
       const codegen::KernelUnit u = unitsFor("rmsnorm_gemm", s, 90, nullptr, true).at(0);
       BOOST_TEST(u.tile.wgmma());
       BOOST_TEST((u.deferredNorm == ir::NormKind::RmsNorm));
       BOOST_TEST(!u.needsRowStats);
-      BOOST_TEST(!u.normStatsLaunch);
-      BOOST_TEST(!u.splitLastWave);
+      BOOST_TEST(u.normStatsLaunch);
       BOOST_TEST(u.preparedB);
-      BOOST_TEST((entries(u) == std::vector<std::string>{"_prep", ""}));
-      BOOST_TEST(!u.launches.back().overlapsPrevious);
+      BOOST_TEST((entries(u) == std::vector<std::string>{"_prep", "_rowstats", ""}));
+      BOOST_TEST((u.launches[1].grid == codegen::Launch::Rows));
+      BOOST_TEST(u.launches.back().overlapsPrevious);
+      BOOST_TEST(!u.launches[1].overlapsPrevious);
       BOOST_TEST(u.launches.back().tma[0].operand == 0); // the raw x
       BOOST_TEST(u.launches.back().tma[1].copy == 1);    // the folded B
       BOOST_TEST(u.source.find("fpat::prepareWeightB<true, 2, true>(a)") != std::string::npos);
+      BOOST_TEST(u.source.find("fpat::deferredNormStats<false>(a)") != std::string::npos);
       BOOST_TEST(u.source.find("kNorm = 2;") != std::string::npos);
-      BOOST_TEST(u.source.find("kNormStats = true;") != std::string::npos);
-      BOOST_TEST(u.source.find("kSplit = false;") != std::string::npos);
+      BOOST_TEST(u.source.find("kNormStats = false;") != std::string::npos);
       BOOST_TEST(u.source.find("// norm:     deferred") != std::string::npos);
       BOOST_TEST(codegen::preparedBBytes(u) ==
                  static_cast<size_t>(s.n) * static_cast<size_t>(codegen::paddedK(s.k)) * 2);
     }
-  // FPAT_NORM_STATS=launch: a statistics launch, the GEMM overlapping it.
-  {
-    setenv("FPAT_NORM_STATS", "launch", 1);
-    const codegen::KernelUnit u =
-        unitsFor("rmsnorm_gemm", {1024, 4096, 4096}, 90, nullptr, true).at(0);
+  // FPAT_NORM_STATS=loop: the statistics summed in the main loop (no launch of their own,
+  // every tile whole, also where the last wave would be split).
+  for (Shape s : {Shape{1024, 4096, 4096}, Shape{2047, 5120, 2048}}) {
+    setenv("FPAT_NORM_STATS", "loop", 1);
+    const codegen::KernelUnit u = unitsFor("rmsnorm_gemm", s, 90, nullptr, true).at(0);
     unsetenv("FPAT_NORM_STATS");
-    BOOST_TEST(u.normStatsLaunch);
-    BOOST_TEST((entries(u) == std::vector<std::string>{"_prep", "_rowstats", ""}));
-    BOOST_TEST((u.launches[1].grid == codegen::Launch::Rows));
-    BOOST_TEST(u.launches.back().overlapsPrevious);
-    BOOST_TEST(!u.launches[1].overlapsPrevious);
-    BOOST_TEST(u.source.find("fpat::deferredNormStats<false>(a)") != std::string::npos);
-    BOOST_TEST(u.source.find("kNormStats = false;") != std::string::npos);
+    BOOST_TEST(!u.normStatsLaunch);
+    BOOST_TEST(!u.splitLastWave);
+    BOOST_TEST((entries(u) == std::vector<std::string>{"_prep", ""}));
+    BOOST_TEST(!u.launches.back().overlapsPrevious);
+    BOOST_TEST(u.source.find("kNormStats = true;") != std::string::npos);
+    BOOST_TEST(u.source.find("kSplit = false;") != std::string::npos);
   }
-  // LayerNorm: the column terms prepared too; K % 8 != 0 pads A first.
+  // LayerNorm: the column terms prepared too; K % 8 != 0 pads A before the statistics.
   {
     const codegen::KernelUnit u =
         unitsFor("layernorm_gemm_bias_gelu", {777, 1000, 1003}, 90, nullptr, true).at(0);
     BOOST_TEST((u.deferredNorm == ir::NormKind::LayerNorm));
-    BOOST_TEST((entries(u) == std::vector<std::string>{"_prep", "_prepcols", "_pad", ""}));
+    BOOST_TEST(
+        (entries(u) == std::vector<std::string>{"_prep", "_prepcols", "_pad", "_rowstats", ""}));
     BOOST_TEST((u.launches[1].grid == codegen::Launch::PreparedColumns));
     BOOST_TEST(u.launches[1].preparesWeights());
     BOOST_TEST(!u.launches[2].preparesWeights());
     BOOST_TEST(u.source.find("fpat::prepareNormColumns<true, 3>(a)") != std::string::npos);
+    BOOST_TEST(u.source.find("fpat::deferredNormStats<true>(a)") != std::string::npos);
     BOOST_TEST(u.source.find("kNorm = 1;") != std::string::npos);
     // Two f32 column vectors, padded to whole 256-column tiles, behind the [N, K] copy.
     BOOST_TEST(codegen::preparedBBytes(u) == 1000u * 1008u * 2u + 2u * 1024u * 4u);
@@ -796,10 +796,11 @@ BOOST_AUTO_TEST_CASE(wgmma_backend_compiles_for_sm90a_without_serialization,
       const bool norm = n.find("norm") != std::string::npos;
       // With the last wave split compiled in as well (320 tiles of 128x256 on 132 SMs) for
       // the epilogues' kinds: plain, deferred, staged operand, side buffer, B [N, K].
-      const bool split = t.bm == 128 && t.bn == 256 && t.backend == codegen::Backend::Wgmma &&
-                         t.cluster == 1 && !t.rasterN &&
-                         (n == "gemm" || n == "gemm_bt" || n == "gemm_bias_gelu" ||
-                          n == "gemm_residual" || n == "gemm_silu_mul");
+      const bool split =
+          t.bm == 128 && t.bn == 256 && t.backend == codegen::Backend::Wgmma && t.cluster == 1 &&
+          !t.rasterN &&
+          (n == "gemm" || n == "gemm_bt" || n == "gemm_bias_gelu" || n == "gemm_residual" ||
+           n == "gemm_silu_mul" || n == "layernorm_gemm_bias_gelu");
       // Short A boxes at a decode shape (16 rows; the others would fall back).
       for (Shape sh : {Shape{t.aRows > 0 ? 16 : 256, 512, 128}, Shape{2047, 5120, 2048}}) {
         if (sh.m == 2047 && !split)
@@ -817,19 +818,19 @@ BOOST_AUTO_TEST_CASE(wgmma_backend_compiles_for_sm90a_without_serialization,
         units.push_back(std::move(u));
       }
     }
-  // The deferred norm's statistics from a launch of their own (FPAT_NORM_STATS=launch), with
-  // the last wave split (which the main loop's statistics exclude).
-  setenv("FPAT_NORM_STATS", "launch", 1);
-  for (const char* name : {"rmsnorm_gemm", "layernorm_gemm_bias_gelu"}) {
-    ir::Graph f = fuse(caseGraph(name, {2047, 5120, 2048}, true));
-    const codegen::TileConfig wide = *codegen::TileConfig::parse("128x256x64_w2x1_s3_wgmma");
-    codegen::CodegenOptions o;
-    o.arch = 90;
-    o.tile = &wide;
-    units.push_back(codegen::generate(f, f.outputs()[0], builtinLibrary(), o));
-    BOOST_TEST(units.back().normStatsLaunch);
-    BOOST_TEST(units.back().splitLastWave);
-  }
+  // The deferred norm's statistics summed in the main loop (FPAT_NORM_STATS=loop), on the
+  // cooperative, two-m64 and ping-pong schedules.
+  setenv("FPAT_NORM_STATS", "loop", 1);
+  for (const char* name : {"rmsnorm_gemm", "layernorm_gemm_bias_gelu"})
+    for (const char* cfg : {"128x256x64_w2x1_s3_wgmma", "128x128x64_w1x1_s6_pingpong"}) {
+      const codegen::TileConfig tile = *codegen::TileConfig::parse(cfg);
+      ir::Graph f = fuse(caseGraph(name, {2047, 5120, 2048}, true));
+      codegen::CodegenOptions o;
+      o.arch = 90;
+      o.tile = &tile;
+      units.push_back(codegen::generate(f, f.outputs()[0], builtinLibrary(), o));
+      BOOST_TEST(!units.back().normStatsLaunch);
+    }
   unsetenv("FPAT_NORM_STATS");
   runtime::NvccOptions o;
   o.arch = 90;

@@ -253,7 +253,8 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
   const std::string cfg =
       t.str() + (u.transB ? "_bt" : "") +
       (t.wgmma() ? std::string(epiTile ? "_tilestore" : "") + (u.splitLastWave ? "_splitk" : "") +
-                       (padK ? "_padk" : "") + (u.preparedB && !deferNorm ? "_bprep" : "")
+                       (padK ? "_padk" : "") + (u.preparedB && !deferNorm ? "_bprep" : "") +
+                       (statsInLoop ? "_statsloop" : "")
        : u.vec ? "_vec"
                : "_any");
   u.name = "fpat_" + base + "_" + (t.wgmma() ? std::string("sm90a") : arch) + "_" + cfg;

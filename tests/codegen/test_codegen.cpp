@@ -514,6 +514,7 @@ BOOST_AUTO_TEST_CASE(norm_gemm_defers_its_norm_where_its_weights_are_known) {
     BOOST_TEST(!u.launches.back().overlapsPrevious);
     BOOST_TEST(u.source.find("kNormStats = true;") != std::string::npos);
     BOOST_TEST(u.source.find("kSplit = false;") != std::string::npos);
+    BOOST_TEST(u.name.find("_statsloop") != std::string::npos, u.name);
   }
   // LayerNorm: the column terms prepared too; K % 8 != 0 pads A before the statistics.
   {

@@ -407,6 +407,15 @@ BOOST_AUTO_TEST_CASE(short_tiles_in_turn_at_ragged_shapes) {
         }
 }
 
+/// The kernels of fused graph `f`, with configuration `cfg` forced where it has one.
+runtime::BuildResult buildForced(const ir::Graph& f,
+                                 const std::optional<codegen::TileConfig>& cfg) {
+  runtime::BuildOptions o = buildOptions();
+  if (cfg)
+    o.tile = &*cfg;
+  return runtime::buildKernels(f, builtinLibrary(), o);
+}
+
 BOOST_AUTO_TEST_CASE(prepared_weights_match_the_reference) {
   // Weights B that TMA reads badly as given (B [K, N] with N % 64 != 0, N % 8 != 0 included;
   // B [N, K] with K % 8 != 0) are copied into [N, K] rows when uploaded. Each case runs, then
@@ -420,10 +429,7 @@ BOOST_AUTO_TEST_CASE(prepared_weights_match_the_reference) {
         BOOST_TEST_CONTEXT(name << " " << s.str() << " " << (cfg ? cfg->str() : "default")) {
           ir::Graph g = caseGraph(name, s, /*weights=*/true);
           ir::Graph f = fuse(g);
-          runtime::BuildOptions o = buildOptions();
-          if (cfg)
-            o.tile = &*cfg;
-          runtime::BuildResult b = runtime::buildKernels(f, builtinLibrary(), o);
+          runtime::BuildResult b = buildForced(f, cfg);
           BOOST_TEST_REQUIRE(b.error.empty(), b.error);
           const ir::Vertex out = f.outputs()[0];
           const codegen::KernelUnit& u = b.graph.units[out];
@@ -478,10 +484,7 @@ BOOST_AUTO_TEST_CASE(deferred_norms_match_the_reference) {
         BOOST_TEST_CONTEXT(name << " " << s.str() << " " << (cfg ? cfg->str() : "default")) {
           ir::Graph g = caseGraph(name, s, /*weights=*/true);
           ir::Graph f = fuse(g);
-          runtime::BuildOptions o = buildOptions();
-          if (cfg)
-            o.tile = &*cfg;
-          runtime::BuildResult b = runtime::buildKernels(f, builtinLibrary(), o);
+          runtime::BuildResult b = buildForced(f, cfg);
           BOOST_TEST_REQUIRE(b.error.empty(), b.error);
           const codegen::KernelUnit& u = b.graph.units[f.outputs()[0]];
           BOOST_TEST((u.deferredNorm != ir::NormKind::None));

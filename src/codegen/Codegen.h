@@ -238,6 +238,12 @@ struct KernelUnit {
   bool splitLastWave = false;
 };
 
+/// Entries of each of a deferred LayerNorm's column vectors: N padded to whole 256-column tiles
+/// (fpat::normColumnsPitch in fpat_wgmma.cuh, which must match).
+inline int64_t normColumnsPitch(int64_t n) {
+  return (n + 255) / 256 * 256;
+}
+
 /// Bytes of the prepared copy of B for a wgmma kernel: N rows of paddedK(K) elements, and for
 /// a deferred LayerNorm its two f32 column vectors of normColumnsPitch(N) entries (fpat_wgmma.cuh).
 size_t preparedBBytes(const KernelUnit& u);

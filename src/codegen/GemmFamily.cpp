@@ -503,7 +503,7 @@ bool defersNorm(const ir::Graph& g, ir::Vertex v) {
 
 size_t preparedBBytes(const KernelUnit& u) {
   const size_t n = static_cast<size_t>(u.N), k = static_cast<size_t>(paddedK(u.K));
-  const size_t pitch = (n + 255) / 256 * 256; // normColumnsPitch in fpat_wgmma.cuh
+  const size_t pitch = static_cast<size_t>(normColumnsPitch(u.N));
   return n * k * 2 + (u.deferredNorm == ir::NormKind::LayerNorm ? 2 * pitch * sizeof(float) : 0);
 }
 

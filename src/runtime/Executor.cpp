@@ -149,7 +149,7 @@ Executor::Executor(cuda::Driver& drv, const CompiledGraph& cg) : drv_(drv), cg_(
     prepared_[0].push_back(drv_.alloc(preparedBytes_.back()));
   }
   // The first op reading a weight prepares it for all (each of its preparing entries once).
-  std::set<std::pair<int, std::string>> prepLaunched;
+  std::set<std::pair<int, codegen::Launch::Grid>> prepLaunched;
   for (ir::Vertex v : order) {
     const codegen::KernelUnit& u = cg_.units[v];
     if (u.launches.empty())
@@ -197,7 +197,7 @@ Executor::Executor(cuda::Driver& drv, const CompiledGraph& cg) : drv_(drv), cg_(
         a.padded[i] = reinterpret_cast<void*>(padded[i]);
     const int prep = u.preparedB ? prepOf.at(prepKey(v, u)) : -1;
     for (const codegen::Launch& l : u.launches) {
-      if (l.preparesWeights() && !prepLaunched.insert({prep, l.entry}).second)
+      if (l.preparesWeights() && !prepLaunched.insert({prep, l.grid}).second)
         continue;
       cuda::CUfunction f = drv_.function(it->second, l.entry);
       if (l.smemBytes > drv_.device().smemOptin)
@@ -308,7 +308,7 @@ void Executor::launch(bool weights, bool poison, size_t set) {
       break;
     }
     case codegen::Launch::PreparedColumns: {
-      const int64_t columns = (u.N + 255) / 256 * 256; // normColumnsPitch: a warp each, 8 a block
+      const int64_t columns = codegen::normColumnsPitch(u.N); // a warp each, 8 a block
       gx = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(columns / 8, sms * 8)));
       break;
     }

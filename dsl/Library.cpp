@@ -741,7 +741,8 @@ private:
   }
 
   /// Legality: families gemm and norm_gemm compute one GEMM whose operands come from memory
-  /// (norm_gemm: A normalised on load) and apply a tree of elementwise ops to its result.
+  /// (norm_gemm: A normalised on load) and apply a tree of elementwise ops to its result; the
+  /// dual families two GEMMs on one A (the same leaf, or the same norm of leaves).
   /// Anything else would be a kernel that silently computes less than the match.
   bool familyCanImplement(const PatternDef& p) {
     const ir::FamilyInfo* family = ir::findFamily(p.family);
@@ -800,18 +801,36 @@ private:
     walk(p.root, false);
     if (!good)
       return false;
-    if (distinct.size() != 1) {
+    const size_t want = static_cast<size_t>(family->gemms);
+    if (distinct.size() != want) {
       fail(distinct.empty() ? p.root.loc : gemms.back()->loc,
            distinct.empty()
                ? "family " + p.family + " implements a GEMM, but the match of '" + p.name +
                      "' has none"
-               : "family " + p.family + " computes one GEMM per kernel; the match of '" + p.name +
-                     "' has " + std::to_string(distinct.size()));
-      if (distinct.size() > 1)
+               : "family " + p.family + " computes " + (want == 1 ? "one GEMM" : "two GEMMs") +
+                     " per kernel; the match of '" + p.name + "' has " +
+                     std::to_string(distinct.size()));
+      if (distinct.size() == 2 && want == 1)
         diags.note(gemms.front()->loc,
-                   "two GEMMs sharing A (SwiGLU's gate and up projections) need a dual-GEMM "
-                   "family, which fpat does not have yet; match each GEMM in a pattern of its own");
+                   "two GEMMs sharing A (SwiGLU's gate and up projections) are family dual_gemm "
+                   "(norm_dual_gemm with the norm in front): add `let family = \"" +
+                       std::string(normFamily ? "norm_dual_gemm" : "dual_gemm") + "\";` to '" +
+                       p.name + "'");
       return false;
+    }
+    if (want == 2) {
+      // One A for both GEMMs: the kernel reads it once and multiplies it by both weights.
+      const MatchNode* other = nullptr;
+      for (const MatchNode* g : gemms)
+        if (text(*g) != text(*gemms[0]))
+          other = g;
+      if (other && text(other->operands[0]) != text(gemms[0]->operands[0])) {
+        fail(other->operands[0].loc,
+             "family " + p.family + " computes two GEMMs on one A, but this GEMM's A is " +
+                 text(other->operands[0]) + " and the other's " + text(gemms[0]->operands[0]));
+        diags.note(gemms[0]->operands[0].loc, "the other GEMM's A");
+        return false;
+      }
     }
     if (normFamily && (gemms[0]->operands[0].leaf || !isNorm(gemms[0]->operands[0].kind))) {
       fail(gemms[0]->loc, "family norm_gemm needs the GEMM's A operand to be (layernorm ...) or "

@@ -233,10 +233,24 @@ struct KernelUnit {
   // column terms behind it (preparedBBytes).
   ir::NormKind deferredNorm = ir::NormKind::None;
   bool normStatsLaunch = false; // the deferred norm's statistics from a launch of their own
+  // The dual families: the GEMM runs on a prepared copy of Bg and Bu interleaved in 8-column
+  // blocks, dualColumns(N) columns, and its epilogue combines each gate block with its up
+  // block into the N columns of the result.
+  bool dual = false;
+  int64_t gemmColumns() const;
   // wgmma cooperative: compiled with the last wave split in k (lastWaveSplit planned one for
   // CodegenOptions::sms); the Executor passes such kernels a partial-sum workspace.
   bool splitLastWave = false;
 };
+
+/// Columns of a dual GEMM's interleaved weight copy for a result of N columns: blocks of 8 gate
+/// columns and 8 up columns (fpat::prepareWeightB with DUAL, which must match).
+inline int64_t dualColumns(int64_t n) {
+  return 2 * ((n + 7) / 8 * 8);
+}
+inline int64_t KernelUnit::gemmColumns() const {
+  return dual ? dualColumns(N) : N;
+}
 
 /// Entries of each of a deferred LayerNorm's column vectors: N padded to whole 256-column tiles
 /// (fpat::normColumnsPitch in fpat_wgmma.cuh, which must match).
@@ -244,8 +258,9 @@ inline int64_t normColumnsPitch(int64_t n) {
   return (n + 255) / 256 * 256;
 }
 
-/// Bytes of the prepared copy of B for a wgmma kernel: N rows of paddedK(K) elements, and for
-/// a deferred LayerNorm its two f32 column vectors of normColumnsPitch(N) entries (fpat_wgmma.cuh).
+/// Bytes of the prepared copy of B for a wgmma kernel: gemmColumns() rows of paddedK(K) elements,
+/// and for a deferred LayerNorm its two f32 column vectors of normColumnsPitch(N) entries
+/// (fpat_wgmma.cuh).
 size_t preparedBBytes(const KernelUnit& u);
 
 struct CodegenOptions {

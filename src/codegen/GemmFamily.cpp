@@ -27,7 +27,7 @@ std::string epilogueBody(const ir::Graph& g, ir::Vertex v, const dsl::PatternLib
     os << "    const float " << name(static_cast<int>(i)) << " = ";
     switch (n.kind) {
     case ir::EpiKind::Acc:
-      os << "v; // acc\n";
+      os << (n.operand == 1 ? "w; // acc2\n" : "v; // acc\n");
       break;
     case ir::EpiKind::Operand: {
       const bool vec = g.op(ins.at(static_cast<size_t>(n.operand))).type.rank() == 1;
@@ -82,7 +82,7 @@ std::string epiloguePairBody(const ir::Graph& g, ir::Vertex v, const dsl::Patter
     os << "    const float2 " << name(static_cast<int>(i)) << " = ";
     switch (n.kind) {
     case ir::EpiKind::Acc:
-      os << "v;\n";
+      os << (n.operand == 1 ? "w;\n" : "v;\n");
       break;
     case ir::EpiKind::Operand: {
       const bool vec = g.op(ins.at(static_cast<size_t>(n.operand))).type.rank() == 1;
@@ -170,8 +170,21 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
   if (normKind < 0)
     throw CodegenError(ref(g, v) + ": norm_gemm without a norm kind");
   const size_t bIdx = ir::gemmBIndex(op);
-  if (ins.size() <= bIdx)
+  if (ins.size() < ir::mainOperandCount(op))
     throw CodegenError(ref(g, v) + ": too few operands for its kernel family");
+  // The dual families: one wgmma GEMM over Bg and Bu interleaved (copied when the weights are
+  // uploaded), its epilogue combining each gate column with its up column. Elsewhere the
+  // driver splits such an op into two GEMMs first (match::splitDualGemms).
+  const bool dual = family->gemms == 2;
+  if (dual && (o.arch != 90 || normKind == 1 || !preparesWeightB(g, v)))
+    throw CodegenError(
+        ref(g, v) + ": family " + family->name + " " +
+        (o.arch != 90 ? "runs on the Hopper backend (sm_90) only, not sm_" + std::to_string(o.arch)
+         : normKind == 1
+             ? std::string("defers RMSNorm only, not layernorm")
+             : std::string("needs its B operands (and gamma) to be weights, interleaved once when "
+                           "they are uploaded")) +
+        "; split it into two GEMMs (fpatc does where this applies)");
   const ir::TensorDesc& A = g.op(ins[0]).type;
   u.M = op.type.shape[0];
   u.N = op.type.shape[1];
@@ -180,6 +193,7 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
   u.transB = op.transposeB;
   u.vec = vectorLoads(u.M, u.N, u.K, u.transB);
   u.family = family->name;
+  u.dual = dual;
   // The deferred norm where the Hopper backend runs this op; the cp.async kernels normalise A
   // as they load it, after a statistics launch of their own (needsRowStats).
   const bool deferrable = norm && defersNorm(g, v);
@@ -205,12 +219,20 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
     problem.tma = tmaOk;
     u.tile = defaultTile(problem, o.arch, o.sms);
   }
+  if (dual && !u.tile.wgmma()) {
+    fallback = "fallback: " + u.tile.str() +
+               " cannot run here (the dual GEMM has a wgmma kernel "
+               "only)";
+    u.tile = defaultTile(problem, o.arch, o.sms);
+  }
   const TileConfig& t = u.tile;
   u.sm90a = t.wgmma();
   const bool deferNorm = deferrable && t.wgmma();
   u.needsRowStats = norm && !deferNorm;
   u.deferredNorm = deferNorm ? ir::normKindOf(op) : ir::NormKind::None;
-  const bool epiTile = wgmmaEpilogueTile(t, u.N);
+  // The dual GEMM stores from registers (its epilogue writes half of the tile's columns).
+  const bool epiTile = !dual && wgmmaEpilogueTile(t, u.N);
+  const int64_t gemmN = u.gemmColumns();
   // Activations are the costly part of an epilogue (MUFU operations while the tensor cores
   // wait): those epilogues are deferred to the producer warpgroup's idle warps. An [M, N]
   // operand then comes to the helpers by TMA through a side buffer, where it fits (their own
@@ -227,7 +249,7 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
   // its code cost the kernels 0.2-0.6% where nothing was split (bench/RESULTS.md, session 12).
   const LastWaveSplit split =
       t.backend == Backend::Wgmma && t.cluster == 1
-          ? lastWaveSplit(((u.M + t.bm - 1) / t.bm) * ((u.N + t.bn - 1) / t.bn), o.sms,
+          ? lastWaveSplit(((u.M + t.bm - 1) / t.bm) * ((gemmN + t.bn - 1) / t.bn), o.sms,
                           (u.K + t.bk - 1) / t.bk)
           : LastWaveSplit{};
   // The deferred norm's statistics: from a launch before the GEMM, which the GEMM overlaps, or
@@ -246,22 +268,29 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
   const bool kMajorB = u.transB || u.preparedB; // how the wgmma kernel reads B
   const bool padB = padK && u.transB && !u.preparedB;
 
-  const std::string epi = epilogueBody(g, v, lib, acts);
+  // The dual GEMM's epilogue is dual() and dual1(), of both accumulators; the kernel never
+  // calls the one-accumulator forms for it.
+  const std::string never =
+      "    __trap(); // the dual GEMM calls dual() and dual1()\n    return v;\n";
+  const std::string epi = dual ? never : epilogueBody(g, v, lib, acts);
+  const std::string dualPair = dual ? epiloguePairBody(g, v, lib, acts, -1) : std::string();
+  const std::string dualOne = dual ? epilogueBody(g, v, lib, acts) : std::string();
   const std::string base = op.kind == ir::OpKind::Fused ? sanitize(op.fused.pattern) : "gemm";
   // The name tells apart every source one configuration generates: wgmma kernels store through
   // the epilogue tile or not depending on N, and split the last wave or not by shape.
   const std::string cfg =
       t.str() + (u.transB ? "_bt" : "") +
-      (t.wgmma() ? std::string(epiTile ? "_tilestore" : "") + (u.splitLastWave ? "_splitk" : "") +
-                       (padK ? "_padk" : "") + (u.preparedB && !deferNorm ? "_bprep" : "") +
-                       (statsInLoop ? "_statsloop" : "")
+      (t.wgmma()
+           ? std::string(epiTile ? "_tilestore" : "") + (u.splitLastWave ? "_splitk" : "") +
+                 (padK ? "_padk" : "") + (u.preparedB && !deferNorm && !dual ? "_bprep" : "") +
+                 (statsInLoop ? "_statsloop" : "")
        : u.vec ? "_vec"
                : "_any");
   u.name = "fpat_" + base + "_" + (t.wgmma() ? std::string("sm90a") : arch) + "_" + cfg;
   // The fallback and the op's split plan are said in the log line, not in the source: the
   // source describes the kernel (every op that needs it shares one cubin, whatever its shape),
   // the log line the op.
-  const int64_t tileCount = ((u.M + t.bm - 1) / t.bm) * ((u.N + t.bn - 1) / t.bn);
+  const int64_t tileCount = ((u.M + t.bm - 1) / t.bm) * ((gemmN + t.bn - 1) / t.bn);
   const std::string plan = u.splitLastWave ? (split.tiles == tileCount ? "all " : "the last ") +
                                                  std::to_string(split.tiles) + " tiles in " +
                                                  std::to_string(split.pieces) + " k-pieces on " +
@@ -288,6 +317,12 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
                       : std::string()) +
                  (t.rasterN ? "tiles in groups along N, " : "") + std::to_string(t.threads()) +
                  " threads" + (u.transB ? ", B is [N, K]" : ", B is [K, N]")};
+    if (dual)
+      lines.push_back("dual:     one GEMM of " + std::to_string(gemmN) +
+                      " columns over a copy of the two weights interleaved in blocks of 8 "
+                      "columns (acc's, then acc2's), made once when they are uploaded; the "
+                      "epilogue combines each thread's acc and acc2 columns into " +
+                      std::to_string(t.bn / 2) + " columns of the result per tile");
     if (deferNorm)
       lines.push_back(std::string("norm:     deferred: the GEMM reads the raw rows of x and a copy "
                                   "of B in [N, K] rows with gamma folded in, made once when the "
@@ -300,7 +335,7 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
                                        "beta W, the column terms also made at upload"
                                      : "rstd; acc = rstd acc") +
                       ", before the epilogue");
-    else if (u.preparedB)
+    else if (u.preparedB && !dual)
       lines.push_back(std::string("weight:   B is a weight, read from a copy in [N, K] rows of K "
                                   "rounded up to 8 made once, when it is uploaded (") +
                       (u.transB ? "K % 8 != 0" : "its [K, N] rows are not 128-byte multiples") +
@@ -372,7 +407,22 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
          << "  __device__ __forceinline__ float2 pair(float2 v, int64_t row, int64_t col,\n"
          << "                                         const FpatKernelArgs& a, float2 s) const {\n"
          << "    (void)row;\n    (void)col;\n    (void)a;\n    (void)s;\n"
-         << epiloguePairBody(g, v, lib, acts, staged) << "  }\n";
+         << (dual ? never : epiloguePairBody(g, v, lib, acts, staged)) << "  }\n";
+  if (dual)
+    body << "  // The dual GEMM (fpat_wgmma.cuh): v holds acc's column pair, w acc2's; dual1 is "
+            "one\n"
+         << "  // column, for odd N.\n"
+         << "  static constexpr bool kDual = true;\n"
+         << "  template <bool kFma = true>\n"
+         << "  __device__ __forceinline__ float2 dual(float2 v, float2 w, int64_t row, int64_t "
+            "col,\n"
+         << "                                         const FpatKernelArgs& a) const {\n"
+         << "    (void)row;\n    (void)col;\n    (void)a;\n"
+         << dualPair << "  }\n"
+         << "  __device__ __forceinline__ float dual1(float v, float w, int64_t row, int64_t col,\n"
+         << "                                        const FpatKernelArgs& a) const {\n"
+         << "    (void)row;\n    (void)col;\n    (void)a;\n"
+         << dualOne << "  }\n";
   if (t.wgmma()) {
     const int addend =
         op.kind == ir::OpKind::Fused ? stagedAddend(op.fused.epilogue, ins, g, staged) : -1;
@@ -407,7 +457,8 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
          << (u.preparedB ? "extern \"C\" __global__ void __launch_bounds__(256) " + u.name +
                                "_prep(const FpatKernelArgs a) {\n  fpat::prepareWeightB<" +
                                (u.transB ? "false" : "true") + ", " + std::to_string(bIdx) +
-                               (deferNorm ? ", true" : "") + ">(a);\n}\n\n"
+                               (deferNorm || dual ? deferNorm ? ", true" : ", false" : "") +
+                               (dual ? ", true" : "") + ">(a);\n}\n\n"
                          : std::string())
          << (deferNorm && normKind == 1
                  ? "extern \"C\" __global__ void __launch_bounds__(256) " + u.name +
@@ -441,9 +492,9 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
     // 64-column x BK boxes (its rows past K are TMA's zeros: no copy).
     l.tma.push_back({0, u.K, u.M, t.bk, t.stageRowsA(), padK ? 0 : -1});
     const int b = static_cast<int>(bIdx);
-    l.tma.push_back(kMajorB
-                        ? TmaMap{b, u.K, u.N, t.bk, t.bn / t.cluster, padB || u.preparedB ? 1 : -1}
-                        : TmaMap{b, u.N, u.K, 64, t.bk});
+    l.tma.push_back(
+        kMajorB ? TmaMap{b, u.K, gemmN, t.bk, t.bn / t.cluster, padB || u.preparedB ? 1 : -1}
+                : TmaMap{b, u.N, u.K, 64, t.bk});
     // The epilogue tile: the staged operand in 64-column x BM boxes, the output stored in
     // 64 x 64 boxes (each consumer warpgroup its rows).
     if (epiTile) {
@@ -502,7 +553,7 @@ bool defersNorm(const ir::Graph& g, ir::Vertex v) {
 }
 
 size_t preparedBBytes(const KernelUnit& u) {
-  const size_t n = static_cast<size_t>(u.N), k = static_cast<size_t>(paddedK(u.K));
+  const size_t n = static_cast<size_t>(u.gemmColumns()), k = static_cast<size_t>(paddedK(u.K));
   const size_t pitch = static_cast<size_t>(normColumnsPitch(u.N));
   return n * k * 2 + (u.deferredNorm == ir::NormKind::LayerNorm ? 2 * pitch * sizeof(float) : 0);
 }
@@ -510,6 +561,18 @@ size_t preparedBBytes(const KernelUnit& u) {
 bool preparesWeightB(const ir::Graph& g, ir::Vertex v) {
   const ir::Op& op = g.op(v);
   const ir::FamilyInfo* family = ir::familyOf(op);
+  if (family && family->gemms == 2) { // Bg and Bu interleaved into one copy
+    const std::vector<ir::Vertex> ins = g.operands(v);
+    const size_t bIdx = ir::gemmBIndex(op);
+    if (ins.size() < bIdx + 2 || (family->normalisesA && !defersNorm(g, v)))
+      return false;
+    for (size_t i = bIdx; i < bIdx + 2; ++i) {
+      const ir::Op& b = g.op(ins[i]);
+      if (b.kind != ir::OpKind::Input || !b.weight || b.type.rank() != 2)
+        return false;
+    }
+    return true;
+  }
   if (family && family->normalisesA)
     return defersNorm(g, v); // gamma is folded into a copy of B
   if (!family || !family->hasWgmmaPath)
@@ -531,6 +594,12 @@ GemmProblem gemmProblemOf(const ir::Graph& g, ir::Vertex v) {
   const int64_t k = g.op(g.operands(v).at(0)).type.shape[1];
   // A prepared weight B is [N, K] to the wgmma kernels; the cp.async ones read it as given.
   const bool prepared = preparesWeightB(g, v);
+  if (family && family->gemms == 2) { // one GEMM over the interleaved copy, on sm_90 only
+    GemmProblem p = gemmProblem(op.type.shape[0], dualColumns(op.type.shape[1]), k, true);
+    p.tma = prepared;
+    p.epilogueReads = !op.fused.epilogue.operands().empty();
+    return p;
+  }
   GemmProblem p = gemmProblem(op.type.shape[0], op.type.shape[1], k, op.transposeB || prepared);
   p.vec = vectorLoads(p.m, p.n, k, op.transposeB);
   // A deferred norm leaves the main loop a plain GEMM's (on the Hopper backend).

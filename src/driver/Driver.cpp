@@ -343,7 +343,7 @@ bool saveTensor(const ir::Tensor& t, const fs::path& file, std::ostream& err) {
 }
 
 /// Codegen, nvcc, execution and validation. Returns the exit code contribution.
-int gpuStages(const FpatcOptions& opts, const ir::Graph& fused, const Patterns& pats,
+int gpuStages(const FpatcOptions& opts, const ir::Graph& fusedIn, const Patterns& pats,
               const std::map<std::string, ir::Tensor>* inputs,
               const std::vector<ir::Tensor>* reference, const std::vector<int64_t>* sampledRows,
               const ir::Graph& original, std::ostream& out, std::ostream& err,
@@ -351,6 +351,13 @@ int gpuStages(const FpatcOptions& opts, const ir::Graph& fused, const Patterns& 
   std::string why = !opts.run ? "--no-run" : "only --emit=" + opts.emit + " was asked for";
   cuda::Driver* drv = opts.run && opts.emit.empty() ? cuda::Driver::get(&why) : nullptr;
   const int arch = opts.arch ? opts.arch : drv ? drv->device().arch : 90;
+  // The dual-GEMM kernel is Hopper's: elsewhere its ops run as two GEMMs (and their norm).
+  size_t splitCount = 0;
+  const ir::Graph fused = arch == 90 ? fusedIn : match::splitDualGemms(fusedIn, &splitCount);
+  if (splitCount > 0)
+    out << "== split: " << splitCount << " dual-GEMM op" << (splitCount == 1 ? "" : "s")
+        << " into two GEMMs each: the dual GEMM runs on sm_90 only, these kernels are for sm_"
+        << arch << "\n";
   runtime::BuildOptions bopts;
   bopts.arch = arch;
   bopts.sms = drv ? drv->device().sms : 132;

@@ -22,6 +22,12 @@ std::vector<int> Epilogue::operands() const {
   return out;
 }
 
+bool Epilogue::readsSecondAcc() const {
+  return std::any_of(nodes.begin(), nodes.end(), [](const EpilogueNode& n) {
+    return n.kind == EpiKind::Acc && n.operand == 1;
+  });
+}
+
 std::vector<std::string> Epilogue::activations() const {
   std::vector<std::string> out;
   for (const EpilogueNode& n : nodes)
@@ -40,7 +46,7 @@ void print(const Epilogue& e, int i, std::string& out) {
   const EpilogueNode& n = e.nodes[static_cast<size_t>(i)];
   switch (n.kind) {
   case EpiKind::Acc:
-    out += "acc";
+    out += n.operand == 1 ? "acc2" : "acc";
     return;
   case EpiKind::Operand:
     out += "$" + std::to_string(n.operand);
@@ -61,7 +67,8 @@ void print(const Epilogue& e, int i, std::string& out) {
   }
 }
 
-/// Recursive descent over `expr := acc | $INT | NAME '(' expr (',' expr)* (',' NAME '=' NUM)* ')'`.
+/// Recursive descent over `expr := acc | acc2 | $INT | NAME '(' expr (',' expr)* (',' NAME '='
+/// NUM)* ')'`.
 class EpilogueParser {
 public:
   EpilogueParser(std::string_view s, Epilogue& out) : s_(s), out_(out) {}
@@ -125,6 +132,11 @@ private:
       return fail("expected 'acc', '$N' or a function such as gelu(...)"), -1;
     if (id == "acc")
       return out_.add(EpilogueNode{});
+    if (id == "acc2") { // the second GEMM's accumulator (dual-GEMM families)
+      EpilogueNode n;
+      n.operand = 1;
+      return out_.add(n);
+    }
     EpilogueNode n;
     n.kind = id == "bias_add" ? EpiKind::BiasAdd
              : id == "add"    ? EpiKind::Add
@@ -262,9 +274,11 @@ std::string checkEpilogueStructure(const Epilogue& e) {
       return "epilogue node " + std::to_string(i) + " reads a node that is not computed before it";
     if (x.kind == EpiKind::Operand && x.operand < 0)
       return "epilogue node " + std::to_string(i) + " reads no operand";
+    if (x.kind == EpiKind::Acc && x.operand != -1 && x.operand != 1)
+      return "epilogue node " + std::to_string(i) + " reads an accumulator other than acc or acc2";
     if (!reached[static_cast<size_t>(i)])
       return "epilogue node " + std::to_string(i) + " does not contribute to the result";
-    usesAcc = usesAcc || x.kind == EpiKind::Acc;
+    usesAcc = usesAcc || (x.kind == EpiKind::Acc && x.operand != 1);
     if (binary || unary)
       reached[static_cast<size_t>(x.lhs)] = true;
     if (binary)

@@ -12,7 +12,8 @@
 namespace fpat::ir {
 
 enum class EpiKind : uint8_t {
-  Acc,        // the accumulator of the main computation (the GEMM)
+  Acc,        // an accumulator of the main computation: the GEMM's (`acc`), or the dual GEMM's
+              // second (`acc2`, operand == 1)
   Operand,    // a fused-op operand: [N] (broadcast over rows) or [M, N]
   BiasAdd,    // lhs [M, N] + rhs [N]
   Add,        // lhs + rhs, same shape
@@ -23,7 +24,8 @@ enum class EpiKind : uint8_t {
 struct EpilogueNode {
   EpiKind kind = EpiKind::Acc;
   int lhs = -1, rhs = -1;               // child nodes (Activation: lhs only)
-  int operand = -1;                     // Operand: index into the fused op's operands
+  int operand = -1;                     // Operand: index into the fused op's operands; Acc: 1
+                                        // for the second GEMM's accumulator, else -1
   std::string fn;                       // Activation: its name
   std::map<std::string, double> params; // Activation: parameters given (the rest default)
   bool operator==(const EpilogueNode&) const = default;
@@ -40,6 +42,8 @@ struct Epilogue {
   int add(EpilogueNode n);
   /// Distinct operand indices, in order of first use.
   std::vector<int> operands() const;
+  /// Whether a node reads the second GEMM's accumulator (`acc2`, the dual-GEMM families).
+  bool readsSecondAcc() const;
   /// Activation names, in order of first use (with repeats removed).
   std::vector<std::string> activations() const;
 };

@@ -126,6 +126,8 @@ const std::vector<FamilyInfo>& kernelFamilies() {
   static const std::vector<FamilyInfo> table = {
       {Family::Gemm, "gemm", false, true},
       {Family::NormGemm, "norm_gemm", true, false},
+      {Family::DualGemm, "dual_gemm", false, true, 2},
+      {Family::NormDualGemm, "norm_dual_gemm", true, true, 2},
   };
   return table;
 }
@@ -154,6 +156,11 @@ size_t gemmBIndex(const Op& op) {
   if (!f || !f->normalisesA)
     return 1;
   return op.fused.norm == "layernorm" ? 3 : 2;
+}
+
+size_t mainOperandCount(const Op& op) {
+  const FamilyInfo* f = familyOf(op);
+  return gemmBIndex(op) + (f ? static_cast<size_t>(f->gemms) : 1);
 }
 
 const FamilyInfo* familyOf(const Op& op) {
@@ -326,30 +333,49 @@ std::optional<TensorDesc> inferType(const Op& op, const std::vector<OperandInfo>
     if (!isKernelFamily(f.family))
       return fail(-1, "unknown kernel family '" + f.family + "' (fpat has " + kernelFamilyList() +
                           ")" + familyDidYouMean(f.family));
-    const bool norm = findFamily(f.family)->normalisesA;
+    const FamilyInfo& family = *findFamily(f.family);
+    const bool norm = family.normalisesA;
     if (norm != !f.norm.empty() || (norm && f.norm != "layernorm" && f.norm != "rmsnorm"))
-      return fail(-1, norm ? "a norm_gemm op needs norm = layernorm or norm = rmsnorm"
+      return fail(-1, norm ? "a " + f.family + " op needs norm = layernorm or norm = rmsnorm"
                            : "norm = " + f.norm + " belongs to family norm_gemm, not " + f.family);
-    // Main operands: gemm A, B; norm_gemm x, gamma[, beta], B.
-    const size_t bIdx = gemmBIndex(op);
-    if (in.size() <= bIdx)
+    // Main operands: gemm A, B; norm_gemm x, gamma[, beta], B; the dual families Bg, Bu for B.
+    const size_t bIdx = gemmBIndex(op), mains = mainOperandCount(op);
+    if (in.size() < mains)
       return fail(-1, "family " + f.family + (norm ? " (" + f.norm + ")" : "") + " takes " +
-                          std::to_string(bIdx + 1) + " main operands but was given " +
+                          std::to_string(mains) + " main operands but was given " +
                           std::to_string(in.size()));
-    if (!requireRank(0, 2) || !requireRank(bIdx, 2))
-      return fail(requireRank(0, 2) ? static_cast<int>(bIdx) : 0,
-                  "the GEMM's operands must be 2-D");
+    if (!requireRank(0, 2))
+      return fail(0, "the GEMM's operands must be 2-D");
     const int64_t m = in[0].type.shape[0], k = in[0].type.shape[1];
-    const std::vector<int64_t>& bs = in[bIdx].type.shape;
-    if ((op.transposeB ? bs[1] : bs[0]) != k)
-      return fail(static_cast<int>(bIdx),
-                  operandRef(in, bIdx) + " does not fit operand 0's K = " + std::to_string(k) +
-                      (op.transposeB ? " (B is [N, K])" : " (B is [K, N])"));
-    const int64_t cols = op.transposeB ? bs[0] : bs[1];
+    int64_t cols = -1;
+    for (size_t b = bIdx; b < mains; ++b) {
+      if (!requireRank(b, 2))
+        return fail(static_cast<int>(b), "the GEMM's operands must be 2-D");
+      const std::vector<int64_t>& bs = in[b].type.shape;
+      if ((op.transposeB ? bs[1] : bs[0]) != k)
+        return fail(static_cast<int>(b), operandRef(in, b) +
+                                             " does not fit operand 0's K = " + std::to_string(k) +
+                                             (op.transposeB ? " (B is [N, K])" : " (B is [K, N])"));
+      const int64_t bn = op.transposeB ? bs[0] : bs[1];
+      if (cols >= 0 && bn != cols)
+        return fail(static_cast<int>(b), operandRef(in, b) + " has N = " + std::to_string(bn) +
+                                             ", the first GEMM's B N = " + std::to_string(cols) +
+                                             ": the two GEMMs' results must have one shape");
+      cols = bn;
+    }
     for (size_t i = 1; i < bIdx; ++i)
       if (in[i].type.shape != std::vector<int64_t>{k})
         return fail(static_cast<int>(i),
                     operandRef(in, i) + " must have shape [" + std::to_string(k) + "]");
+    if (family.gemms == 2 && (!f.epilogue.readsSecondAcc() || checkEpilogueStructure(f.epilogue) ==
+                                                                  "the epilogue does not use "
+                                                                  "the accumulator (acc)"))
+      return fail(-1, "family " + f.family +
+                          " computes two GEMMs: its epilogue must read both "
+                          "accumulators, acc and acc2 (e.g. epilogue = \"mul(silu(acc), acc2)\")");
+    if (family.gemms == 1 && f.epilogue.readsSecondAcc())
+      return fail(-1, "the epilogue reads acc2, the second GEMM's accumulator, which only the "
+                      "dual families (dual_gemm, norm_dual_gemm) compute");
     if (!op.params.empty())
       return fail(-1, "parameter '" + op.params.begin()->first +
                           "' belongs to an activation inside the epilogue, e.g. "
@@ -366,12 +392,12 @@ std::optional<TensorDesc> inferType(const Op& op, const std::vector<OperandInfo>
         full[i] = true;
         break;
       case EpiKind::Operand: {
-        if (e.operand <= static_cast<int>(bIdx) || e.operand >= n)
+        if (e.operand < static_cast<int>(mains) || e.operand >= n)
           return fail(-1, "the epilogue reads $" + std::to_string(e.operand) +
                               ", which is not an operand after the main ones (" +
-                              (static_cast<int>(bIdx) + 1 < n ? "$" + std::to_string(bIdx + 1) +
-                                                                    " to $" + std::to_string(n - 1)
-                                                              : std::string("this op has none")) +
+                              (static_cast<int>(mains) < n
+                                   ? "$" + std::to_string(mains) + " to $" + std::to_string(n - 1)
+                                   : std::string("this op has none")) +
                               ")");
         const size_t o = static_cast<size_t>(e.operand);
         const std::vector<int64_t>& s = in[o].type.shape;

@@ -60,14 +60,17 @@ inline std::ostream& operator<<(std::ostream& os, OpKind k) {
 /// phase decides through this one table (sema's legality, the matcher's operand order, type
 /// inference, the reference, codegen, the tuner), never by comparing names.
 enum class Family : uint8_t {
-  Gemm,     // C = epilogue(A B), A and B loaded from memory
-  NormGemm, // C = epilogue(norm(A) B), A normalised (layernorm or rmsnorm) on load
+  Gemm,         // C = epilogue(A B), A and B loaded from memory
+  NormGemm,     // C = epilogue(norm(A) B), A normalised (layernorm or rmsnorm) on load
+  DualGemm,     // C = epilogue(A Bg, A Bu): two GEMMs on one A (gated MLPs), B weights
+  NormDualGemm, // C = epilogue(norm(A) Bg, norm(A) Bu), the norm deferred (rmsnorm)
 };
 struct FamilyInfo {
   Family family;
   const char* name;
   bool normalisesA;  // the GEMM's A is (layernorm ...) or (rmsnorm ...) of inputs
   bool hasWgmmaPath; // the Hopper backend implements it
+  int gemms = 1;     // GEMMs on the one A (2: the epilogue reads acc and acc2)
 };
 const std::vector<FamilyInfo>& kernelFamilies();
 /// The family named `name`, or null.
@@ -82,8 +85,8 @@ std::string kernelFamilyList();
 std::string familyDidYouMean(std::string_view name);
 
 /// Attributes of a fused op, filled in by the rewriter. Operands are in kernel order: the main
-/// computation's operands first (gemm: A, B; norm_gemm: x, gamma[, beta], B), then those the
-/// epilogue reads, in order of first use.
+/// computation's operands first (gemm: A, B; norm_gemm: x, gamma[, beta], B; the dual
+/// families the same with Bg, Bu for B), then those the epilogue reads, in order of first use.
 struct FusedAttrs {
   std::string pattern; // fusion pattern name
   std::string family;  // kernel family that implements it
@@ -116,6 +119,8 @@ NormKind normKindOf(const Op& op);
 /// A, B; norm_gemm x, gamma, B (rmsnorm) or x, gamma, beta, B (layernorm). The one place that
 /// layout is written down; the rewriter, type inference, the reference and codegen use it.
 size_t gemmBIndex(const Op& op);
+/// The number of main operands: gemmBIndex(op) + 1, or + 2 for the dual families (Bg, Bu).
+size_t mainOperandCount(const Op& op);
 
 /// The kernel family that computes `op`: Gemm for a plain gemm, the fused op's family, or
 /// null (other ops, or a fused op naming no known family).

@@ -262,7 +262,7 @@ void binary(OpKind k, const Tensor& a, const Tensor& b, Tensor& out) {
 /// A fused op's meaning, by kernel family: the main computation kept in double, then the
 /// epilogue chain, then one rounding, as a fused kernel keeps its accumulator in registers.
 /// norm_gemm rounds the normalised rows to the dtype first: that kernel feeds them to the
-/// tensor cores in f16.
+/// tensor cores in f16. The dual families compute a second GEMM on the same A (acc2).
 void evalFused(const Op& op, const std::vector<Vertex>& ops, const std::vector<const Tensor*>& vals,
                const ActivationLibrary& acts, Tensor& out) {
   const auto& f = op.fused;
@@ -295,6 +295,10 @@ void evalFused(const Op& op, const std::vector<Vertex>& ops, const std::vector<c
   const size_t n = static_cast<size_t>(out.desc.shape[1]);
   const size_t k = static_cast<size_t>(a->desc.shape[1]);
   std::vector<double> acc = product(*a, *b, op.transposeB, m, n, k);
+  // The dual families: the second GEMM, on the same A, read as acc2.
+  const std::vector<double> acc2 = family->gemms == 2
+                                       ? product(*a, in(gemmBIndex(op) + 1), op.transposeB, m, n, k)
+                                       : std::vector<double>{};
   // The epilogue, element by element, in double like the unfused ops it replaces (without
   // their intermediate roundings).
   const std::vector<EpilogueNode>& nodes = f.epilogue.nodes;
@@ -312,7 +316,7 @@ void evalFused(const Op& op, const std::vector<Vertex>& ops, const std::vector<c
             const auto l = static_cast<size_t>(e.lhs), r = static_cast<size_t>(e.rhs);
             switch (e.kind) {
             case EpiKind::Acc:
-              val[x] = acc[i * n + j];
+              val[x] = e.operand == 1 ? acc2.at(i * n + j) : acc[i * n + j];
               break;
             case EpiKind::Operand: {
               const Tensor& t = in(static_cast<size_t>(e.operand));

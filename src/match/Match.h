@@ -64,6 +64,12 @@ struct RaiseStep {
 ir::Graph raise(const ir::Graph& g, const dsl::MatcherTable& table, const dsl::PatternLibrary& lib,
                 std::vector<RaiseStep>* steps = nullptr);
 
+/// Where the dual-GEMM kernel cannot run (a GPU before sm_90): each op of a dual family becomes
+/// its norm (norm_dual_gemm), the second GEMM as a plain gemm (`%<name>_up`), and a fused op of
+/// family gemm whose epilogue reads that GEMM's result where it read acc2, the kernels
+/// gemm_silu_mul runs on. Returns the number of ops split in `count`.
+ir::Graph splitDualGemms(const ir::Graph& g, size_t* count = nullptr);
+
 /// Removes ops (not inputs) whose value nothing reads and that are not outputs.
 ir::Graph removeDeadOps(const ir::Graph& g);
 

@@ -125,16 +125,18 @@ Executor::Executor(cuda::Driver& drv, const CompiledGraph& cg) : drv_(drv), cg_(
   // shared by every op that reads it in the same layout (a weight read as B [K, N] by one op and
   // as B [N, K] by another needs two different copies), written when the weight is uploaded
   // (prepareWeights).
-  // A deferred norm's copy holds gamma (and beta's column terms) too: its key names them.
-  using PrepKey = std::tuple<ir::Vertex, bool, ir::Vertex, ir::Vertex>;
+  // A deferred norm's copy holds gamma (and beta's column terms) too, a dual GEMM's both of its
+  // weights: its key names them.
+  using PrepKey = std::tuple<ir::Vertex, bool, ir::Vertex, ir::Vertex, ir::Vertex>;
   std::map<PrepKey, int> prepOf;
   auto prepKey = [&](ir::Vertex v, const codegen::KernelUnit& u) {
     const std::vector<ir::Vertex> ins = g.operands(v);
     const ir::Vertex none = static_cast<ir::Vertex>(-1);
     const bool norm = u.deferredNorm != ir::NormKind::None;
     const bool layer = u.deferredNorm == ir::NormKind::LayerNorm;
-    return PrepKey{ins.at(ir::gemmBIndex(g.op(v))), u.transB, norm ? ins.at(1) : none,
-                   layer ? ins.at(2) : none};
+    const size_t b = ir::gemmBIndex(g.op(v));
+    return PrepKey{ins.at(b), u.transB, norm ? ins.at(1) : none, layer ? ins.at(2) : none,
+                   u.dual ? ins.at(b + 1) : none};
   };
   prepared_.emplace_back();
   for (ir::Vertex v : order) {
@@ -282,7 +284,7 @@ void Executor::launch(bool weights, bool poison, size_t set) {
       // Whole clusters, each taking units of `cluster` M-tiles (fpat_wgmma.cuh).
       const int64_t c = u.tile.cluster;
       const int64_t unitsM = ((u.M + u.tile.bm - 1) / u.tile.bm + c - 1) / c;
-      const int64_t units = ((u.N + u.tile.bn - 1) / u.tile.bn) * unitsM;
+      const int64_t units = ((u.gemmColumns() + u.tile.bn - 1) / u.tile.bn) * unitsM;
       const int64_t clusters = b.residentClusters > 0 ? b.residentClusters : sms / c;
       // A kernel that may split its tiles in k gets every SM, also where there are fewer tiles.
       const bool split = u.splitLastWave && args.scratch[0] != nullptr;
@@ -303,7 +305,7 @@ void Executor::launch(bool weights, bool poison, size_t set) {
       break;
     }
     case codegen::Launch::PreparedWeight: {
-      const int64_t tiles = (u.N + 63) / 64 * ((codegen::paddedK(u.K) + 63) / 64);
+      const int64_t tiles = (u.gemmColumns() + 63) / 64 * ((codegen::paddedK(u.K) + 63) / 64);
       gx = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(tiles, sms * 8)));
       break;
     }

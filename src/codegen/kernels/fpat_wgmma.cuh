@@ -421,19 +421,23 @@ __device__ __forceinline__ void padRows(const FpatKernelArgs& a) {
 /// block-stride loop, through shared memory so that reads and writes both go along rows.
 /// FOLD_GAMMA (the deferred norm of norm_gemm): each element times gamma[k] (operand 1) in f32,
 /// rounded once, so that the GEMM on raw rows computes x (diag(gamma) W).
-template <bool SRC_KN, int B_INDEX, bool FOLD_GAMMA = false>
+/// DUAL (the dual GEMM): operands B_INDEX (Bg) and B_INDEX + 1 (Bu) interleaved into
+/// codegen::dualColumns(N) rows: row 16 j + i is Bg's column 8 j + i, row 16 j + 8 + i Bu's.
+template <bool SRC_KN, int B_INDEX, bool FOLD_GAMMA = false, bool DUAL = false>
 __device__ __forceinline__ void prepareWeightB(const FpatKernelArgs& a) {
   __shared__ elem t[64][65]; // [n][k]; the odd pitch keeps the transposing writes conflict-free
   const int64_t N = a.N, K = a.K, P = (K + 7) / 8 * 8;
-  const int64_t tilesN = (N + 63) / 64, tiles = tilesN * ((P + 63) / 64);
-  const elem* src = static_cast<const elem*>(a.in[B_INDEX]);
+  const int64_t rows = DUAL ? 2 * ((N + 7) / 8 * 8) : N; // of the copy
+  const int64_t tilesN = (rows + 63) / 64, tiles = tilesN * ((P + 63) / 64);
   elem* dst = static_cast<elem*>(a.padded[1]);
   for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
     const int64_t n0 = tile % tilesN * 64, k0 = tile / tilesN * 64;
     for (int i = threadIdx.x; i < 64 * 64; i += blockDim.x) {
       const int r = i / 64, c = i % 64; // r along the source's rows, c along them
       const int64_t n = SRC_KN ? n0 + c : n0 + r, k = SRC_KN ? k0 + r : k0 + c;
-      elem v = n < N && k < K ? src[SRC_KN ? k * N + n : n * K + k] : fromF(0.0f);
+      const int64_t col = DUAL ? n / 16 * 8 + n % 8 : n; // of the source
+      const elem* src = static_cast<const elem*>(a.in[DUAL ? B_INDEX + n / 8 % 2 : B_INDEX]);
+      elem v = n < rows && col < N && k < K ? src[SRC_KN ? k * N + col : col * K + k] : fromF(0.0f);
       if (FOLD_GAMMA && k < K)
         v = fromF(toF(v) * ldh(a.in[1], k));
       if (SRC_KN)
@@ -444,7 +448,7 @@ __device__ __forceinline__ void prepareWeightB(const FpatKernelArgs& a) {
     __syncthreads();
     for (int i = threadIdx.x; i < 64 * 64; i += blockDim.x) {
       const int r = i / 64, c = i % 64;
-      if (n0 + r < N && k0 + c < P)
+      if (n0 + r < rows && k0 + c < P)
         dst[(n0 + r) * P + k0 + c] = t[r][c];
     }
     __syncthreads();
@@ -490,6 +494,12 @@ __device__ __forceinline__ void prepareNormColumns(const FpatKernelArgs& a) {
     }
   }
 }
+
+/// Whether an Epilogue is the dual GEMM's (Epilogue::kDual, which only those define).
+template <class E, class = void> struct DualEpilogue { static constexpr bool value = false; };
+template <class E> struct DualEpilogue<E, decltype(void(E::kDual))> {
+  static constexpr bool value = E::kDual;
+};
 
 /// The kernel body; `p` must be the kernel's __grid_constant__ parameter (TMA reads the tensor
 /// maps from parameter space). Launch with T::THREADS threads, wgmmaSmemBytes<T>() bytes of
@@ -537,7 +547,12 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
   unsigned char* const side = tileC + BM * BN * 2;        // kSide: [BM][128 bytes]
 
   const FpatKernelArgs& a = p.k;
-  const int M = static_cast<int>(a.M), N = static_cast<int>(a.N), K = static_cast<int>(a.K);
+  // The dual GEMM (Epilogue::kDual) runs over the interleaved copy of its two weights
+  // (prepareWeightB with DUAL): N is that copy's columns here, a.N the result's.
+  constexpr bool kDual = DualEpilogue<Epilogue>::value;
+  static_assert(!kDual || !kTile, "the dual GEMM stores from registers");
+  const int M = static_cast<int>(a.M), K = static_cast<int>(a.K);
+  const int N = kDual ? static_cast<int>(2 * ((a.N + 7) / 8 * 8)) : static_cast<int>(a.N);
   // A short A box cannot hold more rows: fail the launch rather than compute wrong rows (the
   // code generator never pairs such a configuration with a larger M).
   if (T::A_ROWS < BM && M > T::A_ROWS)
@@ -1084,6 +1099,105 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
               x1 = fmaf(x1, rs[m][h], fmaf(-mr[m][h], cs.y, bw.y));
             }
         }
+      }
+
+      // The dual GEMM's epilogue: the tile's 8-column blocks 2j and 2j + 1 are acc's and acc2's
+      // columns 8j .. 8j + 7 of the result's tile of BN / 2 columns, held by the same thread in
+      // registers 8j + 2h (+1) and 8j + 4 + 2h (+1). The results go to registers 4j + 2h (+1),
+      // which earlier steps have read: the rest of the store is a GEMM's of BN / 2 columns.
+      if constexpr (kDual) {
+        constexpr int OW = BN / 2;
+        const int64_t NO = a.N;
+        const bool pairsO = NO % 2 == 0;
+        const bool inside = (tm + 1) * BM <= M && (tn + 1) * OW <= NO && pairsO;
+#pragma unroll
+        for (int m = 0; m < MI; ++m) {
+          const int64_t rowBase =
+              static_cast<int64_t>(tm) * BM + row0 + m * 64 + warp * 16 + lane / 4;
+          const int64_t colBase = static_cast<int64_t>(tn) * OW + 2 * (lane % 4);
+#pragma unroll
+          for (int j = 0; j < OW / 8; ++j)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const float2 gv = make_float2(d[m][8 * j + 2 * h], d[m][8 * j + 2 * h + 1]);
+              const float2 uv = make_float2(d[m][8 * j + 4 + 2 * h], d[m][8 * j + 5 + 2 * h]);
+              float2 r;
+              if (inside) {
+                r = epi.dual(gv, uv, rowBase + 8 * h, colBase + 8 * j, a);
+              } else {
+                // Edge tiles: coordinates clamped into the result (loads in bounds, results
+                // outside dropped by the checked stores below).
+                const int64_t row = min(rowBase + 8 * h, static_cast<int64_t>(M - 1));
+                const int64_t col = min(colBase + 8 * j, pairsO ? NO - 2 : NO - 1);
+                if (pairsO) {
+                  r = epi.dual(gv, uv, row, col, a);
+                } else {
+                  r.x = epi.dual1(gv.x, uv.x, row, col, a);
+                  r.y = epi.dual1(gv.y, uv.y, row, min(col + 1, NO - 1), a);
+                }
+              }
+              d[m][4 * j + 2 * h] = r.x;
+              d[m][4 * j + 2 * h + 1] = r.y;
+            }
+          if (inside) {
+            if constexpr (kStagedStore) {
+              if (NO % 8 == 0 && reinterpret_cast<uintptr_t>(C) % 16 == 0) {
+                // Through the warp's slab, up to 64 columns at a time, stored as whole rows.
+                constexpr int W = OW < 64 ? OW : 64;
+                elem* slab = epiSlab[c * 4 + warp];
+                const int64_t row0g = static_cast<int64_t>(tm) * BM + row0 + m * 64 + warp * 16;
+#pragma unroll
+                for (int q = 0; q < OW / W; ++q) {
+#pragma unroll
+                  for (int jj = 0; jj < W / 8; ++jj)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                      const int j = (W / 8) * q + jj;
+                      *reinterpret_cast<elem2*>(slab + (lane / 4 + 8 * h) * kSlabPitch + 8 * jj +
+                                                2 * (lane % 4)) =
+                          fromF2(d[m][4 * j + 2 * h], d[m][4 * j + 2 * h + 1]);
+                    }
+                  __syncwarp();
+#pragma unroll
+                  for (int i = lane; i < 16 * (W / 8); i += 32) {
+                    const int r = i / (W / 8), chunk = i % (W / 8);
+                    *reinterpret_cast<uint4*>(C + (row0g + r) * NO + tn * OW + W * q + 8 * chunk) =
+                        *reinterpret_cast<const uint4*>(slab + r * kSlabPitch + 8 * chunk);
+                  }
+                  __syncwarp();
+                }
+                continue;
+              }
+            }
+#pragma unroll
+            for (int j = 0; j < OW / 8; ++j)
+#pragma unroll
+              for (int h = 0; h < 2; ++h)
+                *reinterpret_cast<elem2*>(C + (rowBase + 8 * h) * NO + colBase + 8 * j) =
+                    fromF2(d[m][4 * j + 2 * h], d[m][4 * j + 2 * h + 1]);
+            continue;
+          }
+#pragma unroll
+          for (int j = 0; j < OW / 8; ++j) {
+            const int64_t col = colBase + 8 * j;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const int64_t row = rowBase + 8 * h;
+              if (row < M && col < NO) {
+                elem* out = C + row * NO + col;
+                if (pairsO) {
+                  *reinterpret_cast<elem2*>(out) =
+                      fromF2(d[m][4 * j + 2 * h], d[m][4 * j + 2 * h + 1]);
+                } else {
+                  out[0] = fromF(d[m][4 * j + 2 * h]);
+                  if (col + 1 < NO)
+                    out[1] = fromF(d[m][4 * j + 2 * h + 1]);
+                }
+              }
+            }
+          }
+        }
+        continue;
       }
 
       // Epilogue. Accumulator layout of m64nN: thread (warp w, lane l) holds rows

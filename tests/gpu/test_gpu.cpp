@@ -542,7 +542,9 @@ BOOST_AUTO_TEST_CASE(dual_gemms_match_the_reference) {
     int64_t m, k, h;
   };
   std::vector<Dims> dims = {{1, 64, 17}, {333, 1003, 1000}, {130, 136, 2752}, {7, 40, 100}};
+  // normConfigs and a tile of 192 columns (the result's tile then 96: not whole slabs of 64).
   std::vector<std::optional<codegen::TileConfig>> configs = normConfigs();
+  configs.insert(configs.begin() + 2, codegen::TileConfig::parse("128x192x64_w2x1_s4_wgmma"));
   if (quick())
     configs.resize(3);
   else

@@ -1142,8 +1142,10 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
           if (inside) {
             if constexpr (kStagedStore) {
               if (NO % 8 == 0 && reinterpret_cast<uintptr_t>(C) % 16 == 0) {
-                // Through the warp's slab, up to 64 columns at a time, stored as whole rows.
-                constexpr int W = OW < 64 ? OW : 64;
+                // Through the warp's slab, 64 columns at a time (32 where the result's tile is
+                // not a multiple of 64: BN = 192, 64), stored as whole rows.
+                constexpr int W = OW % 64 == 0 ? 64 : 32;
+                static_assert(OW % W == 0, "the slab passes cover the result's tile");
                 elem* slab = epiSlab[c * 4 + warp];
                 const int64_t row0g = static_cast<int64_t>(tm) * BM + row0 + m * 64 + warp * 16;
 #pragma unroll

@@ -40,7 +40,7 @@ std::vector<Role> operandRoles(const Graph& g, Vertex v) {
     break;
   case OpKind::Fused: {
     roles.at(0) = Role::Same;                // A (norm_gemm: x)
-    const size_t first = gemmBIndex(op) + 1; // the epilogue's operands
+    const size_t first = mainOperandCount(op); // the epilogue's operands
     for (size_t i = first; i < ops.size(); ++i)
       if (g.op(ops[i]).type.rank() == 2)
         roles[i] = Role::Same;

@@ -38,8 +38,13 @@ public:
   bool run(const std::vector<uint8_t>& bytes, Vertex root, Match& m, std::string* why) {
     State s;
     s.cur = root;
+    failPos_ = 0;
     return exec(bytes, 0, bytes.size(), s, m, why);
   }
+
+  /// Where in the program the check that `why` describes stands: of a pattern's variants
+  /// (one flat program each), the one that failed furthest in says why the pattern failed.
+  size_t failPos() const { return failPos_; }
 
 private:
   struct State {
@@ -56,14 +61,17 @@ private:
   }
 
   bool fail(std::string* why, std::string msg) {
-    if (why && why->empty())
+    if (why && why->empty()) {
       *why = std::move(msg);
+      failPos_ = pos_;
+    }
     return false;
   }
 
   bool exec(const std::vector<uint8_t>& b, size_t pos, size_t end, State s, Match& m,
             std::string* why) {
     while (pos < end) {
+      pos_ = pos;
       const uint8_t opc = b[pos];
       switch (opc) {
       case OPC_Scope: {
@@ -209,6 +217,8 @@ private:
   const MatcherTable& t_;
   const MatchOptions& opts_;
   const std::vector<int>& claimedBy_;
+  size_t pos_ = 0;     // the check being run (for failPos)
+  size_t failPos_ = 0; // where the first described failure stood
 };
 
 /// Per-pattern programs, for --explain (the factored table answers only "which first").
@@ -420,6 +430,7 @@ MatchResult findMatches(const Graph& g, const MatcherTable& table, const MatchOp
       // Every pattern up to the chosen one, with the first check it failed.
       for (size_t p = 0; p < table.patterns.size(); ++p) {
         std::string why;
+        size_t furthest = 0;
         Match dummy;
         bool ok = false;
         for (const auto& prog : perPattern[p]) {
@@ -428,8 +439,10 @@ MatchResult findMatches(const Graph& g, const MatcherTable& table, const MatchOp
             ok = true;
             break;
           }
-          if (why.empty())
+          if (why.empty() || interp.failPos() > furthest) {
             why = w;
+            furthest = interp.failPos();
+          }
         }
         r.attempts.push_back({root, table.patterns[p].name, ok ? "" : why});
         if (found && p == m.pattern)
@@ -822,8 +835,9 @@ std::string explain(const Graph& g, const MatcherTable& table, const MatchResult
     os << "  " << meta.name << " at %" << g.op(m.slots[0]).name << " (" << meta.file << ":"
        << meta.line << ", benefit " << meta.benefit << "): fuses";
     for (size_t k = 0; k < m.slots.size(); ++k)
-      if (meta.slots[k].role != SlotInfo::Input)
-        os << " %" << g.op(m.slots[k]).name;
+      if (meta.slots[k].role != SlotInfo::Input &&
+          std::find(m.slots.begin(), m.slots.begin() + k, m.slots[k]) == m.slots.begin() + k)
+        os << " %" << g.op(m.slots[k]).name; // a shared node (a DAG pattern's) once
     os << "; inputs";
     for (size_t k = 0; k < m.slots.size(); ++k)
       if (meta.slots[k].role == SlotInfo::Input)

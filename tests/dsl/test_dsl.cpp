@@ -68,7 +68,8 @@ BOOST_AUTO_TEST_CASE(builtin_patterns_are_the_seeds_nine_and_the_llm_blocks) {
   std::vector<std::string> want = {
       "gemm_bias_gelu", "gemm_gelu",      "gemm_bias_silu",     "gemm_silu",
       "gemm_bias_relu", "gemm_bias",      "gemm_bias_residual", "gemm_residual",
-      "gemm_silu_mul",  "layernorm_gemm", "rmsnorm_gemm",       "layernorm_gemm_bias_gelu"};
+      "gemm_silu_mul",  "gemm_swiglu",    "rmsnorm_gemm_swiglu", "gemm_geglu",
+      "rmsnorm_gemm_geglu", "layernorm_gemm", "rmsnorm_gemm",   "layernorm_gemm_bias_gelu"};
   BOOST_TEST(names == want, boost::test_tools::per_element());
   BOOST_TEST(r->diags->diagnostics().empty(), r->errors());
 }
@@ -261,25 +262,26 @@ BOOST_AUTO_TEST_CASE(table_order_variants_and_round_trip) {
   BOOST_TEST_REQUIRE(r->c.has_value());
   MatcherTable t = compileMatcherTable(r->c->library, r->sm, *r->diags);
   BOOST_TEST(r->diags->warningCount() == 0);
-  BOOST_REQUIRE(t.patterns.size() == 12u);
+  BOOST_REQUIRE(t.patterns.size() == 16u);
   // Benefit first, then source order.
   for (size_t i = 1; i < t.patterns.size(); ++i)
     BOOST_TEST(t.patterns[i - 1].benefit >= t.patterns[i].benefit);
-  BOOST_TEST(t.patterns[0].name == "layernorm_gemm_bias_gelu"); // benefit 4
-  BOOST_TEST(t.patterns[1].name == "gemm_bias_gelu");
-  BOOST_TEST(t.patterns[4].name == "gemm_bias_residual");
-  BOOST_TEST(t.patterns[4].numVariants == 2); // add is commutative
-  // Flattening the factored table gives one program per variant, in pattern order:
-  // gemm_bias_residual, gemm_silu_mul and gemm_residual have two each.
+  BOOST_TEST(t.patterns[0].name == "rmsnorm_gemm_swiglu"); // benefit 6
+  BOOST_TEST(t.patterns[4].name == "layernorm_gemm_bias_gelu"); // benefit 4, after the gated MLPs
+  BOOST_TEST(t.patterns[5].name == "gemm_bias_gelu");
+  BOOST_TEST(t.patterns[8].name == "gemm_bias_residual");
+  BOOST_TEST(t.patterns[8].numVariants == 2); // add is commutative
+  // Flattening the factored table gives one program per variant, in pattern order: the four
+  // gated MLPs, gemm_bias_residual, gemm_silu_mul and gemm_residual have two each.
   auto progs = flattenPrograms(t);
-  BOOST_TEST(progs.size() == 15u);
+  BOOST_TEST(progs.size() == 23u);
   // Merging with an empty table changes nothing.
   MatcherTable merged;
   std::string clash;
   BOOST_TEST(mergeMatcherTables(t, MatcherTable{}, merged, clash));
   BOOST_TEST(merged.bytes == t.bytes);
   BOOST_TEST(!mergeMatcherTables(t, t, merged, clash));
-  BOOST_TEST(clash == "layernorm_gemm_bias_gelu");
+  BOOST_TEST(clash == "rmsnorm_gemm_swiglu");
 }
 
 BOOST_AUTO_TEST_CASE(merged_tables_order_user_patterns_by_benefit) {
@@ -304,7 +306,7 @@ BOOST_AUTO_TEST_CASE(merged_tables_order_user_patterns_by_benefit) {
   BOOST_TEST(order.front() == "top");
   // Ties keep built-ins first: "tie" (benefit 2) comes after every built-in of benefit 2.
   BOOST_TEST(order.back() == "tie");
-  BOOST_TEST(flattenPrograms(merged).size() == 17u);
+  BOOST_TEST(flattenPrograms(merged).size() == 25u);
 }
 
 BOOST_AUTO_TEST_CASE(hostile_inputs_are_diagnosed_not_crashed_on) {

@@ -771,10 +771,11 @@ private:
                           (normFamily ? "it normalises A (layernorm or rmsnorm of inputs) and "
                                         "loads B from memory"
                                       : "it loads the GEMM's operands from memory"));
-          if (!normFamily && i == 0 && isNorm(o.kind))
-            diags.note(p.loc, "family norm_gemm normalises A as it loads it: add "
-                              "`let family = \"norm_gemm\";` to '" +
-                                  p.name + "'");
+          if (!normFamily && i == 0 && isNorm(o.kind)) {
+            const std::string normed = family->gemms == 2 ? "norm_dual_gemm" : "norm_gemm";
+            diags.note(p.loc, "family " + normed + " normalises A as it loads it: add " +
+                                  "`let family = \"" + normed + "\";` to '" + p.name + "'");
+          }
           good = false;
         }
         return;
@@ -782,7 +783,7 @@ private:
       if (isNorm(n.kind) && normA) {
         for (const MatchNode& o : n.operands)
           if (!o.leaf) {
-            fail(o.loc, "family norm_gemm normalises inputs; it cannot compute " + text(o) +
+            fail(o.loc, "family " + p.family + " normalises inputs; it cannot compute " + text(o) +
                             " before the norm");
             good = false;
           }
@@ -810,12 +811,21 @@ private:
                : "family " + p.family + " computes " + (want == 1 ? "one GEMM" : "two GEMMs") +
                      " per kernel; the match of '" + p.name + "' has " +
                      std::to_string(distinct.size()));
-      if (distinct.size() == 2 && want == 1)
+      const MatchNode* second = nullptr;
+      for (const MatchNode* g : gemms)
+        if (text(*g) != text(*gemms.front()))
+          second = g;
+      if (distinct.size() == 2 && want == 1 &&
+          text(second->operands[0]) == text(gemms.front()->operands[0]))
         diags.note(gemms.front()->loc,
                    "two GEMMs sharing A (SwiGLU's gate and up projections) are family dual_gemm "
                    "(norm_dual_gemm with the norm in front): add `let family = \"" +
                        std::string(normFamily ? "norm_dual_gemm" : "dual_gemm") + "\";` to '" +
                        p.name + "'");
+      else if (distinct.size() > 1)
+        diags.note(gemms.front()->loc,
+                   "a kernel computes one GEMM, or two on the same A (family dual_gemm); match "
+                   "each GEMM in a pattern of its own");
       return false;
     }
     if (want == 2) {
@@ -833,8 +843,17 @@ private:
       }
     }
     if (normFamily && (gemms[0]->operands[0].leaf || !isNorm(gemms[0]->operands[0].kind))) {
-      fail(gemms[0]->loc, "family norm_gemm needs the GEMM's A operand to be (layernorm ...) or "
-                          "(rmsnorm ...) of inputs");
+      fail(gemms[0]->loc, "family " + p.family +
+                              " needs the GEMM's A operand to be " +
+                              (want == 2 ? std::string("(rmsnorm ...) of inputs")
+                                         : std::string("(layernorm ...) or (rmsnorm ...) of inputs")));
+      return false;
+    }
+    if (normFamily && want == 2 && gemms[0]->operands[0].kind != ir::OpKind::RmsNorm) {
+      // A LayerNorm's deferred correction needs colsum and beta terms of both weights.
+      fail(gemms[0]->operands[0].loc,
+           "family " + p.family + " normalises A with rmsnorm only, not " +
+               ir::opKindName(gemms[0]->operands[0].kind));
       return false;
     }
     return true;

@@ -318,8 +318,9 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
                  (t.rasterN ? "tiles in groups along N, " : "") + std::to_string(t.threads()) +
                  " threads" + (u.transB ? ", B is [N, K]" : ", B is [K, N]")};
     if (dual)
-      lines.push_back("dual:     one GEMM of " + std::to_string(gemmN) +
-                      " columns over a copy of the two weights interleaved in blocks of 8 "
+      // Shape-free, as the kernel is: kernels of one name must have one source.
+      lines.push_back("dual:     one GEMM of twice the result's columns (each weight's padded "
+                      "to 8) over a copy of the two weights interleaved in blocks of 8 "
                       "columns (acc's, then acc2's), made once when they are uploaded; the "
                       "epilogue combines each thread's acc and acc2 columns into " +
                       std::to_string(t.bn / 2) + " columns of the result per tile");

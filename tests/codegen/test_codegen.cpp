@@ -553,6 +553,66 @@ BOOST_AUTO_TEST_CASE(norm_gemm_defers_its_norm_where_its_weights_are_known) {
   BOOST_TEST(!old.preparedB);
 }
 
+BOOST_AUTO_TEST_CASE(dual_gemms_are_one_wgmma_kernel_over_interleaved_weights) {
+  auto entries = [](const codegen::KernelUnit& u) {
+    std::vector<std::string> e;
+    for (const codegen::Launch& l : u.launches)
+      e.push_back(l.entry.substr(u.name.size()));
+    return e;
+  };
+  for (Shape s : {Shape{333, 1000, 1003}, Shape{1, 11008, 4096}, Shape{4096, 17, 64}})
+    BOOST_TEST_CONTEXT(s.str()) {
+      const codegen::KernelUnit u = unitsFor("gemm_swiglu", s, 90, nullptr, true).at(0);
+      BOOST_TEST(u.dual);
+      BOOST_TEST(u.tile.wgmma());
+      BOOST_TEST(u.preparedB);
+      BOOST_TEST(u.N == s.n); // the result's columns; the GEMM computes twice as many
+      BOOST_TEST(u.gemmColumns() == codegen::dualColumns(s.n));
+      BOOST_TEST(codegen::dualColumns(s.n) == 2 * ((s.n + 7) / 8 * 8));
+      // K % 8 != 0: A padded by a launch of its own first.
+      BOOST_TEST((entries(u) == (s.k % 8 ? std::vector<std::string>{"_prep", "_pad", ""}
+                                         : std::vector<std::string>{"_prep", ""})));
+      // Bg and Bu ($1, $2) interleaved into one copy, B [K, N] read transposed.
+      BOOST_TEST(u.source.find("fpat::prepareWeightB<true, 1, false, true>(a)") !=
+                     std::string::npos,
+                 u.source.substr(0, 2000));
+      BOOST_TEST(u.source.find("// dual:") != std::string::npos);
+      BOOST_TEST(u.source.find("kDual = true") != std::string::npos);
+      BOOST_TEST(codegen::preparedBBytes(u) == static_cast<size_t>(codegen::dualColumns(s.n)) *
+                                                   static_cast<size_t>(codegen::paddedK(s.k)) *
+                                                   2);
+    }
+  // Kernels are shape-free: one name, one source (a shape in the comment once made two dual
+  // ops of one configuration an internal error).
+  const codegen::TileConfig t64 = *codegen::TileConfig::parse("64x64x64_w1x1_s12_wgmma");
+  const codegen::KernelUnit big = unitsFor("gemm_swiglu", {2047, 5504, 2048}, 90, &t64, true).at(0);
+  const codegen::KernelUnit small = unitsFor("gemm_swiglu", {16, 4099, 1024}, 90, &t64, true).at(0);
+  BOOST_TEST(big.name == small.name);
+  BOOST_TEST(big.source == small.source);
+  // With the RMSNorm in front: gamma folded into both halves, the statistics launch shared.
+  const codegen::KernelUnit n =
+      unitsFor("rmsnorm_gemm_geglu", {200, 2752, 1024}, 90, nullptr, true).at(0);
+  BOOST_TEST(n.dual);
+  BOOST_TEST((n.deferredNorm == ir::NormKind::RmsNorm));
+  BOOST_TEST((entries(n) == std::vector<std::string>{"_prep", "_rowstats", ""}));
+  BOOST_TEST(n.source.find("fpat::prepareWeightB<true, 2, true, true>(a)") != std::string::npos);
+  // A forced configuration of another backend falls back to a wgmma one and says why.
+  const codegen::TileConfig mma = *codegen::TileConfig::parse("128x128x32_w2x4_s3");
+  const codegen::KernelUnit f = unitsFor("gemm_geglu", {512, 1024, 512}, 90, &mma, true).at(0);
+  BOOST_TEST(f.tile.wgmma());
+  BOOST_TEST(f.what.find("the dual GEMM has a wgmma kernel only") != std::string::npos, f.what);
+  // Off sm_90, or over plain inputs, the kernel cannot be generated: a clear error (fpatc
+  // splits such ops first, and never fuses plain inputs so).
+  ir::Graph g = fuse(caseGraph("gemm_swiglu", {64, 64, 64}, true));
+  codegen::CodegenOptions o;
+  o.arch = 80;
+  BOOST_CHECK_EXCEPTION(codegen::generate(g, g.outputs()[0], builtinLibrary(), o),
+                        codegen::CodegenError, [](const codegen::CodegenError& e) {
+                          return std::string(e.what()).find("sm_90) only, not sm_80") !=
+                                 std::string::npos;
+                        });
+}
+
 BOOST_AUTO_TEST_CASE(wgmma_epilogue_goes_through_a_tma_stored_tile_where_it_fits) {
   using codegen::Backend;
   using codegen::TileConfig;
@@ -833,6 +893,23 @@ BOOST_AUTO_TEST_CASE(wgmma_backend_compiles_for_sm90a_without_serialization,
       BOOST_TEST(!units.back().normStatsLaunch);
     }
   unsetenv("FPAT_NORM_STATS");
+  // The dual GEMMs: both B layouts, tiles whose result is whole slabs of 64 columns and not
+  // (128x192: 96), ping-pong, and the last wave split.
+  for (const char* name : {"gemm_swiglu", "rmsnorm_gemm_geglu"})
+    for (const char* cfg : {"128x256x64_w2x1_s3_wgmma", "128x192x64_w2x1_s4_wgmma",
+                            "64x64x64_w1x1_s12_wgmma", "128x128x64_w1x1_s6_pingpong"})
+      for (Shape sh : {Shape{2047, 5504, 2048}, Shape{16, 4099, 1024}}) {
+        if (sh.m == 16 && std::string(cfg) != "64x64x64_w1x1_s12_wgmma")
+          continue; // a ragged N at a decode shape once
+        const codegen::TileConfig tile = *codegen::TileConfig::parse(cfg);
+        ir::Graph f = fuse(caseGraph(name, sh, true));
+        codegen::CodegenOptions o;
+        o.arch = 90;
+        o.sms = 132;
+        o.tile = &tile;
+        units.push_back(codegen::generate(f, f.outputs()[0], builtinLibrary(), o));
+        BOOST_TEST(units.back().dual, name << " " << cfg);
+      }
   runtime::NvccOptions o;
   o.arch = 90;
   o.cacheDir = cache.path.string();

@@ -94,6 +94,15 @@ inline ir::Graph caseGraph(const std::string& name, Shape s, bool weights = fals
   } else if (name == "rmsnorm_gemm") {
     auto g = in("g", {s.k});
     b.output(b.gemm(b.rmsnorm(x, g, 1e-6), w(), false, "y"));
+  } else if (name == "gemm_swiglu" || name == "gemm_geglu" || name == "rmsnorm_gemm_swiglu" ||
+             name == "rmsnorm_gemm_geglu") {
+    // The gated MLPs: one dual GEMM where the weights are weights (else gemm_silu_mul or
+    // gemm_gelu and a GEMM: not in caseNames, which fuse into one kernel either way).
+    const bool norm = name[0] == 'r';
+    auto a = norm ? b.rmsnorm(x, in("g", {s.k}), 1e-6) : x;
+    const std::string act = name.find("swiglu") != std::string::npos ? "silu" : "gelu";
+    auto up = b.gemm(a, in("wu", {s.k, s.n}));
+    b.output(b.mul(b.activation(b.gemm(a, in("wg", {s.k, s.n})), act), up, "y"));
   } else if (name == "gemm") {
     b.output(b.gemm(x, w(), false, "y"));
   } else if (name == "gemm_bt") {

@@ -114,7 +114,11 @@ BOOST_AUTO_TEST_CASE(fused_ops_and_activation_params_round_trip) {
                      "epilogue = \"leaky_relu(leaky_relu(acc, slope = 0.5), slope = 0.01)\"} : "
                      "f16[4, 2]\n"
                      "  %z = activation %y {fn = leaky_relu, slope = 0.25} : f16[4, 2]\n"
-                     "  output %z, %l\n"
+                     "  %w2 = weight : f16[2, 8]\n"
+                     "  %w3 = weight : f16[2, 8]\n"
+                     "  %d = fused %x, %w2, %w3 {pattern = gemm_swiglu, family = dual_gemm, "
+                     "epilogue = \"mul(acc2, silu(acc))\", transpose_b = true} : f16[4, 2]\n"
+                     "  output %z, %l, %d\n"
                      "}\n";
   Parsed p = parse(text, "t.fgraph", acts);
   BOOST_TEST_REQUIRE(p.graph.has_value());
@@ -129,6 +133,12 @@ BOOST_AUTO_TEST_CASE(fused_ops_and_activation_params_round_trip) {
   BOOST_REQUIRE(l.nodes.size() == 3u);
   BOOST_TEST(l.nodes[1].params.at("slope") == 0.5);
   BOOST_TEST(l.nodes[2].params.at("slope") == 0.01);
+  // The dual GEMM's second accumulator is its own leaf, acc2 (Acc with operand 1).
+  const Epilogue& d = p.graph->op(*p.graph->find("d")).fused.epilogue;
+  BOOST_TEST(d.readsSecondAcc());
+  BOOST_TEST(std::count_if(d.nodes.begin(), d.nodes.end(), [](const EpilogueNode& e) {
+               return e.kind == EpiKind::Acc;
+             }) == 2);
   const std::string printed = printGraph(*p.graph);
   BOOST_TEST(printed == text);
   Parsed again = parse(printed, "t.fgraph", acts); // print -> parse -> print: a fixed point

@@ -123,7 +123,7 @@ bool writeOutput(const std::string& path, const std::string& text, bool ifChange
 int runTblgen(const TblgenOptions& opts, std::ostream& out, std::ostream& err) {
   std::string text;
   if (std::string why; !readInput(opts.input, text, &why)) {
-    err << "fpat-tblgen: error: cannot read '" << opts.input << "': " << why << "\n";
+    err << "fpat-tblgen: error: cannot read '" << inputName(opts.input) << "': " << why << "\n";
     return 1;
   }
   SourceManager sm;

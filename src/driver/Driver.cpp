@@ -15,13 +15,16 @@
 
 #include <chrono>
 #include <cmath>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
 #include <map>
 #include <set>
 #include <sstream>
+#include <unistd.h>
 
 namespace fpat {
 namespace fs = std::filesystem;
@@ -33,6 +36,21 @@ std::string builtinPatternsDir() {
 }
 
 namespace {
+
+/// Value name -> the name an ONNX model gives it, where fpat changed it (onnx::ImportResult).
+using SourceNames = std::map<std::string, std::string>;
+
+/// Writes `text` to `file`; false, with the reason, where it could not be written whole.
+bool writeText(const fs::path& file, const std::string& text, std::ostream& err) {
+  std::ofstream f(file, std::ios::binary);
+  f << text;
+  f.close();
+  if (!f) {
+    err << "fpatc: error: cannot write '" << file.string() << "'\n";
+    return false;
+  }
+  return true;
+}
 
 // The CPU reference samples rows (of row-wise graphs) when its GEMMs would take more than
 // this many multiply-adds, about 1-2 s with OpenBLAS on 2 cores and 10-20 s without it.
@@ -247,7 +265,7 @@ double modelTolerance(ir::DType t) {
 /// Imports an ONNX model; problems are printed as `FILE: error: node 'N' (Op): message`.
 bool importOnnx(const FpatcOptions& opts, const std::string& bytes, const Patterns& pats,
                 std::optional<ir::Graph>& g, std::optional<ir::Graph>& model,
-                std::vector<std::string>& notes, std::ostream& err) {
+                std::vector<std::string>& notes, SourceNames& sourceNames, std::ostream& err) {
   onnx::ImportOptions io;
   io.dims = opts.dims;
   // Imported as stored (f32 or f16), then converted: an f32 model gives the graph that runs
@@ -274,6 +292,7 @@ bool importOnnx(const FpatcOptions& opts, const std::string& bytes, const Patter
     return false;
   }
   notes = r.notes;
+  sourceNames = r.sourceNames;
   notes.insert(
       notes.begin(),
       "ONNX opset " + std::to_string(r.opset) + ", " + ir::dtypeName(r.storedAs) + " model" +
@@ -292,26 +311,60 @@ bool importOnnx(const FpatcOptions& opts, const std::string& bytes, const Patter
   return true;
 }
 
+/// The name a value's file goes by: the model's name for it where fpat changed it and it can
+/// name a file, else the value's name.
+std::string fileStem(const std::string& name, const SourceNames& sourceNames) {
+  auto it = sourceNames.find(name);
+  if (it == sourceNames.end())
+    return name;
+  const std::string& s = it->second;
+  const bool usable = !s.empty() && s.size() <= 200 && s != "." && s != ".." &&
+                      s.find_first_of(std::string("/\0", 2)) == std::string::npos;
+  return usable ? s : name;
+}
+
 /// Replaces random inputs by DIR/NAME.f16 where that file exists: raw little-endian binary16,
-/// row-major, exactly numel * 2 bytes.
-bool loadInputs(const ir::Graph& g, const std::string& dir, std::map<std::string, ir::Tensor>& in,
-                std::ostream& out, std::ostream& err) {
+/// row-major, exactly numel * 2 bytes. NAME is the input's name as the model writes it, or as
+/// fpat names the value. `read` counts the inputs read; a folder where no file is named after
+/// any input is an error (the run would silently use random inputs).
+bool loadInputs(const ir::Graph& g, const std::string& dir, const SourceNames& sourceNames,
+                std::map<std::string, ir::Tensor>& in, size_t& read, std::ostream& out,
+                std::ostream& err) {
+  read = 0;
+  std::vector<std::string> expected;
   for (ir::Vertex v : g.vertices()) {
     const ir::Op& op = g.op(v);
     if (op.kind != ir::OpKind::Input)
       continue;
     // NAME.f16 or NAME.bf16, as the input's type says (f32 inputs cannot be read).
-    const fs::path file = fs::path(dir) / (op.name + "." + ir::dtypeName(op.type.dtype));
+    const std::string ext = std::string(".") + ir::dtypeName(op.type.dtype);
+    const std::string stem = fileStem(op.name, sourceNames);
     std::error_code ec;
+    fs::path file = fs::path(dir) / (stem + ext);
+    if (!fs::exists(file, ec) && stem != op.name)
+      file = fs::path(dir) / (op.name + ext);
+    expected.push_back(stem + ext + " (" + op.type.str() + ")");
     if (!fs::exists(file, ec))
       continue;
-    std::string bytes;
+    std::string bytes, why;
     const size_t want = static_cast<size_t>(op.type.numel()) * 2;
-    if (!ir::isHalfPrecision(op.type.dtype) || !readFile(file.string(), bytes) ||
-        bytes.size() != want) {
+    // A pipe or device is read to one byte past the size wanted: enough to say it is longer.
+    const bool regular = fs::is_regular_file(file, ec);
+    if (!ir::isHalfPrecision(op.type.dtype)) {
+      err << "fpatc: error: " << file.string() << ": --inputs reads f16 and bf16 tensors, not "
+          << ir::dtypeName(op.type.dtype) << " (%" << op.name << ")\n";
+      return false;
+    }
+    const bool whole =
+        readFile(file.string(), bytes, &why, regular ? kMaxInputBytes : want + 1);
+    if (!whole && !why.empty() && why.find("longer than") == std::string::npos) {
+      err << "fpatc: error: " << file.string() << ": " << why << "\n";
+      return false;
+    }
+    if (!whole || bytes.size() != want) {
       err << "fpatc: error: " << file.string() << ": expected " << want << " bytes of "
           << ir::dtypeName(op.type.dtype) << " for %" << op.name << " " << op.type.str()
-          << ", found " << bytes.size() << "\n";
+          << ", found " << (whole ? std::to_string(bytes.size()) : "more") << "\n";
       return false;
     }
     ir::Tensor& t = in[op.name];
@@ -321,6 +374,15 @@ bool loadInputs(const ir::Graph& g, const std::string& dir, std::map<std::string
       t.data[i] = ir::fromBits(h, op.type.dtype);
     }
     out << "  input %" << op.name << " read from " << file.string() << "\n";
+    ++read;
+  }
+  if (read == 0 && !expected.empty()) {
+    err << "fpatc: error: --inputs '" << dir << "': no file there is named after an input\n"
+        << "fpatc: note: the inputs' files would be:";
+    for (const std::string& e : expected)
+      err << " " << e;
+    err << "\n";
+    return false;
   }
   return true;
 }
@@ -346,8 +408,8 @@ bool saveTensor(const ir::Tensor& t, const fs::path& file, std::ostream& err) {
 int gpuStages(const FpatcOptions& opts, const ir::Graph& fusedIn, const Patterns& pats,
               const std::map<std::string, ir::Tensor>* inputs,
               const std::vector<ir::Tensor>* reference, const std::vector<int64_t>* sampledRows,
-              const ir::Graph& original, std::ostream& out, std::ostream& err,
-              const std::vector<ir::Tensor>* modelOutputs = nullptr) {
+              const ir::Graph& original, const SourceNames& sourceNames, std::ostream& out,
+              std::ostream& err, const std::vector<ir::Tensor>* modelOutputs = nullptr) {
   std::string why = !opts.run ? "--no-run" : "only --emit=" + opts.emit + " was asked for";
   cuda::Driver* drv = opts.run && opts.emit.empty() ? cuda::Driver::get(&why) : nullptr;
   const int arch = opts.arch ? opts.arch : drv ? drv->device().arch : 90;
@@ -440,7 +502,8 @@ int gpuStages(const FpatcOptions& opts, const ir::Graph& fusedIn, const Patterns
         if (u.launches.empty() || !written.insert(u.name).second)
           continue;
         const fs::path file = fs::path(opts.outDir) / (u.name + ".cu");
-        std::ofstream(file) << u.source;
+        if (!writeText(file, u.source, err))
+          return 1;
         out << file.string() << "\n";
       }
     } catch (const codegen::CodegenError& e) {
@@ -448,7 +511,8 @@ int gpuStages(const FpatcOptions& opts, const ir::Graph& fusedIn, const Patterns
       return 1;
     }
     for (auto& [name, text] : codegen::kernelHeaders())
-      std::ofstream(fs::path(opts.outDir) / std::string(name)) << text;
+      if (!writeText(fs::path(opts.outDir) / std::string(name), std::string(text), err))
+        return 1;
     return 0;
   }
   if (runtime::findNvcc({}).empty()) {
@@ -528,8 +592,8 @@ int gpuStages(const FpatcOptions& opts, const ir::Graph& fusedIn, const Patterns
     fs::create_directories(opts.outputsDir, ec);
     for (size_t i = 0; i < original.outputs().size(); ++i) {
       const fs::path file =
-          fs::path(opts.outputsDir) /
-          (original.op(original.outputs()[i]).name + "." + ir::dtypeName(rr.outputs[i].desc.dtype));
+          fs::path(opts.outputsDir) / (fileStem(original.op(original.outputs()[i]).name, sourceNames) +
+                                       "." + ir::dtypeName(rr.outputs[i].desc.dtype));
       if (!saveTensor(rr.outputs[i], file, err))
         return 1;
       out << "  wrote " << file.string() << "\n";
@@ -629,6 +693,37 @@ std::string memoryProblem(const ir::Graph& g, const ir::Graph& ref, const FpatcO
 
 } // namespace
 
+/// The folders a run will read and write, checked before any long stage: a bad one is an
+/// error at once, not after the reference and nvcc have run (or, for --emit=cuda, exit 0 with
+/// nothing written).
+bool checkFolders(const FpatcOptions& opts, std::ostream& err) {
+  std::error_code ec;
+  if (!opts.inputsDir.empty() && !fs::is_directory(opts.inputsDir, ec)) {
+    err << "fpatc: error: --inputs '" << opts.inputsDir << "': "
+        << (fs::exists(opts.inputsDir, ec) ? "not a directory" : "no such directory") << "\n";
+    return false;
+  }
+  auto writable = [&](const std::string& dir, const char* option) {
+    if (fs::exists(dir, ec) && !fs::is_directory(dir, ec)) {
+      err << "fpatc: error: " << option << " '" << dir << "': not a directory\n";
+      return false;
+    }
+    fs::create_directories(dir, ec);
+    if (ec || ::access(dir.c_str(), W_OK | X_OK) != 0) {
+      err << "fpatc: error: " << option << " '" << dir
+          << "': cannot write there: " << (ec ? ec.message() : std::strerror(errno)) << "\n";
+      return false;
+    }
+    return true;
+  };
+  if ((opts.emit == "cuda" || (opts.emit.empty() && opts.graphviz)) &&
+      !writable(opts.outDir, "--out-dir"))
+    return false;
+  if (!opts.outputsDir.empty() && !writable(opts.outputsDir, "--outputs"))
+    return false;
+  return true;
+}
+
 int runFpatc(const FpatcOptions& opts, std::ostream& out, std::ostream& err) {
   SourceManager sm;
   DiagEngine diags(sm, opts.verifyDiagnostics ? nullptr : &err);
@@ -640,6 +735,8 @@ int runFpatc(const FpatcOptions& opts, std::ostream& out, std::ostream& err) {
     return 1;
   };
 
+  if (!checkFolders(opts, err))
+    return 1;
   Patterns pats;
   if (!loadPatterns(opts, sm, diags, pats, err))
     return failed();
@@ -650,12 +747,13 @@ int runFpatc(const FpatcOptions& opts, std::ostream& out, std::ostream& err) {
 
   std::string text;
   if (std::string why; !readInput(opts.input, text, &why)) {
-    err << "fpatc: error: cannot read '" << opts.input << "': " << why << "\n";
+    err << "fpatc: error: cannot read '" << inputName(opts.input) << "': " << why << "\n";
     return 1;
   }
   std::optional<ir::Graph> g;
   std::optional<ir::Graph> model; // an f32 ONNX model run in f16: the model as exported
   std::vector<std::string> importNotes;
+  SourceNames sourceNames; // an ONNX model's names for inputs and outputs fpat renamed
   int fileId = -1;
   if (onnx::looksLikeOnnx(opts.input, text)) {
     if (opts.verifyDiagnostics) {
@@ -663,7 +761,7 @@ int runFpatc(const FpatcOptions& opts, std::ostream& out, std::ostream& err) {
       return 1;
     }
     const auto t0 = std::chrono::steady_clock::now();
-    if (!importOnnx(opts, text, pats, g, model, importNotes, err))
+    if (!importOnnx(opts, text, pats, g, model, importNotes, sourceNames, err))
       return 1;
     importNotes.insert(
         importNotes.begin(),
@@ -792,7 +890,7 @@ int runFpatc(const FpatcOptions& opts, std::ostream& out, std::ostream& err) {
     return 0;
   }
   if (opts.emit == "cuda")
-    return gpuStages(opts, fused, pats, nullptr, nullptr, nullptr, *g, out, err);
+    return gpuStages(opts, fused, pats, nullptr, nullptr, nullptr, *g, sourceNames, out, err);
 
   out << "== graph" << (opts.fuse ? " before fusion" : "") << "\n" << ir::printGraph(*g);
   if (opts.fuse) {
@@ -813,14 +911,27 @@ int runFpatc(const FpatcOptions& opts, std::ostream& out, std::ostream& err) {
 
   int rc = 0;
   auto inputs = ir::randomInputs(*g, opts.seed);
-  if (!opts.inputsDir.empty() && !loadInputs(*g, opts.inputsDir, inputs, out, err))
+  size_t inputsRead = 0;
+  if (!opts.inputsDir.empty() &&
+      !loadInputs(*g, opts.inputsDir, sourceNames, inputs, inputsRead, out, err))
     return 1;
+  size_t inputCount = 0;
+  for (ir::Vertex v : g->vertices())
+    inputCount += g->op(v).kind == ir::OpKind::Input;
+  // What the run computes on, said as it is: files, random values, or both.
+  const std::string inputsSaid =
+      inputsRead == 0 ? "seeded random inputs (seed " + std::to_string(opts.seed) + ")"
+      : inputsRead == inputCount
+          ? "inputs from " + opts.inputsDir
+          : std::to_string(inputsRead) + " of " + std::to_string(inputCount) + " inputs from " +
+                opts.inputsDir + ", the rest seeded random (seed " + std::to_string(opts.seed) +
+                ")";
   std::vector<ir::Tensor> vals;
   std::vector<ir::Tensor> modelOutputs; // the f32 model's, per output (sampled like vals)
   if (opts.reference) {
     auto t0 = std::chrono::steady_clock::now();
     const ir::Graph& refGraph = sample ? sample->graph : *g;
-    out << "== reference: CPU, seeded random inputs (seed " << opts.seed << ")";
+    out << "== reference: CPU, " << inputsSaid;
     if (sample)
       out << ", " << sample->picked.size() << " of " << sample->rows
           << " rows (every output row depends on its own input rows only; --reference-rows 0 "
@@ -932,7 +1043,7 @@ int runFpatc(const FpatcOptions& opts, std::ostream& out, std::ostream& err) {
   if (opts.compile) {
     // A failure found on the CPU wins over a skip (77) or a pass from the GPU stages.
     const int gpu = gpuStages(opts, fused, pats, &inputs, opts.reference ? &vals : nullptr,
-                              sample ? &sample->picked : nullptr, *g, out, err,
+                              sample ? &sample->picked : nullptr, *g, sourceNames, out, err,
                               modelOutputs.empty() ? nullptr : &modelOutputs);
     rc = rc ? rc : gpu;
   }

@@ -297,6 +297,8 @@ public:
           continue;
         }
         g_.addOutput(v);
+        if (g_.op(v).name != out.name())
+          r_.sourceNames[g_.op(v).name] = out.name();
         if (it->second.shape.size() > 2)
           r_.notes.push_back("output '" + out.name() + "' " + shapeStr(it->second.shape) +
                              " is computed as " + g_.op(v).type.shapeStr() +
@@ -392,6 +394,8 @@ private:
     ir::Op op;
     op.kind = ir::OpKind::Input;
     op.name = uniqueName(in.name());
+    if (op.name != in.name())
+      r_.sourceNames[op.name] = in.name();
     op.type = {flatten(v.shape), *dtype_};
     op.origin = "graph input '" + in.name() + "'";
     v.v = g_.addOp(std::move(op), {});

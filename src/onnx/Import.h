@@ -34,6 +34,10 @@ struct ImportResult {
   std::vector<std::string> notes;      // what the import did that a user should know
   ir::DType storedAs = ir::DType::F32; // the model's own element type
   int64_t opset = 0;                   // of the default domain
+  // Graph inputs and outputs whose names fpat changed to make them value names (sanitised or
+  // made unique): value name -> the name as the model writes it (--inputs and --outputs files
+  // go by the model's names).
+  std::map<std::string, std::string> sourceNames;
 };
 
 /// Reads a serialized ModelProto. Never throws for bad input: a truncated, malformed or

@@ -262,7 +262,59 @@ std::string formatDouble(double v) {
   return s;
 }
 
-bool readFile(const std::string& path, std::string& out, std::string* why) {
+namespace {
+
+/// "2.0 GiB", "512 MiB", "100 bytes": the limit as a reader would say it.
+std::string byteCount(size_t n) {
+  std::ostringstream os;
+  if (n >= (size_t{1} << 30) && n % (size_t{1} << 30) == 0)
+    os << (n >> 30) << " GiB";
+  else if (n >= (size_t{1} << 20) && n % (size_t{1} << 20) == 0)
+    os << (n >> 20) << " MiB";
+  else
+    os << n << (n == 1 ? " byte" : " bytes");
+  return os.str();
+}
+
+/// Reads `in` to its end in chunks, at most `maxBytes`; false with the reason otherwise.
+bool readStream(std::istream& in, std::string& out, std::string* why, size_t maxBytes,
+                const char* errorWhat) {
+  out.clear();
+  std::vector<char> chunk(size_t{1} << 20);
+  try {
+    while (in) {
+      in.read(chunk.data(), static_cast<std::streamsize>(chunk.size()));
+      const auto got = static_cast<size_t>(in.gcount());
+      if (out.size() + got > maxBytes) {
+        out.clear();
+        out.shrink_to_fit();
+        if (why)
+          *why = "is longer than " + byteCount(maxBytes) +
+                 ", the most fpat reads from a pipe or device (an endless stream?)";
+        return false;
+      }
+      out.append(chunk.data(), got);
+    }
+  } catch (const std::bad_alloc&) {
+    const size_t read = out.size();
+    out.clear();
+    out.shrink_to_fit();
+    if (why)
+      *why = "does not fit in memory (" + byteCount(read) + " read)";
+    return false;
+  }
+  if (in.bad()) {
+    out.clear();
+    if (why)
+      *why = errorWhat;
+    return false;
+  }
+  return true;
+}
+
+} // namespace
+
+bool readFile(const std::string& path, std::string& out, std::string* why, size_t maxBytes) {
   out.clear();
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) {
@@ -280,10 +332,23 @@ bool readFile(const std::string& path, std::string& out, std::string* why) {
     return false;
   }
   // Regular files are read in one piece into a buffer of their size (models are hundreds of
-  // MB: growing a stream buffer would copy them several times); others (pipes) as a stream.
+  // MB: growing a stream buffer would copy them several times); others (pipes, devices) as a
+  // stream, in chunks, up to the limit.
   const auto size = std::filesystem::file_size(path, ec);
   if (!ec && std::filesystem::is_regular_file(path, ec)) {
-    out.resize(static_cast<size_t>(size));
+    if (size > maxBytes) {
+      if (why)
+        *why = "is " + byteCount(static_cast<size_t>(size)) + ", longer than " +
+               byteCount(maxBytes) + ", the most fpat reads";
+      return false;
+    }
+    try {
+      out.resize(static_cast<size_t>(size));
+    } catch (const std::bad_alloc&) {
+      if (why)
+        *why = "does not fit in memory (" + byteCount(static_cast<size_t>(size)) + ")";
+      return false;
+    }
     in.read(out.data(), static_cast<std::streamsize>(size));
     if (in.gcount() == static_cast<std::streamsize>(size) && in.peek() == EOF)
       return true;
@@ -291,29 +356,14 @@ bool readFile(const std::string& path, std::string& out, std::string* why) {
     in.seekg(0);
     out.clear();
   }
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) {
-    if (why)
-      *why = "read error";
-    return false;
-  }
-  out = ss.str();
-  return true;
+  return readStream(in, out, why, std::min(maxBytes, kMaxStreamBytes), "read error");
 }
 
-bool readInput(const std::string& path, std::string& out, std::string* why) {
+bool readInput(const std::string& path, std::string& out, std::string* why, size_t maxBytes) {
   if (path != "-")
-    return readFile(path, out, why);
-  std::ostringstream ss;
-  ss << std::cin.rdbuf();
-  out = ss.str();
-  if (std::cin.bad()) {
-    if (why)
-      *why = "read error on standard input";
-    return false;
-  }
-  return true;
+    return readFile(path, out, why, maxBytes);
+  return readStream(std::cin, out, why, std::min(maxBytes, kMaxStreamBytes),
+                    "read error on standard input");
 }
 
 } // namespace fpat

@@ -121,11 +121,22 @@ std::string didYouMean(std::string_view word, const std::vector<std::string>& ca
 /// ones by their last component (generated code must not depend on where files live).
 std::string displayPath(const std::string& path);
 
+/// The most any file is read to: 2 GiB, the most a protobuf message (an ONNX model without
+/// external data) can hold; a .fgraph of a million ops is about 60 MB.
+inline constexpr size_t kMaxInputBytes = size_t{2} << 30;
+/// The most a pipe or device is read to: streams that never end (/dev/zero, `yes |`) stop here
+/// with an error, in about a second, not at the end of memory.
+inline constexpr size_t kMaxStreamBytes = size_t{256} << 20;
+
 /// Reads a whole file; returns false (and leaves `out` empty) when it cannot be read, with the
-/// reason ("no such file or directory", "is a directory", ...) in `why` if given.
-bool readFile(const std::string& path, std::string& out, std::string* why = nullptr);
+/// reason ("no such file or directory", "is a directory", "is longer than ...") in `why` if
+/// given. At most `maxBytes` are read (of a pipe or device at most kMaxStreamBytes): a file or
+/// stream longer than that is an error.
+bool readFile(const std::string& path, std::string& out, std::string* why = nullptr,
+              size_t maxBytes = kMaxInputBytes);
 /// readFile, where "-" means standard input (the tools' convention).
-bool readInput(const std::string& path, std::string& out, std::string* why = nullptr);
+bool readInput(const std::string& path, std::string& out, std::string* why = nullptr,
+               size_t maxBytes = kMaxInputBytes);
 /// How diagnostics name an input: "<stdin>" for "-", else the path.
 inline std::string inputName(const std::string& path) {
   return path == "-" ? "<stdin>" : path;

@@ -50,6 +50,15 @@ save("transpose_reshape",
       helper.make_node("Reshape", ["h", "shape"], ["y"], name="r")],
      [f32("x", [60, 32]), f32("w", [24, 32])], [f32("y", [2, 30, 24])], [])
 
+# Names that are not value names ("input:0", "out/y"): fpat renames the values, and --inputs
+# and --outputs files still go by the model's names (a file for --inputs made here).
+save("renamed_io",
+     [helper.make_node("Relu", ["input:0"], ["out/y"], name="act")],
+     [f32("input:0", [4, 8])], [f32("out/y", [4, 8])], [])
+os.makedirs(os.path.join(OUT, "renamed_io_inputs"), exist_ok=True)
+np.arange(-16, 16, dtype=np.float16).reshape(4, 8).tofile(
+    os.path.join(OUT, "renamed_io_inputs", "input:0.f16"))
+
 # --- malformed and unsupported ------------------------------------------------------------
 good = onnx.load(os.path.join(os.path.dirname(__file__), "models", "gpt2_mlp_opset13.onnx"))
 data = good.SerializeToString()

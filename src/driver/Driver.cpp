@@ -101,6 +101,14 @@ std::string sci(double v) {
   return os.str();
 }
 
+/// The .svg pictures are drawn for graphs of at most this many ops, by a `dot` given at most
+/// FPAT_DOT_TIMEOUT seconds (default 20).
+constexpr size_t kDotMaxOps = 1500;
+double dotTimeout() {
+  const char* e = std::getenv("FPAT_DOT_TIMEOUT");
+  return e && *e ? std::strtod(e, nullptr) : 20.0; // checked by checkEnvironment
+}
+
 int writeGraphviz(const ir::Graph& g, const std::string& stem, const FpatcOptions& opts,
                   std::ostream& out, std::ostream& err,
                   const std::vector<ir::DotCluster>& clusters = {}) {
@@ -125,8 +133,25 @@ int writeGraphviz(const ir::Graph& g, const std::string& stem, const FpatcOption
     out << "  skipped .svg: Graphviz 'dot' is not installed (apt-get install graphviz)\n";
     return 0;
   }
+  // dot's layout grows much faster than the graph (a 250-op graph whose one weight feeds 50
+  // GEMMs took over 200 s): the picture is bounded, so that the default run never waits on it.
   const std::string svgPath = (fs::path(opts.outDir) / (stem + ".svg")).string();
-  ProcessResult r = runProcess({"dot", "-Tsvg", dotPath, "-o", svgPath});
+  const std::string byHand = "dot -Tsvg " + dotPath + " -o " + svgPath;
+  if (g.size() > kDotMaxOps) {
+    out << "  skipped .svg: " << g.size() << " ops, more than " << kDotMaxOps
+        << " (Graphviz would take minutes); run '" << byHand << "' for it\n";
+    return 0;
+  }
+  const double timeout = dotTimeout();
+  out << std::flush;
+  ProcessResult r = runProcess({"dot", "-Tsvg", dotPath, "-o", svgPath}, timeout);
+  if (r.timedOut) {
+    std::error_code rm;
+    fs::remove(svgPath, rm);
+    out << "  skipped .svg: Graphviz 'dot' did not finish in " << fixed(timeout, 0)
+        << " s (FPAT_DOT_TIMEOUT); run '" << byHand << "' for it\n";
+    return 0;
+  }
   if (r.exitCode != 0) {
     err << "fpatc: error: dot failed on '" << dotPath << "':\n" << r.output;
     return 1;
@@ -693,6 +718,41 @@ std::string memoryProblem(const ir::Graph& g, const ir::Graph& ref, const FpatcO
 
 } // namespace
 
+/// The environment variables fpatc reads, checked before anything runs: a value that means
+/// nothing was once ignored without a word (FPAT_MEMORY_LIMIT=lots, FPAT_NVCC=/nonexistent).
+bool checkEnvironment(std::ostream& err) {
+  auto value = [](const char* name) -> std::string {
+    const char* e = std::getenv(name);
+    return e ? e : "";
+  };
+  bool ok = true;
+  auto bad = [&](const char* name, const std::string& v, const std::string& want) {
+    err << "fpatc: error: " << name << "='" << v << "': " << want << "\n";
+    ok = false;
+  };
+  if (std::string v = value("FPAT_MEMORY_LIMIT"); !v.empty()) {
+    char* end = nullptr;
+    errno = 0;
+    const unsigned long long n = std::strtoull(v.c_str(), &end, 10);
+    if (v[0] == '-' || *end != '\0' || errno == ERANGE || n == 0)
+      bad("FPAT_MEMORY_LIMIT", v, "expected a number of bytes, e.g. 8000000000");
+  }
+  if (std::string v = value("FPAT_DOT_TIMEOUT"); !v.empty()) {
+    char* end = nullptr;
+    const double t = std::strtod(v.c_str(), &end);
+    if (*end != '\0' || !(t > 0 && t <= 86400))
+      bad("FPAT_DOT_TIMEOUT", v, "expected seconds, more than 0 and at most 86400");
+  }
+  if (std::string v = value("FPAT_NVCC"); !v.empty() && findProgram(v).empty())
+    bad("FPAT_NVCC", v, "no such program (unset it to use nvcc on PATH)");
+  if (std::string v = value("FPAT_NORM_STATS"); !v.empty() && v != "loop" && v != "launch")
+    bad("FPAT_NORM_STATS", v, "expected loop or launch");
+  for (const char* flag : {"FPAT_RETUNE", "FPAT_SPLIT_LAST_WAVE"})
+    if (std::string v = value(flag); !v.empty() && v != "0" && v != "1")
+      bad(flag, v, "expected 0 or 1");
+  return ok;
+}
+
 /// The folders a run will read and write, checked before any long stage: a bad one is an
 /// error at once, not after the reference and nvcc have run (or, for --emit=cuda, exit 0 with
 /// nothing written).
@@ -735,7 +795,7 @@ int runFpatc(const FpatcOptions& opts, std::ostream& out, std::ostream& err) {
     return 1;
   };
 
-  if (!checkFolders(opts, err))
+  if (!checkEnvironment(err) || !checkFolders(opts, err))
     return 1;
   Patterns pats;
   if (!loadPatterns(opts, sm, diags, pats, err))

@@ -37,8 +37,10 @@ std::string findNvcc(const NvccOptions& o) {
   if (const char* e = std::getenv("FPAT_NVCC"); e && *e)
     return findProgram(e);
   std::string p = findProgram("nvcc");
-  if (p.empty())
-    p = findProgram("/usr/local/cuda/bin/nvcc");
+  if (p.empty()) {
+    const char* home = std::getenv("CUDA_HOME");
+    p = findProgram(std::string(home && *home ? home : "/usr/local/cuda") + "/bin/nvcc");
+  }
   return p;
 }
 

@@ -6,6 +6,8 @@
 
 #include <CLI/CLI.hpp>
 #include <cctype>
+#include <cerrno>
+#include <cstdlib>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -20,6 +22,26 @@ inline void collectOptionNames(const CLI::App& app, std::vector<std::string>& ou
   for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; }))
     if (sub->get_name().empty())
       collectOptionNames(*sub, out);
+}
+
+/// A validator for whole-number options: at least `lo` (CLI11's own ranges print their bounds
+/// as 300-digit numbers, and an unsigned option takes "-1" as 2^64 - 1).
+inline CLI::Validator atLeast(unsigned long long lo) {
+  return CLI::Validator(
+      [lo](std::string& s) -> std::string {
+        const size_t start = s.find_first_not_of(' ');
+        if (start != std::string::npos && s[start] == '-')
+          return "must be " + std::to_string(lo) + " or more, not " + s;
+        errno = 0;
+        char* end = nullptr;
+        const unsigned long long v = std::strtoull(s.c_str(), &end, 10);
+        if (s.empty() || *end != '\0' || errno == ERANGE)
+          return "'" + s + "' is not a whole number";
+        if (v < lo)
+          return "must be " + std::to_string(lo) + " or more, not " + s;
+        return "";
+      },
+      "INT>=" + std::to_string(lo));
 }
 
 /// Handles a parse exception of `app` (help and version print normally). Returns the exit code.

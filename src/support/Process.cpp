@@ -1,11 +1,14 @@
 #include "fpat/support/Process.h"
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
+#include <poll.h>
 #include <sys/stat.h>
 #ifdef __linux__
 #include <sys/prctl.h>
@@ -30,7 +33,7 @@ std::string findProgram(const std::string& program) {
   return "";
 }
 
-ProcessResult runProcess(const std::vector<std::string>& argv) {
+ProcessResult runProcess(const std::vector<std::string>& argv, double timeoutSeconds) {
   ProcessResult r;
   if (argv.empty())
     return r;
@@ -65,9 +68,33 @@ ProcessResult runProcess(const std::vector<std::string>& argv) {
   }
   close(fds[1]);
   char buf[4096];
-  ssize_t n;
-  while ((n = read(fds[0], buf, sizeof buf)) > 0)
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::duration<double>(timeoutSeconds);
+  for (;;) {
+    int wait = -1;
+    if (timeoutSeconds > 0) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                            deadline - std::chrono::steady_clock::now())
+                            .count();
+      if (left <= 0) {
+        // Out of time: the child (and whatever it started in its group) is killed.
+        kill(pid, SIGKILL);
+        r.timedOut = true;
+        break;
+      }
+      wait = static_cast<int>(std::min<long long>(left, 1000));
+    }
+    pollfd p{fds[0], POLLIN, 0};
+    const int ready = poll(&p, 1, wait);
+    if (ready < 0 && errno == EINTR)
+      continue;
+    if (ready == 0)
+      continue;
+    const ssize_t n = ready > 0 ? read(fds[0], buf, sizeof buf) : -1;
+    if (n <= 0)
+      break;
     r.output.append(buf, static_cast<size_t>(n));
+  }
   close(fds[0]);
   int status = 0;
   while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {

@@ -7,12 +7,14 @@
 namespace fpat {
 
 struct ProcessResult {
-  int exitCode = -1;  // -1: could not be started
-  std::string output; // stdout and stderr together
+  int exitCode = -1;     // -1: could not be started
+  std::string output;    // stdout and stderr together
+  bool timedOut = false; // killed after the time it was given
 };
 
-/// Runs `argv[0]` (searched on PATH) with its arguments and waits for it.
-ProcessResult runProcess(const std::vector<std::string>& argv);
+/// Runs `argv[0]` (searched on PATH) with its arguments and waits for it, at most
+/// `timeoutSeconds` when that is positive (then it is killed, and timedOut says so).
+ProcessResult runProcess(const std::vector<std::string>& argv, double timeoutSeconds = 0);
 
 /// Full path of `program` on PATH, or "" when it is not there.
 std::string findProgram(const std::string& program);

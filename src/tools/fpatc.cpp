@@ -31,7 +31,9 @@ int main(int argc, char** argv) {
              "  FPAT_KERNEL_HEADERS  replace the embedded kernel headers with this directory's\n"
              "  FPAT_SPLIT_LAST_WAVE=0  keep every GEMM tile whole (no k-split of the last wave)\n"
              "  FPAT_MEMORY_LIMIT    bytes of host memory the CPU reference may use\n"
-             "                       (default: MemAvailable)");
+             "                       (default: MemAvailable)\n"
+             "  FPAT_DOT_TIMEOUT     seconds Graphviz may take for each .svg (default 20; graphs\n"
+             "                       of more than 1500 ops get their .dot only)");
   app.add_option("graph", opts.input,
                  "the .fgraph file or ONNX model (.onnx; - reads standard input)")
       ->required();
@@ -60,7 +62,9 @@ int main(int argc, char** argv) {
   app.add_option("--dim", dims,
                  "ONNX models: the size of a symbolic dimension, NAME=SIZE (repeatable), e.g. "
                  "--dim seq=128");
-  app.add_option("--seed", opts.seed, "seed of the random inputs")->capture_default_str();
+  app.add_option("--seed", opts.seed, "seed of the random inputs")
+      ->capture_default_str()
+      ->check(fpat::atLeast(0));
   app.add_option("--inputs", opts.inputsDir,
                  "read input NAME from DIR/NAME.f16 (or .bf16: raw little-endian, as the input's "
                  "type) when it exists");
@@ -80,7 +84,8 @@ int main(int argc, char** argv) {
   app.add_option("--tune-cache", opts.tuneCache,
                  "tuning cache file (default: $FPAT_TUNE_CACHE or <cache dir>/tuning.json)");
   app.add_flag("--ptx", opts.ptx, "keep PTX next to each cubin in the cache");
-  app.add_option("-j,--jobs", opts.jobs, "parallel nvcc processes (default: one per core)");
+  app.add_option("-j,--jobs", opts.jobs, "parallel nvcc processes (default: one per core)")
+      ->check(fpat::atLeast(1));
   app.add_option("--nvcc-flag", opts.nvccFlags,
                  "pass this flag to nvcc after fpat's own, e.g. --nvcc-flag=-Xptxas=-v "
                  "(repeatable; part of the kernel and tuning cache keys)")
@@ -93,12 +98,13 @@ int main(int argc, char** argv) {
   app.add_option("--reference-rows", opts.referenceRows,
                  "compute the CPU reference on this many sampled rows (0: all; default: all, "
                  "or 64 when its GEMMs exceed 2^34 multiply-adds); exact for row-wise graphs")
-      ->check(CLI::NonNegativeNumber);
+      ->check(fpat::atLeast(0));
   app.add_flag("--no-graphviz", noGraphviz, "do not write .dot/.svg");
   app.add_flag("--verify-diagnostics", opts.verifyDiagnostics,
                "check the file's expected-error comments instead of printing diagnostics");
   app.add_option("--error-limit", opts.errorLimit, "stop after this many errors (0: no limit)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(fpat::atLeast(0));
   app.set_version_flag("--version", "fpatc " FPAT_VERSION);
   try {
     app.parse(argc, argv);

@@ -110,14 +110,17 @@ namespace {
 std::string materialiseHeaders(const std::string& cache) {
   const fs::path dir = fs::path(cache) / "include" / codegen::kernelHeadersHash().substr(0, 16);
   std::error_code ec;
-  if (fs::exists(dir / ".complete", ec))
-    return dir.string();
   fs::create_directories(dir, ec);
   if (ec)
     throw std::runtime_error("cannot create '" + dir.string() + "': " + ec.message());
-  for (auto& [name, text] : codegen::kernelHeaders())
-    writeFileAtomic((dir / name).string(), std::string(text));
-  writeFileAtomic((dir / ".complete").string(), "");
+  // Checked on every run, like the cubins: a header emptied or edited in the cache would make
+  // every later compile fail (the folder's name says which headers it must hold, not what
+  // they hold now). Reading them back costs about 1 ms.
+  for (auto& [name, text] : codegen::kernelHeaders()) {
+    std::string now;
+    if (!readFile((dir / name).string(), now) || now != text)
+      writeFileAtomic((dir / name).string(), std::string(text));
+  }
   return dir.string();
 }
 

@@ -948,6 +948,14 @@ BOOST_AUTO_TEST_CASE(damaged_cache_entries_are_compiled_again,
       BOOST_TEST(now.size() > good.size() / 2);
       BOOST_TEST(runtime::compileAll(units, o).at(0).cached);
     }
+  // A kernel header in the cache emptied: restored before the next compile (every compile
+  // once failed from then on).
+  for (const fs::directory_entry& e : fs::recursive_directory_iterator(cache.path / "include"))
+    if (e.path().extension() == ".cuh")
+      runtime::writeFileAtomic(e.path().string(), "");
+  auto other = runtime::compileAll(unitsFor("mul", {8, 8, 8}, 80), o).at(0);
+  BOOST_TEST(other.error.empty(), other.error);
+  BOOST_TEST(!other.cached);
 }
 
 BOOST_AUTO_TEST_CASE(temporaries_of_dead_processes_are_removed) {

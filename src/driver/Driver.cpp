@@ -873,7 +873,12 @@ int runFpatc(const FpatcOptions& opts, std::ostream& out, std::ostream& err) {
   const ir::Graph given = *g;
   std::vector<match::RaiseStep> steps;
   if (opts.fuse && !opts.noRaise) {
-    *g = match::raise(*g, pats.raiseTable, pats.library, &steps);
+    try {
+      *g = match::raise(*g, pats.raiseTable, pats.library, &steps);
+    } catch (const match::RaiseError& e) {
+      err << "fpatc: error: " << e.what() << "\n";
+      return 1;
+    }
     auto after = ir::validate(*g, pats.activations);
     for (const std::string& p : after)
       err << "fpatc: internal error: the raised graph is invalid: " << p << '\n';

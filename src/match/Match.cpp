@@ -812,10 +812,28 @@ Graph raise(const Graph& g, const MatcherTable& table, const PatternLibrary& lib
             std::vector<RaiseStep>* steps) {
   Graph cur = g;
   // Each pass rewrites every match it selects; a result may complete a larger decomposition
-  // above it, hence the passes (bounded: each one removes ops).
-  for (int pass = 0; pass < 16 && raiseOnce(cur, table, lib, steps); ++pass) {
+  // above it, hence the passes. Rules that shrink what they match end in a few; rules that
+  // rewrite their own results (relu -> neg(neg(relu))) never would, and a run must not go on
+  // with a graph half raised: that is an error naming the rules still rewriting.
+  constexpr int kPasses = 16;
+  for (int pass = 0; pass < kPasses; ++pass)
+    if (!raiseOnce(cur, table, lib, steps))
+      return cur;
+  std::vector<RaiseStep> more;
+  Graph probe = cur;
+  if (!raiseOnce(probe, table, lib, &more))
+    return cur;
+  std::map<std::string, std::string> still; // rule -> where it rewrote
+  for (const RaiseStep& st : more)
+    still.emplace(st.pattern, st.root);
+  std::string msg = "raising did not finish in " + std::to_string(kPasses) + " passes; still rewriting:";
+  for (auto& [name, root] : still) {
+    auto meta = std::find_if(table.patterns.begin(), table.patterns.end(),
+                             [&](const PatternMeta& m) { return m.name == name; });
+    msg += " '" + name + "' (" + meta->file + ":" + std::to_string(meta->line) + ", at %" + root + ")";
   }
-  return cur;
+  throw RaiseError(msg + "; a Raise rule's result must not be matched again by it, or by rules "
+                         "that lead back to it");
 }
 
 std::string explain(const Graph& g, const MatcherTable& table, const MatchResult& r) {

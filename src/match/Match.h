@@ -7,6 +7,7 @@
 #include "fpat/ir/Graph.h"
 
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -57,10 +58,17 @@ struct RaiseStep {
   size_t ops = 0; // ops of the match that became the result
 };
 
+/// Raise rules that never stop rewriting (their results match them again).
+class RaiseError : public std::runtime_error {
+public:
+  using std::runtime_error::runtime_error;
+};
+
 /// Raising: runs `table` (compiled from `lib.raises`) over `g` until nothing more matches,
 /// replacing each match by its result tree (the result's root takes the matched root's name;
 /// intermediates that nothing else reads, and constants left unread, disappear). A match whose
 /// result would not type-check, or whose attribute is not a scalar constant, is left alone.
+/// Throws RaiseError when the rules are still rewriting after 16 passes.
 ir::Graph raise(const ir::Graph& g, const dsl::MatcherTable& table, const dsl::PatternLibrary& lib,
                 std::vector<RaiseStep>* steps = nullptr);
 

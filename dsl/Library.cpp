@@ -375,6 +375,11 @@ private:
           fail(p->loc, "parameter '" + n->value->s + "' is declared twice");
           continue;
         }
+        if (n->value->s == "x") { // the body's `x` would be the input, never the parameter
+          fail(p->loc.valid() ? p->loc : r.loc,
+               "parameter 'x' is the name of the activation's input; give it another name");
+          continue;
+        }
         a.paramNames.push_back(n->value->s);
         a.paramDefaults.push_back(
             d->value->kind == Value::Float ? d->value->f : static_cast<double>(d->value->i));

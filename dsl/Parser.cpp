@@ -6,6 +6,8 @@
 #include "fpat/support/antlr/AntlrDiagnostics.h"
 
 #include <cctype>
+#include <cerrno>
+#include <cmath>
 #include <functional>
 #include <map>
 #include <pthread.h>
@@ -235,6 +237,8 @@ private:
     }
     auto e = node(Expr::Float, l);
     e->f = (neg ? -1 : 1) * toDouble(f->getText());
+    if (!std::isfinite(e->f))
+      e->s = "overflow"; // 1e999: sema reports it (inf would print back as text that fails)
     return e;
   }
 
@@ -523,7 +527,8 @@ std::unique_ptr<File> parseFile(int fileId, DiagEngine& diags, std::set<std::str
                                      {"INT", "an integer"},
                                      {"FLOAT", "a number"},
                                      {"STRING", "a string"},
-                                     {"BINDING", "a $binding"}});
+                                     {"BINDING", "a $binding"}},
+                                    /*blockComments=*/true);
       lexer.removeErrorListeners();
       lexer.addErrorListener(&listener);
       antlr4::CommonTokenStream tokens(&lexer);

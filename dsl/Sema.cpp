@@ -2,6 +2,7 @@
 // value, with errors located and related places noted.
 #include "fpat/dsl/Records.h"
 
+#include <cmath>
 #include <algorithm>
 #include <filesystem>
 #include <functional>
@@ -88,6 +89,12 @@ std::string Type::str() const {
 }
 
 namespace {
+
+/// What a literal too large for its kind is told (the parser marks it "overflow").
+std::string outOfRange(double parsed) {
+  return std::isfinite(parsed) ? "integer literal is out of range"
+                               : "number is out of range (the largest is about 1.8e308)";
+}
 
 int precedence(const Expr& e) {
   if (e.kind == Expr::Select)
@@ -335,8 +342,15 @@ private:
       includeLocs_.pop_back();
       return;
     }
+    for (const fs::path& c : candidates)
+      if (fs::is_directory(c, ec)) {
+        diags_.error(s.loc, "include file '" + s.name + "' is a directory ('" +
+                                c.lexically_normal().string() + "'), not a .fpat file");
+        return;
+      }
     diags_.error(s.loc, "include file '" + s.name + "' not found");
-    std::string where = "searched: " + fs::path(from).parent_path().string();
+    const std::string dir = fs::path(from).parent_path().string();
+    std::string where = "searched: " + (dir.empty() ? std::string(".") : dir);
     for (const std::string& d : opts_.includeDirs)
       where += ", " + d;
     if (fromEmbedded)
@@ -466,6 +480,9 @@ private:
       return; // a def without a name is checked but not kept
     if (const Record* prev = rk_->findDef(rec->name)) {
       diags().error(s.loc, "duplicate definition of '" + rec->name + "'");
+      // A def in a multiclass is defined by the defm that instantiates it: name that too.
+      for (auto e = expanding_.rbegin(); e != expanding_.rend(); ++e)
+        diags().note(e->second, "in multiclass '" + e->first + "', instantiated here");
       diags().note(prev->loc, "previous definition is here");
       return;
     }
@@ -513,8 +530,12 @@ private:
       if (it == multiclasses_.end()) {
         if (rk_->findClass(p.name))
           diags().error(p.loc, "'" + p.name + "' is a class; defm needs a multiclass");
-        else
-          diags().error(p.loc, "unknown multiclass '" + p.name + "'");
+        else {
+          std::vector<std::string> names;
+          for (const auto& m : multiclasses_)
+            names.push_back(m.first);
+          diags().error(p.loc, "unknown multiclass '" + p.name + "'" + didYouMean(p.name, names));
+        }
         continue;
       }
       const Stmt& mc = *it->second;
@@ -874,7 +895,7 @@ private:
       return mkValue(v);
     case Expr::Float:
       if (e.s == "overflow") {
-        diags().error(e.loc, "integer literal is out of range");
+        diags().error(e.loc, outOfRange(e.f));
         return nullptr;
       }
       v.kind = Value::Float;
@@ -1011,7 +1032,7 @@ private:
       c->f = n.f;
       c->s = n.s;
       if (n.kind == Expr::Float && n.s == "overflow") {
-        diags().error(n.loc, "integer literal is out of range");
+        diags().error(n.loc, outOfRange(n.f));
         ok = false;
       }
       if (n.kind == Expr::Name && !locals.count(n.s) && n.s != "x") {
@@ -1048,8 +1069,12 @@ private:
   void unknownClass(const std::string& n, SourceLoc loc) {
     if (rk_->findDef(n))
       diags().error(loc, "'" + n + "' is a def, not a class");
-    else
-      diags().error(loc, "unknown class '" + n + "'");
+    else {
+      std::vector<std::string> names;
+      for (const Record* c : rk_->classes())
+        names.push_back(c->name);
+      diags().error(loc, "unknown class '" + n + "'" + didYouMean(n, names));
+    }
   }
 
   DiagEngine& diags() { return *active_; }

@@ -109,6 +109,54 @@ double dotTimeout() {
   return e && *e ? std::strtod(e, nullptr) : 20.0; // checked by checkEnvironment
 }
 
+/// One comparison's line: the errors, the values that were not finite, and the verdict.
+std::string verdict(const runtime::Agreement& c) {
+  return "max abs err " + sci(c.maxAbs) + ", max rel err " + sci(c.maxRel) +
+         (c.nonFinite ? ", " + std::to_string(c.nonFinite) + " non-finite (NaN or inf)" : "") +
+         " -> " + (c.pass ? "PASS" : "FAIL");
+}
+
+/// Where non-finite values first appear in an evaluated graph (topological order): the op, how
+/// many, and whether its operands were all finite (then it made them). "" when none are.
+std::string firstNonFinite(const ir::Graph& g, const std::vector<ir::Tensor>& vals,
+                           const ir::InputMap& inputs, const ir::InputMap& rows) {
+  std::vector<size_t> bad(g.size(), 0);
+  auto countOf = [&](ir::Vertex v) -> std::optional<size_t> {
+    const ir::Tensor* t = vals[v].data.empty() ? nullptr : &vals[v];
+    if (!t && g.op(v).kind == ir::OpKind::Input) {
+      auto it = rows.find(g.op(v).name);
+      if (it == rows.end())
+        it = inputs.find(g.op(v).name);
+      if (it == inputs.end())
+        return std::nullopt;
+      t = &it->second;
+    }
+    if (!t)
+      return std::nullopt;
+    return ir::stats(*t).nonFinite;
+  };
+  auto order = ir::topologicalOrder(g);
+  if (!order)
+    return "";
+  for (ir::Vertex v : *order) {
+    const std::optional<size_t> n = countOf(v);
+    if (!n || *n == 0)
+      continue;
+    const ir::Op& op = g.op(v);
+    std::string what = op.kind == ir::OpKind::Input ? (op.weight ? "weight" : "input")
+                       : op.kind == ir::OpKind::Activation ? "activation " + op.fn
+                                                            : ir::opKindName(op.kind);
+    std::string s = "the first non-finite values (NaN or inf) are those of %" + op.name + " (" +
+                    what + " " + op.type.str() + "): " + std::to_string(*n) + " of " +
+                    std::to_string(op.type.numel());
+    if (op.kind != ir::OpKind::Input)
+      s += "; its operands are finite: the " + std::string(ir::dtypeName(op.type.dtype)) +
+           " result overflows or the op is undefined there";
+    return s;
+  }
+  return "";
+}
+
 int writeGraphviz(const ir::Graph& g, const std::string& stem, const FpatcOptions& opts,
                   std::ostream& out, std::ostream& err,
                   const std::vector<ir::DotCluster>& clusters = {}) {
@@ -552,10 +600,16 @@ int gpuStages(const FpatcOptions& opts, const ir::Graph& fusedIn, const Patterns
     return 1;
   }
   size_t kernels = 0;
+  std::set<std::string> names;
   for (const codegen::KernelUnit& u : cg.units)
-    kernels += u.launches.empty() ? 0 : 1;
-  out << "== codegen: " << kernels << " kernel" << (kernels == 1 ? "" : "s") << " for sm_" << arch
-      << (opts.arch || drv ? "" : " (no GPU here; pass --arch to choose)") << "\n";
+    if (!u.launches.empty()) {
+      ++kernels;
+      names.insert(u.name);
+    }
+  out << "== codegen: " << kernels << " kernel" << (kernels == 1 ? "" : "s")
+      << (names.size() < kernels ? " (" + std::to_string(names.size()) + " distinct)" : "")
+      << " for sm_" << arch << (opts.arch || drv ? "" : " (no GPU here; pass --arch to choose)")
+      << "\n";
   for (ir::Vertex v : fused.vertices()) {
     const codegen::KernelUnit& u = cg.units[v];
     if (u.launches.empty())
@@ -567,7 +621,10 @@ int gpuStages(const FpatcOptions& opts, const ir::Graph& fusedIn, const Patterns
   }
   for (const std::string& w : built.warnings)
     err << "fpatc: warning: " << w << "\n";
-  const int failed = static_cast<int>(built.kernels.size()) - built.compiled - built.cached;
+  std::set<std::string> distinct; // ops that share a kernel share its one nvcc run
+  for (const runtime::CompiledKernel& k : built.kernels)
+    distinct.insert(k.name);
+  const int failed = static_cast<int>(distinct.size()) - built.compiled - built.cached;
   out << "== nvcc: " << built.compiled << " compiled, " << built.cached << " from the cache ("
       << (opts.cacheDir.empty() ? runtime::defaultCacheDir() : opts.cacheDir) << "), "
       << fixed(built.seconds, 1) << " s"
@@ -657,9 +714,7 @@ int gpuStages(const FpatcOptions& opts, const ir::Graph& fusedIn, const Patterns
         sampledRows ? ir::sliceRows(rr.outputs[i], *sampledRows) : std::move(rr.outputs[i]);
     runtime::Agreement c = runtime::compareToReference(got, want);
     out << "  %" << original.op(original.outputs()[i]).name << " " << want.desc.str()
-        << ": max abs err " << sci(c.maxAbs) << ", max rel err " << sci(c.maxRel)
-        << (c.nonFinite ? ", " + std::to_string(c.nonFinite) + " non-finite" : "") << " -> "
-        << (c.pass ? "PASS" : "FAIL") << "\n";
+        << ": " << verdict(c) << "\n";
     rc = c.pass ? rc : 1;
     if (modelOutputs) // kept for the comparison with the f32 model below
       rr.outputs[i] = got;
@@ -672,8 +727,7 @@ int gpuStages(const FpatcOptions& opts, const ir::Graph& fusedIn, const Patterns
     for (size_t i = 0; i < original.outputs().size(); ++i) {
       runtime::Agreement c =
           runtime::compareToReference(rr.outputs[i], (*modelOutputs)[i], modelTolerance(dt));
-      out << "  %" << original.op(original.outputs()[i]).name << ": max abs err " << sci(c.maxAbs)
-          << ", max rel err " << sci(c.maxRel) << " -> " << (c.pass ? "PASS" : "FAIL") << "\n";
+      out << "  %" << original.op(original.outputs()[i]).name << ": " << verdict(c) << "\n";
       rc = c.pass ? rc : 1;
     }
   }
@@ -1017,12 +1071,18 @@ int runFpatc(const FpatcOptions& opts, std::ostream& out, std::ostream& err) {
     vals = ir::evaluate(refGraph, inputs, pats.reference, progress(refGraph), &rows);
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     out << "  done in " << fixed(secs, 2) << " s\n";
+    bool nonFinite = false;
     for (ir::Vertex v : g->outputs()) {
       ir::TensorStats s = ir::stats(vals[v]);
       out << "  output %" << g->op(v).name << " " << vals[v].desc.str() << ": min "
           << fixed(s.min, 4) << ", max " << fixed(s.max, 4) << ", mean " << fixed(s.mean, 4)
           << ", rms " << fixed(s.rms, 4) << ", non-finite " << s.nonFinite << '\n';
+      nonFinite = nonFinite || s.nonFinite > 0;
     }
+    // Non-finite outputs fail every check below: say where they come from.
+    if (nonFinite)
+      if (std::string where = firstNonFinite(refGraph, vals, inputs, rows); !where.empty())
+        out << "  note: " << where << "\n";
     if (!steps.empty()) {
       // Raising must not change what the graph computes: the graph as given, evaluated with
       // its own (unraised) ops, agrees up to the roundings of the intermediates it had.
@@ -1039,8 +1099,7 @@ int runFpatc(const FpatcOptions& opts, std::ostream& out, std::ostream& err) {
         for (size_t i = 0; i < g->outputs().size(); ++i) {
           runtime::Agreement c =
               runtime::compareToReference(vals[g->outputs()[i]], gv[given.outputs()[i]]);
-          out << "    %" << g->op(g->outputs()[i]).name << ": max abs err " << sci(c.maxAbs)
-              << ", max rel err " << sci(c.maxRel) << " -> " << (c.pass ? "PASS" : "FAIL") << "\n";
+          out << "    %" << g->op(g->outputs()[i]).name << ": " << verdict(c) << "\n";
           rc = c.pass ? rc : 1;
         }
       }
@@ -1073,8 +1132,7 @@ int runFpatc(const FpatcOptions& opts, std::ostream& out, std::ostream& err) {
         for (size_t i = 0; i < g->outputs().size(); ++i) {
           runtime::Agreement c = runtime::compareToReference(vals[g->outputs()[i]], modelOutputs[i],
                                                              modelTolerance(dt));
-          out << "    %" << g->op(g->outputs()[i]).name << ": max abs err " << sci(c.maxAbs)
-              << ", max rel err " << sci(c.maxRel) << " -> " << (c.pass ? "PASS" : "FAIL") << "\n";
+          out << "    %" << g->op(g->outputs()[i]).name << ": " << verdict(c) << "\n";
           rc = c.pass ? rc : 1;
         }
       }
@@ -1099,8 +1157,7 @@ int runFpatc(const FpatcOptions& opts, std::ostream& out, std::ostream& err) {
         const ir::Tensor& got = fv[fused.outputs()[i]];
         runtime::Agreement c = runtime::compareToReference(got, want);
         const bool pass = c.pass;
-        out << "    %" << g->op(g->outputs()[i]).name << ": max abs err " << sci(c.maxAbs)
-            << ", max rel err " << sci(c.maxRel) << " -> " << (pass ? "PASS" : "FAIL") << "\n";
+        out << "    %" << g->op(g->outputs()[i]).name << ": " << verdict(c) << "\n";
         rc = pass ? rc : 1;
       }
     }

@@ -1,5 +1,7 @@
 #include "fpat/ir/Graph.h"
 
+#include <sstream>
+#include <iomanip>
 #include <algorithm>
 #include <boost/graph/graphviz.hpp>
 #include <boost/graph/topological_sort.hpp>
@@ -249,6 +251,14 @@ std::optional<TensorDesc> inferType(const Op& op, const std::vector<OperandInfo>
                           ", got rank " + std::to_string(op.type.rank()));
     if (op.kind == OpKind::Constant && !std::isfinite(op.value))
       return fail(-1, "the value of a constant must be finite");
+    // A constant of a half type is rounded to it: one beyond its range would be inf.
+    if (op.kind == OpKind::Constant && !std::isfinite(roundTo(op.value, op.type.dtype))) {
+      std::ostringstream os;
+      os << std::setprecision(10) << "the value " << op.value << " does not fit "
+         << dtypeName(op.type.dtype) << " (its largest finite value is "
+         << largestFinite(op.type.dtype) << ")";
+      return fail(-1, os.str());
+    }
     if (op.data && op.data->size() != static_cast<size_t>(op.type.numel()))
       return fail(-1, "the weight holds " + std::to_string(op.data->size()) +
                           " values; its type needs " + std::to_string(op.type.numel()));

@@ -1,6 +1,7 @@
 #include "fpat/ir/Types.h"
 
 #include <cstring>
+#include <limits>
 
 namespace fpat::ir {
 
@@ -159,6 +160,17 @@ float roundTo(double d, DType t) {
     return bf16BitsToFloat(doubleToBf16Bits(d));
   default:
     return static_cast<float>(d);
+  }
+}
+
+float largestFinite(DType t) {
+  switch (t) {
+  case DType::F16:
+    return halfBitsToFloat(0x7bff);
+  case DType::BF16:
+    return bf16BitsToFloat(0x7f7f);
+  default:
+    return std::numeric_limits<float>::max();
   }
 }
 

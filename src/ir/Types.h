@@ -59,5 +59,7 @@ uint16_t toBits(double d, DType t);
 float fromBits(uint16_t h, DType t);
 /// `d` rounded to the values of `t` (f32: to float).
 float roundTo(double d, DType t);
+/// The largest finite value of `t` (f16 65504, bf16 about 3.39e38, f32 about 3.40e38).
+float largestFinite(DType t);
 
 } // namespace fpat::ir

@@ -1,5 +1,6 @@
 #include "fpat/runtime/Pipeline.h"
 
+#include <set>
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -39,7 +40,10 @@ BuildResult buildKernels(const ir::Graph& fused, const dsl::PatternLibrary& lib,
     return r;
   }
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::set<std::string> counted; // one entry per op; ops sharing a kernel share one nvcc run
   for (const CompiledKernel& k : r.kernels) {
+    if (!counted.insert(k.name).second)
+      continue;
     if (!k.warning.empty() &&
         std::find(r.warnings.begin(), r.warnings.end(), k.warning) == r.warnings.end())
       r.warnings.push_back(k.warning);

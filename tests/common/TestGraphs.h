@@ -42,6 +42,7 @@ inline std::vector<std::string> caseNames() {
           "gemm_bias_residual",
           "gemm_gelu",
           "gemm_silu",
+          "gemm_relu",
           "gemm_residual",
           "gemm_silu_mul",
           "layernorm_gemm",
@@ -86,7 +87,7 @@ inline ir::Graph caseGraph(const std::string& name, Shape s, bool weights = fals
   } else if (name == "layernorm_gemm_bias_gelu") {
     auto g = in("g", {s.k}), be = in("be", {s.k});
     b.output(b.activation(b.bias(b.gemm(b.layernorm(x, g, be, 1e-5), w()), bias()), "gelu", "y"));
-  } else if (name == "gemm_gelu" || name == "gemm_silu") {
+  } else if (name == "gemm_gelu" || name == "gemm_silu" || name == "gemm_relu") {
     b.output(b.activation(b.gemm(x, w()), name.substr(5), "y"));
   } else if (name == "layernorm_gemm") {
     auto g = in("g", {s.k}), be = in("be", {s.k});

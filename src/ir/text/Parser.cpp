@@ -5,6 +5,7 @@
 #include "fpat/ir/text/Text.h"
 #include "fpat/support/antlr/AntlrDiagnostics.h"
 
+#include <cmath>
 #include <cctype>
 #include <map>
 #include <set>
@@ -270,6 +271,10 @@ private:
       v.kind = AttrVal::Number;
       std::string s = n->getText();
       v.num = std::strtod(s.c_str(), nullptr);
+      // 1e999 would become inf, which prints back as text that does not parse.
+      if (!std::isfinite(v.num))
+        diags_.error(tokenLoc(fileId_, n->getStop()),
+                     "number " + s + " is out of range (the largest is about 1.8e308)");
     } else if (av->IDENT()) {
       v.kind = AttrVal::Ident;
       v.str = av->IDENT()->getText();
@@ -322,10 +327,17 @@ private:
             op.fn = v.str;
           continue;
         }
-        if (expect(AttrVal::Number, "a number")) {
-          op.params[key] = v.num;
-          paramLocs[key] = loc;
+        // Any other attribute is a parameter of the function, a number; a name or string
+        // there is most likely a misspelt `fn`.
+        if (v.kind != AttrVal::Number) {
+          diags_.error(loc, "unknown attribute '" + key + "' for activation" +
+                                didYouMean(key, {"fn"}) +
+                                "; its other attributes are the function's parameters, numbers");
+          ok = false;
+          continue;
         }
+        op.params[key] = v.num;
+        paramLocs[key] = loc;
         continue;
       case OpKind::Constant:
         if (key == "value") {

@@ -105,16 +105,38 @@ inline std::string reword(const std::string& msg) {
 /// Routes lexer and parser errors into the diagnostic engine. Tokens of type `badChar` (the
 /// grammar's catch-all) are reported as unexpected characters.
 class ErrorListener : public antlr4::BaseErrorListener {
+  std::string unterminated(antlr4::Token* tok) const {
+    antlr4::CharStream* in = tok->getInputStream();
+    const size_t a = tok->getStartIndex();
+    if (!in || a == INVALID_INDEX || tok->getType() == antlr4::Token::EOF || a >= in->size())
+      return "";
+    const std::string two = in->getText(antlr4::misc::Interval(a, std::min(a + 1, in->size() - 1)));
+    if (two == "/*" && blockComments_)
+      return "unterminated comment: this '/*' has no '*/'";
+    if (!two.empty() && two[0] == '"' && tok->getText() == "\"")
+      return "unterminated string: this '\"' has no closing '\"' on its line";
+    return "";
+  }
+
 public:
+  /// `blockComments`: the language has /* */ comments (an open one is named as such).
   ErrorListener(int fileId, DiagEngine& diags, size_t badChar,
-                std::map<std::string, std::string> tokenNames)
-      : fileId_(fileId), diags_(diags), badChar_(badChar), names_(std::move(tokenNames)) {
+                std::map<std::string, std::string> tokenNames, bool blockComments = false)
+      : fileId_(fileId), diags_(diags), badChar_(badChar), names_(std::move(tokenNames)),
+        blockComments_(blockComments) {
     names_.emplace("<EOF>", "end of file");
   }
   void syntaxError(antlr4::Recognizer* r, antlr4::Token* tok, size_t line, size_t col,
                    const std::string& msg, std::exception_ptr) override {
     SourceLoc loc = tok ? tokenLoc(fileId_, tok)
                         : SourceLoc{fileId_, static_cast<int>(line), static_cast<int>(col) + 1, 1};
+    if (tok) {
+      // A '/*' or '"' the lexer could not close lexes as single characters; say what is open.
+      if (std::string open = unterminated(tok); !open.empty()) {
+        diags_.error(loc, open);
+        return;
+      }
+    }
     if (tok && tok->getType() == badChar_) {
       diags_.error(loc, "unexpected character '" + tok->getText() + "'");
       return;
@@ -176,6 +198,7 @@ private:
   DiagEngine& diags_;
   size_t badChar_;
   std::map<std::string, std::string> names_;
+  bool blockComments_;
 };
 
 } // namespace fpat::antlr

@@ -79,7 +79,7 @@ std::string sanitize(const std::string& onnxName) {
   return o.empty() ? "v" : o;
 }
 
-const char* dataTypeName(int t) {
+std::string dataTypeName(int t) {
   switch (t) {
   case TensorProto::FLOAT:
     return "float";
@@ -97,8 +97,24 @@ const char* dataTypeName(int t) {
     return "bool";
   case TensorProto::STRING:
     return "string";
-  default:
-    return "an unsupported element type";
+  case TensorProto::INT8:
+    return "int8";
+  case TensorProto::UINT8:
+    return "uint8";
+  case TensorProto::INT16:
+    return "int16";
+  case TensorProto::UINT16:
+    return "uint16";
+  case TensorProto::UINT32:
+    return "uint32";
+  case TensorProto::UINT64:
+    return "uint64";
+  case TensorProto::COMPLEX64:
+    return "complex64";
+  case TensorProto::COMPLEX128:
+    return "complex128";
+  default: // float8 kinds and what later versions of ONNX add
+    return "number " + std::to_string(t) + " (TensorProto.DataType)";
   }
 }
 
@@ -279,8 +295,10 @@ public:
         continue;
       input(in);
     }
-    if (!r_.problems.empty())
+    if (!r_.problems.empty()) {
+      reportUnsupported(g);
       return;
+    }
     nodes(g);
     if (!r_.problems.empty())
       return;
@@ -494,11 +512,26 @@ private:
       problem("", "", "the graph has a cycle: nodes " + names + " depend on each other");
       return;
     }
-    // Unsupported op types are reported once each, with every node that has them, before
-    // anything is converted.
-    std::map<std::string, std::vector<std::string>> unsupported;
+    if (reportUnsupported(g))
+      return;
+    // The first node that cannot be converted stops the import: what follows reads its result.
     for (int i : order) {
       const NodeProto& node = g.node(i);
+      try {
+        convert(node);
+      } catch (const UnsupportedError& e) {
+        problem(nodeName(node), node.op_type(), e.message);
+        return;
+      }
+    }
+  }
+
+  /// Unsupported op types, reported once each with every node that has them, before anything
+  /// is converted (and also where initializers or inputs already failed: a user learns every
+  /// problem of the model in one run). Returns whether there were any.
+  bool reportUnsupported(const ::onnx::GraphProto& g) {
+    std::map<std::string, std::vector<std::string>> unsupported;
+    for (const NodeProto& node : g.node()) {
       const std::string key = node.domain().empty() || node.domain() == "ai.onnx"
                                   ? node.op_type()
                                   : node.domain() + "." + node.op_type();
@@ -515,18 +548,7 @@ private:
               "op type " + op + " is not supported (" + std::to_string(names.size()) + " node" +
                   (names.size() == 1 ? "" : "s") + ": " + list + ")");
     }
-    if (!unsupported.empty())
-      return;
-    // The first node that cannot be converted stops the import: what follows reads its result.
-    for (int i : order) {
-      const NodeProto& node = g.node(i);
-      try {
-        convert(node);
-      } catch (const UnsupportedError& e) {
-        problem(nodeName(node), node.op_type(), e.message);
-        return;
-      }
-    }
+    return !unsupported.empty();
   }
 
   static std::string nodeName(const NodeProto& n) {
@@ -612,8 +634,39 @@ private:
                              "them into rows)"};
   }
 
+  /// Opsets 1-6 broadcast only with `broadcast = 1`, B's shape matched against A's at `axis`
+  /// (default: its last dimensions). Where that is NumPy's broadcasting (B a suffix of A), it is
+  /// computed as such; anything else is refused (computed with NumPy's rules, it was silently
+  /// wrong, and the f32 check agreed, coming from the same import).
+  void legacyBroadcast(const NodeProto& n, const std::vector<int64_t>& a,
+                       const std::vector<int64_t>& b) {
+    const AttributeProto* bc = attr(n, "broadcast");
+    const bool legacy = r_.opset < 7 || bc;
+    if (!legacy)
+      return;
+    if (!bc || bc->i() == 0) {
+      if (a != b)
+        throw UnsupportedError{"shapes " + shapeStr(a) + " and " + shapeStr(b) +
+                               " differ, and without broadcast = 1 opset " +
+                               std::to_string(r_.opset) + " requires equal shapes"};
+      return;
+    }
+    const int64_t suffix = static_cast<int64_t>(a.size()) - static_cast<int64_t>(b.size());
+    const int64_t axis = attr(n, "axis") ? intAttr(n, "axis", suffix) : suffix;
+    if (axis != suffix || suffix < 0)
+      throw UnsupportedError{"legacy broadcasting of " + shapeStr(b) + " into " + shapeStr(a) +
+                             " at axis " + std::to_string(axis) +
+                             " (opset 1-6, broadcast = 1) is not supported: only B matching "
+                             "A's last dimensions; export the model with opset 7 or newer"};
+    for (size_t i = 0; i < b.size(); ++i)
+      if (b[i] != a[static_cast<size_t>(suffix) + i] && b[i] != 1)
+        throw UnsupportedError{"legacy broadcasting of " + shapeStr(b) + " into " +
+                               shapeStr(a) + ": dimension " + std::to_string(i) + " differs"};
+  }
+
   void binary(const NodeProto& n, ir::OpKind k) {
     Val &a = in(n, 0), &b = in(n, 1);
+    legacyBroadcast(n, a.shape, b.shape);
     const std::vector<int64_t> shape = broadcast(a.shape, b.shape);
     if (a.isConst && b.isConst && !a.integer && !b.integer && count(a) == 1 &&
         count(b) == 1) { // fold scalar arithmetic on constants

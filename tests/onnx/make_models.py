@@ -59,6 +59,21 @@ os.makedirs(os.path.join(OUT, "renamed_io_inputs"), exist_ok=True)
 np.arange(-16, 16, dtype=np.float16).reshape(4, 8).tofile(
     os.path.join(OUT, "renamed_io_inputs", "input:0.f16"))
 
+# Opset 6's legacy broadcasting: Add(broadcast = 1) of a B that matches A's last dimensions is
+# NumPy's broadcasting; at another axis it is not, and is refused (it was computed the NumPy
+# way: silently wrong). The expected numbers are worked out by hand in tests/CMakeLists.txt.
+save("legacy_broadcast_cols",
+     [helper.make_node("Add", ["x", "B"], ["y"], name="add", broadcast=1)],
+     [f32("x", [4, 8])], [f32("y", [4, 8])],
+     [numpy_helper.from_array(np.arange(8, dtype=np.float32) * 100, "B")], opset=6)
+os.makedirs(os.path.join(OUT, "legacy_inputs"), exist_ok=True)
+np.arange(-16, 16, dtype=np.float16).reshape(4, 8).tofile(
+    os.path.join(OUT, "legacy_inputs", "x.f16"))
+save("legacy_broadcast_rows",
+     [helper.make_node("Add", ["x", "B"], ["y"], name="add", broadcast=1, axis=0)],
+     [f32("x", [4, 4])], [f32("y", [4, 4])],
+     [numpy_helper.from_array(np.arange(4, dtype=np.float32), "B")], opset=6)
+
 # --- malformed and unsupported ------------------------------------------------------------
 good = onnx.load(os.path.join(os.path.dirname(__file__), "models", "gpt2_mlp_opset13.onnx"))
 data = good.SerializeToString()
@@ -87,6 +102,16 @@ save("unsupported_ops",
       helper.make_node("TopK", ["t", "k"], ["y", "i"], name="topk")],
      [f32("x", [4, 8])], [f32("y", [4, 2])],
      [weight("W", 8, 8), numpy_helper.from_array(np.array([2], np.int64), "k")])
+
+# An eager attention's pieces: a bool mask initializer, an int8 one, and op types fpat lacks.
+# Every problem is reported, not only the first initializer's.
+save("mask_and_softmax",
+     [helper.make_node("MatMul", ["x", "W"], ["h"], name="mm"),
+      helper.make_node("Where", ["mask", "h", "neg"], ["m"], name="attn/Where"),
+      helper.make_node("Softmax", ["m"], ["y"], name="attn/Softmax")],
+     [f32("x", [4, 8])], [f32("y", [4, 8])],
+     [weight("W", 8, 8), numpy_helper.from_array(np.tril(np.ones((4, 8), bool)), "mask"),
+      numpy_helper.from_array(np.array([-100], np.int8), "neg")])
 
 short = numpy_helper.from_array(np.zeros((8, 8), np.float32), "W")
 short.raw_data = short.raw_data[:100]

@@ -47,6 +47,13 @@ void put16(std::vector<uint8_t>& b, unsigned v) {
   b.push_back(static_cast<uint8_t>(v >> 8));
 }
 
+/// Scope alternatives are sized in 32 bits: 16 overflowed once a few patterns had their 256
+/// operand orders each (the raise table passed 64 KB in one scope and matching crashed).
+void put32(std::vector<uint8_t>& b, size_t v) {
+  for (int k = 0; k < 4; ++k)
+    b.push_back(static_cast<uint8_t>((v >> (8 * k)) & 0xff));
+}
+
 class ProgramBuilder {
 public:
   ProgramBuilder(const PatternDef& p, unsigned patternIdx, uint32_t variant,
@@ -146,6 +153,8 @@ private:
   int commBit_ = 0;
 };
 
+constexpr int kMaxCommutative = 8;
+
 int countCommutative(const MatchNode& n) {
   int c = n.commutative && n.operands.size() == 2 ? 1 : 0;
   for (const MatchNode& k : n.operands)
@@ -233,13 +242,13 @@ std::vector<Line> encode(std::vector<Program> progs, int indent) {
     for (const Line& l : child)
       size += l.bytes.size();
     Line head;
-    put16(head.bytes, static_cast<unsigned>(size));
+    put32(head.bytes, size);
     head.comment = "alternative " + std::to_string(g + 1) + ": " + std::to_string(size) + " bytes";
     head.indent = indent + 1;
     out.push_back(head);
     out.insert(out.end(), child.begin(), child.end());
   }
-  out.push_back({{0, 0}, "end of scope", indent});
+  out.push_back({{0, 0, 0, 0}, "end of scope", indent});
   return out;
 }
 
@@ -303,7 +312,15 @@ MatcherTable compileMatcherTable(const PatternLibrary& lib, const SourceManager&
     meta.family = p.family;
     meta.singleUse = p.singleUse;
     meta.inputs = p.inputs;
-    const int comm = std::min(countCommutative(p.root), 8);
+    // Each commutative op doubles the programs: up to 8 of them (256 programs) are matched in
+    // either operand order, the rest as written, and the pattern says so.
+    const int comm = std::min(countCommutative(p.root), kMaxCommutative);
+    if (countCommutative(p.root) > kMaxCommutative)
+      diags.warning(p.loc, "'" + p.name + "' has " + std::to_string(countCommutative(p.root)) +
+                               " commutative ops (add, mul); the first " +
+                               std::to_string(kMaxCommutative) +
+                               " in pre-order match either operand order, the rest only as "
+                               "written");
     std::vector<Program> variants;
     for (uint32_t v = 0; v < (1u << comm); ++v) {
       Program prog =
@@ -352,15 +369,17 @@ void listing(const MatcherTable& t, std::ostream& os, bool asCpp) {
         pos += len;
       };
       auto u16 = [&](size_t at) { return unsigned(t.bytes[at]) | unsigned(t.bytes[at + 1]) << 8; };
+      auto u32 = [&](size_t at) { return scopeSize(t.bytes, at); };
       switch (opc) {
       case OPC_Scope: {
         line(1, "");
         int alt = 1;
         while (true) {
-          unsigned size = u16(pos);
+          const size_t size = u32(pos);
           os << "  /*" << std::setw(5) << pos << "*/ " << pad << "  ";
           if (asCpp)
-            os << unsigned(t.bytes[pos]) << ", " << unsigned(t.bytes[pos + 1]) << ",";
+            for (int k = 0; k < 4; ++k)
+              os << unsigned(t.bytes[pos + k]) << (k < 3 ? ", " : ",");
           else
             os << "size " << size;
           os << (asCpp ? " // " : "  ; ")
@@ -368,7 +387,7 @@ void listing(const MatcherTable& t, std::ostream& os, bool asCpp) {
                             " bytes"
                       : std::string("end of scope"))
              << "\n";
-          pos += 2;
+          pos += 4;
           if (!size)
             break;
           walk(pos, pos + size, indent + 2, slot);
@@ -474,8 +493,8 @@ std::vector<std::vector<uint8_t>> flattenPrograms(const MatcherTable& t) {
           if (t.bytes[pos] == OPC_Scope) {
             ++pos;
             while (true) {
-              unsigned size = unsigned(t.bytes[pos]) | unsigned(t.bytes[pos + 1]) << 8;
-              pos += 2;
+              const size_t size = scopeSize(t.bytes, pos);
+              pos += 4;
               if (!size)
                 return; // a scope ends its sequence
               walk(pos, pos + size, prefix);

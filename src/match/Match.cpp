@@ -76,8 +76,8 @@ private:
       switch (opc) {
       case OPC_Scope: {
         ++pos;
-        while (unsigned size = u16(b, pos)) {
-          pos += 2;
+        while (size_t size = dsl::scopeSize(b, pos)) {
+          pos += 4;
           if (exec(b, pos, pos + size, s, m, why))
             return true;
           pos += size;

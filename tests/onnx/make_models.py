@@ -50,6 +50,51 @@ save("transpose_reshape",
       helper.make_node("Reshape", ["h", "shape"], ["y"], name="r")],
      [f32("x", [60, 32]), f32("w", [24, 32])], [f32("y", [2, 30, 24])], [])
 
+# Hugging Face's hand-written activations between two batched nn.Linear layers (MatMul + Add),
+# each node as torch.onnx.export writes the Python expression in transformers/activations.py.
+def c(name, v):
+    return helper.make_node("Constant", [], [name], name=name,
+                            value=numpy_helper.from_array(np.array(v, np.float32)))
+
+
+hf_acts = {
+    # 0.5 * x * (1.0 + tanh(sqrt(2 / pi) * (x + 0.044715 * pow(x, 3.0))))
+    "gelu_new": [c("k05", 0.5), c("k3", 3.0), c("kc", 0.044715), c("ks", np.sqrt(2 / np.pi)),
+                 c("k1", 1.0),
+                 helper.make_node("Mul", ["h", "k05"], ["a"], name="act/Mul"),
+                 helper.make_node("Pow", ["h", "k3"], ["p"], name="act/Pow"),
+                 helper.make_node("Mul", ["p", "kc"], ["q"], name="act/Mul_1"),
+                 helper.make_node("Add", ["h", "q"], ["r"], name="act/Add"),
+                 helper.make_node("Mul", ["r", "ks"], ["s"], name="act/Mul_2"),
+                 helper.make_node("Tanh", ["s"], ["t"], name="act/Tanh"),
+                 helper.make_node("Add", ["t", "k1"], ["u"], name="act/Add_1"),
+                 helper.make_node("Mul", ["a", "u"], ["g"], name="act/Mul_3")],
+    # 0.5 * x * (1.0 + tanh(x * 0.7978845608 * (1.0 + 0.044715 * x * x)))
+    "gelu_fast": [c("k05", 0.5), c("ks", 0.7978845608), c("kc", 0.044715), c("k1", 1.0),
+                  helper.make_node("Mul", ["h", "k05"], ["a"], name="act/Mul"),
+                  helper.make_node("Mul", ["h", "ks"], ["b"], name="act/Mul_1"),
+                  helper.make_node("Mul", ["h", "kc"], ["cc"], name="act/Mul_2"),
+                  helper.make_node("Mul", ["cc", "h"], ["d"], name="act/Mul_3"),
+                  helper.make_node("Add", ["d", "k1"], ["e"], name="act/Add"),
+                  helper.make_node("Mul", ["b", "e"], ["f"], name="act/Mul_4"),
+                  helper.make_node("Tanh", ["f"], ["t"], name="act/Tanh"),
+                  helper.make_node("Add", ["t", "k1"], ["u"], name="act/Add_1"),
+                  helper.make_node("Mul", ["a", "u"], ["g"], name="act/Mul_5")],
+    # x * sigmoid(1.702 * x)
+    "quick_gelu": [c("kq", 1.702),
+                   helper.make_node("Mul", ["h", "kq"], ["a"], name="act/Mul"),
+                   helper.make_node("Sigmoid", ["a"], ["sg"], name="act/Sigmoid"),
+                   helper.make_node("Mul", ["h", "sg"], ["g"], name="act/Mul_1")],
+}
+for act, nodes in hf_acts.items():
+    save("hf_" + act,
+         [helper.make_node("MatMul", ["x", "W1"], ["m1"], name="fc1/MatMul"),
+          helper.make_node("Add", ["b1", "m1"], ["h"], name="fc1/Add")] + nodes +
+         [helper.make_node("MatMul", ["g", "W2"], ["m2"], name="fc2/MatMul"),
+          helper.make_node("Add", ["b2", "m2"], ["y"], name="fc2/Add")],
+         [f32("x", [2, 5, 32])], [f32("y", [2, 5, 32])],
+         [weight("W1", 32, 64), weight("b1", 64), weight("W2", 64, 32), weight("b2", 32)])
+
 # Names that are not value names ("input:0", "out/y"): fpat renames the values, and --inputs
 # and --outputs files still go by the model's names (a file for --inputs made here).
 save("renamed_io",

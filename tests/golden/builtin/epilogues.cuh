@@ -23,78 +23,85 @@ __device__ __forceinline__ float fpat_act_silu(float x) {
   return fpat_divf_ge1<kFma>(x, 1.0f + fpat_exp2f<kFma>((-1.4426950408889634f) * x));
 }
 
+// quick_gelu: expr { x / (1.0 + exp(-1.702 * x)) }
+// from patterns/activations.fpat:26
+template <bool kFma = false>
+__device__ __forceinline__ float fpat_act_quick_gelu(float x) {
+  return fpat_divf_ge1<kFma>(x, 1.0f + fpat_exp2f<kFma>((-2.4554669595930156f) * x));
+}
+
 // relu: expr { max(x, 0.0) }
-// from patterns/activations.fpat:25
+// from patterns/activations.fpat:30
 template <bool kFma = false>
 __device__ __forceinline__ float fpat_act_relu(float x) {
   return fmaxf(x, 0.0f);
 }
 
 // leaky_relu: expr { x > 0.0 ? x : slope * x }
-// from patterns/activations.fpat:30
+// from patterns/activations.fpat:35
 template <bool kFma = false>
 __device__ __forceinline__ float fpat_act_leaky_relu(float x, float p_slope) {
   return x > 0.0f ? x : p_slope * x;
 }
 
 // sigmoid: expr { 1.0 / (1.0 + exp(-x)) }
-// from patterns/activations.fpat:39
+// from patterns/activations.fpat:44
 template <bool kFma = false>
 __device__ __forceinline__ float fpat_act_sigmoid(float x) {
   return fpat_divf_ge1<kFma>(1.0f, 1.0f + fpat_exp2f<kFma>((-1.4426950408889634f) * x));
 }
 
 // tanh: expr { tanh(x) }
-// from patterns/activations.fpat:42
+// from patterns/activations.fpat:47
 template <bool kFma = false>
 __device__ __forceinline__ float fpat_act_tanh(float x) {
   return tanhf(x);
 }
 
 // erf: expr { erf(x) }
-// from patterns/activations.fpat:45
+// from patterns/activations.fpat:50
 template <bool kFma = false>
 __device__ __forceinline__ float fpat_act_erf(float x) {
   return erff(x);
 }
 
 // exp: expr { exp(x) }
-// from patterns/activations.fpat:48
+// from patterns/activations.fpat:53
 template <bool kFma = false>
 __device__ __forceinline__ float fpat_act_exp(float x) {
   return fpat_exp2f<kFma>(1.4426950408889634f * x);
 }
 
 // log: expr { log(x) }
-// from patterns/activations.fpat:51
+// from patterns/activations.fpat:56
 template <bool kFma = false>
 __device__ __forceinline__ float fpat_act_log(float x) {
   return logf(x);
 }
 
 // sqrt: expr { sqrt(x) }
-// from patterns/activations.fpat:54
+// from patterns/activations.fpat:59
 template <bool kFma = false>
 __device__ __forceinline__ float fpat_act_sqrt(float x) {
   return sqrtf(x);
 }
 
 // reciprocal: expr { 1.0 / x }
-// from patterns/activations.fpat:57
+// from patterns/activations.fpat:62
 template <bool kFma = false>
 __device__ __forceinline__ float fpat_act_reciprocal(float x) {
   return fpat_divf(1.0f, x);
 }
 
 // neg: expr { -x }
-// from patterns/activations.fpat:60
+// from patterns/activations.fpat:65
 template <bool kFma = false>
 __device__ __forceinline__ float fpat_act_neg(float x) {
   return -x;
 }
 
 // abs: expr { abs(x) }
-// from patterns/activations.fpat:63
+// from patterns/activations.fpat:68
 template <bool kFma = false>
 __device__ __forceinline__ float fpat_act_abs(float x) {
   return fabsf(x);

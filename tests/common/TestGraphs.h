@@ -38,6 +38,7 @@ inline std::vector<std::string> caseNames() {
   return {"gemm_bias_gelu",
           "gemm_bias_silu",
           "gemm_bias_relu",
+          "gemm_bias_quick_gelu",
           "gemm_bias",
           "gemm_bias_residual",
           "gemm_gelu",
@@ -72,7 +73,8 @@ inline ir::Graph caseGraph(const std::string& name, Shape s, bool weights = fals
   };
   auto w = [&] { return in("w", {s.k, s.n}); };
   auto bias = [&] { return b.input("b", {s.n}); };
-  if (name == "gemm_bias_gelu" || name == "gemm_bias_silu" || name == "gemm_bias_relu") {
+  if (name == "gemm_bias_gelu" || name == "gemm_bias_silu" || name == "gemm_bias_relu" ||
+      name == "gemm_bias_quick_gelu") {
     b.output(b.activation(b.bias(b.gemm(x, w()), bias()), name.substr(10), "y"));
   } else if (name == "gemm_bias") {
     b.output(b.bias(b.gemm(x, w()), bias(), "y"));

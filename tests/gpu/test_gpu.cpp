@@ -289,6 +289,8 @@ FPAT_GPU_CASE(gemm_bias)
 FPAT_GPU_CASE(gemm_bias_residual)
 FPAT_GPU_CASE(gemm_gelu)
 FPAT_GPU_CASE(gemm_silu)
+FPAT_GPU_CASE(gemm_relu)
+FPAT_GPU_CASE(gemm_bias_quick_gelu)
 FPAT_GPU_CASE(gemm_residual)
 FPAT_GPU_CASE(gemm_silu_mul)
 FPAT_GPU_CASE(layernorm_gemm)
@@ -643,8 +645,8 @@ BOOST_AUTO_TEST_CASE(activation_math_is_within_one_ulp) {
   // fpat_exp2f and fpat_divf, alternately in their MUFU and FMA-pipe forms: a few float ulps)
   // against the double-precision reference over a dense sweep: every gelu and silu output
   // within one f16 ulp of the exactly rounded value, plus 4 * 2^-24 absolute for outputs of
-  // 1e-6 and less.
-  for (const char* fn : {"gelu", "silu"})
+  // 1e-6 and less (quick_gelu too).
+  for (const char* fn : {"gelu", "silu", "quick_gelu"})
     BOOST_TEST_CONTEXT(fn) {
       ir::ActivationSet acts = builtinLibrary().activationSet();
       ir::GraphBuilder b("sweep", acts);

@@ -984,6 +984,20 @@ private:
         for (const auto& [name, value] : e->vars)
           known.push_back(name);
       diags().error(loc, "unknown record or value '" + n + "'" + didYouMean(n, known));
+      // A built-in def of a file not included (a pattern over gelu with only fpat.fpat).
+      for (const auto& [file, text] : embeddedPatterns()) {
+        const std::string def = "def " + n;
+        for (size_t at = text.find(def); at != std::string_view::npos;
+             at = text.find(def, at + 1)) {
+          const size_t end = at + def.size();
+          if ((at == 0 || text[at - 1] == '\n') && end < text.size() &&
+              (text[end] == ' ' || text[end] == ':')) {
+            diags().note(loc, "'" + n + "' is defined in the built-in '" + std::string(file) +
+                                  "': add `include \"" + std::string(file) + "\"`");
+            return nullptr;
+          }
+        }
+      }
     }
     return nullptr;
   }

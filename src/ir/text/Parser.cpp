@@ -293,6 +293,7 @@ private:
     bool ok = true;
     std::map<std::string, SourceLoc> seen;
     std::map<std::string, SourceLoc> paramLocs; // activation parameters, checked at the end
+    SourceLoc fnLoc;                            // the activation name, for its errors
     for (auto* a : dict->attr()) {
       const std::string key = a->key->getText();
       const SourceLoc loc = tokenLoc(fileId_, a->key);
@@ -323,8 +324,10 @@ private:
         break;
       case OpKind::Activation:
         if (key == "fn") {
-          if (expect(AttrVal::Ident, "an activation name"))
+          if (expect(AttrVal::Ident, "an activation name")) {
             op.fn = v.str;
+            fnLoc = a->attrValue() ? tokenLoc(fileId_, a->attrValue()->getStart()) : loc;
+          }
           continue;
         }
         // Any other attribute is a parameter of the function, a number; a name or string
@@ -415,8 +418,16 @@ private:
     std::vector<std::string> fns;
     if (op.kind == OpKind::Activation && acts_.contains(op.fn))
       fns.push_back(op.fn);
+    if (op.kind == OpKind::Activation && !op.fn.empty() && !acts_.contains(op.fn)) {
+      // Said here, at the name, with where activations come from (inferType would point at
+      // the op and stop there).
+      diags_.error(fnLoc, "unknown activation '" + op.fn + "'" + didYouMean(op.fn, acts_.names()));
+      diags_.note(fnLoc, "activations are the built-in ones (patterns/activations.fpat) and "
+                         "those a --patterns FILE.fpat defines");
+      return false;
+    }
     if (op.kind == OpKind::Activation && !acts_.contains(op.fn))
-      return ok; // inferType reports the unknown activation
+      return ok; // inferType reports the missing fn
     for (const auto& [key, loc] : paramLocs) {
       std::vector<std::string> known;
       for (const std::string& fn : fns)

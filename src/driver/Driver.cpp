@@ -944,6 +944,20 @@ int runFpatc(const FpatcOptions& opts, std::ostream& out, std::ostream& err) {
       for (const match::RaiseStep& st : steps)
         out << "  %" << st.root << " = " << st.pattern << " (" << st.ops << " ops)\n";
     }
+    if (opts.explain && opts.emit.empty()) {
+      // What raising left, where a rule came close: the decomposition a user expected raised.
+      std::vector<match::Attempt> near = match::raiseNearMisses(*g, pats.raiseTable);
+      out << (steps.empty() ? "== raise: nothing raised\n" : "")
+          << "  raise rules not applied, each at its closest attempt"
+          << (near.empty() ? ": none came past an op's kind" : ", closest first:") << "\n";
+      for (const match::Attempt& a : near) {
+        auto meta = std::find_if(pats.raiseTable.patterns.begin(), pats.raiseTable.patterns.end(),
+                                 [&](const dsl::PatternMeta& m) { return m.name == a.pattern; });
+        out << "    at %" << g->op(a.root).name << ": " << a.pattern << " (" << meta->file << ":"
+            << meta->line << ", " << static_cast<int>(a.progress * 100) << "% of its checks): "
+            << a.failure << "\n";
+      }
+    }
   }
 
   // What cannot work is said before any work is done. The GPU kernels take f16 or bf16 only:

@@ -39,12 +39,16 @@ public:
     State s;
     s.cur = root;
     failPos_ = 0;
+    failSpecific_ = specific_ = false;
     return exec(bytes, 0, bytes.size(), s, m, why);
   }
 
   /// Where in the program the check that `why` describes stands: of a pattern's variants
   /// (one flat program each), the one that failed furthest in says why the pattern failed.
   size_t failPos() const { return failPos_; }
+  /// Whether that failure was a near one (a constant of another value): between variants that
+  /// failed at the same check, it says more.
+  bool failSpecific() const { return failSpecific_; }
 
 private:
   struct State {
@@ -64,7 +68,9 @@ private:
     if (why && why->empty()) {
       *why = std::move(msg);
       failPos_ = pos_;
+      failSpecific_ = specific_;
     }
+    specific_ = false;
     return false;
   }
 
@@ -151,6 +157,8 @@ private:
         double want;
         std::memcpy(&want, &bits, sizeof want);
         const ir::Op& op = g_.op(s.cur);
+        // A constant of another value is a closer miss than an op that is no constant.
+        specific_ = op.kind == ir::OpKind::Constant;
         if (op.kind != ir::OpKind::Constant || !constantMatches(op.value, want))
           return fail(why, ref(s.cur) + " is " +
                                (op.kind == ir::OpKind::Constant
@@ -219,6 +227,7 @@ private:
   const std::vector<int>& claimedBy_;
   size_t pos_ = 0;     // the check being run (for failPos)
   size_t failPos_ = 0; // where the first described failure stood
+  bool specific_ = false, failSpecific_ = false;
 };
 
 /// Per-pattern programs, for --explain (the factored table answers only "which first").
@@ -431,6 +440,8 @@ MatchResult findMatches(const Graph& g, const MatcherTable& table, const MatchOp
       for (size_t p = 0; p < table.patterns.size(); ++p) {
         std::string why;
         size_t furthest = 0;
+        bool specific = false;
+        double progress = 0;
         Match dummy;
         bool ok = false;
         for (const auto& prog : perPattern[p]) {
@@ -439,12 +450,15 @@ MatchResult findMatches(const Graph& g, const MatcherTable& table, const MatchOp
             ok = true;
             break;
           }
-          if (why.empty() || interp.failPos() > furthest) {
+          if (why.empty() || interp.failPos() > furthest ||
+              (interp.failPos() == furthest && interp.failSpecific() && !specific)) {
             why = w;
             furthest = interp.failPos();
+            specific = interp.failSpecific();
+            progress = static_cast<double>(furthest) / static_cast<double>(prog.size());
           }
         }
-        r.attempts.push_back({root, table.patterns[p].name, ok ? "" : why});
+        r.attempts.push_back({root, table.patterns[p].name, ok ? "" : why, ok ? 1.0 : progress});
         if (found && p == m.pattern)
           break;
       }
@@ -834,6 +848,27 @@ Graph raise(const Graph& g, const MatcherTable& table, const PatternLibrary& lib
   }
   throw RaiseError(msg + "; a Raise rule's result must not be matched again by it, or by rules "
                          "that lead back to it");
+}
+
+std::vector<Attempt> raiseNearMisses(const Graph& raised, const MatcherTable& table) {
+  MatchOptions o;
+  o.explain = true;
+  // Each rule's closest attempt anywhere in the graph, where it got past the root's kind:
+  // at most one line per rule, the closest first.
+  std::map<std::string, Attempt> best;
+  for (Attempt& a : findMatches(raised, table, o).attempts) {
+    if (a.failure.empty() || a.progress <= 0)
+      continue;
+    auto it = best.find(a.pattern);
+    if (it == best.end() || a.progress > it->second.progress)
+      best[a.pattern] = std::move(a);
+  }
+  std::vector<Attempt> near;
+  for (auto& [name, a] : best)
+    near.push_back(std::move(a));
+  std::stable_sort(near.begin(), near.end(),
+                   [](const Attempt& x, const Attempt& y) { return x.progress > y.progress; });
+  return near;
 }
 
 std::string explain(const Graph& g, const MatcherTable& table, const MatchResult& r) {

@@ -33,6 +33,7 @@ struct Attempt {
   ir::Vertex root;
   std::string pattern;
   std::string failure;
+  double progress = 1; // the share of the pattern's checks that passed before the failure
 };
 
 struct MatchResult {
@@ -71,6 +72,10 @@ public:
 /// Throws RaiseError when the rules are still rewriting after 16 passes.
 ir::Graph raise(const ir::Graph& g, const dsl::MatcherTable& table, const dsl::PatternLibrary& lib,
                 std::vector<RaiseStep>* steps = nullptr);
+
+/// For --explain: each raise rule's closest attempt on the raised graph (where it got past the
+/// root's kind), closest first, and why it failed: the decompositions a user expected raised.
+std::vector<Attempt> raiseNearMisses(const ir::Graph& raised, const dsl::MatcherTable& table);
 
 /// Where the dual-GEMM kernel cannot run (a GPU before sm_90): each op of a dual family becomes
 /// its norm (norm_dual_gemm), the second GEMM as a plain gemm (`%<name>_up`), and a fused op of

@@ -841,10 +841,12 @@ Graph raise(const Graph& g, const MatcherTable& table, const PatternLibrary& lib
   for (const RaiseStep& st : more)
     still.emplace(st.pattern, st.root);
   std::string msg = "raising did not finish in " + std::to_string(kPasses) + " passes; still rewriting:";
-  for (auto& [name, root] : still) {
+  for (const auto& rule : still) {
+    const std::string& name = rule.first; // (clang: no structured binding in the lambda)
     auto meta = std::find_if(table.patterns.begin(), table.patterns.end(),
                              [&](const PatternMeta& m) { return m.name == name; });
-    msg += " '" + name + "' (" + meta->file + ":" + std::to_string(meta->line) + ", at %" + root + ")";
+    msg += " '" + name + "' (" + meta->file + ":" + std::to_string(meta->line) + ", at %" +
+           rule.second + ")";
   }
   throw RaiseError(msg + "; a Raise rule's result must not be matched again by it, or by rules "
                          "that lead back to it");

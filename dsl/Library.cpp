@@ -848,17 +848,17 @@ private:
       }
     }
     if (normFamily && (gemms[0]->operands[0].leaf || !isNorm(gemms[0]->operands[0].kind))) {
-      fail(gemms[0]->loc, "family " + p.family +
-                              " needs the GEMM's A operand to be " +
-                              (want == 2 ? std::string("(rmsnorm ...) of inputs")
-                                         : std::string("(layernorm ...) or (rmsnorm ...) of inputs")));
+      fail(gemms[0]->loc,
+           "family " + p.family + " needs the GEMM's A operand to be " +
+               (want == 2 ? std::string("(rmsnorm ...) of inputs")
+                          : std::string("(layernorm ...) or (rmsnorm ...) of inputs")));
       return false;
     }
     if (normFamily && want == 2 && gemms[0]->operands[0].kind != ir::OpKind::RmsNorm) {
       // A LayerNorm's deferred correction needs colsum and beta terms of both weights.
-      fail(gemms[0]->operands[0].loc,
-           "family " + p.family + " normalises A with rmsnorm only, not " +
-               ir::opKindName(gemms[0]->operands[0].kind));
+      fail(gemms[0]->operands[0].loc, "family " + p.family +
+                                          " normalises A with rmsnorm only, not " +
+                                          ir::opKindName(gemms[0]->operands[0].kind));
       return false;
     }
     return true;

@@ -25,8 +25,7 @@ namespace fpat::dsl {
 
 /// The size of a Scope's alternative at `at`: 32 bits, little-endian (0 ends the scope).
 inline size_t scopeSize(const std::vector<uint8_t>& b, size_t at) {
-  return size_t{b[at]} | size_t{b[at + 1]} << 8 | size_t{b[at + 2]} << 16 |
-         size_t{b[at + 3]} << 24;
+  return size_t{b[at]} | size_t{b[at + 1]} << 8 | size_t{b[at + 2]} << 16 | size_t{b[at + 3]} << 24;
 }
 
 enum MatcherOpcode : uint8_t {

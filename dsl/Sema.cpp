@@ -2,8 +2,8 @@
 // value, with errors located and related places noted.
 #include "fpat/dsl/Records.h"
 
-#include <cmath>
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <functional>
 #include <optional>

@@ -13,9 +13,9 @@
 #include "fpat/support/Verify.h"
 #include "fpat/tune/Tuner.h"
 
+#include <cerrno>
 #include <chrono>
 #include <cmath>
-#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -143,9 +143,9 @@ std::string firstNonFinite(const ir::Graph& g, const std::vector<ir::Tensor>& va
     if (!n || *n == 0)
       continue;
     const ir::Op& op = g.op(v);
-    std::string what = op.kind == ir::OpKind::Input ? (op.weight ? "weight" : "input")
+    std::string what = op.kind == ir::OpKind::Input        ? (op.weight ? "weight" : "input")
                        : op.kind == ir::OpKind::Activation ? "activation " + op.fn
-                                                            : ir::opKindName(op.kind);
+                                                           : ir::opKindName(op.kind);
     std::string s = "the first non-finite values (NaN or inf) are those of %" + op.name + " (" +
                     what + " " + op.type.str() + "): " + std::to_string(*n) + " of " +
                     std::to_string(op.type.numel());
@@ -428,8 +428,7 @@ bool loadInputs(const ir::Graph& g, const std::string& dir, const SourceNames& s
           << ir::dtypeName(op.type.dtype) << " (%" << op.name << ")\n";
       return false;
     }
-    const bool whole =
-        readFile(file.string(), bytes, &why, regular ? kMaxInputBytes : want + 1);
+    const bool whole = readFile(file.string(), bytes, &why, regular ? kMaxInputBytes : want + 1);
     if (!whole && !why.empty() && why.find("longer than") == std::string::npos) {
       err << "fpatc: error: " << file.string() << ": " << why << "\n";
       return false;
@@ -673,9 +672,9 @@ int gpuStages(const FpatcOptions& opts, const ir::Graph& fusedIn, const Patterns
     std::error_code ec;
     fs::create_directories(opts.outputsDir, ec);
     for (size_t i = 0; i < original.outputs().size(); ++i) {
-      const fs::path file =
-          fs::path(opts.outputsDir) / (fileStem(original.op(original.outputs()[i]).name, sourceNames) +
-                                       "." + ir::dtypeName(rr.outputs[i].desc.dtype));
+      const fs::path file = fs::path(opts.outputsDir) /
+                            (fileStem(original.op(original.outputs()[i]).name, sourceNames) + "." +
+                             ir::dtypeName(rr.outputs[i].desc.dtype));
       if (!saveTensor(rr.outputs[i], file, err))
         return 1;
       out << "  wrote " << file.string() << "\n";
@@ -713,8 +712,8 @@ int gpuStages(const FpatcOptions& opts, const ir::Graph& fusedIn, const Patterns
     const ir::Tensor got =
         sampledRows ? ir::sliceRows(rr.outputs[i], *sampledRows) : std::move(rr.outputs[i]);
     runtime::Agreement c = runtime::compareToReference(got, want);
-    out << "  %" << original.op(original.outputs()[i]).name << " " << want.desc.str()
-        << ": " << verdict(c) << "\n";
+    out << "  %" << original.op(original.outputs()[i]).name << " " << want.desc.str() << ": "
+        << verdict(c) << "\n";
     rc = c.pass ? rc : 1;
     if (modelOutputs) // kept for the comparison with the f32 model below
       rr.outputs[i] = got;
@@ -813,8 +812,9 @@ bool checkEnvironment(std::ostream& err) {
 bool checkFolders(const FpatcOptions& opts, std::ostream& err) {
   std::error_code ec;
   if (!opts.inputsDir.empty() && !fs::is_directory(opts.inputsDir, ec)) {
-    err << "fpatc: error: --inputs '" << opts.inputsDir << "': "
-        << (fs::exists(opts.inputsDir, ec) ? "not a directory" : "no such directory") << "\n";
+    err << "fpatc: error: --inputs '" << opts.inputsDir
+        << "': " << (fs::exists(opts.inputsDir, ec) ? "not a directory" : "no such directory")
+        << "\n";
     return false;
   }
   auto writable = [&](const std::string& dir, const char* option) {
@@ -954,8 +954,8 @@ int runFpatc(const FpatcOptions& opts, std::ostream& out, std::ostream& err) {
         auto meta = std::find_if(pats.raiseTable.patterns.begin(), pats.raiseTable.patterns.end(),
                                  [&](const dsl::PatternMeta& m) { return m.name == a.pattern; });
         out << "    at %" << g->op(a.root).name << ": " << a.pattern << " (" << meta->file << ":"
-            << meta->line << ", " << static_cast<int>(a.progress * 100) << "% of its checks): "
-            << a.failure << "\n";
+            << meta->line << ", " << static_cast<int>(a.progress * 100)
+            << "% of its checks): " << a.failure << "\n";
       }
     }
   }

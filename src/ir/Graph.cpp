@@ -1,12 +1,12 @@
 #include "fpat/ir/Graph.h"
 
-#include <sstream>
-#include <iomanip>
 #include <algorithm>
 #include <boost/graph/graphviz.hpp>
 #include <boost/graph/topological_sort.hpp>
 #include <cmath>
+#include <iomanip>
 #include <set>
+#include <sstream>
 
 namespace fpat::ir {
 

@@ -39,7 +39,7 @@ std::vector<Role> operandRoles(const Graph& g, Vertex v) {
     }
     break;
   case OpKind::Fused: {
-    roles.at(0) = Role::Same;                // A (norm_gemm: x)
+    roles.at(0) = Role::Same;                  // A (norm_gemm: x)
     const size_t first = mainOperandCount(op); // the epilogue's operands
     for (size_t i = first; i < ops.size(); ++i)
       if (g.op(ops[i]).type.rank() == 2)

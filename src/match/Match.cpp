@@ -840,7 +840,8 @@ Graph raise(const Graph& g, const MatcherTable& table, const PatternLibrary& lib
   std::map<std::string, std::string> still; // rule -> where it rewrote
   for (const RaiseStep& st : more)
     still.emplace(st.pattern, st.root);
-  std::string msg = "raising did not finish in " + std::to_string(kPasses) + " passes; still rewriting:";
+  std::string msg =
+      "raising did not finish in " + std::to_string(kPasses) + " passes; still rewriting:";
   for (const auto& rule : still) {
     const std::string& name = rule.first; // (clang: no structured binding in the lambda)
     auto meta = std::find_if(table.patterns.begin(), table.patterns.end(),

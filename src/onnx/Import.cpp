@@ -660,8 +660,8 @@ private:
                              "A's last dimensions; export the model with opset 7 or newer"};
     for (size_t i = 0; i < b.size(); ++i)
       if (b[i] != a[static_cast<size_t>(suffix) + i] && b[i] != 1)
-        throw UnsupportedError{"legacy broadcasting of " + shapeStr(b) + " into " +
-                               shapeStr(a) + ": dimension " + std::to_string(i) + " differs"};
+        throw UnsupportedError{"legacy broadcasting of " + shapeStr(b) + " into " + shapeStr(a) +
+                               ": dimension " + std::to_string(i) + " differs"};
   }
 
   void binary(const NodeProto& n, ir::OpKind k) {

@@ -1,9 +1,9 @@
 #include "fpat/runtime/Pipeline.h"
 
-#include <set>
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <set>
 
 namespace fpat::runtime {
 

@@ -7,8 +7,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
-#include <sstream>
 #include <poll.h>
+#include <sstream>
 #include <sys/stat.h>
 #ifdef __linux__
 #include <sys/prctl.h>

@@ -579,8 +579,7 @@ BOOST_AUTO_TEST_CASE(dual_gemms_are_one_wgmma_kernel_over_interleaved_weights) {
       BOOST_TEST(u.source.find("// dual:") != std::string::npos);
       BOOST_TEST(u.source.find("kDual = true") != std::string::npos);
       BOOST_TEST(codegen::preparedBBytes(u) == static_cast<size_t>(codegen::dualColumns(s.n)) *
-                                                   static_cast<size_t>(codegen::paddedK(s.k)) *
-                                                   2);
+                                                   static_cast<size_t>(codegen::paddedK(s.k)) * 2);
     }
   // Kernels are shape-free: one name, one source (a shape in the comment once made two dual
   // ops of one configuration an internal error).

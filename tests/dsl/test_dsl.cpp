@@ -65,12 +65,25 @@ BOOST_AUTO_TEST_CASE(builtin_patterns_are_the_seeds_nine_and_the_llm_blocks) {
   std::vector<std::string> names;
   for (const PatternDef& p : r->c->library.patterns)
     names.push_back(p.name);
-  std::vector<std::string> want = {
-      "gemm_bias_gelu", "gemm_gelu",      "gemm_bias_silu",     "gemm_silu",
-      "gemm_bias_quick_gelu", "gemm_quick_gelu", "gemm_bias_relu", "gemm_relu",
-      "gemm_bias",      "gemm_bias_residual", "gemm_residual",
-      "gemm_silu_mul",  "gemm_swiglu",    "rmsnorm_gemm_swiglu", "gemm_geglu",
-      "rmsnorm_gemm_geglu", "layernorm_gemm", "rmsnorm_gemm",   "layernorm_gemm_bias_gelu"};
+  std::vector<std::string> want = {"gemm_bias_gelu",
+                                   "gemm_gelu",
+                                   "gemm_bias_silu",
+                                   "gemm_silu",
+                                   "gemm_bias_quick_gelu",
+                                   "gemm_quick_gelu",
+                                   "gemm_bias_relu",
+                                   "gemm_relu",
+                                   "gemm_bias",
+                                   "gemm_bias_residual",
+                                   "gemm_residual",
+                                   "gemm_silu_mul",
+                                   "gemm_swiglu",
+                                   "rmsnorm_gemm_swiglu",
+                                   "gemm_geglu",
+                                   "rmsnorm_gemm_geglu",
+                                   "layernorm_gemm",
+                                   "rmsnorm_gemm",
+                                   "layernorm_gemm_bias_gelu"};
   BOOST_TEST(names == want, boost::test_tools::per_element());
   BOOST_TEST(r->diags->diagnostics().empty(), r->errors());
 }
@@ -267,7 +280,7 @@ BOOST_AUTO_TEST_CASE(table_order_variants_and_round_trip) {
   // Benefit first, then source order.
   for (size_t i = 1; i < t.patterns.size(); ++i)
     BOOST_TEST(t.patterns[i - 1].benefit >= t.patterns[i].benefit);
-  BOOST_TEST(t.patterns[0].name == "rmsnorm_gemm_swiglu"); // benefit 6
+  BOOST_TEST(t.patterns[0].name == "rmsnorm_gemm_swiglu");      // benefit 6
   BOOST_TEST(t.patterns[4].name == "layernorm_gemm_bias_gelu"); // benefit 4, after the gated MLPs
   BOOST_TEST(t.patterns[5].name == "gemm_bias_gelu");
   BOOST_TEST(t.patterns[9].name == "gemm_bias_residual");
@@ -316,7 +329,7 @@ BOOST_AUTO_TEST_CASE(tables_larger_than_64k_keep_every_program) {
   BOOST_TEST(n.patterns.at(0).numVariants == 256);
   BOOST_TEST(r->errors().find("'nine' has 9 commutative ops (add, mul); the first 8 in pre-order "
                               "match either operand order, the rest only as written") !=
-             std::string::npos,
+                 std::string::npos,
              r->errors());
 }
 

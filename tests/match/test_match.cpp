@@ -337,8 +337,8 @@ double worstAgainst(const Graph& g, const Graph& f) {
     const auto& v = got[f.outputs()[i]].data;
     const double scale = ir::stats(want[g.outputs()[i]]).rms;
     for (size_t k = 0; k < w.size(); ++k)
-      worst = std::max(worst, std::abs(double(w[k]) - v[k]) /
-                                  std::max(std::abs(double(w[k])), scale));
+      worst =
+          std::max(worst, std::abs(double(w[k]) - v[k]) / std::max(std::abs(double(w[k])), scale));
   }
   return worst;
 }

@@ -136,9 +136,8 @@ BOOST_AUTO_TEST_CASE(fused_ops_and_activation_params_round_trip) {
   // The dual GEMM's second accumulator is its own leaf, acc2 (Acc with operand 1).
   const Epilogue& d = p.graph->op(*p.graph->find("d")).fused.epilogue;
   BOOST_TEST(d.readsSecondAcc());
-  BOOST_TEST(std::count_if(d.nodes.begin(), d.nodes.end(), [](const EpilogueNode& e) {
-               return e.kind == EpiKind::Acc;
-             }) == 2);
+  BOOST_TEST(std::count_if(d.nodes.begin(), d.nodes.end(),
+                           [](const EpilogueNode& e) { return e.kind == EpiKind::Acc; }) == 2);
   const std::string printed = printGraph(*p.graph);
   BOOST_TEST(printed == text);
   Parsed again = parse(printed, "t.fgraph", acts); // print -> parse -> print: a fixed point

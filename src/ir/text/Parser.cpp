@@ -5,8 +5,8 @@
 #include "fpat/ir/text/Text.h"
 #include "fpat/support/antlr/AntlrDiagnostics.h"
 
-#include <cmath>
 #include <cctype>
+#include <cmath>
 #include <map>
 #include <set>
 #include <sstream>

@@ -4,6 +4,8 @@
 #include "fpat/ir/Graph.h"
 
 #include <stdexcept>
+#include <string>
+#include <unordered_set>
 
 namespace fpat::ir {
 
@@ -62,6 +64,7 @@ private:
   Graph g_;
   ActivationSet acts_; // a copy, so a temporary set may be passed
   int nextId_ = 0;
+  std::unordered_set<std::string> names_; // of the values so far
 };
 
 } // namespace fpat::ir

@@ -101,9 +101,9 @@ bool Graph::isOutput(Vertex v) const {
 }
 
 std::optional<Vertex> Graph::find(std::string_view name) const {
-  for (Vertex v : vertices())
-    if (g_[v].name == name)
-      return v;
+  for (auto [it, end] = boost::vertices(g_); it != end; ++it)
+    if (g_[*it].name == name)
+      return *it;
   return std::nullopt;
 }
 

@@ -664,22 +664,65 @@ private:
                                ": dimension " + std::to_string(i) + " differs"};
   }
 
+  /// `a k b` of two constants, NumPy-broadcast to `shape`: one element (a scalar constant) in
+  /// `data`, more (a weight) in `fdata`.
+  static Val foldBinary(ir::OpKind k, const Val& a, const Val& b,
+                        const std::vector<int64_t>& shape) {
+    const size_t total = static_cast<size_t>(numel(shape)), rank = shape.size();
+    // Each operand's stride per output dimension: 0 where it is broadcast.
+    auto strides = [&](const Val& v) {
+      std::vector<size_t> st(rank, 0);
+      size_t step = 1;
+      for (size_t i = 0; i < v.shape.size(); ++i) {
+        const size_t d = v.shape.size() - 1 - i, o = rank - 1 - i;
+        st[o] = v.shape[d] == 1 ? 0 : step;
+        step *= static_cast<size_t>(v.shape[d]);
+      }
+      return st;
+    };
+    const std::vector<size_t> sa = strides(a), sb = strides(b);
+    const bool scalarA = count(a) == 1, scalarB = count(b) == 1;
+    auto op = [k](double x, double y) {
+      return k == ir::OpKind::Add   ? x + y
+             : k == ir::OpKind::Sub ? x - y
+             : k == ir::OpKind::Mul ? x * y
+             : k == ir::OpKind::Div ? x / y
+                                    : std::pow(x, y);
+    };
+    Val v;
+    v.isConst = true;
+    v.shape = shape;
+    v.name = a.name + "." + ir::opKindName(k) + "." + b.name;
+    if (total == 1) {
+      v.data = {op(at(a, 0), at(b, 0))};
+      return v;
+    }
+    v.fdata = std::make_shared<std::vector<float>>(total);
+    std::vector<int64_t> idx(rank, 0);
+    size_t ia = 0, ib = 0;
+    for (size_t i = 0; i < total; ++i) {
+      (*v.fdata)[i] = static_cast<float>(op(at(a, scalarA ? 0 : ia), at(b, scalarB ? 0 : ib)));
+      for (size_t d = rank; d-- > 0;) { // the next index, row-major
+        ia += sa[d];
+        ib += sb[d];
+        if (++idx[d] < shape[d])
+          break;
+        ia -= sa[d] * static_cast<size_t>(shape[d]);
+        ib -= sb[d] * static_cast<size_t>(shape[d]);
+        idx[d] = 0;
+      }
+    }
+    return v;
+  }
+
   void binary(const NodeProto& n, ir::OpKind k) {
     Val &a = in(n, 0), &b = in(n, 1);
     legacyBroadcast(n, a.shape, b.shape);
     const std::vector<int64_t> shape = broadcast(a.shape, b.shape);
-    if (a.isConst && b.isConst && !a.integer && !b.integer && count(a) == 1 &&
-        count(b) == 1) { // fold scalar arithmetic on constants
-      const double x = at(a, 0), y = at(b, 0);
-      Val v;
-      v.isConst = true;
-      v.shape = shape;
-      v.data = {k == ir::OpKind::Add   ? x + y
-                : k == ir::OpKind::Sub ? x - y
-                : k == ir::OpKind::Mul ? x * y
-                : k == ir::OpKind::Div ? x / y
-                                       : std::pow(x, y)};
-      define(n, std::move(v));
+    if (a.isConst && b.isConst && !a.integer && !b.integer) {
+      // Arithmetic on constants and weights is done here, once, in double (an unfolded
+      // export's W * 0.5, a scale applied to a weight): it never becomes a kernel.
+      define(n, foldBinary(k, a, b, shape));
       return;
     }
     checkFlatBroadcast(a.shape, shape);
@@ -962,9 +1005,19 @@ private:
     const int64_t kb = b.shape[tB ? 1 : 0], nn = b.shape[tB ? 0 : 1];
     ir::Vertex vb;
     bool transB = tB;
+    const double alpha = gemm ? floatAttr(n, "alpha", 1.0) : 1.0;
+    const bool alphaFolded = alpha != 1.0 && b.isConst && !b.integer && b.transposedOf.empty();
     if (!b.transposedOf.empty()) {
       vb = tensor(vals_.find(b.transposedOf)->second);
       transB = !tB;
+    } else if (alphaFolded) {
+      // alpha (x B) = x (alpha B): a weight's scale is folded into it, not run as a kernel.
+      Val s;
+      s.isConst = true;
+      s.data = {alpha};
+      Val scaledB = foldBinary(ir::OpKind::Mul, b, s, b.shape);
+      scaledB.name = b.name + ".alpha";
+      vb = tensor(scaledB);
     } else {
       vb = tensor(b);
     }
@@ -980,14 +1033,15 @@ private:
     Val y = emit(n, op, {tensor(a), vb}, shape);
     if (!gemm)
       return define(n, std::move(y));
-    const double alpha = floatAttr(n, "alpha", 1.0), beta = floatAttr(n, "beta", 1.0);
-    if (alpha != 1.0)
+    const double beta = floatAttr(n, "beta", 1.0);
+    if (alpha != 1.0 && !alphaFolded)
       y = scaled(n, y, alpha);
     if (hasIn(n, 2) && beta != 0.0) {
       Val& c = in(n, 2);
       const std::vector<int64_t> s = broadcast(y.shape, c.shape);
       checkFlatBroadcast(c.shape, s);
-      const ir::Vertex vc = beta == 1.0 ? tensor(c) : *scaled(n, c, beta).v;
+      Val sc = beta == 1.0 ? Val{} : scaled(n, c, beta);
+      const ir::Vertex vc = beta == 1.0 ? tensor(c) : tensor(sc);
       ir::Op add;
       add.kind = ir::OpKind::Add;
       y = emit(n, add, {*y.v, vc}, s);
@@ -1000,6 +1054,11 @@ private:
     c.isConst = true;
     c.data = {s};
     c.name = nodeName(n) + ".scale";
+    if (x.isConst && !x.integer) { // a constant C times beta: folded
+      Val v = foldBinary(ir::OpKind::Mul, x, c, x.shape);
+      v.name = x.name + ".scaled";
+      return v;
+    }
     ir::Op mul;
     mul.kind = ir::OpKind::Mul;
     return emit(n, mul, {tensor(x), tensor(c)}, x.shape);

@@ -119,6 +119,21 @@ save("legacy_broadcast_rows",
      [f32("x", [4, 4])], [f32("y", [4, 4])],
      [numpy_helper.from_array(np.arange(4, dtype=np.float32), "B")], opset=6)
 
+# Weight-only arithmetic folded at import: Gemm's alpha and beta onto W and C, and an unfolded
+# export's Mul(W, 0.5) before MatMul. x (legacy_inputs/x.f16) is -16..15; the expected numbers
+# are worked out by hand in tests/CMakeLists.txt.
+save("gemm_alpha_beta",
+     [helper.make_node("Gemm", ["x", "W", "C"], ["y"], name="fc", alpha=0.5, beta=2.0)],
+     [f32("x", [4, 8])], [f32("y", [4, 8])],
+     [numpy_helper.from_array(np.ones((8, 8), np.float32), "W"),
+      numpy_helper.from_array(np.arange(8, dtype=np.float32), "C")])
+save("weight_scaled",
+     [helper.make_node("Mul", ["W", "half"], ["Wh"], name="scale"),
+      helper.make_node("MatMul", ["x", "Wh"], ["y"], name="mm")],
+     [f32("x", [4, 8])], [f32("y", [4, 8])],
+     [numpy_helper.from_array(np.ones((8, 8), np.float32), "W"),
+      numpy_helper.from_array(np.array(0.5, np.float32), "half")])
+
 # --- malformed and unsupported ------------------------------------------------------------
 good = onnx.load(os.path.join(os.path.dirname(__file__), "models", "gpt2_mlp_opset13.onnx"))
 data = good.SerializeToString()

@@ -766,7 +766,8 @@ std::string memoryProblem(const ir::Graph& g, const ir::Graph& ref, const FpatcO
                                     : "the inputs need ") +
          "about " + gb(need) + " of memory (%" + largestName + " alone " + gb(largest) +
          " as f32); this machine has " + gb(have) + " available" +
-         (opts.reference ? "; --no-reference skips the reference" : "");
+         (opts.reference ? "; --no-reference skips the reference"
+                         : "; --no-run compiles the kernels without them");
 }
 
 } // namespace
@@ -986,7 +987,10 @@ int runFpatc(const FpatcOptions& opts, std::ostream& out, std::ostream& err) {
         sample.reset(); // that is every row
     }
   }
-  if (opts.emit.empty()) {
+  // Inputs are needed by the reference and by a run on the GPU; neither: none are made (a
+  // graph too large for host memory still fuses and compiles with --no-reference --no-run).
+  const bool needInputs = opts.reference || (opts.compile && opts.run);
+  if (opts.emit.empty() && needInputs) {
     SourceLoc where;
     if (std::string why = memoryProblem(*g, sample ? sample->graph : *g, opts, where);
         !why.empty()) {
@@ -1043,7 +1047,7 @@ int runFpatc(const FpatcOptions& opts, std::ostream& out, std::ostream& err) {
   }
 
   int rc = 0;
-  auto inputs = ir::randomInputs(*g, opts.seed);
+  auto inputs = needInputs ? ir::randomInputs(*g, opts.seed) : ir::InputMap{};
   size_t inputsRead = 0;
   if (!opts.inputsDir.empty() &&
       !loadInputs(*g, opts.inputsDir, sourceNames, inputs, inputsRead, out, err))

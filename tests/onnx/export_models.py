@@ -3,10 +3,12 @@
 
     /usr/bin/python3 tests/onnx/export_models.py OUTDIR
 
-Writes gpt2_mlp_opset{13,17}.onnx and llama_mlp_opset{13,17}.onnx: f32, as torch.onnx.export
+Writes gpt2_mlp_opset{13,17}.onnx and llama_mlp_opset{13,17}.onnx, and the MLPs of Hugging
+Face's hand-written activations and T5 at opset 13: f32, as torch.onnx.export
 writes them, inputs [batch, seq, d]. Needs Debian's python3-torch (1.13) and python3-onnx; the
 files in tests/onnx/models were made with it. Small sizes keep them small: d = 64.
 """
+import math
 import os
 import sys
 
@@ -59,12 +61,48 @@ class LlamaMlp(nn.Module):
         return x + self.down(self.act(self.gate(n)) * self.up(n))
 
 
+class NewGelu(nn.Module):
+    """Hugging Face's gelu_new (GPT-2, Phi, GPT-J, Flan-T5): the tanh GeLU, written out."""
+
+    def forward(self, x):
+        return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) *
+                                           (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+class FastGelu(nn.Module):
+    """Hugging Face's gelu_fast: the same function, the cube factored differently."""
+
+    def forward(self, x):
+        return 0.5 * x * (1.0 + torch.tanh(x * 0.7978845608 * (1.0 + 0.044715 * x * x)))
+
+
+class QuickGelu(nn.Module):
+    """Hugging Face's quick_gelu (CLIP): x * sigmoid(1.702 x)."""
+
+    def forward(self, x):
+        return x * torch.sigmoid(1.702 * x)
+
+
+class ActMlp(nn.Module):
+    """An MLP sub-block with a hand-written activation: x + fc2(act(fc1(x)))."""
+
+    def __init__(self, act, bias=True):
+        super().__init__()
+        self.fc1 = nn.Linear(D, HIDDEN, bias=bias)
+        self.act = act
+        self.fc2 = nn.Linear(HIDDEN, D, bias=bias)
+
+    def forward(self, x):
+        return x + self.fc2(self.act(self.fc1(x)))
+
+
 def main():
     out = sys.argv[1] if len(sys.argv) > 1 else "."
     os.makedirs(out, exist_ok=True)
     torch.manual_seed(0)
     models = {"gpt2_mlp": Gpt2Mlp("tanh"), "gpt2_mlp_erf": Gpt2Mlp("none"),
               "llama_mlp": LlamaMlp()}
+
     for name, m in models.items():
         # Non-trivial norm scales, so a wrong gamma cannot pass.
         with torch.no_grad():
@@ -78,6 +116,17 @@ def main():
             torch.onnx.export(m, (x,), path, opset_version=opset, input_names=["x"],
                               output_names=["y"], do_constant_folding=True)
             print(path)
+    # Hugging Face's hand-written activations, and T5's feed-forward (ReLU, no biases); made
+    # after the others, so that those come out as before.
+    hf = {"gelu_new_mlp": ActMlp(NewGelu()), "gelu_fast_mlp": ActMlp(FastGelu()),
+          "quick_gelu_mlp": ActMlp(QuickGelu()), "t5_mlp": ActMlp(nn.ReLU(), bias=False)}
+    for name, m in hf.items():
+        m.eval()
+        x = torch.randn(BATCH, SEQ, D)
+        path = os.path.join(out, f"{name}_opset13.onnx")
+        torch.onnx.export(m, (x,), path, opset_version=13, input_names=["x"],
+                          output_names=["y"], do_constant_folding=True)
+        print(path)
 
 
 if __name__ == "__main__":

@@ -1101,6 +1101,12 @@ int runFpatc(const FpatcOptions& opts, std::ostream& out, std::ostream& err) {
     if (nonFinite)
       if (std::string where = firstNonFinite(refGraph, vals, inputs, rows); !where.empty())
         out << "  note: " << where << "\n";
+    // "done in" above is the reference alone; the checks below evaluate more graphs, each
+    // timed (on a large model they took 10 s more, and the output said 0.9 s).
+    std::vector<std::pair<std::string, double>> checkTimes;
+    auto since = [](std::chrono::steady_clock::time_point t) {
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+    };
     if (!steps.empty()) {
       // Raising must not change what the graph computes: the graph as given, evaluated with
       // its own (unraised) ops, agrees up to the roundings of the intermediates it had.
@@ -1111,8 +1117,10 @@ int runFpatc(const FpatcOptions& opts, std::ostream& out, std::ostream& err) {
         const ir::Graph& givenRef = givenSample ? givenSample->graph : given;
         const auto givenRows =
             givenSample ? ir::sliceInputs(given, *givenSample, inputs) : ir::InputMap{};
+        const auto tg = std::chrono::steady_clock::now();
         std::vector<ir::Tensor> gv =
             ir::evaluate(givenRef, inputs, pats.reference, progress(givenRef), &givenRows);
+        checkTimes.emplace_back("the graph as given", since(tg));
         out << "  raised graph on the CPU vs the graph as given:\n";
         for (size_t i = 0; i < g->outputs().size(); ++i) {
           runtime::Agreement c =
@@ -1140,8 +1148,10 @@ int runFpatc(const FpatcOptions& opts, std::ostream& out, std::ostream& err) {
         const ir::Graph& modelRef = modelSample ? modelSample->graph : *model;
         const auto modelRows =
             modelSample ? ir::sliceInputs(*model, *modelSample, in32) : ir::InputMap{};
+        const auto tm = std::chrono::steady_clock::now();
         std::vector<ir::Tensor> mv =
             ir::evaluate(modelRef, in32, pats.reference, progress(modelRef), &modelRows);
+        checkTimes.emplace_back("the f32 model", since(tm));
         for (ir::Vertex o : model->outputs())
           modelOutputs.push_back(std::move(mv[o]));
         const ir::DType dt = g->op(g->outputs()[0]).type.dtype;
@@ -1167,8 +1177,10 @@ int runFpatc(const FpatcOptions& opts, std::ostream& out, std::ostream& err) {
       const ir::Graph& fusedRef = fusedSample ? fusedSample->graph : fused;
       const auto fusedRows =
           fusedSample ? ir::sliceInputs(fused, *fusedSample, inputs) : ir::InputMap{};
+      const auto tf = std::chrono::steady_clock::now();
       std::vector<ir::Tensor> fv =
           ir::evaluate(fusedRef, inputs, pats.reference, progress(fusedRef), &fusedRows);
+      checkTimes.emplace_back("the fused graph", since(tf));
       out << "  fused graph on the CPU vs the unfused graph:\n";
       for (size_t i = 0; i < g->outputs().size(); ++i) {
         const ir::Tensor& want = vals[g->outputs()[i]];
@@ -1178,6 +1190,13 @@ int runFpatc(const FpatcOptions& opts, std::ostream& out, std::ostream& err) {
         out << "    %" << g->op(g->outputs()[i]).name << ": " << verdict(c) << "\n";
         rc = pass ? rc : 1;
       }
+    }
+    if (!checkTimes.empty()) {
+      out << "  the checks evaluated";
+      for (size_t i = 0; i < checkTimes.size(); ++i)
+        out << (i ? ", " : " ") << checkTimes[i].first << " in " << fixed(checkTimes[i].second, 2)
+            << " s";
+      out << "\n";
     }
   }
   if (opts.compile) {

@@ -67,7 +67,7 @@ int main(int argc, char** argv) {
       ->check(fpat::atLeast(0));
   app.add_option("--inputs", opts.inputsDir,
                  "read input NAME from DIR/NAME.f16 (or .bf16: raw little-endian, as the input's "
-                 "type) when it exists");
+                 "type) when it exists; NAME as an ONNX model writes it, or the value's name");
   app.add_option("--outputs", opts.outputsDir,
                  "write each GPU output NAME to DIR/NAME.f16 (or .bf16)");
   app.add_option("--out-dir", opts.outDir, "directory for generated files")->capture_default_str();

@@ -381,6 +381,35 @@ bool importOnnx(const FpatcOptions& opts, const std::string& bytes, const Patter
     if (r.storedAs == ir::DType::F32)
       model = std::move(r.graph);
   }
+  // Weights that are not finite as the run holds them: NaN or inf in the model, or values
+  // beyond the run's type (every output they reach fails its checks; say why up front).
+  const ir::Graph* asExported = model ? &*model : nullptr;
+  for (ir::Vertex v : g->vertices()) {
+    const ir::Op& op = g->op(v);
+    if (op.kind != ir::OpKind::Input || !op.data)
+      continue;
+    size_t bad = 0, inModel = 0;
+    for (float x : *op.data)
+      bad += !std::isfinite(x);
+    if (bad == 0)
+      continue;
+    if (asExported && v < asExported->size() && asExported->op(v).name == op.name &&
+        asExported->op(v).data)
+      for (float x : *asExported->op(v).data)
+        inModel += !std::isfinite(x);
+    else
+      inModel = bad;
+    notes.push_back(
+        "weight %" + op.name + ": " + std::to_string(bad) + " of " +
+        std::to_string(op.data->size()) + " values are not finite in " +
+        ir::dtypeName(op.type.dtype) + " (" + std::to_string(inModel) + " NaN or inf in the model" +
+        (bad > inModel
+             ? ", " + std::to_string(bad - inModel) + " beyond " + ir::dtypeName(op.type.dtype) +
+                   "'s largest value" +
+                   (op.type.dtype == ir::DType::F16 ? " (--precision bf16 keeps them)" : "")
+             : std::string()) +
+        ")");
+  }
   return true;
 }
 

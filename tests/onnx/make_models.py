@@ -134,6 +134,13 @@ save("weight_scaled",
      [numpy_helper.from_array(np.ones((8, 8), np.float32), "W"),
       numpy_helper.from_array(np.array(0.5, np.float32), "half")])
 
+# A weight with a NaN, and one value beyond f16's range (inf once rounded): the import says so.
+nan_w = np.ones((8, 8), np.float32)
+nan_w[2, 3] = np.nan
+nan_w[4, 4] = 1e6
+save("nan_weight", [helper.make_node("MatMul", ["x", "W"], ["y"], name="mm")],
+     [f32("x", [4, 8])], [f32("y", [4, 8])], [numpy_helper.from_array(nan_w, "W")])
+
 # --- malformed and unsupported ------------------------------------------------------------
 good = onnx.load(os.path.join(os.path.dirname(__file__), "models", "gpt2_mlp_opset13.onnx"))
 data = good.SerializeToString()

@@ -472,6 +472,17 @@ private:
     return good;
   }
 
+  /// Matching, the matcher table and the kernel's epilogue all walk the tree as written: a dag
+  /// built from defvars used twice doubles at every level. Real patterns have tens of nodes.
+  bool smallEnough(const Value& tree, const std::string& what) {
+    constexpr size_t kMaxPatternNodes = 256;
+    if (tree.nodes <= kMaxPatternNodes)
+      return true;
+    fail(tree.loc, what + " has " + std::to_string(tree.nodes) + " nodes; at most " +
+                       std::to_string(kMaxPatternNodes) + " are allowed");
+    return false;
+  }
+
   void pattern(const Record& r) {
     PatternDef p;
     p.name = r.name;
@@ -482,6 +493,8 @@ private:
       fail(r.loc, "pattern '" + r.name + "' has no match tree");
       return;
     }
+    if (!smallEnough(*m->value, "the match of pattern '" + r.name + "'"))
+      return;
     std::map<std::string, std::string> bound;
     if (!matchTree(*m->value, p.root, p, bound))
       return;
@@ -567,6 +580,8 @@ private:
       fail(r.loc, "raise '" + r.name + "' has no match tree");
       return;
     }
+    if (!smallEnough(*m->value, "the match of raise '" + r.name + "'"))
+      return;
     std::map<std::string, std::string> bound;
     if (!matchTree(*m->value, p.root, p, bound, /*literals=*/true) || !constraints(r, bound, p))
       return;
@@ -575,7 +590,8 @@ private:
       fail(r.loc, "raise '" + r.name + "' has no result tree");
       return;
     }
-    if (!resultTree(*res->value, p.result, p, bound))
+    if (!smallEnough(*res->value, "the result of raise '" + r.name + "'") ||
+        !resultTree(*res->value, p.result, p, bound))
       return;
     const int64_t benefit = intField(r, "benefit", -1);
     if (benefit < -1 || benefit > 1000000) {

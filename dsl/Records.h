@@ -35,6 +35,10 @@ struct Value {
   std::string dagName;                   // Dag: `(...):$name`
   std::shared_ptr<const dsl::Expr> body; // Body: names of template args already substituted
   SourceLoc loc;
+  // The nodes of this value written out as a tree (shared items counted each time they occur),
+  // at most kMaxNodes + 1: what printing it, or a pattern made of it, would walk.
+  size_t nodes = 1;
+  static constexpr size_t kMaxNodes = 65536;
 
   std::string str() const;
 };

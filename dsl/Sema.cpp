@@ -224,11 +224,18 @@ struct Env {
 };
 
 ValuePtr mkValue(Value v) {
+  v.nodes = 1; // a dag's operator is part of its node
+  for (size_t k = v.kind == Value::Dag ? 1 : 0; k < v.items.size(); ++k)
+    v.nodes = std::min(v.nodes + v.items[k]->nodes, Value::kMaxNodes + 1);
   return std::make_shared<const Value>(std::move(v));
 }
 
 constexpr int kMaxDepth = 200;            // class chains, defm nesting and include depth
 constexpr size_t kMaxExpansions = 100000; // multiclass instantiations per compilation
+// Work bounds: a class listing the same class twice (or a diamond) instantiates it twice, so
+// a chain of such classes doubles at every level; multiclasses multiply their defs likewise.
+constexpr size_t kMaxInstantiations = 1000000; // class instantiations per compilation
+constexpr size_t kMaxDefs = 200000;            // records (defs, anonymous instances)
 
 } // namespace
 
@@ -407,6 +414,8 @@ private:
       }
       if (ValuePtr v = eval(*s.value, env))
         defvars_[s.name] = v;
+      else
+        failedDefvars_.insert(s.name);
       return;
     }
     }
@@ -456,6 +465,8 @@ private:
 
   void def(const Stmt& s, Env& env, const std::vector<LetOverride>* outer,
            const std::string& prefixName) {
+    if (!countRecord(s.loc))
+      return;
     auto rec = std::make_unique<Record>();
     rec->loc = s.loc;
     rec->order = nextOrder_++;
@@ -489,6 +500,16 @@ private:
     Record* raw = rec.get();
     rk_->defs_[rec->name] = std::move(rec);
     rk_->defOrder_.push_back(raw);
+  }
+
+  /// Multiclasses instantiating multiclasses multiply their defs: the records stop at kMaxDefs.
+  bool countRecord(SourceLoc loc) {
+    if (++records_ <= kMaxDefs)
+      return true;
+    if (records_ == kMaxDefs + 1)
+      diags().error(loc,
+                    "more than " + std::to_string(kMaxDefs) + " records in all; stopping here");
+    return false;
   }
 
   std::string defName(const Stmt& s, const Env& env, const std::string& prefixName) {
@@ -548,6 +569,8 @@ private:
         diags().note(self->second, "while instantiating '" + p.name + "' here");
         continue;
       }
+      if (records_ > kMaxDefs)
+        return; // reported at the def that passed the limit
       if (++expansions_ > kMaxExpansions) {
         if (expansions_ == kMaxExpansions + 1)
           diags().error(p.loc, "defm instantiates more than " + std::to_string(kMaxExpansions) +
@@ -599,6 +622,8 @@ private:
     case Stmt::Defvar:
       if (ValuePtr v = eval(*k.value, menv))
         menv.vars[k.name] = v;
+      else
+        failedDefvars_.insert(k.name);
       return;
     default:
       return; // reported when the multiclass was declared
@@ -672,6 +697,16 @@ private:
   /// Adds class `cls` instantiated with `args` (and its superclasses) to `target`.
   bool instantiate(const Record& cls, const std::vector<ValuePtr>& args, SourceLoc useLoc,
                    Record& target, int depth, bool checkArgs) {
+    if (depth == 0)
+      outermostUse_ = useLoc;
+    if (++instantiations_ > kMaxInstantiations) {
+      // Into the real engine: a class declaration's own instantiation reports into a scratch one.
+      if (instantiations_ == kMaxInstantiations + 1)
+        diags_.error(outermostUse_, "more than " + std::to_string(kMaxInstantiations) +
+                                        " class instantiations in all (a class reached through two "
+                                        "parents is instantiated twice); stopping here");
+      return false;
+    }
     if (depth > kMaxDepth) {
       diags().error(useLoc, "class hierarchy deeper than " + std::to_string(kMaxDepth) + " levels");
       return false;
@@ -923,7 +958,7 @@ private:
           return nullptr;
         v.items.push_back(item);
       }
-      return mkValue(v);
+      return sized(mkValue(v), e.loc);
     case Expr::Name:
       return lookupName(e.s, e.loc, env);
     case Expr::Instance:
@@ -942,7 +977,7 @@ private:
                       "the operator of a dag must be a record, not " + describe(*v.items[0]));
         return nullptr;
       }
-      return mkValue(v);
+      return sized(mkValue(v), e.loc);
     }
     case Expr::Body: {
       v.kind = Value::Body;
@@ -953,6 +988,16 @@ private:
       diags().error(e.loc, "expression syntax is only allowed inside expr { ... }");
       return nullptr;
     }
+  }
+
+  /// Shared values (defvars used twice) make trees that double at every level.
+  ValuePtr sized(ValuePtr v, SourceLoc loc) {
+    if (v->nodes <= Value::kMaxNodes)
+      return v;
+    diags().error(loc, std::string(v->kind == Value::Dag ? "dag" : "list") + " of more than " +
+                           std::to_string(Value::kMaxNodes) +
+                           " nodes once the values it repeats are written out");
+    return nullptr;
   }
 
   ValuePtr lookupName(const std::string& n, SourceLoc loc, const Env& env) {
@@ -971,6 +1016,8 @@ private:
       v.loc = loc;
       return mkValue(v);
     }
+    if (failedDefvars_.count(n))
+      return nullptr; // its defvar's error was reported
     if (rk_->findClass(n))
       diags().error(loc, "'" + n + "' is a class; a value needs a def (or " + n + "<...>)");
     else {
@@ -1008,6 +1055,8 @@ private:
       unknownClass(e.s, e.loc);
       return nullptr;
     }
+    if (!countRecord(e.loc))
+      return nullptr;
     auto rec = std::make_unique<Record>();
     rec->name = e.s + "<...>";
     rec->anonymous = true;
@@ -1106,8 +1155,12 @@ private:
   std::set<std::string> macros_; // the preprocessor's defined names, across includes
   std::vector<std::pair<std::string, SourceLoc>> expanding_; // multiclasses being instantiated
   size_t expansions_ = 0;                                    // multiclass instantiations so far
+  size_t instantiations_ = 0;                                // class instantiations so far
+  SourceLoc outermostUse_; // of the class instantiation under way: a def, a class's own shape
+  size_t records_ = 0;     // defs and anonymous instances
   std::map<std::string, const Stmt*> multiclasses_;
   std::map<std::string, ValuePtr> defvars_;
+  std::set<std::string> failedDefvars_; // defvars whose value was an error: uses stay quiet
   std::set<std::string> included_;
   std::vector<IncludeFrame> includeStack_;
   std::vector<SourceLoc> includeLocs_;

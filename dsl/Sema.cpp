@@ -3,6 +3,7 @@
 #include "fpat/dsl/Records.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <filesystem>
 #include <functional>
@@ -230,12 +231,14 @@ ValuePtr mkValue(Value v) {
   return std::make_shared<const Value>(std::move(v));
 }
 
-constexpr int kMaxDepth = 200;            // class chains, defm nesting and include depth
-constexpr size_t kMaxExpansions = 100000; // multiclass instantiations per compilation
+constexpr int kMaxDepth = 200;           // class chains, defm nesting and include depth
+constexpr size_t kMaxExpansions = 25000; // multiclass instantiations per compilation
 // Work bounds: a class listing the same class twice (or a diamond) instantiates it twice, so
 // a chain of such classes doubles at every level; multiclasses multiply their defs likewise.
-constexpr size_t kMaxInstantiations = 1000000; // class instantiations per compilation
-constexpr size_t kMaxDefs = 200000;            // records (defs, anonymous instances)
+// The bounds are far above real pattern libraries (hundreds of records) and keep the worst
+// input of a few KB under a second.
+constexpr size_t kMaxInstantiations = 250000; // class instantiations per compilation
+constexpr size_t kMaxDefs = 50000;            // records (defs, anonymous instances)
 
 } // namespace
 
@@ -540,6 +543,8 @@ private:
   /// `defm name : M<args>, ...`: instantiates every def of the multiclasses.
   void defm(const Stmt& s, Env& env, const std::vector<LetOverride>* outer,
             const std::string& prefixName, int depth) {
+    if (diags_.limitReached())
+      return; // every instantiation would only repeat errors nobody sees
     if (depth > kMaxDepth) {
       diags().error(s.loc, "defm nested deeper than " + std::to_string(kMaxDepth) + " levels");
       return;
@@ -551,7 +556,8 @@ private:
       if (it == multiclasses_.end()) {
         if (rk_->findClass(p.name))
           diags().error(p.loc, "'" + p.name + "' is a class; defm needs a multiclass");
-        else {
+        else if (unknownReported_.insert({p.loc.file, p.loc.line, p.loc.col})
+                     .second) { // once, not per instantiation
           std::vector<std::string> names;
           for (const auto& m : multiclasses_)
             names.push_back(m.first);
@@ -1158,6 +1164,7 @@ private:
   size_t instantiations_ = 0;                                // class instantiations so far
   SourceLoc outermostUse_; // of the class instantiation under way: a def, a class's own shape
   size_t records_ = 0;     // defs and anonymous instances
+  std::set<std::array<int, 3>> unknownReported_; // unknown multiclass names reported
   std::map<std::string, const Stmt*> multiclasses_;
   std::map<std::string, ValuePtr> defvars_;
   std::set<std::string> failedDefvars_; // defvars whose value was an error: uses stay quiet

@@ -1,6 +1,7 @@
 #include "fpat/driver/Driver.h"
 
 #include "fpat/codegen/Codegen.h"
+#include "fpat/cost/Cost.h"
 #include "fpat/dsl/Library.h"
 #include "fpat/ir/Reference.h"
 #include "fpat/ir/Rows.h"
@@ -503,6 +504,29 @@ bool saveTensor(const ir::Tensor& t, const fs::path& file, std::ostream& err) {
     return false;
   }
   return true;
+}
+
+/// A candidate's estimated times: its fused op (built alone, as the rewriter would) against
+/// the ops it replaces, each as fpat runs it unfused.
+match::CandidateCost candidateCost(const ir::Graph& g, const dsl::MatcherTable& table,
+                                   const match::Match& m, const cost::Calibration& c, int arch) {
+  match::CandidateCost out;
+  ir::Vertex fusedOp = 0;
+  const ir::Graph alone = match::fuseAlone(g, table, m, fusedOp);
+  out.fused = cost::opMs(alone, fusedOp, c);
+  std::ostringstream detail;
+  detail.setf(std::ios::fixed);
+  for (ir::Vertex v : match::replacedNodes(g, table, m)) {
+    const double t = cost::opMs(g, v, c);
+    out.parts += t;
+    const ir::Op& op = g.op(v);
+    detail.precision(t < 0.01 ? 5 : 4);
+    detail << (v == m.slots[0] ? "" : " + ")
+           << (op.kind == ir::OpKind::Activation ? op.fn : ir::opKindName(op.kind)) << " " << t;
+  }
+  detail << "; fused: " << cost::kernelNote(alone, fusedOp, arch);
+  out.detail = detail.str();
+  return out;
 }
 
 /// Codegen, nvcc, execution and validation. Returns the exit code contribution.
@@ -1030,6 +1054,13 @@ int runFpatc(const FpatcOptions& opts, std::ostream& out, std::ostream& err) {
 
   ir::Graph fused = *g;
   match::MatchResult mr;
+  // The cost model's GPU: --arch, else the one here, else sm_90 (what fpatc compiles for).
+  int costArch = opts.arch;
+  if (!costArch && opts.fuse && !opts.fuseAlways && opts.compile && opts.run && opts.emit.empty())
+    if (cuda::Driver* d = cuda::Driver::get(nullptr))
+      costArch = d->device().arch;
+  costArch = costArch ? costArch : 90;
+  const cost::Calibration& calibration = cost::calibrationFor(costArch);
   if (opts.fuse) {
     match::MatchOptions mopts;
     mopts.disabled = opts.disabled;
@@ -1043,7 +1074,14 @@ int runFpatc(const FpatcOptions& opts, std::ostream& out, std::ostream& err) {
       if (std::none_of(pats.table.patterns.begin(), pats.table.patterns.end(),
                        [&](const dsl::PatternMeta& m) { return m.name == n; }))
         err << "fpatc: warning: --only-pattern=" << n << ": no such pattern\n";
+    if (!opts.fuseAlways)
+      mopts.cost = [&](const match::Match& m) {
+        return candidateCost(*g, pats.table, m, calibration, costArch);
+      };
     mr = match::findMatches(*g, pats.table, mopts);
+    if (mopts.cost)
+      mr.costModel = std::string("estimates for ") + calibration.name +
+                     (calibration.measured ? "" : ", not measured on such a GPU");
     fused = match::rewrite(*g, pats.table, mr.matches);
     auto after = ir::validate(fused, pats.activations);
     for (const std::string& p : after)

@@ -21,6 +21,7 @@ struct FpatcOptions {
   int64_t referenceRows = -1;            // rows of it to compute (row-wise graphs); -1: auto
   bool graphviz = true;                  // write .dot (and .svg when dot is installed)
   bool fuse = true;                      // run the matcher and rewrite
+  bool fuseAlways = false;               // --fuse=always: greedy by benefit, not by cost
   bool explain = false;                  // say why each pattern did or did not match
   std::vector<std::string> patternFiles; // user .fpat files, compiled in-process
   std::vector<std::string> includeDirs;  // for their includes (the built-in dir is added)

@@ -4,6 +4,7 @@
 // and RMSNorm; values used once or many times, several outputs, small shapes); the built-in
 // Raise patterns raise it and the fusion patterns fuse it, and the result evaluated on the CPU
 // (fused-op semantics) must agree with the graph as built, as `fpatc` checks for every run.
+#include "fpat/cost/Cost.h"
 #include "fpat/dsl/Library.h"
 #include "fpat/dsl/Matcher.h"
 #include "fpat/ir/Builder.h"
@@ -190,7 +191,23 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     std::abort();
   }
   const dsl::MatcherTable& table = match::builtinTable();
-  ir::Graph fused = match::rewrite(raised, table, match::findMatches(raised, table).matches);
+  // Greedy, or by cost with the model's estimates shifted by the input so that declines,
+  // overlaps lost and exact searches are all reached.
+  match::MatchOptions mo;
+  const unsigned salt = in.next(8);
+  if (salt > 0)
+    mo.cost = [&](const match::Match& m) {
+      const cost::Calibration& c = cost::calibrationFor(salt % 2 ? 90 : 80);
+      ir::Vertex f = 0;
+      const ir::Graph alone = match::fuseAlone(raised, table, m, f);
+      double parts = 0;
+      for (ir::Vertex v : match::replacedNodes(raised, table, m))
+        parts += cost::opMs(raised, v, c);
+      const double shift = static_cast<double>((m.slots[0] * 7 + m.pattern + salt) % 5) - 2.0;
+      return match::CandidateCost{cost::opMs(alone, f, c), parts + shift * 1e-3, ""};
+    };
+  const match::MatchResult chosen = match::findMatches(raised, table, mo);
+  ir::Graph fused = match::rewrite(raised, table, chosen.matches);
   if (auto problems = ir::validate(fused, library().activationSet()); !problems.empty()) {
     std::fprintf(stderr, "fusion made an invalid graph: %s\n%s", problems[0].c_str(),
                  ir::printGraph(raised).c_str());

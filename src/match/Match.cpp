@@ -1,7 +1,9 @@
 #include "fpat/match/Match.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -427,8 +429,9 @@ MatchResult findMatches(const Graph& g, const MatcherTable& table, const MatchOp
   // claimedBy[v]: root of the match that fused v, or -1.
   std::vector<int> claimedBy(g.size(), -1);
   Interpreter interp(g, table, opts, claimedBy);
-  auto perPattern =
-      opts.explain ? programsByPattern(table) : std::vector<std::vector<std::vector<uint8_t>>>{};
+  const bool byCost = static_cast<bool>(opts.cost);
+  auto perPattern = opts.explain || byCost ? programsByPattern(table)
+                                           : std::vector<std::vector<std::vector<uint8_t>>>{};
   for (auto it = order->rbegin(); it != order->rend(); ++it) {
     const Vertex root = *it;
     if (claimedBy[root] >= 0 || g.op(root).kind == ir::OpKind::Input)
@@ -465,13 +468,196 @@ MatchResult findMatches(const Graph& g, const MatcherTable& table, const MatchOp
     }
     if (!found)
       continue;
+    if (byCost) { // every pattern that matches here is a candidate; nothing is claimed yet
+      for (size_t p = 0; p < table.patterns.size(); ++p)
+        for (const auto& prog : perPattern[p]) {
+          Match c;
+          if (interp.run(prog, root, c, nullptr)) {
+            r.decisions.push_back({c, opts.cost(c), false, -1});
+            break;
+          }
+        }
+      continue;
+    }
     const PatternMeta& meta = table.patterns[m.pattern];
     for (size_t k = 0; k < m.slots.size(); ++k)
       if (meta.slots[k].role != SlotInfo::Input)
         claimedBy[m.slots[k]] = static_cast<int>(root);
     r.matches.push_back(std::move(m));
   }
+  if (byCost)
+    for (size_t i : chooseByCost(table, r.decisions, &r.components, &r.largestComponent, &r.exact))
+      r.matches.push_back(r.decisions[i].match);
   return r;
+}
+
+std::vector<size_t> chooseByCost(const MatcherTable& table, std::vector<Decision>& decisions,
+                                 size_t* components, size_t* largest, bool* exact) {
+  const size_t n = decisions.size();
+  // The nodes each candidate fuses; candidates sharing one are in one group.
+  std::vector<std::vector<Vertex>> nodes(n);
+  std::vector<size_t> parent(n);
+  std::map<Vertex, size_t> owner;
+  auto find = [&](size_t i) {
+    while (parent[i] != i)
+      i = parent[i] = parent[parent[i]];
+    return i;
+  };
+  for (size_t i = 0; i < n; ++i) {
+    parent[i] = i;
+    const Match& m = decisions[i].match;
+    const PatternMeta& meta = table.patterns[m.pattern];
+    for (size_t k = 0; k < m.slots.size(); ++k)
+      if (meta.slots[k].role != SlotInfo::Input) {
+        nodes[i].push_back(m.slots[k]);
+        auto [it, fresh] = owner.emplace(m.slots[k], i);
+        if (!fresh)
+          parent[find(i)] = find(it->second);
+      }
+    std::sort(nodes[i].begin(), nodes[i].end());
+    nodes[i].erase(std::unique(nodes[i].begin(), nodes[i].end()), nodes[i].end());
+  }
+  auto overlap = [&](size_t a, size_t b) {
+    for (Vertex v : nodes[a])
+      if (std::binary_search(nodes[b].begin(), nodes[b].end(), v))
+        return true;
+    return false;
+  };
+  std::map<size_t, std::vector<size_t>> groups; // by root of the union-find, in first order
+  for (size_t i = 0; i < n; ++i)
+    if (decisions[i].cost.saving() > 0) // one that saves nothing is never chosen
+      groups[find(i)].push_back(i);
+  std::vector<size_t> chosen;
+  bool allExact = true;
+  size_t big = 0;
+  constexpr size_t kMaxSteps = 100000;
+  constexpr size_t kMaxExactGroup = 64; // larger groups: greedy by saving (not seen in models)
+  for (auto& [rootOfGroup, group] : groups) {
+    (void)rootOfGroup;
+    big = std::max(big, group.size());
+    // Largest saving first (ties: the earlier candidate), so the first leaf is the greedy set.
+    std::stable_sort(group.begin(), group.end(), [&](size_t a, size_t b) {
+      return decisions[a].cost.saving() > decisions[b].cost.saving();
+    });
+    std::vector<double> rest(group.size() + 1, 0); // savings of group[i..]
+    for (size_t i = group.size(); i-- > 0;)
+      rest[i] = rest[i + 1] + decisions[group[i]].cost.saving();
+    std::vector<size_t> pick, best;
+    double bestSaving = -1;
+    size_t steps = 0;
+    std::function<void(size_t, double)> search = [&](size_t i, double saved) {
+      if (++steps > kMaxSteps)
+        return;
+      if (saved + rest[i] <= bestSaving)
+        return; // cannot beat the best found (ties keep the earlier, greedier set)
+      if (i == group.size()) {
+        bestSaving = saved;
+        best = pick;
+        return;
+      }
+      const size_t c = group[i];
+      if (std::none_of(pick.begin(), pick.end(), [&](size_t p) { return overlap(p, c); })) {
+        pick.push_back(c);
+        search(i + 1, saved + decisions[c].cost.saving());
+        pick.pop_back();
+      }
+      search(i + 1, saved);
+    };
+    if (group.size() <= kMaxExactGroup) {
+      search(0, 0);
+    } else { // greedy: each in order of saving that overlaps none taken
+      for (size_t c : group)
+        if (std::none_of(best.begin(), best.end(), [&](size_t p) { return overlap(p, c); }))
+          best.push_back(c);
+      steps = kMaxSteps + 1;
+    }
+    allExact = allExact && steps <= kMaxSteps;
+    for (size_t c : best)
+      decisions[c].chosen = true;
+    for (size_t c : group)
+      if (!decisions[c].chosen)
+        for (size_t b : best)
+          if (overlap(b, c)) {
+            decisions[c].lostTo = static_cast<int>(b);
+            break;
+          }
+    chosen.insert(chosen.end(), best.begin(), best.end());
+  }
+  std::sort(chosen.begin(), chosen.end());
+  if (components)
+    *components = groups.size();
+  if (largest)
+    *largest = big;
+  if (exact)
+    *exact = allExact;
+  return chosen;
+}
+
+std::vector<Vertex> replacedNodes(const Graph& g, const MatcherTable& table, const Match& m) {
+  const PatternMeta& meta = table.patterns[m.pattern];
+  // Internal nodes whose every user is inside the match disappear; others stay (their value is
+  // recomputed inside the fused op and still needed outside it).
+  std::vector<Vertex> inside;
+  for (size_t k = 0; k < m.slots.size(); ++k)
+    if (meta.slots[k].role != SlotInfo::Input)
+      inside.push_back(m.slots[k]);
+  std::vector<Vertex> out{m.slots[0]};
+  for (size_t k = 1; k < m.slots.size(); ++k) {
+    const Vertex v = m.slots[k];
+    if (meta.slots[k].role != SlotInfo::Internal || std::count(out.begin(), out.end(), v))
+      continue;
+    bool allInside = !g.isOutput(v);
+    for (Vertex u : g.users(v))
+      allInside = allInside && std::count(inside.begin(), inside.end(), u);
+    if (allInside)
+      out.push_back(v);
+  }
+  return out;
+}
+
+Graph fuseAlone(const Graph& g, const MatcherTable& table, const Match& m, Vertex& fused) {
+  const PatternMeta& meta = table.patterns[m.pattern];
+  std::set<Vertex> inside, inputs;
+  for (size_t k = 0; k < m.slots.size(); ++k)
+    (meta.slots[k].role == SlotInfo::Input ? inputs : inside).insert(m.slots[k]);
+  Graph sub(g.name());
+  std::map<Vertex, Vertex> map;
+  // Operands before users: a depth-first walk from the root, stopping at the match's inputs.
+  std::function<Vertex(Vertex)> copy = [&](Vertex v) -> Vertex {
+    if (auto it = map.find(v); it != map.end())
+      return it->second;
+    Vertex out;
+    if (!inside.count(v)) {
+      ir::Op in;
+      const ir::Op& op = g.op(v);
+      in.name = op.name;
+      in.type = op.type;
+      in.loc = op.loc;
+      if (op.kind == ir::OpKind::Input) { // weights stay weights (the kernel differs)
+        in.weight = op.weight;
+        in.data = op.data;
+      }
+      out = sub.addOp(std::move(in), {});
+    } else {
+      std::vector<Vertex> ops;
+      for (Vertex u : g.operands(v))
+        ops.push_back(copy(u));
+      out = sub.addOp(g.op(v), ops);
+    }
+    map[v] = out;
+    return out;
+  };
+  copy(m.slots[0]);
+  sub.addOutput(map[m.slots[0]]);
+  Match local{m.pattern, {}};
+  for (Vertex v : m.slots)
+    local.slots.push_back(map.at(v));
+  Graph out = rewrite(sub, table, {local});
+  fused = 0;
+  for (Vertex v : out.vertices())
+    if (out.op(v).kind == ir::OpKind::Fused)
+      fused = v;
+  return out;
 }
 
 Graph rewrite(const Graph& g, const MatcherTable& table, const std::vector<Match>& matches) {
@@ -479,22 +665,8 @@ Graph rewrite(const Graph& g, const MatcherTable& table, const std::vector<Match
   std::vector<bool> removed(g.size(), false);
   for (const Match& m : matches) {
     byRoot[m.slots[0]] = &m;
-    const PatternMeta& meta = table.patterns[m.pattern];
-    // Internal nodes whose every user is inside the match disappear; others stay (their
-    // value is recomputed inside the fused op and still needed outside it).
-    std::vector<Vertex> inside;
-    for (size_t k = 0; k < m.slots.size(); ++k)
-      if (meta.slots[k].role != SlotInfo::Input)
-        inside.push_back(m.slots[k]);
-    for (size_t k = 1; k < m.slots.size(); ++k) {
-      if (meta.slots[k].role != SlotInfo::Internal)
-        continue;
-      Vertex v = m.slots[k];
-      bool allInside = !g.isOutput(v);
-      for (Vertex u : g.users(v))
-        allInside = allInside && std::count(inside.begin(), inside.end(), u);
-      removed[v] = allInside;
-    }
+    for (Vertex v : replacedNodes(g, table, m))
+      removed[v] = v != m.slots[0];
   }
   Graph out(g.name());
   std::vector<Vertex> map(g.size());
@@ -884,6 +1056,38 @@ std::string explain(const Graph& g, const MatcherTable& table, const MatchResult
       last = a.root;
     }
     os << "    " << a.pattern << ": " << (a.failure.empty() ? "matched" : a.failure) << "\n";
+  }
+  if (!r.decisions.empty() || r.components > 0) {
+    auto ms = [](double t) { // three significant digits or more
+      std::ostringstream o;
+      o.setf(std::ios::fixed);
+      o.precision(std::abs(t) < 0.01 ? 5 : std::abs(t) < 1 ? 4 : 3);
+      o << t << " ms";
+      return o.str();
+    };
+    os << "cost-based choice" << (r.costModel.empty() ? "" : " (" + r.costModel + ")") << ": "
+       << r.decisions.size() << " candidate" << (r.decisions.size() == 1 ? "" : "s") << " in "
+       << r.components << " group" << (r.components == 1 ? "" : "s")
+       << " of overlapping ones (largest " << r.largestComponent << "), "
+       << (r.exact ? "each chosen exactly" : "some chosen greedily (too many to search)") << "\n";
+    for (const Decision& d : r.decisions) {
+      const PatternMeta& meta = table.patterns[d.match.pattern];
+      const double saving = d.cost.saving();
+      os << "  " << meta.name << " at %" << g.op(d.match.slots[0]).name << ": fused "
+         << ms(d.cost.fused) << (saving > 0 ? " < " : " >= ") << "unfused " << ms(d.cost.parts)
+         << " (" << d.cost.detail << "): ";
+      if (d.chosen)
+        os << "chosen, saves " << ms(saving);
+      else if (saving <= 0)
+        os << "not fused, it would cost " << ms(-saving) << " more";
+      else if (d.lostTo >= 0) {
+        const Decision& w = r.decisions[static_cast<size_t>(d.lostTo)];
+        os << "saves " << ms(saving) << ", but overlaps " << table.patterns[w.match.pattern].name
+           << " at %" << g.op(w.match.slots[0]).name << ", which was chosen";
+      } else
+        os << "saves " << ms(saving) << ", not chosen: the set chosen saves more";
+      os << "\n";
+    }
   }
   os << "chosen fusions (" << r.matches.size() << "):\n";
   for (const Match& m : r.matches) {

@@ -6,6 +6,7 @@
 #include "fpat/dsl/Matcher.h"
 #include "fpat/ir/Graph.h"
 
+#include <functional>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -22,10 +23,22 @@ struct Match {
   std::vector<ir::Vertex> slots;
 };
 
+/// A candidate's estimated times (ms): its fused op, and the ops the fusion removes, unfused.
+struct CandidateCost {
+  double fused = 0;
+  double parts = 0;
+  std::string detail; // the parts, e.g. "layernorm 0.021 + gemm 0.190", and any caveat
+  double saving() const { return parts - fused; }
+};
+using CostFn = std::function<CandidateCost(const Match&)>;
+
 struct MatchOptions {
   std::set<std::string> disabled; // --disable-pattern
   std::set<std::string> only;     // --only-pattern (empty: all)
   bool explain = false;
+  /// Set: every match at every root is a candidate, and the set chosen is the one of least
+  /// total time (chooseByCost). Unset: greedy, the first pattern in table order at each root.
+  CostFn cost;
 };
 
 /// For --explain: one pattern tried at one root, and why it failed ("" if it matched).
@@ -36,15 +49,54 @@ struct Attempt {
   double progress = 1; // the share of the pattern's checks that passed before the failure
 };
 
-struct MatchResult {
-  std::vector<Match> matches;    // in selection order
-  std::vector<Attempt> attempts; // only with explain
+/// One candidate of a cost-based choice and what became of it.
+struct Decision {
+  Match match;
+  CandidateCost cost;
+  bool chosen = false;
+  int lostTo = -1; // not chosen although it saves time: the chosen decision it overlaps
 };
 
-/// Tries every node as a root, in reverse topological order, and every pattern in table order;
-/// the first pattern that matches and whose nodes are not fused yet is selected.
+struct MatchResult {
+  std::vector<Match> matches;      // in selection order
+  std::vector<Attempt> attempts;   // only with explain
+  std::vector<Decision> decisions; // by cost only: every candidate, in the order found
+  size_t components = 0;           // by cost: groups of overlapping candidates
+  size_t largestComponent = 0;     // candidates in the largest group
+  bool exact = true;               // every group's search finished (see chooseByCost)
+  std::string costModel;           // by cost: what the estimates are, for explain
+};
+
+/// Greedy (no opts.cost): tries every node as a root, in reverse topological order, and every
+/// pattern in table order; the first pattern that matches and whose nodes are not fused yet is
+/// selected. By cost: every pattern that matches at every root is a candidate, and chooseByCost
+/// picks among them.
 MatchResult findMatches(const ir::Graph& g, const dsl::MatcherTable& table,
                         const MatchOptions& opts = {});
+
+/// The choice of least total time: a set of candidates that share no fused node (inputs may be
+/// shared) maximising the sum of their savings (parts - fused), a candidate that saves nothing
+/// never chosen. Overlapping candidates form groups (union-find over their nodes); each group
+/// of up to 64 is searched exactly by branch and bound in order of saving (bound: the savings
+/// still to come; the first leaf is the greedy set), at most 100000 steps, after which the best
+/// set found stands and `exact` is false; a larger group is chosen greedily by saving (also not
+/// exact). So the work is linear in the candidates for groups of bounded size, which is what
+/// models have (a few candidates around each GEMM). Ties go to the earlier candidate. Fills
+/// decisions' chosen and lostTo; returns the chosen indices in candidate order.
+std::vector<size_t> chooseByCost(const dsl::MatcherTable& table, std::vector<Decision>& decisions,
+                                 size_t* components = nullptr, size_t* largest = nullptr,
+                                 bool* exact = nullptr);
+
+/// The match alone as a graph of its own: its inputs (as inputs of the same type; weights stay
+/// weights with their values), its nodes, and their fused op, whose vertex is put in `fused`.
+/// What the cost model reads of a candidate without rewriting the whole graph.
+ir::Graph fuseAlone(const ir::Graph& g, const dsl::MatcherTable& table, const Match& m,
+                    ir::Vertex& fused);
+
+/// The nodes a match's fused op replaces: its root and the internal nodes that nothing outside
+/// the match reads (the others stay in the graph; see rewrite).
+std::vector<ir::Vertex> replacedNodes(const ir::Graph& g, const dsl::MatcherTable& table,
+                                      const Match& m);
 
 /// Replaces each match by one fused op (named after its root, so users and outputs keep their
 /// references). Internal nodes with users outside the match (patterns with single_use = false)

@@ -52,6 +52,13 @@ int main(int argc, char** argv) {
       ->allow_extra_args(false);
   bool noFuse = false, noCompile = false, noRun = false, noReference = false, noGraphviz = false;
   app.add_flag("--no-fuse", noFuse, "skip raising and fusion");
+  std::string fuseMode = "cost";
+  app.add_option("--fuse", fuseMode,
+                 "which matches become fused ops: cost (default: the set of least estimated "
+                 "time; a fusion slower than its parts is declined) or always (every match, "
+                 "greedily by pattern benefit)")
+      ->check(CLI::IsMember({"cost", "always"}))
+      ->capture_default_str();
   app.add_flag("--no-raise", opts.noRaise,
                "skip the raising patterns (exporters' decompositions stay as they are)");
   app.add_option("--precision", opts.precision,
@@ -123,6 +130,7 @@ int main(int argc, char** argv) {
     opts.dims[d.substr(0, eq)] = std::stoll(size);
   }
   opts.fuse = !noFuse;
+  opts.fuseAlways = fuseMode == "always";
   opts.compile = !noCompile;
   opts.run = !noRun;
   opts.reference = !noReference;

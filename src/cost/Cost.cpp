@@ -1,0 +1,135 @@
+#include "fpat/cost/Cost.h"
+
+#include "fpat/codegen/Codegen.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace fpat::cost {
+
+namespace {
+
+// Each number names the measurement it comes from (bench/RESULTS.md, on the H200 at 1980 MHz).
+const Calibration kH200{
+    "H200 (sm_90), fpat's kernels as measured in bench/RESULTS.md",
+    90,
+    3.0,   // launchUs: a kernel more in the FFN block at M = 1 (session 27-28: 3 launches
+           // against 7) and the norm statistics launch at M = 512 (session 26: ~4 us with
+           // its drain)
+    3.3,   // streamTBs: the norm statistics kernel, one pass of 16-byte loads (session 26)
+    743.0, // gemmTflops: the wgmma GEMM at 4096^3 in 0.185 ms (session 26)
+    3.2,   // weightTBs: the FFN block at M = 1-16 reads its weights at 3.16-3.49 TB/s
+    353.0, // slowTflops: the cp.async / mma.sync kernels at 2048x4096x4096 in 0.389 ms
+           // (software-pipelined kernels, before the Hopper backend)
+    224.0, // normSmemTflops: rmsnorm_gemm normalising A in shared memory, 0.614 ms at 4096^3
+           // (layernorm_gemm 0.755 ms: 182; session 26's "before")
+    0.02,  // epiloguePerNode: gemm_bias_gelu against gemm, +2-5% at 4096^3 (sessions 18-22)
+    0.045, // lnColumnShare: deferred LayerNorm's column terms, 4-5 points over RMSNorm
+    true,
+};
+
+// Below sm_90 there is no wgmma backend and no measurement on such a GPU: an A100's data
+// sheet (2.0 TB/s, 312 TFLOP/s f16) with the H200's efficiencies of the same kernels.
+const Calibration kAmpereGuess{
+    "sm_80 guess (A100 data sheet scaled by the H200's measured efficiencies)",
+    80,
+    3.0,
+    1.4,
+    110.0,
+    1.4,
+    110.0,
+    70.0,
+    0.02,
+    0.045,
+    false,
+};
+
+double elementBytes(const ir::TensorDesc& t) {
+  return static_cast<double>(t.numel()) * static_cast<double>(ir::dtypeSize(t.dtype));
+}
+
+// A GEMM-family op (a plain gemm or a fused op): its kernel's time.
+double gemmMs(const ir::Graph& g, ir::Vertex v, const Calibration& c) {
+  const ir::Op& op = g.op(v);
+  const ir::FamilyInfo* family = ir::familyOf(op);
+  const std::vector<ir::Vertex> ins = g.operands(v);
+  if (!family || ins.empty() || op.type.rank() != 2)
+    return c.launchUs * 1e-3;
+  const double m = static_cast<double>(op.type.shape[0]), n = static_cast<double>(op.type.shape[1]);
+  const ir::TensorDesc& a = g.op(ins[0]).type;
+  const double k = static_cast<double>(a.shape.back());
+  const double elt = static_cast<double>(ir::dtypeSize(op.type.dtype));
+  const bool dual = family->gemms == 2;
+  const bool split = dual && c.arch < 90; // splitDualGemms: two kernels, one GEMM each
+  const double cols = dual && !split ? 2 * n : n;
+  // Bytes every form moves: A, B (both of the dual's), the epilogue's operands and C.
+  double bytes = m * k * elt + (dual ? 2 : 1) * k * n * elt + m * n * elt;
+  const size_t main = op.kind == ir::OpKind::Fused ? ir::mainOperandCount(op) : 2;
+  for (size_t i = main; i < ins.size(); ++i)
+    bytes += elementBytes(g.op(ins[i]).type);
+  const bool deferred = codegen::defersNorm(g, v);
+  const bool smemNorm = family->normalisesA && !deferred;
+  const codegen::GemmProblem p = codegen::gemmProblemOf(g, v);
+  const bool wgmma = c.arch >= 90 && p.tma && !smemNorm;
+  const double tflops =
+      smemNorm ? (ir::normKindOf(op) == ir::NormKind::LayerNorm ? c.normSmemTflops * 182.0 / 224.0
+                                                                : c.normSmemTflops)
+      : wgmma  ? c.gemmTflops
+               : c.slowTflops;
+  const double bandwidth = wgmma ? c.weightTBs : c.streamTBs;
+  const double flops = 2 * m * cols * k;
+  double core = std::max(flops / (tflops * 1e12), bytes / (bandwidth * 1e12)) * 1e3;
+  const size_t epilogueOps =
+      std::count_if(op.fused.epilogue.nodes.begin(), op.fused.epilogue.nodes.end(),
+                    [](const ir::EpilogueNode& e) {
+                      return e.kind != ir::EpiKind::Acc && e.kind != ir::EpiKind::Operand;
+                    });
+  double ms = c.launchUs * 1e-3 + core * (1 + c.epiloguePerNode * static_cast<double>(epilogueOps));
+  if (split) // the second GEMM as a kernel of its own, its result read back by the first
+    ms += c.launchUs * 1e-3 + core + 2 * m * n * elt / (c.streamTBs * 1e12) * 1e3;
+  if (deferred) { // the row statistics launch reads x once more
+    ms += c.launchUs * 1e-3 + m * k * elt / (c.streamTBs * 1e12) * 1e3;
+    if (ir::normKindOf(op) == ir::NormKind::LayerNorm)
+      ms += c.lnColumnShare * core;
+  }
+  return ms;
+}
+
+} // namespace
+
+const Calibration& calibrationFor(int arch) {
+  return arch >= 90 ? kH200 : kAmpereGuess;
+}
+
+double opMs(const ir::Graph& g, ir::Vertex v, const Calibration& c) {
+  const ir::Op& op = g.op(v);
+  if (op.kind == ir::OpKind::Input)
+    return 0;
+  if (ir::familyOf(op))
+    return gemmMs(g, v, c);
+  // Elementwise and row-wise kernels stream their operands and their result.
+  double bytes = elementBytes(op.type);
+  for (ir::Vertex u : g.operands(v))
+    bytes += elementBytes(g.op(u).type);
+  return c.launchUs * 1e-3 + bytes / (c.streamTBs * 1e12) * 1e3;
+}
+
+std::string kernelNote(const ir::Graph& g, ir::Vertex v, int arch) {
+  const ir::Op& op = g.op(v);
+  const ir::FamilyInfo* family = ir::familyOf(op);
+  if (!family)
+    return op.kind == ir::OpKind::LayerNorm || op.kind == ir::OpKind::RmsNorm ||
+                   op.kind == ir::OpKind::ReduceMean
+               ? "row-wise kernel"
+               : "elementwise kernel";
+  const bool deferred = codegen::defersNorm(g, v);
+  if (family->normalisesA && !deferred)
+    return "norm in shared memory (gamma or W not a weight): cp.async kernel";
+  if (family->gemms == 2 && arch < 90)
+    return "split into two GEMMs (no dual kernel before sm_90)";
+  const bool wgmma = arch >= 90 && codegen::gemmProblemOf(g, v).tma;
+  return std::string(wgmma ? "wgmma" : "cp.async") + " GEMM" +
+         (deferred ? ", norm deferred (statistics launch)" : "");
+}
+
+} // namespace fpat::cost

@@ -529,6 +529,80 @@ match::CandidateCost candidateCost(const ir::Graph& g, const dsl::MatcherTable& 
   return out;
 }
 
+/// --time: the fused graph (its executor, inputs uploaded) and the same graph unfused (every
+/// op its own kernel, fpat's plain GEMM for GEMMs), each timed in steady state: warm-up runs,
+/// then the median of `opts.timeRuns`, inputs rotated over copies that exceed twice the L2 so
+/// that no run finds the last one's data in cache; then each op's own time the same way.
+int timeGraphs(const FpatcOptions& opts, cuda::Driver& drv, runtime::Executor& fusedEx,
+               const ir::Graph& fused, const ir::Graph& original, const Patterns& pats,
+               const runtime::BuildOptions& bopts, const std::map<std::string, ir::Tensor>& inputs,
+               std::ostream& out, std::ostream& err) {
+  const int warmup = 3, reps = opts.timeRuns;
+  const size_t workingSet = 2 * static_cast<size_t>(std::max(drv.device().l2Bytes, 1 << 20));
+  struct Timed {
+    double median = 0, low = 0, high = 0;
+    std::vector<std::pair<ir::Vertex, double>> ops;
+  };
+  auto measure = [&](runtime::Executor& ex) {
+    std::vector<float> t = ex.time(warmup, reps, workingSet);
+    std::sort(t.begin(), t.end());
+    Timed r;
+    r.median = t[t.size() / 2];
+    r.low = t[t.size() / 10];
+    r.high = t[t.size() - 1 - t.size() / 10];
+    r.ops = ex.timeOps(warmup, reps, workingSet);
+    return r;
+  };
+  out << "== time: " << drv.device().name << ", steady state: " << warmup
+      << " warm-up runs, then the median of " << reps << " (inputs rotated over "
+      << fusedEx.rotationsFor(workingSet)
+      << " copies, twice the L2 in all)\n  timing the fused graph...\n"
+      << std::flush;
+  Timed f;
+  Timed u;
+  runtime::BuildResult ub;
+  try {
+    f = measure(fusedEx);
+    out << "  compiling the unfused graph (every op its own kernel)...\n" << std::flush;
+    runtime::BuildOptions uopts = bopts;
+    uopts.tiles.clear();
+    uopts.tile = nullptr;
+    ub = runtime::buildKernels(original, pats.library, uopts);
+    if (!ub.error.empty()) {
+      err << "fpatc: error: --time: the unfused graph: " << ub.error << "\n";
+      return 1;
+    }
+    out << "  timing the unfused graph...\n" << std::flush;
+    runtime::Executor ux(drv, ub.graph);
+    ux.run(inputs, false);
+    u = measure(ux);
+  } catch (const std::exception& e) {
+    err << "fpatc: error: --time: GPU execution failed: " << e.what() << "\n";
+    return 1;
+  }
+  auto table = [&](const char* what, const ir::Graph& g, const Timed& t) {
+    double sum = 0;
+    for (const auto& [v, ms] : t.ops)
+      sum += ms;
+    out << "  " << what << ": " << t.ops.size() << " kernel" << (t.ops.size() == 1 ? "" : "s")
+        << ", " << fixed(t.median, 4) << " ms (runs " << fixed(t.low, 4) << "-" << fixed(t.high, 4)
+        << " ms, 10th-90th percentile; the ops timed apart sum to " << fixed(sum, 4) << " ms)\n";
+    for (const auto& [v, ms] : t.ops) {
+      const ir::Op& op = g.op(v);
+      out << "    %" << op.name << " "
+          << (op.kind == ir::OpKind::Fused        ? op.fused.pattern
+              : op.kind == ir::OpKind::Activation ? op.fn
+                                                  : ir::opKindName(op.kind))
+          << " " << op.type.shapeStr() << ": " << fixed(ms, 4) << " ms\n";
+    }
+  };
+  table("fused", fused, f);
+  table("unfused", original, u);
+  out << "  speedup of fusion: " << fixed(u.median / f.median, 2) << "x (" << fixed(u.median, 4)
+      << " ms unfused / " << fixed(f.median, 4) << " ms fused)\n";
+  return 0;
+}
+
 /// Codegen, nvcc, execution and validation. Returns the exit code contribution.
 int gpuStages(const FpatcOptions& opts, const ir::Graph& fusedIn, const Patterns& pats,
               const std::map<std::string, ir::Tensor>* inputs,
@@ -700,7 +774,9 @@ int gpuStages(const FpatcOptions& opts, const ir::Graph& fusedIn, const Patterns
   }
   if (!drv) {
     out << "== run: skipped: " << why << "; the kernels were compiled but not executed\n";
-    return opts.requireGpu ? 77 : 0;
+    if (opts.time)
+      err << "fpatc: --time: no GPU to time on (" << why << ")\n";
+    return opts.requireGpu || opts.time ? 77 : 0;
   }
   const cuda::DeviceInfo& dev = drv->device();
   if (dev.arch != arch) {
@@ -709,13 +785,18 @@ int gpuStages(const FpatcOptions& opts, const ir::Graph& fusedIn, const Patterns
     return opts.requireGpu ? 77 : 0;
   }
   runtime::RunResult rr;
+  int timeRc = 0;
   try {
     runtime::Executor ex(*drv, cg);
     rr = ex.run(*inputs);
+    if (opts.time)
+      timeRc = timeGraphs(opts, *drv, ex, fused, original, pats, bopts, *inputs, out, err);
   } catch (const std::exception& e) {
     err << "fpatc: error: GPU execution failed: " << e.what() << "\n";
     return 1;
   }
+  if (timeRc != 0)
+    return timeRc;
   out << "== run: " << dev.name << " (sm_" << dev.arch << ", " << dev.sms
       << " SMs): " << rr.launches << " launches, " << fixed(rr.milliseconds, 3)
       << " ms, device memory " << fixed(static_cast<double>(rr.deviceBytes) / (1 << 20), 1)

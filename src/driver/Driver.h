@@ -31,6 +31,8 @@ struct FpatcOptions {
   bool compile = true;                   // generate and compile kernels (needs nvcc)
   bool run = true;                       // execute on the GPU when there is one
   bool requireGpu = false;               // exit 77 (skipped) when there is no GPU
+  bool time = false;                     // --time: fused against unfused, steady state
+  int timeRuns = 20;                     // timed runs of each (the median is reported)
   bool tune = false;                     // `fpatc tune`: measure configurations first
   bool retune = false;                   // ignore cached tuning results
   std::string tuneCache;                 // "" : $FPAT_TUNE_CACHE or <cache dir>/tuning.json

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <set>
 #include <tuple>
 
@@ -258,6 +259,10 @@ void Executor::launch(bool weights, bool poison, size_t set) {
   for (Bound& b : launches_) {
     if (b.launch.preparesWeights() != weights)
       continue;
+    if (marks_ && (marks_->empty() || marks_->back().first != b.v)) {
+      marks_->emplace_back(b.v, drv_.createEvent());
+      drv_.record(marks_->back().second);
+    }
     if (replaced_.count(b.v)) {
       if (weights)
         continue;
@@ -467,6 +472,44 @@ std::vector<float> Executor::time(int warmup, int reps, size_t minWorkingSet) {
   for (cuda::CUevent e : ev)
     drv_.destroyEvent(e);
   return ms;
+}
+
+std::vector<std::pair<ir::Vertex, double>> Executor::timeOps(int warmup, int reps,
+                                                             size_t minWorkingSet) {
+  ensureRotations(rotationsFor(minWorkingSet));
+  for (int i = 0; i < warmup; ++i)
+    launchAll(false, static_cast<size_t>(i) % slotSets_.size());
+  std::vector<ir::Vertex> order;
+  std::map<ir::Vertex, std::vector<double>> runs;
+  for (int i = 0; i < reps; ++i) {
+    std::vector<std::pair<ir::Vertex, cuda::CUevent>> marks;
+    marks_ = &marks;
+    try {
+      launchAll(false, static_cast<size_t>(i + warmup) % slotSets_.size());
+    } catch (...) {
+      marks_ = nullptr;
+      for (auto& m : marks)
+        drv_.destroyEvent(m.second);
+      throw;
+    }
+    marks_ = nullptr;
+    marks.emplace_back(static_cast<ir::Vertex>(-1), drv_.createEvent());
+    drv_.record(marks.back().second);
+    for (size_t k = 0; k + 1 < marks.size(); ++k) {
+      if (i == 0)
+        order.push_back(marks[k].first);
+      runs[marks[k].first].push_back(drv_.elapsedMs(marks[k].second, marks[k + 1].second));
+    }
+    for (auto& m : marks)
+      drv_.destroyEvent(m.second);
+  }
+  std::vector<std::pair<ir::Vertex, double>> out;
+  for (ir::Vertex v : order) {
+    std::vector<double>& t = runs[v];
+    std::sort(t.begin(), t.end());
+    out.emplace_back(v, t.empty() ? 0.0 : t[t.size() / 2]);
+  }
+  return out;
 }
 
 void Executor::replace(std::set<ir::Vertex> ops, std::function<void(ir::Vertex, size_t)> run) {

@@ -66,6 +66,11 @@ public:
   /// no run finds its inputs in cache from the run before. Call after run().
   std::vector<float> time(int warmup, int reps, size_t minWorkingSet);
 
+  /// Each op's own time: `reps` runs as time() makes them, with an event before each op's
+  /// first launch and after the last one; per op, the median over the runs (ms), in launch
+  /// order. The events add little (one stream, nothing waits on them until the run ends).
+  std::vector<std::pair<ir::Vertex, double>> timeOps(int warmup, int reps, size_t minWorkingSet);
+
   /// Device address of op `v`'s buffer (rotation 0), for code outside fpat that produces an
   /// input or consumes an output in place (the cuBLAS reference of the benchmarks).
   cuda::CUdeviceptr devicePointer(ir::Vertex v, size_t set = 0) const;
@@ -115,6 +120,8 @@ private:
   std::vector<std::vector<cuda::CUdeviceptr>> prepared_; // [rotation][prepared weight]
   std::vector<Bound> launches_;
   std::set<ir::Vertex> replaced_;
+  // timeOps: launch() records an event where the op being launched changes, and at the end.
+  std::vector<std::pair<ir::Vertex, cuda::CUevent>>* marks_ = nullptr;
   std::function<void(ir::Vertex, size_t)> replacement_;
 };
 

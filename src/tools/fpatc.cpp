@@ -86,6 +86,12 @@ int main(int argc, char** argv) {
   app.add_flag("--no-run", noRun, "stop after compiling the kernels");
   app.add_flag("--require-gpu", opts.requireGpu,
                "exit with 77 (a skipped test for ctest) when there is no GPU to run on");
+  app.add_flag("--time", opts.time,
+               "time the fused graph and the same graph unfused on the GPU (steady state, "
+               "median of runs, each kernel apart) and print the speedup; exits 77 without a GPU");
+  app.add_option("--time-runs", opts.timeRuns, "timed runs of each graph for --time")
+      ->capture_default_str()
+      ->check(fpat::atLeast(3));
   app.add_flag("--tune", opts.tune, "measure GEMM configurations on the GPU first (= fpatc tune)");
   app.add_flag("--retune", opts.retune, "ignore cached tuning results (also: FPAT_RETUNE=1)");
   app.add_option("--tune-cache", opts.tuneCache,
@@ -128,6 +134,14 @@ int main(int argc, char** argv) {
       return 2;
     }
     opts.dims[d.substr(0, eq)] = std::stoll(size);
+  }
+  if (opts.time && (noRun || noCompile || !opts.emit.empty())) {
+    std::cerr << "fpatc: error: --time runs the graph on the GPU; it cannot be combined with "
+              << (noRun       ? "--no-run"
+                  : noCompile ? "--no-compile"
+                              : "--emit")
+              << "\n";
+    return 2;
   }
   opts.fuse = !noFuse;
   opts.fuseAlways = fuseMode == "always";

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <sstream>
 
 namespace fpat::cost {
 
@@ -130,6 +131,29 @@ std::string kernelNote(const ir::Graph& g, ir::Vertex v, int arch) {
   const bool wgmma = arch >= 90 && codegen::gemmProblemOf(g, v).tma;
   return std::string(wgmma ? "wgmma" : "cp.async") + " GEMM" +
          (deferred ? ", norm deferred (statistics launch)" : "");
+}
+
+/// A candidate's estimated times: its fused op (built alone, as the rewriter would) against
+/// the ops it replaces, each as fpat runs it unfused.
+match::CandidateCost candidateCost(const ir::Graph& g, const dsl::MatcherTable& table,
+                                   const match::Match& m, const cost::Calibration& c, int arch) {
+  match::CandidateCost out;
+  ir::Vertex fusedOp = 0;
+  const ir::Graph alone = match::fuseAlone(g, table, m, fusedOp);
+  out.fused = cost::opMs(alone, fusedOp, c);
+  std::ostringstream detail;
+  detail.setf(std::ios::fixed);
+  for (ir::Vertex v : match::replacedNodes(g, table, m)) {
+    const double t = cost::opMs(g, v, c);
+    out.parts += t;
+    const ir::Op& op = g.op(v);
+    detail.precision(t < 0.01 ? 5 : 4);
+    detail << (v == m.slots[0] ? "" : " + ")
+           << (op.kind == ir::OpKind::Activation ? op.fn : ir::opKindName(op.kind)) << " " << t;
+  }
+  detail << "; fused: " << cost::kernelNote(alone, fusedOp, arch);
+  out.detail = detail.str();
+  return out;
 }
 
 } // namespace fpat::cost

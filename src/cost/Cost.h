@@ -5,6 +5,7 @@
 #pragma once
 
 #include "fpat/ir/Graph.h"
+#include "fpat/match/Match.h"
 
 #include <string>
 
@@ -35,5 +36,11 @@ double opMs(const ir::Graph& g, ir::Vertex v, const Calibration& c);
 
 /// What opMs assumed about `v`'s kernel, for --explain: "wgmma GEMM", "norm in shared memory".
 std::string kernelNote(const ir::Graph& g, ir::Vertex v, int arch);
+
+/// A candidate's estimated times: its fused op (built alone, as the rewriter would) against
+/// the ops it replaces, each as fpat runs it unfused; the detail names the parts and the
+/// fused kernel, for --explain.
+match::CandidateCost candidateCost(const ir::Graph& g, const dsl::MatcherTable& table,
+                                   const match::Match& m, const Calibration& c, int arch);
 
 } // namespace fpat::cost

@@ -506,29 +506,6 @@ bool saveTensor(const ir::Tensor& t, const fs::path& file, std::ostream& err) {
   return true;
 }
 
-/// A candidate's estimated times: its fused op (built alone, as the rewriter would) against
-/// the ops it replaces, each as fpat runs it unfused.
-match::CandidateCost candidateCost(const ir::Graph& g, const dsl::MatcherTable& table,
-                                   const match::Match& m, const cost::Calibration& c, int arch) {
-  match::CandidateCost out;
-  ir::Vertex fusedOp = 0;
-  const ir::Graph alone = match::fuseAlone(g, table, m, fusedOp);
-  out.fused = cost::opMs(alone, fusedOp, c);
-  std::ostringstream detail;
-  detail.setf(std::ios::fixed);
-  for (ir::Vertex v : match::replacedNodes(g, table, m)) {
-    const double t = cost::opMs(g, v, c);
-    out.parts += t;
-    const ir::Op& op = g.op(v);
-    detail.precision(t < 0.01 ? 5 : 4);
-    detail << (v == m.slots[0] ? "" : " + ")
-           << (op.kind == ir::OpKind::Activation ? op.fn : ir::opKindName(op.kind)) << " " << t;
-  }
-  detail << "; fused: " << cost::kernelNote(alone, fusedOp, arch);
-  out.detail = detail.str();
-  return out;
-}
-
 /// --time: the fused graph (its executor, inputs uploaded) and the same graph unfused (every
 /// op its own kernel, fpat's plain GEMM for GEMMs), each timed in steady state: warm-up runs,
 /// then the median of `opts.timeRuns`, inputs rotated over copies that exceed twice the L2 so
@@ -1157,7 +1134,7 @@ int runFpatc(const FpatcOptions& opts, std::ostream& out, std::ostream& err) {
         err << "fpatc: warning: --only-pattern=" << n << ": no such pattern\n";
     if (!opts.fuseAlways)
       mopts.cost = [&](const match::Match& m) {
-        return candidateCost(*g, pats.table, m, calibration, costArch);
+        return cost::candidateCost(*g, pats.table, m, calibration, costArch);
       };
     mr = match::findMatches(*g, pats.table, mopts);
     if (mopts.cost)

@@ -197,14 +197,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const unsigned salt = in.next(8);
   if (salt > 0)
     mo.cost = [&](const match::Match& m) {
-      const cost::Calibration& c = cost::calibrationFor(salt % 2 ? 90 : 80);
-      ir::Vertex f = 0;
-      const ir::Graph alone = match::fuseAlone(raised, table, m, f);
-      double parts = 0;
-      for (ir::Vertex v : match::replacedNodes(raised, table, m))
-        parts += cost::opMs(raised, v, c);
-      const double shift = static_cast<double>((m.slots[0] * 7 + m.pattern + salt) % 5) - 2.0;
-      return match::CandidateCost{cost::opMs(alone, f, c), parts + shift * 1e-3, ""};
+      const int arch = salt % 2 ? 90 : 80;
+      match::CandidateCost c =
+          cost::candidateCost(raised, table, m, cost::calibrationFor(arch), arch);
+      c.parts += (static_cast<double>((m.slots[0] * 7 + m.pattern + salt) % 5) - 2.0) * 1e-3;
+      return c;
     };
   const match::MatchResult chosen = match::findMatches(raised, table, mo);
   ir::Graph fused = match::rewrite(raised, table, chosen.matches);

@@ -532,8 +532,8 @@ std::vector<size_t> chooseByCost(const MatcherTable& table, std::vector<Decision
   size_t big = 0;
   constexpr size_t kMaxSteps = 100000;
   constexpr size_t kMaxExactGroup = 64; // larger groups: greedy by saving (not seen in models)
-  for (auto& [rootOfGroup, group] : groups) {
-    (void)rootOfGroup;
+  for (auto& entry : groups) {
+    std::vector<size_t>& group = entry.second; // (not a structured binding: clang's lambdas)
     big = std::max(big, group.size());
     // Largest saving first (ties: the earlier candidate), so the first leaf is the greedy set.
     std::stable_sort(group.begin(), group.end(), [&](size_t a, size_t b) {

@@ -136,22 +136,32 @@ std::string kernelNote(const ir::Graph& g, ir::Vertex v, int arch) {
 /// A candidate's estimated times: its fused op (built alone, as the rewriter would) against
 /// the ops it replaces, each as fpat runs it unfused.
 match::CandidateCost candidateCost(const ir::Graph& g, const dsl::MatcherTable& table,
-                                   const match::Match& m, const cost::Calibration& c, int arch) {
+                                   const match::Match& m, const Calibration& c, int arch,
+                                   const MeasuredFn& measured) {
+  auto time = [&](const ir::Graph& graph, ir::Vertex v, bool& tuned) {
+    std::optional<double> t = measured ? measured(graph, v) : std::nullopt;
+    tuned = t.has_value();
+    return t ? *t : opMs(graph, v, c);
+  };
   match::CandidateCost out;
   ir::Vertex fusedOp = 0;
   const ir::Graph alone = match::fuseAlone(g, table, m, fusedOp);
-  out.fused = cost::opMs(alone, fusedOp, c);
+  bool fusedTuned = false;
+  out.fused = time(alone, fusedOp, fusedTuned);
   std::ostringstream detail;
   detail.setf(std::ios::fixed);
   for (ir::Vertex v : match::replacedNodes(g, table, m)) {
-    const double t = cost::opMs(g, v, c);
+    bool tuned = false;
+    const double t = time(g, v, tuned);
     out.parts += t;
     const ir::Op& op = g.op(v);
     detail.precision(t < 0.01 ? 5 : 4);
     detail << (v == m.slots[0] ? "" : " + ")
-           << (op.kind == ir::OpKind::Activation ? op.fn : ir::opKindName(op.kind)) << " " << t;
+           << (op.kind == ir::OpKind::Activation ? op.fn : ir::opKindName(op.kind)) << " " << t
+           << (tuned ? " tuned" : "");
   }
-  detail << "; fused: " << cost::kernelNote(alone, fusedOp, arch);
+  detail << "; fused: " << kernelNote(alone, fusedOp, arch)
+         << (fusedTuned ? ", its time measured by the tuner" : "");
   out.detail = detail.str();
   return out;
 }

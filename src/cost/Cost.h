@@ -7,6 +7,8 @@
 #include "fpat/ir/Graph.h"
 #include "fpat/match/Match.h"
 
+#include <functional>
+#include <optional>
 #include <string>
 
 namespace fpat::cost {
@@ -40,7 +42,12 @@ std::string kernelNote(const ir::Graph& g, ir::Vertex v, int arch);
 /// A candidate's estimated times: its fused op (built alone, as the rewriter would) against
 /// the ops it replaces, each as fpat runs it unfused; the detail names the parts and the
 /// fused kernel, for --explain.
+/// Where a kernel's time was measured (the tuning cache): that time in ms, else nullopt.
+using MeasuredFn = std::function<std::optional<double>(const ir::Graph&, ir::Vertex)>;
+
+/// Measured times, where `measured` has them, stand in for the estimates (marked "tuned").
 match::CandidateCost candidateCost(const ir::Graph& g, const dsl::MatcherTable& table,
-                                   const match::Match& m, const Calibration& c, int arch);
+                                   const match::Match& m, const Calibration& c, int arch,
+                                   const MeasuredFn& measured = {});
 
 } // namespace fpat::cost

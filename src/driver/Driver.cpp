@@ -1132,14 +1132,37 @@ int runFpatc(const FpatcOptions& opts, std::ostream& out, std::ostream& err) {
       if (std::none_of(pats.table.patterns.begin(), pats.table.patterns.end(),
                        [&](const dsl::PatternMeta& m) { return m.name == n; }))
         err << "fpatc: warning: --only-pattern=" << n << ": no such pattern\n";
+    // Kernels the tuner measured (on this arch, with these headers and this nvcc) stand in
+    // for their estimates; --retune ignores them as it ignores the configurations.
+    std::map<std::string, double> tuned;
+    std::string nvccVer;
+    if (!opts.fuseAlways && !opts.retune && !tune::retuneFromEnvironment()) {
+      tune::TuningCache cache(opts.tuneCache);
+      tuned = cache.measuredTimes();
+      if (!tuned.empty()) {
+        try {
+          nvccVer = runtime::nvccIdentity(runtime::findNvcc({}), opts.nvccFlags);
+        } catch (const std::exception&) {
+          tuned.clear(); // no nvcc: no key to look them up by
+        }
+      }
+    }
+    const cost::MeasuredFn measured = [&](const ir::Graph& graph,
+                                          ir::Vertex v) -> std::optional<double> {
+      if (tuned.empty() || !tune::tunable(graph, v))
+        return std::nullopt;
+      auto it = tuned.find(tune::keyFor(graph, v, pats.library, costArch, nvccVer).str());
+      return it == tuned.end() ? std::nullopt : std::optional<double>(it->second);
+    };
     if (!opts.fuseAlways)
       mopts.cost = [&](const match::Match& m) {
-        return cost::candidateCost(*g, pats.table, m, calibration, costArch);
+        return cost::candidateCost(*g, pats.table, m, calibration, costArch, measured);
       };
     mr = match::findMatches(*g, pats.table, mopts);
     if (mopts.cost)
       mr.costModel = std::string("estimates for ") + calibration.name +
-                     (calibration.measured ? "" : ", not measured on such a GPU");
+                     (calibration.measured ? "" : ", not measured on such a GPU") +
+                     (tuned.empty() ? "" : "; kernels in the tuning cache at their measured time");
     fused = match::rewrite(*g, pats.table, mr.matches);
     auto after = ir::validate(fused, pats.activations);
     for (const std::string& p : after)

@@ -387,6 +387,16 @@ void TuningCache::store(const Key& k, const Entry& e) {
   runtime::writeFileAtomic(path_, j.dump(1) + "\n");
 }
 
+std::map<std::string, double> TuningCache::measuredTimes() {
+  std::map<std::string, double> out;
+  const nlohmann::json j = readCache(path_, false, warnings_);
+  if (auto it = j.find("entries"); it != j.end() && it->is_object())
+    for (const auto& [key, e] : it->items())
+      if (e.is_object() && e.contains("ms") && e["ms"].is_number() && e["ms"].get<double>() > 0)
+        out[key] = e["ms"].get<double>();
+  return out;
+}
+
 size_t TuningCache::size() {
   return readCache(path_, false, warnings_)["entries"].size();
 }

@@ -6,6 +6,7 @@
 #include "fpat/codegen/Codegen.h"
 #include "fpat/runtime/Cuda.h"
 
+#include <map>
 #include <optional>
 #include <ostream>
 #include <string>
@@ -76,6 +77,9 @@ public:
   explicit TuningCache(std::string path = "");
   const std::string& path() const { return path_; }
   std::optional<Entry> lookup(const Key& k);
+  /// Every entry's measured time (ms) by its key's text, read once: the cost model asks for
+  /// many kernels and lookup() reads the file each time.
+  std::map<std::string, double> measuredTimes();
   void store(const Key& k, const Entry& e);
   size_t size();
   /// Problems met while reading (a corrupt file moved aside), for the user to see.

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <onnx/onnx.pb.h>
 #include <set>
 
@@ -254,6 +255,14 @@ std::string decodeTensor(const TensorProto& t, Val& out) {
 
 class Importer {
 public:
+  /// The op types a converter exists for, in name order.
+  static std::vector<std::string> opTypes() {
+    std::vector<std::string> out;
+    for (const auto& entry : converters())
+      out.push_back(entry.first);
+    return out;
+  }
+
   Importer(const ImportOptions& o, const ir::ActivationSet& acts, ImportResult& r)
       : opts_(o), acts_(acts), r_(r) {}
 
@@ -785,106 +794,139 @@ private:
     define(n, std::move(v));
   }
 
+  /// One converter per ONNX op type: the one place that says what is supported
+  /// (supportedOpTypes() lists its keys).
+  using Converter = std::function<void(Importer&, const NodeProto&)>;
+  static const std::map<std::string, Converter>& converters() {
+    auto bin = [](ir::OpKind k) {
+      return [k](Importer& i, const NodeProto& n) { i.binary(n, k); };
+    };
+    auto un = [](const char* fn) {
+      return [fn](Importer& i, const NodeProto& n) { i.unary(n, fn); };
+    };
+    auto member = [](void (Importer::*f)(const NodeProto&)) {
+      return [f](Importer& i, const NodeProto& n) { (i.*f)(n); };
+    };
+    static const std::map<std::string, Converter> table = {
+        {"Abs", un("abs")},
+        {"Add", bin(ir::OpKind::Add)},
+        {"Cast", member(&Importer::cast)},
+        {"Constant", member(&Importer::constant)},
+        {"Div", bin(ir::OpKind::Div)},
+        {"Dropout", member(&Importer::identity)},
+        {"Erf", un("erf")},
+        {"Exp", un("exp")},
+        {"Flatten", member(&Importer::reshape)},
+        {"Gemm", member(&Importer::matmul)},
+        {"Identity", member(&Importer::identity)},
+        {"LayerNormalization", member(&Importer::layerNorm)},
+        {"Log", un("log")},
+        {"MatMul", member(&Importer::matmul)},
+        {"Mul", bin(ir::OpKind::Mul)},
+        {"Neg", un("neg")},
+        {"Pow", bin(ir::OpKind::Pow)},
+        {"Reciprocal", un("reciprocal")},
+        {"ReduceMean", member(&Importer::reduceMean)},
+        {"Relu", un("relu")},
+        {"Reshape", member(&Importer::reshape)},
+        {"Sigmoid", un("sigmoid")},
+        {"Sqrt", un("sqrt")},
+        {"Squeeze", member(&Importer::reshape)},
+        {"Sub", bin(ir::OpKind::Sub)},
+        {"Tanh", un("tanh")},
+        {"Transpose", member(&Importer::transpose)},
+        {"Unsqueeze", member(&Importer::reshape)},
+    };
+    return table;
+  }
+
   void convert(const NodeProto& n) {
-    const std::string& t = n.op_type();
-    static const std::map<std::string, ir::OpKind> binaries = {{"Add", ir::OpKind::Add},
-                                                               {"Sub", ir::OpKind::Sub},
-                                                               {"Mul", ir::OpKind::Mul},
-                                                               {"Div", ir::OpKind::Div},
-                                                               {"Pow", ir::OpKind::Pow}};
-    static const std::map<std::string, std::string> unaries = {
-        {"Sigmoid", "sigmoid"}, {"Tanh", "tanh"},
-        {"Erf", "erf"},         {"Exp", "exp"},
-        {"Log", "log"},         {"Sqrt", "sqrt"},
-        {"Neg", "neg"},         {"Abs", "abs"},
-        {"Relu", "relu"},       {"Reciprocal", "reciprocal"}};
-    if (auto b = binaries.find(t); b != binaries.end())
-      return binary(n, b->second);
-    if (auto u = unaries.find(t); u != unaries.end())
-      return unary(n, u->second);
-    if (t == "Identity" || t == "Dropout") {
-      Val v = in(n, 0);
-      return define(n, std::move(v));
+    const auto& table = converters();
+    auto it = table.find(n.op_type());
+    if (it == table.end())
+      throw UnsupportedError{"op type " + n.op_type() + " is not supported"};
+    it->second(*this, n);
+  }
+
+  void identity(const NodeProto& n) { // Identity, and Dropout at inference
+    Val v = in(n, 0);
+    define(n, std::move(v));
+  }
+
+  void cast(const NodeProto& n) {
+    Val v = in(n, 0);
+    const int to = static_cast<int>(intAttr(n, "to", 0));
+    if (!isFloatType(to) && !(v.isConst && v.integer))
+      throw UnsupportedError{std::string("casting to ") + dataTypeName(to) +
+                             " is not supported (fpat computes in one float type)"};
+    define(n, std::move(v)); // the whole graph computes in one precision
+  }
+
+  void constant(const NodeProto& n) {
+    Val v;
+    if (const AttributeProto* a = attr(n, "value")) {
+      if (std::string why = decodeTensor(a->t(), v); !why.empty())
+        throw UnsupportedError{"its value: " + why};
+    } else if (const AttributeProto* f = attr(n, "value_float")) {
+      v.isConst = true;
+      v.data = {f->f()};
+    } else if (const AttributeProto* fs = attr(n, "value_floats")) {
+      v.isConst = true;
+      v.data.assign(fs->floats().begin(), fs->floats().end());
+      v.shape = {static_cast<int64_t>(v.data.size())};
+    } else if (const AttributeProto* i = attr(n, "value_int")) {
+      v.isConst = v.integer = true;
+      v.data = {static_cast<double>(i->i())};
+    } else if (const AttributeProto* is = attr(n, "value_ints")) {
+      v.isConst = v.integer = true;
+      v.data.assign(is->ints().begin(), is->ints().end());
+      v.shape = {static_cast<int64_t>(v.data.size())};
+    } else {
+      throw UnsupportedError{"it has no value (value, value_float(s) or value_int(s))"};
     }
-    if (t == "Cast") {
-      Val v = in(n, 0);
-      const int to = static_cast<int>(intAttr(n, "to", 0));
-      if (!isFloatType(to) && !(v.isConst && v.integer))
-        throw UnsupportedError{std::string("casting to ") + dataTypeName(to) +
-                               " is not supported (fpat computes in one float type)"};
-      return define(n, std::move(v)); // the whole graph computes in one precision
+    define(n, std::move(v));
+  }
+
+  void reduceMean(const NodeProto& n) {
+    Val& x = in(n, 0);
+    std::vector<int64_t> axes = axesOf(n, 1);
+    if (axes.size() != 1 ||
+        normAxis(axes[0], x.shape.size()) + 1 != static_cast<int64_t>(x.shape.size()))
+      throw UnsupportedError{"only a mean over the last axis is supported"};
+    if (intAttr(n, "keepdims", 1) != 1)
+      throw UnsupportedError{"only keepdims = 1 is supported"};
+    std::vector<int64_t> shape = x.shape;
+    shape.back() = 1;
+    ir::Op op;
+    op.kind = ir::OpKind::ReduceMean;
+    define(n, emit(n, op, {tensor(x)}, shape));
+  }
+
+  void layerNorm(const NodeProto& n) {
+    Val& x = in(n, 0);
+    if (normAxis(intAttr(n, "axis", -1), x.shape.size()) + 1 !=
+        static_cast<int64_t>(x.shape.size()))
+      throw UnsupportedError{"only a norm over the last axis is supported"};
+    for (int o = 1; o < n.output_size(); ++o)
+      if (!n.output(o).empty())
+        throw UnsupportedError{"its mean and inverse standard deviation outputs are not "
+                               "supported"};
+    ir::Op op;
+    op.kind = ir::OpKind::LayerNorm;
+    op.eps = floatAttr(n, "epsilon", 1e-5);
+    const ir::Vertex gamma = tensor(in(n, 1));
+    ir::Vertex beta;
+    if (hasIn(n, 2)) {
+      beta = tensor(in(n, 2));
+    } else {
+      Val zeros;
+      zeros.isConst = true;
+      zeros.shape = {x.shape.back()};
+      zeros.data.assign(static_cast<size_t>(x.shape.back()), 0.0);
+      zeros.name = nodeName(n) + ".beta";
+      beta = tensor(zeros);
     }
-    if (t == "Constant") {
-      Val v;
-      if (const AttributeProto* a = attr(n, "value")) {
-        if (std::string why = decodeTensor(a->t(), v); !why.empty())
-          throw UnsupportedError{"its value: " + why};
-      } else if (const AttributeProto* f = attr(n, "value_float")) {
-        v.isConst = true;
-        v.data = {f->f()};
-      } else if (const AttributeProto* fs = attr(n, "value_floats")) {
-        v.isConst = true;
-        v.data.assign(fs->floats().begin(), fs->floats().end());
-        v.shape = {static_cast<int64_t>(v.data.size())};
-      } else if (const AttributeProto* i = attr(n, "value_int")) {
-        v.isConst = v.integer = true;
-        v.data = {static_cast<double>(i->i())};
-      } else if (const AttributeProto* is = attr(n, "value_ints")) {
-        v.isConst = v.integer = true;
-        v.data.assign(is->ints().begin(), is->ints().end());
-        v.shape = {static_cast<int64_t>(v.data.size())};
-      } else {
-        throw UnsupportedError{"it has no value (value, value_float(s) or value_int(s))"};
-      }
-      return define(n, std::move(v));
-    }
-    if (t == "MatMul" || t == "Gemm")
-      return matmul(n);
-    if (t == "Transpose")
-      return transpose(n);
-    if (t == "ReduceMean") {
-      Val& x = in(n, 0);
-      std::vector<int64_t> axes = axesOf(n, 1);
-      if (axes.size() != 1 ||
-          normAxis(axes[0], x.shape.size()) + 1 != static_cast<int64_t>(x.shape.size()))
-        throw UnsupportedError{"only a mean over the last axis is supported"};
-      if (intAttr(n, "keepdims", 1) != 1)
-        throw UnsupportedError{"only keepdims = 1 is supported"};
-      std::vector<int64_t> shape = x.shape;
-      shape.back() = 1;
-      ir::Op op;
-      op.kind = ir::OpKind::ReduceMean;
-      return define(n, emit(n, op, {tensor(x)}, shape));
-    }
-    if (t == "LayerNormalization") {
-      Val& x = in(n, 0);
-      if (normAxis(intAttr(n, "axis", -1), x.shape.size()) + 1 !=
-          static_cast<int64_t>(x.shape.size()))
-        throw UnsupportedError{"only a norm over the last axis is supported"};
-      for (int o = 1; o < n.output_size(); ++o)
-        if (!n.output(o).empty())
-          throw UnsupportedError{"its mean and inverse standard deviation outputs are not "
-                                 "supported"};
-      ir::Op op;
-      op.kind = ir::OpKind::LayerNorm;
-      op.eps = floatAttr(n, "epsilon", 1e-5);
-      const ir::Vertex gamma = tensor(in(n, 1));
-      ir::Vertex beta;
-      if (hasIn(n, 2)) {
-        beta = tensor(in(n, 2));
-      } else {
-        Val zeros;
-        zeros.isConst = true;
-        zeros.shape = {x.shape.back()};
-        zeros.data.assign(static_cast<size_t>(x.shape.back()), 0.0);
-        zeros.name = nodeName(n) + ".beta";
-        beta = tensor(zeros);
-      }
-      return define(n, emit(n, op, {tensor(x), gamma, beta}, x.shape));
-    }
-    if (t == "Reshape" || t == "Flatten" || t == "Squeeze" || t == "Unsqueeze")
-      return reshape(n);
-    throw UnsupportedError{"op type " + t + " is not supported"};
+    define(n, emit(n, op, {tensor(x), gamma, beta}, x.shape));
   }
 
   void reshape(const NodeProto& n) {
@@ -1076,12 +1118,7 @@ private:
 } // namespace
 
 const std::vector<std::string>& supportedOpTypes() {
-  static const std::vector<std::string> ops = {
-      "Abs",        "Add",    "Cast",      "Constant", "Div",      "Dropout",
-      "Erf",        "Exp",    "Flatten",   "Gemm",     "Identity", "LayerNormalization",
-      "Log",        "MatMul", "Mul",       "Neg",      "Pow",      "Reciprocal",
-      "ReduceMean", "Relu",   "Reshape",   "Sigmoid",  "Sqrt",     "Squeeze",
-      "Sub",        "Tanh",   "Transpose", "Unsqueeze"};
+  static const std::vector<std::string> ops = Importer::opTypes();
   return ops;
 }
 

@@ -5,7 +5,8 @@
 
 Writes gpt2_mlp_opset{13,17}.onnx and llama_mlp_opset{13,17}.onnx, and the MLPs of Hugging
 Face's hand-written activations and T5 at opset 13: f32, as torch.onnx.export
-writes them, inputs [batch, seq, d]. Needs Debian's python3-torch (1.13) and python3-onnx; the
+writes them, inputs [batch, seq, d]; and gpt2_mlp_dyn_opset17.onnx, llama_mlp_dyn_opset13.onnx
+with batch and seq symbolic (dynamic axes: fpatc --dim batch=B --dim seq=T). Needs Debian's python3-torch (1.13) and python3-onnx; the
 files in tests/onnx/models were made with it. Small sizes keep them small: d = 64.
 """
 import math
@@ -126,6 +127,22 @@ def main():
         path = os.path.join(out, f"{name}_opset13.onnx")
         torch.onnx.export(m, (x,), path, opset_version=13, input_names=["x"],
                           output_names=["y"], do_constant_folding=True)
+        print(path)
+    # Dynamic axes, as a user exporting for any sequence length writes them; made last, so
+    # that the files above come out as before.
+    dyn = {"gpt2_mlp_dyn_opset17": (Gpt2Mlp("tanh"), 17), "llama_mlp_dyn_opset13": (LlamaMlp(), 13)}
+    axes = {0: "batch", 1: "seq"}
+    for name, (m, opset) in dyn.items():
+        with torch.no_grad():
+            for p in m.parameters():
+                if p.dim() == 1:
+                    p.copy_(torch.rand_like(p) + 0.5)
+        m.eval()
+        x = torch.randn(BATCH, SEQ, D)
+        path = os.path.join(out, f"{name}.onnx")
+        torch.onnx.export(m, (x,), path, opset_version=opset, input_names=["x"],
+                          output_names=["y"], do_constant_folding=True,
+                          dynamic_axes={"x": axes, "y": axes})
         print(path)
 
 

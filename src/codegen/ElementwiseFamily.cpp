@@ -8,6 +8,9 @@
 
 namespace fpat::codegen::detail {
 
+/// The most 16-byte words a lane holds of a norm's row (fpat_rowwise.cuh's normRowsHeld).
+constexpr int64_t kNormHeldWords = 32;
+
 KernelUnit generateRowwise(const ir::Graph& g, ir::Vertex v, const CodegenOptions& o) {
   const ir::Op& op = g.op(v);
   KernelUnit u;
@@ -21,19 +24,28 @@ KernelUnit generateRowwise(const ir::Graph& g, ir::Vertex v, const CodegenOption
   u.M = rows.rank() == 2 ? rows.shape[0] : 1;
   u.N = rows.shape.back();
   u.eps = static_cast<float>(op.eps);
+  // A norm's row held in registers, V 16-byte words a lane, where the row is 16-byte words
+  // and V is at most 32 (N <= 8192: every model's hidden size we meet); longer or odd rows
+  // loop over memory.
+  const int64_t words = u.N % 8 == 0 ? u.N / 8 : 0;
+  const int64_t held = !mean && words > 0 && words <= 32 * kNormHeldWords ? (words + 31) / 32 : 0;
   u.name = std::string("fpat_") +
            (mean    ? "reduce_mean"
             : layer ? "layernorm"
                     : "rmsnorm") +
-           "_" + arch;
+           (held ? "_held" + std::to_string(held) : "") + "_" + arch;
   u.what = ref(g, v) + " = " + ir::opKindName(op.kind);
+  const std::string tf = layer ? "true" : "false";
   body << header(std::string(ir::opKindName(op.kind)) + " (not fused)", o,
-                 {"family:   rowwise (one warp per row, f32 statistics)"})
+                 {held ? "family:   rowwise (one warp per row held in registers, " +
+                             std::to_string(held) + " 16-byte words a lane, f32 statistics)"
+                       : "family:   rowwise (one warp per row, f32 statistics)"})
        << "#include \"fpat_rowwise.cuh\"\n\n"
        << "extern \"C\" __global__ void __launch_bounds__(256) " << u.name
        << "(const FpatKernelArgs a) {\n  fpat::"
-       << (mean ? std::string("meanRows(a)")
-                : std::string("normRows<") + (layer ? "true" : "false") + ">(a)")
+       << (mean   ? std::string("meanRows(a)")
+           : held ? "normRowsHeld<" + tf + ", " + std::to_string(held) + ">(a)"
+                  : "normRows<" + tf + ">(a)")
        << ";\n}\n";
   u.launches.push_back({Launch::Rows, u.name, 256, 0, {}});
   u.source = body.str();

@@ -138,7 +138,13 @@ BOOST_AUTO_TEST_CASE(names_encode_the_configuration) {
   BOOST_REQUIRE(ln.launches.size() == 2u);
   BOOST_TEST(ln.launches[0].entry == ln.name + "_rowstats");
   BOOST_TEST(ln.needsRowStats);
-  BOOST_TEST(unitsFor("rmsnorm", {8, 8, 8}, 90).at(0).name == "fpat_rmsnorm_sm90");
+  // Norms hold their rows in registers where rows are 16-byte words, at most 32 a lane.
+  BOOST_TEST(unitsFor("rmsnorm", {8, 8, 8}, 90).at(0).name == "fpat_rmsnorm_held1_sm90");
+  BOOST_TEST(unitsFor("rmsnorm", {7, 4096, 8}, 90).at(0).name == "fpat_rmsnorm_held16_sm90");
+  BOOST_TEST(unitsFor("layernorm", {7, 8192, 8}, 90).at(0).name == "fpat_layernorm_held32_sm90");
+  BOOST_TEST(unitsFor("layernorm", {7, 1000, 8}, 90).at(0).name == "fpat_layernorm_held4_sm90");
+  BOOST_TEST(unitsFor("rmsnorm", {7, 8200, 8}, 90).at(0).name == "fpat_rmsnorm_sm90");
+  BOOST_TEST(unitsFor("rmsnorm", {7, 100, 8}, 90).at(0).name == "fpat_rmsnorm_sm90");
   BOOST_TEST(unitsFor("bias_add", {8, 8, 8}, 90).at(0).name == "fpat_ew_bias_add_sm90");
 }
 

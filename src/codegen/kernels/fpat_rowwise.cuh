@@ -110,6 +110,72 @@ template <bool LAYER> __device__ __forceinline__ void normRows(const FpatKernelA
   }
 }
 
+/// LayerNorm / RMSNorm as normRows, with each row read from memory once and held in registers:
+/// V 16-byte words per lane (rows of N <= 256 V elements, N % 8 == 0, 16-byte aligned rows),
+/// every load of a row issued before the first sum, so that one warp keeps a whole row in
+/// flight (the element-by-element loop above ran at ~0.9 TB/s on the H200, 57 us for 7 rows).
+/// The statistics are the same two passes (mean, then the centred second moment), over the
+/// registers.
+template <bool LAYER, int V> __device__ __forceinline__ void normRowsHeld(const FpatKernelArgs& a) {
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kRowWarps + threadIdx.x / 32;
+  if (r >= a.M)
+    return;
+  const int lane = threadIdx.x % 32;
+  const int64_t n = a.N, words = n / 8;
+  const uint4* x8 = reinterpret_cast<const uint4*>(static_cast<const elem*>(a.in[0]) + r * n);
+  Half8 h[V];
+#pragma unroll
+  for (int i = 0; i < V; ++i)
+    if (lane + 32 * i < words)
+      h[i].u = __ldg(x8 + lane + 32 * i);
+  float mean = 0.0f;
+  if (LAYER) {
+    float s = 0.0f;
+#pragma unroll
+    for (int i = 0; i < V; ++i)
+      if (lane + 32 * i < words)
+#pragma unroll
+        for (int e = 0; e < 8; ++e)
+          s += toF(h[i].h[e]);
+    for (int o = 16; o > 0; o /= 2)
+      s += __shfl_xor_sync(0xffffffffu, s, o);
+    mean = s / static_cast<float>(n);
+  }
+  float q = 0.0f;
+#pragma unroll
+  for (int i = 0; i < V; ++i)
+    if (lane + 32 * i < words)
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const float d = toF(h[i].h[e]) - mean;
+        q += d * d;
+      }
+  for (int o = 16; o > 0; o /= 2)
+    q += __shfl_xor_sync(0xffffffffu, q, o);
+  const float rstd = rsqrtf(q / static_cast<float>(n) + a.eps);
+  const uint4* g8 = static_cast<const uint4*>(a.in[1]);
+  const uint4* b8 = LAYER ? static_cast<const uint4*>(a.in[2]) : nullptr;
+  uint4* y8 = reinterpret_cast<uint4*>(static_cast<elem*>(a.out) + r * n);
+#pragma unroll
+  for (int i = 0; i < V; ++i) {
+    const int64_t j = lane + 32 * i;
+    if (j >= words)
+      continue;
+    Half8 g, b, y;
+    g.u = __ldg(g8 + j);
+    if (LAYER)
+      b.u = __ldg(b8 + j);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      float v = (toF(h[i].h[e]) - mean) * rstd * toF(g.h[e]);
+      if (LAYER)
+        v += toF(b.h[e]);
+      y.h[e] = fromF(v);
+    }
+    y8[j] = y.u;
+  }
+}
+
 /// reduce_mean over the last dimension: out[r] = mean of row r of in[0] ([M, N]), f32 sum.
 __device__ __forceinline__ void meanRows(const FpatKernelArgs& a) {
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kRowWarps + threadIdx.x / 32;

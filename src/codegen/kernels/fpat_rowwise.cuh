@@ -123,11 +123,22 @@ template <bool LAYER, int V> __device__ __forceinline__ void normRowsHeld(const 
   const int lane = threadIdx.x % 32;
   const int64_t n = a.N, words = n / 8;
   const uint4* x8 = reinterpret_cast<const uint4*>(static_cast<const elem*>(a.in[0]) + r * n);
-  Half8 h[V];
+  // Short rows (decode: one row is the whole launch; N <= 1024) load gamma and beta with the row,
+  // so that the write does not wait for a second round trip; long rows have no registers to spare.
+  constexpr int P = V <= 4 ? V : 1;
+  const uint4* g8 = static_cast<const uint4*>(a.in[1]);
+  const uint4* b8 = LAYER ? static_cast<const uint4*>(a.in[2]) : nullptr;
+  Half8 h[V], gp[P], bp[P];
 #pragma unroll
   for (int i = 0; i < V; ++i)
-    if (lane + 32 * i < words)
+    if (lane + 32 * i < words) {
       h[i].u = __ldg(x8 + lane + 32 * i);
+      if (V <= 4) {
+        gp[i % P].u = __ldg(g8 + lane + 32 * i);
+        if (LAYER)
+          bp[i % P].u = __ldg(b8 + lane + 32 * i);
+      }
+    }
   float mean = 0.0f;
   if (LAYER) {
     float s = 0.0f;
@@ -153,8 +164,6 @@ template <bool LAYER, int V> __device__ __forceinline__ void normRowsHeld(const 
   for (int o = 16; o > 0; o /= 2)
     q += __shfl_xor_sync(0xffffffffu, q, o);
   const float rstd = rsqrtf(q / static_cast<float>(n) + a.eps);
-  const uint4* g8 = static_cast<const uint4*>(a.in[1]);
-  const uint4* b8 = LAYER ? static_cast<const uint4*>(a.in[2]) : nullptr;
   uint4* y8 = reinterpret_cast<uint4*>(static_cast<elem*>(a.out) + r * n);
 #pragma unroll
   for (int i = 0; i < V; ++i) {
@@ -162,9 +171,14 @@ template <bool LAYER, int V> __device__ __forceinline__ void normRowsHeld(const 
     if (j >= words)
       continue;
     Half8 g, b, y;
-    g.u = __ldg(g8 + j);
-    if (LAYER)
-      b.u = __ldg(b8 + j);
+    if (V <= 4) {
+      g = gp[i % P];
+      b = bp[i % P];
+    } else {
+      g.u = __ldg(g8 + j);
+      if (LAYER)
+        b.u = __ldg(b8 + j);
+    }
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
       float v = (toF(h[i].h[e]) - mean) * rstd * toF(g.h[e]);

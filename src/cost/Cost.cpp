@@ -25,7 +25,13 @@ const Calibration kH200{
     224.0, // normSmemTflops: rmsnorm_gemm normalising A in shared memory, 0.614 ms at 4096^3
            // (layernorm_gemm 0.755 ms: 182; session 26's "before")
     0.02,  // epiloguePerNode: gemm_bias_gelu against gemm, +2-5% at 4096^3 (sessions 18-22)
-    0.045, // lnColumnShare: deferred LayerNorm's column terms, 4-5 points over RMSNorm
+    0.5,   // lnColumnPs: deferred LayerNorm's column terms, layernorm_gemm 0.208 ms against
+         // rmsnorm_gemm 0.200 at 4096^3 (session 26: 8 us over 16.8M outputs, 0.48 ps each); their
+         // share grows as K shrinks (GPT-2-XL's 4096x6400x1600: ~0.65 ps, session 30)
+    4.0, // rowLatencyUs: a norm kernel apart, beyond its launch and bytes (session 30's
+         // fpatc --time: layernorm [1, 768] 0.0079-0.0086 ms against 0.0034-0.0048 for an
+         // elementwise kernel as small; in whole graphs a LayerNorm apart cost 1.2-5.8 us more
+         // than deferring it at T = 1-333, GPT-2 and GPT-2-XL MLPs)
     true,
 };
 
@@ -41,7 +47,8 @@ const Calibration kAmpereGuess{
     110.0,
     70.0,
     0.02,
-    0.045,
+    0.5,
+    4.0,
     false,
 };
 
@@ -91,7 +98,7 @@ double gemmMs(const ir::Graph& g, ir::Vertex v, const Calibration& c) {
   if (deferred) { // the row statistics launch reads x once more
     ms += c.launchUs * 1e-3 + m * k * elt / (c.streamTBs * 1e12) * 1e3;
     if (ir::normKindOf(op) == ir::NormKind::LayerNorm)
-      ms += c.lnColumnShare * core;
+      ms += c.lnColumnPs * 1e-9 * m * n;
   }
   return ms;
 }
@@ -108,11 +115,15 @@ double opMs(const ir::Graph& g, ir::Vertex v, const Calibration& c) {
     return 0;
   if (ir::familyOf(op))
     return gemmMs(g, v, c);
-  // Elementwise and row-wise kernels stream their operands and their result.
+  // Elementwise and row-wise kernels stream their operands and their result; a row-wise one
+  // reads a whole row before it writes any of it.
   double bytes = elementBytes(op.type);
   for (ir::Vertex u : g.operands(v))
     bytes += elementBytes(g.op(u).type);
-  return c.launchUs * 1e-3 + bytes / (c.streamTBs * 1e12) * 1e3;
+  const bool rowwise = op.kind == ir::OpKind::LayerNorm || op.kind == ir::OpKind::RmsNorm ||
+                       op.kind == ir::OpKind::ReduceMean;
+  return (c.launchUs + (rowwise ? c.rowLatencyUs : 0.0)) * 1e-3 +
+         bytes / (c.streamTBs * 1e12) * 1e3;
 }
 
 std::string kernelNote(const ir::Graph& g, ir::Vertex v, int arch) {

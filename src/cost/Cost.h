@@ -25,7 +25,8 @@ struct Calibration {
   double slowTflops;      // the cp.async / mma.sync GEMM (no TMA path)
   double normSmemTflops;  // rmsnorm_gemm normalising A in shared memory (weights not constant)
   double epiloguePerNode; // each epilogue op adds this share of the GEMM's time
-  double lnColumnShare;   // a deferred LayerNorm's column terms, as a share of the GEMM's time
+  double lnColumnPs;      // a deferred LayerNorm's column terms: ps per output element
+  double rowLatencyUs;    // a row-wise kernel's own chain: read the row, reduce, then write
   bool measured;          // false: a guess scaled from another GPU (said in --explain)
 };
 

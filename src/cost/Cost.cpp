@@ -25,13 +25,19 @@ const Calibration kH200{
     224.0, // normSmemTflops: rmsnorm_gemm normalising A in shared memory, 0.614 ms at 4096^3
            // (layernorm_gemm 0.755 ms: 182; session 26's "before")
     0.02,  // epiloguePerNode: gemm_bias_gelu against gemm, +2-5% at 4096^3 (sessions 18-22)
-    0.5,   // lnColumnPs: deferred LayerNorm's column terms, layernorm_gemm 0.208 ms against
-         // rmsnorm_gemm 0.200 at 4096^3 (session 26: 8 us over 16.8M outputs, 0.48 ps each); their
-         // share grows as K shrinks (GPT-2-XL's 4096x6400x1600: ~0.65 ps, session 30)
-    4.0, // rowLatencyUs: a norm kernel apart, beyond its launch and bytes (session 30's
-         // fpatc --time: layernorm [1, 768] 0.0079-0.0086 ms against 0.0034-0.0048 for an
-         // elementwise kernel as small; in whole graphs a LayerNorm apart cost 1.2-5.8 us more
-         // than deferring it at T = 1-333, GPT-2 and GPT-2-XL MLPs)
+    // lnColumnPs: deferred LayerNorm's column terms, layernorm_gemm 0.208 ms against
+    // rmsnorm_gemm 0.200 at 4096^3 (session 26: 8 us over 16.8M outputs, 0.48 ps each); their
+    // share grows as K shrinks (GPT-2-XL's 4096x6400x1600: ~0.65 ps, session 30)
+    0.5,
+    // rowLatencyUs: a norm kernel apart, beyond its launch and bytes (session 30's fpatc
+    // --time: layernorm [1, 768] 0.0079-0.0086 ms against 0.0034-0.0048 for an elementwise
+    // kernel as small; in whole graphs a LayerNorm apart cost 1.2-5.8 us more than deferring
+    // it at T = 1-333, GPT-2 and GPT-2-XL MLPs)
+    4.0,
+    // normSmemStepUs: rmsnorm_gemm normalising A in shared memory at 100x768x512 took
+    // 0.0223 ms (session 30's fpatc --time, examples/transformer_mlp: 16 k-tiles of 32 one
+    // after another), where a wgmma GEMM as large took 0.008
+    0.95,
     true,
 };
 
@@ -49,6 +55,7 @@ const Calibration kAmpereGuess{
     0.02,
     0.5,
     4.0,
+    0.95,
     false,
 };
 
@@ -92,6 +99,9 @@ double gemmMs(const ir::Graph& g, ir::Vertex v, const Calibration& c) {
                     [](const ir::EpilogueNode& e) {
                       return e.kind != ir::EpiKind::Acc && e.kind != ir::EpiKind::Operand;
                     });
+  if (smemNorm) // each CTA walks its k-tiles one after another, normalising each: at small
+                // shapes that chain, not the throughput, is the time
+    core = std::max(core, (c.rowLatencyUs + std::ceil(k / 32) * c.normSmemStepUs) * 1e-3);
   double ms = c.launchUs * 1e-3 + core * (1 + c.epiloguePerNode * static_cast<double>(epilogueOps));
   if (split) // the second GEMM as a kernel of its own, its result read back by the first
     ms += c.launchUs * 1e-3 + core + 2 * m * n * elt / (c.streamTBs * 1e12) * 1e3;

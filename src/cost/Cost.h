@@ -27,6 +27,7 @@ struct Calibration {
   double epiloguePerNode; // each epilogue op adds this share of the GEMM's time
   double lnColumnPs;      // a deferred LayerNorm's column terms: ps per output element
   double rowLatencyUs;    // a row-wise kernel's own chain: read the row, reduce, then write
+  double normSmemStepUs;  // norm_gemm in shared memory: each k-tile's latency (small shapes)
   bool measured;          // false: a guess scaled from another GPU (said in --explain)
 };
 

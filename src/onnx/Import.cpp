@@ -728,7 +728,20 @@ private:
     Val &a = in(n, 0), &b = in(n, 1);
     legacyBroadcast(n, a.shape, b.shape);
     const std::vector<int64_t> shape = broadcast(a.shape, b.shape);
-    if (a.isConst && b.isConst && !a.integer && !b.integer) {
+    if (a.isConst && b.isConst && a.integer && b.integer) {
+      // Shape arithmetic (a dimension times the heads, a sequence length less one): integers,
+      // division truncated as ONNX's integer Div.
+      Val v = foldBinary(k, a, b, shape);
+      v.integer = true;
+      if (v.fdata)
+        v.data.assign(v.fdata->begin(), v.fdata->end());
+      v.fdata.reset();
+      for (double& d : v.data)
+        d = std::trunc(d);
+      define(n, std::move(v));
+      return;
+    }
+    if (a.isConst && b.isConst) {
       // Arithmetic on constants and weights is done here, once, in double (an unfolded
       // export's W * 0.5, a scale applied to a weight): it never becomes a kernel.
       define(n, foldBinary(k, a, b, shape));
@@ -811,12 +824,16 @@ private:
         {"Abs", un("abs")},
         {"Add", bin(ir::OpKind::Add)},
         {"Cast", member(&Importer::cast)},
+        {"Concat", member(&Importer::concat)},
         {"Constant", member(&Importer::constant)},
+        {"ConstantOfShape", member(&Importer::constantOfShape)},
         {"Div", bin(ir::OpKind::Div)},
         {"Dropout", member(&Importer::identity)},
         {"Erf", un("erf")},
         {"Exp", un("exp")},
+        {"Expand", member(&Importer::expand)},
         {"Flatten", member(&Importer::reshape)},
+        {"Gather", member(&Importer::gather)},
         {"Gemm", member(&Importer::matmul)},
         {"Identity", member(&Importer::identity)},
         {"LayerNormalization", member(&Importer::layerNorm)},
@@ -825,11 +842,14 @@ private:
         {"Mul", bin(ir::OpKind::Mul)},
         {"Neg", un("neg")},
         {"Pow", bin(ir::OpKind::Pow)},
+        {"Range", member(&Importer::range)},
         {"Reciprocal", un("reciprocal")},
         {"ReduceMean", member(&Importer::reduceMean)},
         {"Relu", un("relu")},
         {"Reshape", member(&Importer::reshape)},
+        {"Shape", member(&Importer::shapeOf)},
         {"Sigmoid", un("sigmoid")},
+        {"Slice", member(&Importer::slice)},
         {"Sqrt", un("sqrt")},
         {"Squeeze", member(&Importer::reshape)},
         {"Sub", bin(ir::OpKind::Sub)},
@@ -859,6 +879,11 @@ private:
     if (!isFloatType(to) && !(v.isConst && v.integer))
       throw UnsupportedError{std::string("casting to ") + dataTypeName(to) +
                              " is not supported (fpat computes in one float type)"};
+    if (v.isConst && isFloatType(to))
+      v.integer = false; // Range(...) cast to float: data from here on
+    else if (v.isConst && v.integer)
+      for (double& d : v.data)
+        d = std::trunc(d);   // to an integer type
     define(n, std::move(v)); // the whole graph computes in one precision
   }
 
@@ -884,6 +909,248 @@ private:
     } else {
       throw UnsupportedError{"it has no value (value, value_float(s) or value_int(s))"};
     }
+    define(n, std::move(v));
+  }
+
+  // --- Shape arithmetic: what exporters write around view/reshape (x.size(), x.view(-1, d)),
+  // folded here once the sizes are known (--dim binds a symbolic one). Each takes constants
+  // (shapes, axes, weights) and makes a constant; on values computed at run time it says so.
+
+  /// A constant of `shape` holding `values`: integers (shapes, indices) or floats.
+  static Val constOf(std::vector<int64_t> shape, std::vector<double> values, bool integer) {
+    Val v;
+    v.isConst = true;
+    v.integer = integer;
+    v.shape = std::move(shape);
+    if (integer || values.size() <= 1)
+      v.data = std::move(values);
+    else
+      v.fdata = std::make_shared<std::vector<float>>(values.begin(), values.end());
+    return v;
+  }
+
+  static std::vector<double> valuesOf(const Val& v) {
+    std::vector<double> out(count(v));
+    for (size_t i = 0; i < out.size(); ++i)
+      out[i] = at(v, i);
+    return out;
+  }
+
+  Val& constIn(const NodeProto& n, int i, const char* what) {
+    Val& v = in(n, i);
+    if (!v.isConst)
+      throw UnsupportedError{std::string(what) + " '" + v.name +
+                             "' is computed at run time; only constants (shapes, axes, "
+                             "weights) are supported here"};
+    return v;
+  }
+
+  /// Guards the constants these ops make: shapes and masks, not tensors of data.
+  static void checkConstSize(const std::vector<int64_t>& shape) {
+    if (numel(shape) > (int64_t{1} << 28))
+      throw UnsupportedError{"its result " + shapeStr(shape) + " is too large to fold at import"};
+  }
+
+  void shapeOf(const NodeProto& n) {
+    const std::vector<int64_t> dims = in(n, 0).shape; // known: --dim bound every symbol
+    const int64_t r = static_cast<int64_t>(dims.size());
+    auto clampAxis = [r](int64_t a) { return std::clamp<int64_t>(a < 0 ? a + r : a, 0, r); };
+    const int64_t from = clampAxis(intAttr(n, "start", 0)), to = clampAxis(intAttr(n, "end", r));
+    std::vector<double> out;
+    for (int64_t i = from; i < to; ++i)
+      out.push_back(static_cast<double>(dims[static_cast<size_t>(i)]));
+    const int64_t len = static_cast<int64_t>(out.size());
+    define(n, constOf({len}, std::move(out), true));
+  }
+
+  void gather(const NodeProto& n) {
+    if (!in(n, 0).isConst)
+      throw UnsupportedError{"only a gather from a constant (a shape, a weight) is supported; '" +
+                             in(n, 0).name +
+                             "' is computed at run time (an embedding lookup, a column pick)"};
+    const Val& d = in(n, 0);
+    const Val& idx = constIn(n, 1, "its indices");
+    if (d.shape.empty())
+      throw UnsupportedError{"it gathers from a scalar"};
+    const size_t axis = static_cast<size_t>(normAxis(intAttr(n, "axis", 0), d.shape.size()));
+    std::vector<int64_t> shape(d.shape.begin(), d.shape.begin() + static_cast<long>(axis));
+    shape.insert(shape.end(), idx.shape.begin(), idx.shape.end());
+    shape.insert(shape.end(), d.shape.begin() + static_cast<long>(axis) + 1, d.shape.end());
+    checkConstSize(shape);
+    int64_t outer = 1, inner = 1;
+    for (size_t i = 0; i < d.shape.size(); ++i)
+      (i < axis ? outer : inner) *= i == axis ? 1 : d.shape[i];
+    const int64_t dim = d.shape[axis];
+    std::vector<double> out;
+    out.reserve(static_cast<size_t>(numel(shape)));
+    for (int64_t o = 0; o < outer; ++o)
+      for (size_t k = 0; k < count(idx); ++k) {
+        auto j = static_cast<int64_t>(at(idx, k));
+        if (j < -dim || j >= dim)
+          throw UnsupportedError{"index " + std::to_string(j) + " is out of range for " +
+                                 shapeStr(d.shape) + " at axis " + std::to_string(axis)};
+        j = j < 0 ? j + dim : j;
+        for (int64_t i = 0; i < inner; ++i)
+          out.push_back(at(d, static_cast<size_t>((o * dim + j) * inner + i)));
+      }
+    define(n, constOf(std::move(shape), std::move(out), d.integer));
+  }
+
+  /// Slice of a constant: starts, ends, axes, steps as inputs (opset 10+) or attributes.
+  void slice(const NodeProto& n) {
+    if (!in(n, 0).isConst)
+      throw UnsupportedError{"only a slice of a constant (a shape, a weight) is supported; '" +
+                             in(n, 0).name + "' is computed at run time"};
+    const Val& d = in(n, 0);
+    const int64_t rank = static_cast<int64_t>(d.shape.size());
+    auto list = [&](int input, const char* name) {
+      std::vector<double> v;
+      if (const AttributeProto* a = attr(n, name))
+        v.assign(a->ints().begin(), a->ints().end());
+      else if (hasIn(n, input))
+        v = valuesOf(constIn(n, input, name));
+      return v;
+    };
+    const std::vector<double> starts = list(1, "starts"), ends = list(2, "ends");
+    std::vector<double> axes = list(3, "axes"), steps = list(4, "steps");
+    if (starts.size() != ends.size())
+      throw UnsupportedError{"its starts and ends differ in length"};
+    if (axes.empty())
+      for (size_t i = 0; i < starts.size(); ++i)
+        axes.push_back(static_cast<double>(i));
+    if (steps.empty())
+      steps.assign(starts.size(), 1.0);
+    if (axes.size() != starts.size() || steps.size() != starts.size())
+      throw UnsupportedError{"its axes or steps differ in length from its starts"};
+    std::vector<int64_t> first(static_cast<size_t>(rank), 0), step(static_cast<size_t>(rank), 1),
+        shape = d.shape;
+    std::set<int64_t> seen;
+    for (size_t i = 0; i < starts.size(); ++i) {
+      const int64_t a = normAxis(static_cast<int64_t>(axes[i]), d.shape.size());
+      if (!seen.insert(a).second)
+        throw UnsupportedError{"it slices axis " + std::to_string(a) + " twice"};
+      const double dim = static_cast<double>(d.shape[static_cast<size_t>(a)]), st = steps[i];
+      if (st == 0)
+        throw UnsupportedError{"its step is 0"};
+      // ONNX's clamping, in double: the exporters write INT64_MAX for "to the end".
+      double b = starts[i] < 0 ? starts[i] + dim : starts[i];
+      double e = ends[i] < 0 ? ends[i] + dim : ends[i];
+      b = st > 0 ? std::clamp(b, 0.0, dim) : std::clamp(b, 0.0, dim - 1);
+      e = st > 0 ? std::clamp(e, 0.0, dim) : std::clamp(e, -1.0, dim - 1);
+      const double len = st > 0 ? std::ceil((e - b) / st) : std::ceil((b - e) / -st);
+      first[static_cast<size_t>(a)] = static_cast<int64_t>(b);
+      step[static_cast<size_t>(a)] = static_cast<int64_t>(st);
+      shape[static_cast<size_t>(a)] = std::max<int64_t>(0, static_cast<int64_t>(len));
+    }
+    checkConstSize(shape);
+    std::vector<double> out;
+    std::vector<int64_t> idx(static_cast<size_t>(rank), 0);
+    const int64_t total = numel(shape);
+    for (int64_t t = 0; t < total; ++t) {
+      int64_t src = 0;
+      for (size_t k = 0; k < idx.size(); ++k)
+        src = src * d.shape[k] + first[k] + idx[k] * step[k];
+      out.push_back(at(d, static_cast<size_t>(src)));
+      for (size_t k = idx.size(); k-- > 0;) // the next index, row-major
+        if (++idx[k] < shape[k])
+          break;
+        else
+          idx[k] = 0;
+    }
+    define(n, constOf(std::move(shape), std::move(out), d.integer));
+  }
+
+  void concat(const NodeProto& n) {
+    if (n.input_size() == 0)
+      throw UnsupportedError{"it has no inputs"};
+    std::vector<const Val*> parts;
+    for (int i = 0; i < n.input_size(); ++i) {
+      if (!in(n, i).isConst)
+        throw UnsupportedError{"only constants (shapes, weights) are concatenated at import; '" +
+                               in(n, i).name + "' is computed at run time"};
+      parts.push_back(&in(n, i));
+    }
+    const std::vector<int64_t>& s0 = parts[0]->shape;
+    if (s0.empty())
+      throw UnsupportedError{"it concatenates scalars"};
+    const size_t axis = static_cast<size_t>(normAxis(intAttr(n, "axis", 0), s0.size()));
+    std::vector<int64_t> shape = s0;
+    shape[axis] = 0;
+    bool integer = true;
+    for (const Val* p : parts) {
+      for (size_t k = 0; k < s0.size(); ++k)
+        if (k != axis && (p->shape.size() != s0.size() || p->shape[k] != s0[k]))
+          throw UnsupportedError{"its inputs' shapes " + shapeStr(s0) + " and " +
+                                 shapeStr(p->shape) + " differ off axis " + std::to_string(axis)};
+      shape[axis] += p->shape[axis];
+      integer = integer && p->integer;
+    }
+    checkConstSize(shape);
+    int64_t outer = 1, inner = 1;
+    for (size_t k = 0; k < s0.size(); ++k)
+      if (k < axis)
+        outer *= s0[k];
+      else if (k > axis)
+        inner *= s0[k];
+    std::vector<double> out;
+    for (int64_t o = 0; o < outer; ++o)
+      for (const Val* p : parts) {
+        const int64_t block = p->shape[axis] * inner;
+        for (int64_t i = 0; i < block; ++i)
+          out.push_back(at(*p, static_cast<size_t>(o * block + i)));
+      }
+    define(n, constOf(std::move(shape), std::move(out), integer));
+  }
+
+  void constantOfShape(const NodeProto& n) {
+    std::vector<int64_t> shape;
+    for (double d : valuesOf(constIn(n, 0, "its shape"))) {
+      if (!(d >= 0 && d <= static_cast<double>(kMaxElements)))
+        throw UnsupportedError{"its shape has the dimension " + formatDouble(d)};
+      shape.push_back(static_cast<int64_t>(d));
+    }
+    checkConstSize(shape);
+    Val fill = constOf({}, {0.0}, false); // the default: float 0
+    if (const AttributeProto* a = attr(n, "value")) {
+      fill = Val{};
+      if (std::string why = decodeTensor(a->t(), fill); !why.empty())
+        throw UnsupportedError{"its value: " + why};
+    }
+    if (count(fill) != 1)
+      throw UnsupportedError{"its value has " + std::to_string(count(fill)) + " elements, not one"};
+    const auto total = static_cast<size_t>(numel(shape));
+    define(n, constOf(std::move(shape), std::vector<double>(total, at(fill, 0)), fill.integer));
+  }
+
+  void range(const NodeProto& n) {
+    const Val &s = constIn(n, 0, "its start"), &l = constIn(n, 1, "its limit"),
+              &d = constIn(n, 2, "its delta");
+    const double start = at(s, 0), limit = at(l, 0), delta = at(d, 0);
+    if (delta == 0)
+      throw UnsupportedError{"its delta is 0"};
+    const double len = std::max(0.0, std::ceil((limit - start) / delta));
+    checkConstSize({static_cast<int64_t>(std::min(len, 1e18))});
+    std::vector<double> out;
+    for (int64_t i = 0; i < static_cast<int64_t>(len); ++i)
+      out.push_back(start + static_cast<double>(i) * delta);
+    const auto len64 = static_cast<int64_t>(out.size());
+    define(n, constOf({len64}, std::move(out), s.integer));
+  }
+
+  /// Expand of a constant to a shape (NumPy broadcasting both ways).
+  void expand(const NodeProto& n) {
+    if (!in(n, 0).isConst)
+      throw UnsupportedError{"only a constant is expanded at import; '" + in(n, 0).name +
+                             "' is computed at run time"};
+    const Val& x = in(n, 0);
+    std::vector<int64_t> target;
+    for (double d : valuesOf(constIn(n, 1, "its shape")))
+      target.push_back(static_cast<int64_t>(d));
+    const std::vector<int64_t> shape = broadcast(x.shape, target);
+    checkConstSize(shape);
+    Val v = foldBinary(ir::OpKind::Mul, x, constOf({}, {1.0}, false), shape);
+    if (x.integer)
+      v = constOf(v.shape, valuesOf(v), true);
     define(n, std::move(v));
   }
 

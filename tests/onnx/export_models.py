@@ -6,6 +6,7 @@
 Writes gpt2_mlp_opset{13,17}.onnx and llama_mlp_opset{13,17}.onnx, and the MLPs of Hugging
 Face's hand-written activations and T5 at opset 13: f32, as torch.onnx.export
 writes them, inputs [batch, seq, d]; and gpt2_mlp_dyn_opset17.onnx, llama_mlp_dyn_opset13.onnx
+and hf_gpt2_mlp_dyn_opset13.onnx (Hugging Face's Conv1D: views of the rows, shape arithmetic)
 with batch and seq symbolic (dynamic axes: fpatc --dim batch=B --dim seq=T). Needs Debian's python3-torch (1.13) and python3-onnx; the
 files in tests/onnx/models were made with it. Small sizes keep them small: d = 64.
 """
@@ -84,6 +85,35 @@ class QuickGelu(nn.Module):
         return x * torch.sigmoid(1.702 * x)
 
 
+class Conv1D(nn.Module):
+    """Hugging Face's GPT-2 Conv1D: a linear layer as addmm over the rows, viewed back."""
+
+    def __init__(self, nf, nx):
+        super().__init__()
+        self.nf = nf
+        self.weight = nn.Parameter(torch.randn(nx, nf) * 0.05)
+        self.bias = nn.Parameter(torch.randn(nf) * 0.05)
+
+    def forward(self, x):
+        size_out = x.size()[:-1] + (self.nf,)
+        x = torch.addmm(self.bias, x.view(-1, x.size(-1)), self.weight)
+        return x.view(size_out)
+
+
+class HfGpt2Mlp(nn.Module):
+    """Hugging Face's GPT2MLP with its block's ln_2 and residual: Conv1D layers, gelu_new."""
+
+    def __init__(self):
+        super().__init__()
+        self.ln_2 = nn.LayerNorm(D, eps=1e-5)
+        self.c_fc = Conv1D(HIDDEN, D)
+        self.act = NewGelu()
+        self.c_proj = Conv1D(D, HIDDEN)
+
+    def forward(self, x):
+        return x + self.c_proj(self.act(self.c_fc(self.ln_2(x))))
+
+
 class ActMlp(nn.Module):
     """An MLP sub-block with a hand-written activation: x + fc2(act(fc1(x)))."""
 
@@ -144,6 +174,14 @@ def main():
                           output_names=["y"], do_constant_folding=True,
                           dynamic_axes={"x": axes, "y": axes})
         print(path)
+    # Hugging Face's GPT-2 MLP: Shape, Gather, Slice, Concat and Reshape around each view,
+    # folded once --dim gives the sizes; made last, so that the files above come out as before.
+    m = HfGpt2Mlp().eval()
+    x = torch.randn(BATCH, SEQ, D)
+    path = os.path.join(out, "hf_gpt2_mlp_dyn_opset13.onnx")
+    torch.onnx.export(m, (x,), path, opset_version=13, input_names=["x"], output_names=["y"],
+                      do_constant_folding=True, dynamic_axes={"x": axes, "y": axes})
+    print(path)
 
 
 if __name__ == "__main__":

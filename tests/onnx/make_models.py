@@ -134,6 +134,49 @@ save("weight_scaled",
      [numpy_helper.from_array(np.ones((8, 8), np.float32), "W"),
       numpy_helper.from_array(np.array(0.5, np.float32), "half")])
 
+# Shape arithmetic as exporters write it around view/reshape, folded at import: x's Shape,
+# Slice, integer Div (truncated: 8 / 3 = 2) and Mul, Unsqueeze, Concat -> a Reshape target of
+# [4, 8]; a weight's Gather and Slice (its last row, an INT64_MAX end) Expanded to [4, 8];
+# Range cast to float; ConstantOfShape. x (legacy_inputs/x.f16) is -16..15 and B = 0..47
+# ([2, 3, 8]): y = x + (40 + j) + j + 0.5 = x + 40.5 + 2j; the numbers are worked out by hand
+# in tests/CMakeLists.txt.
+def i64(name, v):
+    return helper.make_node("Constant", [], [name], name=name,
+                            value=numpy_helper.from_array(np.array(v, np.int64)))
+
+
+save("shape_arith",
+     [helper.make_node("Shape", ["x"], ["s"], name="shape"),
+      i64("zero", [0]), i64("minus1", [-1]), i64("one", 1), i64("three", 3), i64("four", 4),
+      i64("idx1", 1), i64("end", [np.iinfo(np.int64).max]), i64("axis0", [0]),
+      helper.make_node("Slice", ["s", "zero", "minus1"], ["rows"], name="rows"),
+      helper.make_node("Gather", ["s", "one"], ["cols"], name="cols"),
+      helper.make_node("Div", ["cols", "three"], ["two"], name="div"),
+      helper.make_node("Mul", ["two", "four"], ["eight"], name="mul"),
+      helper.make_node("Unsqueeze", ["eight", "axis0"], ["eight1"], name="unsq"),
+      helper.make_node("Concat", ["rows", "eight1"], ["target"], name="concat", axis=0),
+      helper.make_node("Gather", ["B", "idx1"], ["g"], name="gather_w", axis=0),
+      helper.make_node("Slice", ["g", "minus1", "end", "axis0"], ["last"], name="last_row"),
+      helper.make_node("Expand", ["last", "target"], ["e"], name="expand"),
+      helper.make_node("Range", ["zero0", "eight", "one"], ["r"], name="range"),
+      helper.make_node("Cast", ["r"], ["rf"], name="cast", to=TensorProto.FLOAT),
+      helper.make_node("ConstantOfShape", ["target"], ["halves"], name="fill",
+                       value=numpy_helper.from_array(np.array([0.5], np.float32))),
+      helper.make_node("Add", ["x", "e"], ["y0"], name="add0"),
+      helper.make_node("Add", ["y0", "rf"], ["y1"], name="add1"),
+      helper.make_node("Add", ["y1", "halves"], ["y2"], name="add2"),
+      helper.make_node("Reshape", ["y2", "target"], ["y"], name="reshape")],
+     [f32("x", [4, 8])], [f32("y", [4, 8])],
+     [numpy_helper.from_array(np.arange(48, dtype=np.float32).reshape(2, 3, 8), "B"),
+      numpy_helper.from_array(np.array(0, np.int64), "zero0")])
+
+# A Gather from a value computed at run time (an embedding lookup): refused, located.
+save("gather_runtime",
+     [helper.make_node("Relu", ["x"], ["h"], name="act"),
+      helper.make_node("Gather", ["h", "idx"], ["y"], name="lookup", axis=0)],
+     [f32("x", [4, 8])], [f32("y", [2, 8])],
+     [numpy_helper.from_array(np.array([0, 2], np.int64), "idx")])
+
 # A weight with a NaN, and one value beyond f16's range (inf once rounded): the import says so.
 nan_w = np.ones((8, 8), np.float32)
 nan_w[2, 3] = np.nan

@@ -342,6 +342,8 @@ bool importOnnx(const FpatcOptions& opts, const std::string& bytes, const Patter
                 std::vector<std::string>& notes, SourceNames& sourceNames, std::ostream& err) {
   onnx::ImportOptions io;
   io.dims = opts.dims;
+  if (opts.input != "-") // external data files lie beside the model
+    io.modelDir = fs::absolute(fs::path(opts.input)).parent_path().string();
   // Imported as stored (f32 or f16), then converted: an f32 model gives the graph that runs
   // and the model as exported (the oracle of the half-precision run) from one import.
   const std::optional<ir::DType> want =

@@ -5,10 +5,15 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <fcntl.h>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <onnx/onnx.pb.h>
 #include <set>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 namespace fpat::onnx {
 
@@ -124,8 +129,98 @@ bool isFloatType(int t) {
          t == TensorProto::BFLOAT16;
 }
 
-/// The values of a TensorProto, or an error message.
-std::string decodeTensor(const TensorProto& t, Val& out) {
+/// A model's external data files (ONNX's data_location = EXTERNAL: the weights of models over
+/// protobuf's 2 GB), each mapped into memory once, read where a tensor's entry says.
+class ExternalData {
+public:
+  explicit ExternalData(std::string dir) : dir_(std::move(dir)) {}
+  ExternalData(const ExternalData&) = delete;
+  ExternalData& operator=(const ExternalData&) = delete;
+  ~ExternalData() {
+    for (auto& [name, f] : files_)
+      if (f.data)
+        munmap(f.data, f.size);
+  }
+
+  /// The `bytes` bytes of tensor `t`'s external data, or an error message.
+  std::string read(const TensorProto& t, size_t bytes, const char*& out) {
+    std::string location;
+    double offset = 0, length = -1;
+    for (const auto& e : t.external_data()) {
+      if (e.key() == "location")
+        location = e.value();
+      else if (e.key() == "offset" || e.key() == "length") {
+        char* end = nullptr;
+        const double v = std::strtod(e.value().c_str(), &end);
+        if (e.value().empty() || *end || !(v >= 0 && v < 9.0e18))
+          return "its external data's " + e.key() + " '" + e.value() + "' is not a byte count";
+        (e.key() == "offset" ? offset : length) = v;
+      }
+    }
+    if (location.empty())
+      return "its data is stored outside the model file, but no location says where";
+    const std::filesystem::path rel(location);
+    if (rel.is_absolute() ||
+        std::any_of(rel.begin(), rel.end(), [](const auto& part) { return part == ".."; }))
+      return "its external data file '" + location +
+             "' is not a path inside the model's folder (absolute, or through '..')";
+    if (dir_.empty())
+      return "its data is stored outside the model file ('" + location +
+             "'), which needs the model's folder: give the model as a file, not on standard "
+             "input";
+    if (length >= 0 && static_cast<size_t>(length) != bytes)
+      return "its external data is " + std::to_string(static_cast<size_t>(length)) +
+             " bytes long; " + std::to_string(bytes) + " are needed";
+    auto [it, fresh] = files_.try_emplace(location);
+    Mapped& f = it->second;
+    if (fresh)
+      f = map((std::filesystem::path(dir_) / rel).string());
+    if (!f.error.empty())
+      return "its external data file '" + location + "' " + f.error;
+    const auto off = static_cast<size_t>(offset);
+    if (off > f.size || f.size - off < bytes)
+      return "its external data file '" + location + "' holds " + std::to_string(f.size) +
+             " bytes; the tensor needs bytes " + std::to_string(off) + " to " +
+             std::to_string(off + bytes);
+    out = static_cast<const char*>(f.data) + off;
+    return "";
+  }
+
+private:
+  struct Mapped {
+    void* data = nullptr;
+    size_t size = 0;
+    std::string error;
+  };
+  static Mapped map(const std::string& path) {
+    Mapped m;
+    const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      m.error = std::string("cannot be opened: ") + std::strerror(errno);
+      return m;
+    }
+    struct stat st {};
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+      m.error = "is not a regular file";
+    } else if (st.st_size > 0) {
+      m.size = static_cast<size_t>(st.st_size);
+      m.data = mmap(nullptr, m.size, PROT_READ, MAP_PRIVATE, fd, 0);
+      if (m.data == MAP_FAILED) {
+        m.data = nullptr;
+        m.size = 0;
+        m.error = std::string("cannot be mapped: ") + std::strerror(errno);
+      }
+    }
+    close(fd);
+    return m;
+  }
+  std::string dir_;
+  std::map<std::string, Mapped> files_;
+};
+
+/// The values of a TensorProto, or an error message. External data is read through `ext`
+/// (none: an error).
+std::string decodeTensor(const TensorProto& t, Val& out, ExternalData* ext = nullptr) {
   out.shape.clear();
   for (int64_t d : t.dims()) {
     if (d < 0 || d > kMaxElements)
@@ -134,10 +229,10 @@ std::string decodeTensor(const TensorProto& t, Val& out) {
     if (numel(out.shape) > kMaxElements)
       return "more than 2^40 elements";
   }
-  if (t.data_location() == TensorProto::EXTERNAL)
-    return "its data is stored outside the model file (external data), which fpat does not "
-           "read yet; save the model with its weights inside (onnx.save(..., "
-           "save_as_external_data=False))";
+  const bool external = t.data_location() == TensorProto::EXTERNAL;
+  if (external && !ext)
+    return "its data is stored outside the model file (external data), which is read only "
+           "for the initializers of a model given as a file";
   const int64_t n = numel(out.shape);
   const int type = t.data_type();
   out.isConst = true;
@@ -182,17 +277,24 @@ std::string decodeTensor(const TensorProto& t, Val& out) {
       return ir::halfBitsToFloat(h);
     return ir::bf16BitsToFloat(h);
   };
-  if (t.has_raw_data()) {
-    const std::string& raw = t.raw_data();
-    if (raw.size() != static_cast<size_t>(n) * elemSize)
-      return "it holds " + std::to_string(raw.size()) + " bytes; " + dataTypeName(type) +
-             shapeStr(out.shape) + " needs " + std::to_string(static_cast<size_t>(n) * elemSize);
+  if (t.has_raw_data() || external) {
+    const size_t bytes = static_cast<size_t>(n) * elemSize;
+    const char* raw = nullptr;
+    if (external) {
+      if (std::string why = ext->read(t, bytes, raw); !why.empty())
+        return why;
+    } else if (t.raw_data().size() != bytes) {
+      return "it holds " + std::to_string(t.raw_data().size()) + " bytes; " + dataTypeName(type) +
+             shapeStr(out.shape) + " needs " + std::to_string(bytes);
+    } else {
+      raw = t.raw_data().data();
+    }
     if (type == TensorProto::FLOAT) { // the common case: copied as it is
-      std::memcpy(floats, raw.data(), raw.size());
+      std::memcpy(floats, raw, bytes);
       return "";
     }
     for (size_t i = 0; i < static_cast<size_t>(n); ++i) {
-      const char* p = raw.data() + i * elemSize;
+      const char* p = raw + i * elemSize;
       switch (type) {
       case TensorProto::INT32: {
         int32_t x;
@@ -264,7 +366,7 @@ public:
   }
 
   Importer(const ImportOptions& o, const ir::ActivationSet& acts, ImportResult& r)
-      : opts_(o), acts_(acts), r_(r) {}
+      : opts_(o), acts_(acts), r_(r), external_(o.modelDir) {}
 
   void run(const ::onnx::ModelProto& m) {
     for (const auto& os : m.opset_import())
@@ -287,7 +389,7 @@ public:
     for (const TensorProto& t : g.initializer()) {
       Val v;
       v.name = t.name();
-      if (std::string why = decodeTensor(t, v); !why.empty()) {
+      if (std::string why = decodeTensor(t, v, &external_); !why.empty()) {
         problem("", "", "initializer '" + t.name() + "': " + why);
         continue;
       }
@@ -1376,6 +1478,7 @@ private:
   const ImportOptions& opts_;
   const ir::ActivationSet& acts_;
   ImportResult& r_;
+  ExternalData external_; // the model's external data files, mapped once
   ir::Graph g_;
   std::optional<ir::DType> dtype_;
   std::map<std::string, Val> vals_;
@@ -1416,7 +1519,10 @@ ImportResult importModel(const std::string& bytes, const ImportOptions& opts,
   ImportResult r;
   ::onnx::ModelProto m;
   if (bytes.size() > static_cast<size_t>(INT32_MAX)) {
-    r.problems.push_back({"", "", "the file is larger than 2 GB, protobuf's limit"});
+    r.problems.push_back({"", "",
+                          "the file is larger than 2 GB, protobuf's limit (models that "
+                          "large keep their weights in external data files: onnx.save(..., "
+                          "save_as_external_data=True))"});
     return r;
   }
   if (!m.ParseFromString(bytes)) {

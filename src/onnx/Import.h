@@ -19,6 +19,9 @@ struct ImportOptions {
   std::optional<ir::DType> precision;
   /// Values of symbolic dimensions (`dim_param`), e.g. {"batch": 2, "seq": 128}.
   std::map<std::string, int64_t> dims;
+  /// The folder of the model file, where its external data files are (models over 2 GB keep
+  /// their weights there); empty: external data is an error (a model from standard input).
+  std::string modelDir;
 };
 
 /// One problem found while importing, tied to the node it concerns (when there is one).

@@ -233,13 +233,40 @@ save("symbolic_dim",
      [helper.make_node("Relu", ["x"], ["y"], name="act")],
      [f32("x", ["seq", 8])], [f32("y", ["seq", 8])], [])
 
-ext = numpy_helper.from_array(np.zeros((8, 8), np.float32), "W")
-ext.ClearField("raw_data")
-ext.data_location = TensorProto.EXTERNAL
-ext.external_data.add(key="location", value="weights.bin")
+# External data (the weights of models over 2 GB): W = 0.5 and b = 0..7 in one file beside
+# the model, b at an offset. x (legacy_inputs/x.f16) is -16..15: y = x W + b has min -50 + 0,
+# max 46 + 7, mean -2 + 3.5 (worked out by hand in tests/CMakeLists.txt). Then the ways such
+# a file can be wrong: missing, outside the model's folder, too short.
+def external(name, array, location, offset=None, length=None):
+    t = numpy_helper.from_array(array, name)
+    t.ClearField("raw_data")
+    t.data_location = TensorProto.EXTERNAL
+    t.external_data.add(key="location", value=location)
+    if offset is not None:
+        t.external_data.add(key="offset", value=str(offset))
+    if length is not None:
+        t.external_data.add(key="length", value=str(length))
+    return t
+
+
+w_half = np.full((8, 8), 0.5, np.float32)
+b_range = np.arange(8, dtype=np.float32)
+with open(os.path.join(OUT, "external_weights.bin"), "wb") as f:
+    f.write(w_half.tobytes() + b"\0" * 64 + b_range.tobytes())
+linear = [helper.make_node("MatMul", ["x", "W"], ["h"], name="mm"),
+          helper.make_node("Add", ["h", "b"], ["y"], name="bias")]
+save("external_weights", linear, [f32("x", [4, 8])], [f32("y", [4, 8])],
+     [external("W", w_half, "external_weights.bin", 0, 256),
+      external("b", b_range, "external_weights.bin", 256 + 64)])
 save("external_data",
      [helper.make_node("MatMul", ["x", "W"], ["y"], name="mm")],
-     [f32("x", [4, 8])], [f32("y", [4, 8])], [ext])
+     [f32("x", [4, 8])], [f32("y", [4, 8])],
+     [external("W", np.zeros((8, 8), np.float32), "weights.bin")])
+save("external_escape", linear, [f32("x", [4, 8])], [f32("y", [4, 8])],
+     [external("W", w_half, "../external_weights.bin"), external("b", b_range, "/etc/passwd")])
+save("external_short", linear, [f32("x", [4, 8])], [f32("y", [4, 8])],
+     [external("W", w_half, "external_weights.bin", 300),
+      external("b", b_range, "external_weights.bin", 0, 31)])
 
 save("batched_matmul",
      [helper.make_node("MatMul", ["q", "k"], ["y"], name="scores")],

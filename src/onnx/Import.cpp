@@ -263,9 +263,16 @@ std::string decodeTensor(const TensorProto& t, Val& out, ExternalData* ext = nul
     out.data.assign(static_cast<size_t>(n), 0.0);
     ints = &out.data;
   } else {
-    out.fdata = std::make_shared<std::vector<float>>(static_cast<size_t>(n));
-    floats = out.fdata->data();
+    out.fdata = std::make_shared<std::vector<float>>();
+    out.fdata->reserve(static_cast<size_t>(n));
+    adviseHugePages(out.fdata->data(), static_cast<size_t>(n) * sizeof(float));
   }
+  auto sized = [&] { // the element-by-element paths write into a sized vector
+    if (out.fdata && out.fdata->size() != static_cast<size_t>(n)) {
+      out.fdata->resize(static_cast<size_t>(n));
+      floats = out.fdata->data();
+    }
+  };
   auto put = [&](size_t i, double v) {
     if (ints)
       (*ints)[i] = v;
@@ -289,10 +296,12 @@ std::string decodeTensor(const TensorProto& t, Val& out, ExternalData* ext = nul
     } else {
       raw = t.raw_data().data();
     }
-    if (type == TensorProto::FLOAT) { // the common case: copied as it is
-      std::memcpy(floats, raw, bytes);
+    if (type == TensorProto::FLOAT) { // the common case: copied as it is, no zero fill first
+      const auto* f = reinterpret_cast<const float*>(raw);
+      out.fdata->insert(out.fdata->end(), f, f + n);
       return "";
     }
+    sized();
     for (size_t i = 0; i < static_cast<size_t>(n); ++i) {
       const char* p = raw + i * elemSize;
       switch (type) {
@@ -326,6 +335,7 @@ std::string decodeTensor(const TensorProto& t, Val& out, ExternalData* ext = nul
     return "";
   }
   // Typed fields.
+  sized();
   auto fill = [&](const auto& field, const char* what) -> std::string {
     if (static_cast<int64_t>(field.size()) != n)
       return "it holds " + std::to_string(field.size()) + " values in " + what + "; " +
@@ -1498,9 +1508,15 @@ ir::Graph convertPrecision(const ir::Graph& g, ir::DType t) {
     ir::Op& op = out.op(v);
     op.type.dtype = t;
     if (op.data && t != ir::DType::F32) {
-      auto data = std::make_shared<std::vector<float>>(op.data->size());
-      for (size_t i = 0; i < data->size(); ++i)
-        (*data)[i] = ir::roundTo((*op.data)[i], t);
+      auto data = std::make_shared<std::vector<float>>();
+      data->reserve(op.data->size());
+      adviseHugePages(data->data(), op.data->size() * sizeof(float));
+      data->resize(op.data->size());
+      const std::vector<float>& from = *op.data;
+      parallelFor(from.size(), size_t{1} << 20, [&](size_t b, size_t e) {
+        for (size_t i = b; i < e; ++i)
+          (*data)[i] = ir::roundTo(from[i], t);
+      });
       op.data = std::move(data);
     }
   }

@@ -11,6 +11,9 @@
 #include <fstream>
 #include <iostream>
 #include <sstream>
+#include <sys/mman.h>
+#include <thread>
+#include <vector>
 
 namespace fpat {
 
@@ -314,6 +317,34 @@ bool readStream(std::istream& in, std::string& out, std::string* why, size_t max
 
 } // namespace
 
+void adviseHugePages(const void* p, size_t bytes) {
+#ifdef MADV_HUGEPAGE
+  constexpr uintptr_t kHuge = uintptr_t{2} << 20;
+  const auto begin = (reinterpret_cast<uintptr_t>(p) + kHuge - 1) & ~(kHuge - 1);
+  const auto end = (reinterpret_cast<uintptr_t>(p) + bytes) & ~(kHuge - 1);
+  if (end > begin)
+    madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE); // advice: may fail
+#else
+  (void)p;
+  (void)bytes;
+#endif
+}
+
+void parallelFor(size_t n, size_t grain, const std::function<void(size_t, size_t)>& f) {
+  const size_t pieces = std::max<size_t>(
+      1, std::min<size_t>(std::thread::hardware_concurrency(), n / std::max<size_t>(grain, 1)));
+  if (pieces <= 1) {
+    f(0, n);
+    return;
+  }
+  std::vector<std::thread> threads;
+  for (size_t i = 1; i < pieces; ++i)
+    threads.emplace_back(f, n * i / pieces, n * (i + 1) / pieces);
+  f(0, n / pieces);
+  for (std::thread& t : threads)
+    t.join();
+}
+
 bool readFile(const std::string& path, std::string& out, std::string* why, size_t maxBytes) {
   out.clear();
   std::error_code ec;
@@ -343,6 +374,8 @@ bool readFile(const std::string& path, std::string& out, std::string* why, size_
       return false;
     }
     try {
+      out.reserve(static_cast<size_t>(size));
+      adviseHugePages(out.data(), static_cast<size_t>(size));
       out.resize(static_cast<size_t>(size));
     } catch (const std::bad_alloc&) {
       if (why)

@@ -149,8 +149,11 @@ int stagedOperand(const ir::Graph& g, ir::Vertex v) {
 
 } // namespace
 
-KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibrary& lib,
-                        const CodegenOptions& o, const ir::FamilyInfo& familyInfo) {
+/// Every decision of the GEMM code generator for one op, as data: configuration, fallback,
+/// where the epilogue runs, the split, padding and prepared copies, the kernel's name and the
+/// unit's launch-relevant fields. Emitting the source and the launches reads it.
+GemmPlan planGemm(const ir::Graph& g, ir::Vertex v, const CodegenOptions& o,
+                  const ir::FamilyInfo& familyInfo) {
   const ir::Op& op = g.op(v);
   KernelUnit u;
   const std::vector<ir::Vertex> ins = g.operands(v);
@@ -160,8 +163,6 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
     return it == o.sources.end() ? std::string() : " [" + it->second + "]";
   }();
   const ir::FamilyInfo* family = &familyInfo;
-  ActivationCode acts;
-  std::ostringstream body;
   const bool norm = family->normalisesA;
   const int normKind = !norm                          ? 0
                        : op.fused.norm == "layernorm" ? 1
@@ -268,13 +269,6 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
   const bool kMajorB = u.transB || u.preparedB; // how the wgmma kernel reads B
   const bool padB = padK && u.transB && !u.preparedB;
 
-  // The dual GEMM's epilogue is dual() and dual1(), of both accumulators; the kernel never
-  // calls the one-accumulator forms for it.
-  const std::string never =
-      "    __trap(); // the dual GEMM calls dual() and dual1()\n    return v;\n";
-  const std::string epi = dual ? never : epilogueBody(g, v, lib, acts);
-  const std::string dualPair = dual ? epiloguePairBody(g, v, lib, acts, -1) : std::string();
-  const std::string dualOne = dual ? epilogueBody(g, v, lib, acts) : std::string();
   const std::string base = op.kind == ir::OpKind::Fused ? sanitize(op.fused.pattern) : "gemm";
   // The name tells apart every source one configuration generates: wgmma kernels store through
   // the epilogue tile or not depending on N, and split the last wave or not by shape.
@@ -299,6 +293,34 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
   u.what = ref(g, v) + " = " + (op.kind == ir::OpKind::Fused ? op.fused.pattern : "gemm") + where +
            (fallback.empty() ? "" : " (" + fallback + ")") +
            (plan.empty() ? "" : " (" + plan + ")");
+  GemmPlan p;
+  p.unit = std::move(u);
+  p.where = where;
+  p.normKind = normKind;
+  p.norm = norm;
+  p.dual = dual;
+  p.deferNorm = deferNorm;
+  p.statsInLoop = statsInLoop;
+  p.epiTile = epiTile;
+  p.staged = staged;
+  p.side = side;
+  p.defer = defer;
+  p.padK = padK;
+  p.padB = padB;
+  p.kMajorB = kMajorB;
+  p.smemBytes = smemBytes;
+  p.bIdx = bIdx;
+  return p;
+}
+
+/// The generated file's header lines: what the kernel is and how it runs (shape-free: every
+/// op of one configuration shares the kernel).
+std::vector<std::string> headerLines(const GemmPlan& p, const ir::Op& op) {
+  const KernelUnit& u = p.unit;
+  const TileConfig& t = u.tile;
+  const bool dual = p.dual, deferNorm = p.deferNorm, epiTile = p.epiTile, padK = p.padK,
+             padB = p.padB, defer = p.defer, side = p.side, norm = p.norm;
+  const int staged = p.staged, normKind = p.normKind;
   std::vector<std::string> lines;
   if (t.wgmma()) {
     const bool pp = t.backend == Backend::WgmmaPingPong;
@@ -374,6 +396,33 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
   lines.push_back("epilogue: " + (op.kind == ir::OpKind::Fused
                                       ? ir::printEpilogue(op.fused.epilogue)
                                       : std::string("acc")));
+  return lines;
+}
+
+KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibrary& lib,
+                        const CodegenOptions& o, const ir::FamilyInfo& familyInfo) {
+  const GemmPlan p = planGemm(g, v, o, familyInfo);
+  KernelUnit u = p.unit;
+  const ir::Op& op = g.op(v);
+  const std::vector<ir::Vertex> ins = g.operands(v);
+  const TileConfig& t = u.tile;
+  const bool dual = p.dual, deferNorm = p.deferNorm, epiTile = p.epiTile, padK = p.padK,
+             padB = p.padB, defer = p.defer, side = p.side, norm = p.norm, kMajorB = p.kMajorB,
+             statsInLoop = p.statsInLoop;
+  const int staged = p.staged, normKind = p.normKind, smemBytes = p.smemBytes;
+  const size_t bIdx = p.bIdx;
+  const std::string& where = p.where;
+  const int64_t gemmN = u.gemmColumns();
+  ActivationCode acts;
+  std::ostringstream body;
+  // The dual GEMM's epilogue is dual() and dual1(), of both accumulators; the kernel never
+  // calls the one-accumulator forms for it.
+  const std::string never =
+      "    __trap(); // the dual GEMM calls dual() and dual1()\n    return v;\n";
+  const std::string epi = dual ? never : epilogueBody(g, v, lib, acts);
+  const std::string dualPair = dual ? epiloguePairBody(g, v, lib, acts, -1) : std::string();
+  const std::string dualOne = dual ? epilogueBody(g, v, lib, acts) : std::string();
+  const std::vector<std::string> lines = headerLines(p, op);
   body << header(op.kind == ir::OpKind::Fused ? "pattern " + op.fused.pattern + where
                                               : std::string("gemm (not fused)"),
                  o, lines)

@@ -3,6 +3,7 @@
 #define BOOST_TEST_MODULE codegen
 #include "../common/TestGraphs.h"
 #include "fpat/codegen/Codegen.h"
+#include "fpat/codegen/Lowering.h"
 #include "fpat/runtime/Executor.h"
 #include "fpat/runtime/Nvcc.h"
 #include "fpat/runtime/Pipeline.h"
@@ -146,6 +147,44 @@ BOOST_AUTO_TEST_CASE(names_encode_the_configuration) {
   BOOST_TEST(unitsFor("rmsnorm", {7, 8200, 8}, 90).at(0).name == "fpat_rmsnorm_sm90");
   BOOST_TEST(unitsFor("rmsnorm", {7, 100, 8}, 90).at(0).name == "fpat_rmsnorm_sm90");
   BOOST_TEST(unitsFor("bias_add", {8, 8, 8}, 90).at(0).name == "fpat_ew_bias_add_sm90");
+}
+
+// The GEMM plan: every decision of the code generator as data, checked without any source
+// text (the source and the launches are emitted from it).
+BOOST_AUTO_TEST_CASE(gemm_plans_are_data) {
+  auto plan = [](const std::string& name, Shape s, int arch, bool weights = false) {
+    ir::Graph f = fuse(caseGraph(name, s, weights));
+    const ir::Vertex v = *f.find("y");
+    codegen::CodegenOptions o;
+    o.arch = arch;
+    return codegen::detail::planGemm(f, v, o, *ir::familyOf(f.op(v)));
+  };
+  // A deferred RMSNorm (weights) on Hopper: the statistics launch, gamma folded into B.
+  const codegen::detail::GemmPlan norm = plan("rmsnorm_gemm", {4096, 4096, 4096}, 90, true);
+  BOOST_TEST(norm.deferNorm);
+  BOOST_TEST(norm.normKind == 2);
+  BOOST_TEST(norm.unit.normStatsLaunch);
+  BOOST_TEST(!norm.statsInLoop);
+  BOOST_TEST(norm.unit.preparedB);
+  BOOST_TEST(norm.unit.tile.wgmma());
+  BOOST_TEST(norm.smemBytes > 0);
+  // The same with gamma and W given at run time: normalised in shared memory, no deferral.
+  const codegen::detail::GemmPlan smem = plan("rmsnorm_gemm", {4096, 4096, 4096}, 90);
+  BOOST_TEST(!smem.deferNorm);
+  BOOST_TEST(smem.unit.needsRowStats);
+  BOOST_TEST(!smem.unit.tile.wgmma());
+  // An activation epilogue through the tile, deferred to the producer's idle warps.
+  const codegen::detail::GemmPlan gelu = plan("gemm_bias_gelu", {4096, 4096, 4096}, 90);
+  BOOST_TEST(gelu.epiTile);
+  BOOST_TEST(gelu.defer);
+  BOOST_TEST(gelu.staged == -1);
+  // A residual staged into the tile; K % 8 != 0 pads A; sm_80 has no wgmma.
+  const codegen::detail::GemmPlan res = plan("gemm_residual", {4096, 4096, 1003}, 90);
+  BOOST_TEST(res.staged == 2);
+  BOOST_TEST(res.padK);
+  BOOST_TEST(res.unit.name.find("_padk") != std::string::npos);
+  BOOST_TEST(!plan("gemm_residual", {4096, 4096, 4096}, 80).unit.tile.wgmma());
+  BOOST_TEST(res.unit.source.empty()); // a plan holds no text
 }
 
 BOOST_AUTO_TEST_CASE(sources_say_where_they_came_from_and_are_deterministic) {

@@ -952,6 +952,213 @@ bool checkFolders(const FpatcOptions& opts, std::ostream& err) {
   return true;
 }
 
+/// Fusion: by cost (the default: every match a candidate, the set of least estimated time) or
+/// greedily (--fuse=always). False when the fused graph is invalid (an internal error).
+bool fuseStage(const FpatcOptions& opts, const Patterns& pats, const ir::Graph& g,
+               match::MatchResult& mr, ir::Graph& fused, std::ostream& err) {
+  // The cost model's GPU: --arch, else the one here, else sm_90 (what fpatc compiles for).
+  int costArch = opts.arch;
+  if (!costArch && opts.fuse && !opts.fuseAlways && opts.compile && opts.run && opts.emit.empty())
+    if (cuda::Driver* d = cuda::Driver::get(nullptr))
+      costArch = d->device().arch;
+  costArch = costArch ? costArch : 90;
+  const cost::Calibration& calibration = cost::calibrationFor(costArch);
+  match::MatchOptions mopts;
+  mopts.disabled = opts.disabled;
+  mopts.only = opts.only;
+  mopts.explain = opts.explain;
+  for (const std::string& n : opts.disabled)
+    if (std::none_of(pats.table.patterns.begin(), pats.table.patterns.end(),
+                     [&](const dsl::PatternMeta& m) { return m.name == n; }))
+      err << "fpatc: warning: --disable-pattern=" << n << ": no such pattern\n";
+  for (const std::string& n : opts.only)
+    if (std::none_of(pats.table.patterns.begin(), pats.table.patterns.end(),
+                     [&](const dsl::PatternMeta& m) { return m.name == n; }))
+      err << "fpatc: warning: --only-pattern=" << n << ": no such pattern\n";
+  // Kernels the tuner measured (on this arch, with these headers and this nvcc) stand in
+  // for their estimates; --retune ignores them as it ignores the configurations.
+  std::map<std::string, double> tuned;
+  std::string nvccVer;
+  if (!opts.fuseAlways && !opts.retune && !tune::retuneFromEnvironment()) {
+    tune::TuningCache cache(opts.tuneCache);
+    tuned = cache.measuredTimes();
+    if (!tuned.empty()) {
+      try {
+        nvccVer = runtime::nvccIdentity(runtime::findNvcc({}), opts.nvccFlags);
+      } catch (const std::exception&) {
+        tuned.clear(); // no nvcc: no key to look them up by
+      }
+    }
+  }
+  const cost::MeasuredFn measured = [&](const ir::Graph& graph,
+                                        ir::Vertex v) -> std::optional<double> {
+    if (tuned.empty() || !tune::tunable(graph, v))
+      return std::nullopt;
+    auto it = tuned.find(tune::keyFor(graph, v, pats.library, costArch, nvccVer).str());
+    return it == tuned.end() ? std::nullopt : std::optional<double>(it->second);
+  };
+  if (!opts.fuseAlways)
+    mopts.cost = [&](const match::Match& m) {
+      return cost::candidateCost(g, pats.table, m, calibration, costArch, measured);
+    };
+  mr = match::findMatches(g, pats.table, mopts);
+  if (mopts.cost)
+    mr.costModel = std::string("estimates for ") + calibration.name +
+                   (calibration.measured ? "" : ", not measured on such a GPU") +
+                   (tuned.empty() ? "" : "; kernels in the tuning cache at their measured time");
+  fused = match::rewrite(g, pats.table, mr.matches);
+  auto after = ir::validate(fused, pats.activations);
+  for (const std::string& p : after)
+    err << "fpatc: internal error: the fused graph is invalid: " << p << '\n';
+  return after.empty();
+}
+
+/// The CPU reference (sampled rows where exact) and the checks after it: the raised graph vs
+/// the graph as given, the f16 graph vs the f32 model, the fused graph vs the unfused one.
+/// Returns 1 when a check fails, else 0.
+int referenceStage(const FpatcOptions& opts, const Patterns& pats, const ir::Graph& g,
+                   const ir::Graph& given, bool raised, const std::optional<ir::Graph>& model,
+                   const ir::Graph& fused, bool anyFused,
+                   const std::optional<ir::RowSample>& sample, const std::string& notSampled,
+                   const ir::InputMap& inputs, const std::string& inputsSaid,
+                   std::vector<ir::Tensor>& vals, std::vector<ir::Tensor>& modelOutputs,
+                   std::ostream& out) {
+  int rc = 0;
+  auto t0 = std::chrono::steady_clock::now();
+  const ir::Graph& refGraph = sample ? sample->graph : g;
+  out << "== reference: CPU, " << inputsSaid;
+  if (sample)
+    out << ", " << sample->picked.size() << " of " << sample->rows
+        << " rows (every output row depends on its own input rows only; --reference-rows 0 "
+           "computes all)";
+  else if (!notSampled.empty())
+    out << ", every row (rows cannot be sampled: " << notSampled << ")";
+  out << "; GEMMs on " << blas::describe() << "\n" << std::flush;
+  // Progress: each op that takes a while, as it finishes.
+  auto progress = [&](const ir::Graph& graph) {
+    return [&out, &graph](ir::Vertex v, double secs) {
+      if (secs >= 1.0)
+        out << "  %" << graph.op(v).name << " (" << graph.op(v).kind << ", "
+            << graph.op(v).type.str() << "): " << fixed(secs, 1) << " s\n"
+            << std::flush;
+    };
+  };
+  const auto rows = sample ? ir::sliceInputs(g, *sample, inputs) : ir::InputMap{};
+  vals = ir::evaluate(refGraph, inputs, pats.reference, progress(refGraph), &rows);
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  out << "  done in " << fixed(secs, 2) << " s\n";
+  bool nonFinite = false;
+  for (ir::Vertex v : g.outputs()) {
+    ir::TensorStats s = ir::stats(vals[v]);
+    out << "  output %" << g.op(v).name << " " << vals[v].desc.str() << ": min " << fixed(s.min, 4)
+        << ", max " << fixed(s.max, 4) << ", mean " << fixed(s.mean, 4) << ", rms "
+        << fixed(s.rms, 4) << ", non-finite " << s.nonFinite << '\n';
+    nonFinite = nonFinite || s.nonFinite > 0;
+  }
+  // Non-finite outputs fail every check below: say where they come from.
+  if (nonFinite)
+    if (std::string where = firstNonFinite(refGraph, vals, inputs, rows); !where.empty())
+      out << "  note: " << where << "\n";
+  // "done in" above is the reference alone; the checks below evaluate more graphs, each
+  // timed (on a large model they took 10 s more, and the output said 0.9 s).
+  std::vector<std::pair<std::string, double>> checkTimes;
+  auto since = [](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  };
+  if (raised) {
+    // Raising must not change what the graph computes: the graph as given, evaluated with
+    // its own (unraised) ops, agrees up to the roundings of the intermediates it had.
+    std::optional<ir::RowSample> givenSample;
+    if (sample)
+      givenSample = ir::sampleRows(given, sample->picked.size());
+    if (!sample || (givenSample && givenSample->picked == sample->picked)) {
+      const ir::Graph& givenRef = givenSample ? givenSample->graph : given;
+      const auto givenRows =
+          givenSample ? ir::sliceInputs(given, *givenSample, inputs) : ir::InputMap{};
+      const auto tg = std::chrono::steady_clock::now();
+      std::vector<ir::Tensor> gv =
+          ir::evaluate(givenRef, inputs, pats.reference, progress(givenRef), &givenRows);
+      checkTimes.emplace_back("the graph as given", since(tg));
+      out << "  raised graph on the CPU vs the graph as given:\n";
+      for (size_t i = 0; i < g.outputs().size(); ++i) {
+        runtime::Agreement c =
+            runtime::compareToReference(vals[g.outputs()[i]], gv[given.outputs()[i]]);
+        out << "    %" << g.op(g.outputs()[i]).name << ": " << verdict(c) << "\n";
+        rc = c.pass ? rc : 1;
+      }
+    }
+  }
+  if (model) {
+    // The f32 model on the same inputs (its own f32 weights), the oracle of the f16 run.
+    std::optional<ir::RowSample> modelSample;
+    if (sample)
+      modelSample = ir::sampleRows(*model, sample->picked.size());
+    if (!sample || (modelSample && modelSample->picked == sample->picked)) {
+      std::map<std::string, ir::Tensor> in32 = ir::randomInputs(*model, opts.seed);
+      for (ir::Vertex v : model->vertices()) {
+        const ir::Op& op = model->op(v);
+        if (op.kind != ir::OpKind::Input || op.data)
+          continue;
+        ir::Tensor t = inputs.at(op.name); // the f16 run's values, exact in f32
+        t.desc.dtype = ir::DType::F32;
+        in32[op.name] = std::move(t);
+      }
+      const ir::Graph& modelRef = modelSample ? modelSample->graph : *model;
+      const auto modelRows =
+          modelSample ? ir::sliceInputs(*model, *modelSample, in32) : ir::InputMap{};
+      const auto tm = std::chrono::steady_clock::now();
+      std::vector<ir::Tensor> mv =
+          ir::evaluate(modelRef, in32, pats.reference, progress(modelRef), &modelRows);
+      checkTimes.emplace_back("the f32 model", since(tm));
+      for (ir::Vertex o : model->outputs())
+        modelOutputs.push_back(std::move(mv[o]));
+      const ir::DType dt = g.op(g.outputs()[0]).type.dtype;
+      out << "  the " << ir::dtypeName(dt)
+          << " graph vs the f32 model (rel err <= " << sci(modelTolerance(dt)) << "):\n";
+      for (size_t i = 0; i < g.outputs().size(); ++i) {
+        runtime::Agreement c =
+            runtime::compareToReference(vals[g.outputs()[i]], modelOutputs[i], modelTolerance(dt));
+        out << "    %" << g.op(g.outputs()[i]).name << ": " << verdict(c) << "\n";
+        rc = c.pass ? rc : 1;
+      }
+    }
+  }
+  if (anyFused) {
+    // The fused graph evaluated with fused-op semantics (one rounding per fused op) must
+    // agree with the unfused graph up to f16 rounding of the intermediates; on the same
+    // sampled rows (fusion keeps a graph row-wise).
+    std::optional<ir::RowSample> fusedSample;
+    if (sample)
+      fusedSample = ir::sampleRows(fused, sample->picked.size());
+    if (sample && (!fusedSample || fusedSample->picked != sample->picked))
+      throw std::logic_error("the fused graph's rows cannot be sampled as the graph's");
+    const ir::Graph& fusedRef = fusedSample ? fusedSample->graph : fused;
+    const auto fusedRows =
+        fusedSample ? ir::sliceInputs(fused, *fusedSample, inputs) : ir::InputMap{};
+    const auto tf = std::chrono::steady_clock::now();
+    std::vector<ir::Tensor> fv =
+        ir::evaluate(fusedRef, inputs, pats.reference, progress(fusedRef), &fusedRows);
+    checkTimes.emplace_back("the fused graph", since(tf));
+    out << "  fused graph on the CPU vs the unfused graph:\n";
+    for (size_t i = 0; i < g.outputs().size(); ++i) {
+      const ir::Tensor& want = vals[g.outputs()[i]];
+      const ir::Tensor& got = fv[fused.outputs()[i]];
+      runtime::Agreement c = runtime::compareToReference(got, want);
+      const bool pass = c.pass;
+      out << "    %" << g.op(g.outputs()[i]).name << ": " << verdict(c) << "\n";
+      rc = pass ? rc : 1;
+    }
+  }
+  if (!checkTimes.empty()) {
+    out << "  the checks evaluated";
+    for (size_t i = 0; i < checkTimes.size(); ++i)
+      out << (i ? ", " : " ") << checkTimes[i].first << " in " << fixed(checkTimes[i].second, 2)
+          << " s";
+    out << "\n";
+  }
+  return rc;
+}
+
 int runFpatc(const FpatcOptions& opts, std::ostream& out, std::ostream& err) {
   SourceManager sm;
   DiagEngine diags(sm, opts.verifyDiagnostics ? nullptr : &err);
@@ -1114,64 +1321,8 @@ int runFpatc(const FpatcOptions& opts, std::ostream& out, std::ostream& err) {
 
   ir::Graph fused = *g;
   match::MatchResult mr;
-  // The cost model's GPU: --arch, else the one here, else sm_90 (what fpatc compiles for).
-  int costArch = opts.arch;
-  if (!costArch && opts.fuse && !opts.fuseAlways && opts.compile && opts.run && opts.emit.empty())
-    if (cuda::Driver* d = cuda::Driver::get(nullptr))
-      costArch = d->device().arch;
-  costArch = costArch ? costArch : 90;
-  const cost::Calibration& calibration = cost::calibrationFor(costArch);
-  if (opts.fuse) {
-    match::MatchOptions mopts;
-    mopts.disabled = opts.disabled;
-    mopts.only = opts.only;
-    mopts.explain = opts.explain;
-    for (const std::string& n : opts.disabled)
-      if (std::none_of(pats.table.patterns.begin(), pats.table.patterns.end(),
-                       [&](const dsl::PatternMeta& m) { return m.name == n; }))
-        err << "fpatc: warning: --disable-pattern=" << n << ": no such pattern\n";
-    for (const std::string& n : opts.only)
-      if (std::none_of(pats.table.patterns.begin(), pats.table.patterns.end(),
-                       [&](const dsl::PatternMeta& m) { return m.name == n; }))
-        err << "fpatc: warning: --only-pattern=" << n << ": no such pattern\n";
-    // Kernels the tuner measured (on this arch, with these headers and this nvcc) stand in
-    // for their estimates; --retune ignores them as it ignores the configurations.
-    std::map<std::string, double> tuned;
-    std::string nvccVer;
-    if (!opts.fuseAlways && !opts.retune && !tune::retuneFromEnvironment()) {
-      tune::TuningCache cache(opts.tuneCache);
-      tuned = cache.measuredTimes();
-      if (!tuned.empty()) {
-        try {
-          nvccVer = runtime::nvccIdentity(runtime::findNvcc({}), opts.nvccFlags);
-        } catch (const std::exception&) {
-          tuned.clear(); // no nvcc: no key to look them up by
-        }
-      }
-    }
-    const cost::MeasuredFn measured = [&](const ir::Graph& graph,
-                                          ir::Vertex v) -> std::optional<double> {
-      if (tuned.empty() || !tune::tunable(graph, v))
-        return std::nullopt;
-      auto it = tuned.find(tune::keyFor(graph, v, pats.library, costArch, nvccVer).str());
-      return it == tuned.end() ? std::nullopt : std::optional<double>(it->second);
-    };
-    if (!opts.fuseAlways)
-      mopts.cost = [&](const match::Match& m) {
-        return cost::candidateCost(*g, pats.table, m, calibration, costArch, measured);
-      };
-    mr = match::findMatches(*g, pats.table, mopts);
-    if (mopts.cost)
-      mr.costModel = std::string("estimates for ") + calibration.name +
-                     (calibration.measured ? "" : ", not measured on such a GPU") +
-                     (tuned.empty() ? "" : "; kernels in the tuning cache at their measured time");
-    fused = match::rewrite(*g, pats.table, mr.matches);
-    auto after = ir::validate(fused, pats.activations);
-    for (const std::string& p : after)
-      err << "fpatc: internal error: the fused graph is invalid: " << p << '\n';
-    if (!after.empty())
-      return 70;
-  }
+  if (opts.fuse && !fuseStage(opts, pats, *g, mr, fused, err))
+    return 70;
   if (opts.emit == "fused") {
     out << ir::printGraph(fused);
     return 0;
@@ -1215,140 +1366,10 @@ int runFpatc(const FpatcOptions& opts, std::ostream& out, std::ostream& err) {
                 ")";
   std::vector<ir::Tensor> vals;
   std::vector<ir::Tensor> modelOutputs; // the f32 model's, per output (sampled like vals)
-  if (opts.reference) {
-    auto t0 = std::chrono::steady_clock::now();
-    const ir::Graph& refGraph = sample ? sample->graph : *g;
-    out << "== reference: CPU, " << inputsSaid;
-    if (sample)
-      out << ", " << sample->picked.size() << " of " << sample->rows
-          << " rows (every output row depends on its own input rows only; --reference-rows 0 "
-             "computes all)";
-    else if (!notSampled.empty())
-      out << ", every row (rows cannot be sampled: " << notSampled << ")";
-    out << "; GEMMs on " << blas::describe() << "\n" << std::flush;
-    // Progress: each op that takes a while, as it finishes.
-    auto progress = [&](const ir::Graph& graph) {
-      return [&out, &graph](ir::Vertex v, double secs) {
-        if (secs >= 1.0)
-          out << "  %" << graph.op(v).name << " (" << graph.op(v).kind << ", "
-              << graph.op(v).type.str() << "): " << fixed(secs, 1) << " s\n"
-              << std::flush;
-      };
-    };
-    const auto rows = sample ? ir::sliceInputs(*g, *sample, inputs) : ir::InputMap{};
-    vals = ir::evaluate(refGraph, inputs, pats.reference, progress(refGraph), &rows);
-    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    out << "  done in " << fixed(secs, 2) << " s\n";
-    bool nonFinite = false;
-    for (ir::Vertex v : g->outputs()) {
-      ir::TensorStats s = ir::stats(vals[v]);
-      out << "  output %" << g->op(v).name << " " << vals[v].desc.str() << ": min "
-          << fixed(s.min, 4) << ", max " << fixed(s.max, 4) << ", mean " << fixed(s.mean, 4)
-          << ", rms " << fixed(s.rms, 4) << ", non-finite " << s.nonFinite << '\n';
-      nonFinite = nonFinite || s.nonFinite > 0;
-    }
-    // Non-finite outputs fail every check below: say where they come from.
-    if (nonFinite)
-      if (std::string where = firstNonFinite(refGraph, vals, inputs, rows); !where.empty())
-        out << "  note: " << where << "\n";
-    // "done in" above is the reference alone; the checks below evaluate more graphs, each
-    // timed (on a large model they took 10 s more, and the output said 0.9 s).
-    std::vector<std::pair<std::string, double>> checkTimes;
-    auto since = [](std::chrono::steady_clock::time_point t) {
-      return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-    };
-    if (!steps.empty()) {
-      // Raising must not change what the graph computes: the graph as given, evaluated with
-      // its own (unraised) ops, agrees up to the roundings of the intermediates it had.
-      std::optional<ir::RowSample> givenSample;
-      if (sample)
-        givenSample = ir::sampleRows(given, sample->picked.size());
-      if (!sample || (givenSample && givenSample->picked == sample->picked)) {
-        const ir::Graph& givenRef = givenSample ? givenSample->graph : given;
-        const auto givenRows =
-            givenSample ? ir::sliceInputs(given, *givenSample, inputs) : ir::InputMap{};
-        const auto tg = std::chrono::steady_clock::now();
-        std::vector<ir::Tensor> gv =
-            ir::evaluate(givenRef, inputs, pats.reference, progress(givenRef), &givenRows);
-        checkTimes.emplace_back("the graph as given", since(tg));
-        out << "  raised graph on the CPU vs the graph as given:\n";
-        for (size_t i = 0; i < g->outputs().size(); ++i) {
-          runtime::Agreement c =
-              runtime::compareToReference(vals[g->outputs()[i]], gv[given.outputs()[i]]);
-          out << "    %" << g->op(g->outputs()[i]).name << ": " << verdict(c) << "\n";
-          rc = c.pass ? rc : 1;
-        }
-      }
-    }
-    if (model) {
-      // The f32 model on the same inputs (its own f32 weights), the oracle of the f16 run.
-      std::optional<ir::RowSample> modelSample;
-      if (sample)
-        modelSample = ir::sampleRows(*model, sample->picked.size());
-      if (!sample || (modelSample && modelSample->picked == sample->picked)) {
-        std::map<std::string, ir::Tensor> in32 = ir::randomInputs(*model, opts.seed);
-        for (ir::Vertex v : model->vertices()) {
-          const ir::Op& op = model->op(v);
-          if (op.kind != ir::OpKind::Input || op.data)
-            continue;
-          ir::Tensor t = inputs.at(op.name); // the f16 run's values, exact in f32
-          t.desc.dtype = ir::DType::F32;
-          in32[op.name] = std::move(t);
-        }
-        const ir::Graph& modelRef = modelSample ? modelSample->graph : *model;
-        const auto modelRows =
-            modelSample ? ir::sliceInputs(*model, *modelSample, in32) : ir::InputMap{};
-        const auto tm = std::chrono::steady_clock::now();
-        std::vector<ir::Tensor> mv =
-            ir::evaluate(modelRef, in32, pats.reference, progress(modelRef), &modelRows);
-        checkTimes.emplace_back("the f32 model", since(tm));
-        for (ir::Vertex o : model->outputs())
-          modelOutputs.push_back(std::move(mv[o]));
-        const ir::DType dt = g->op(g->outputs()[0]).type.dtype;
-        out << "  the " << ir::dtypeName(dt)
-            << " graph vs the f32 model (rel err <= " << sci(modelTolerance(dt)) << "):\n";
-        for (size_t i = 0; i < g->outputs().size(); ++i) {
-          runtime::Agreement c = runtime::compareToReference(vals[g->outputs()[i]], modelOutputs[i],
-                                                             modelTolerance(dt));
-          out << "    %" << g->op(g->outputs()[i]).name << ": " << verdict(c) << "\n";
-          rc = c.pass ? rc : 1;
-        }
-      }
-    }
-    if (opts.fuse && !mr.matches.empty()) {
-      // The fused graph evaluated with fused-op semantics (one rounding per fused op) must
-      // agree with the unfused graph up to f16 rounding of the intermediates; on the same
-      // sampled rows (fusion keeps a graph row-wise).
-      std::optional<ir::RowSample> fusedSample;
-      if (sample)
-        fusedSample = ir::sampleRows(fused, sample->picked.size());
-      if (sample && (!fusedSample || fusedSample->picked != sample->picked))
-        throw std::logic_error("the fused graph's rows cannot be sampled as the graph's");
-      const ir::Graph& fusedRef = fusedSample ? fusedSample->graph : fused;
-      const auto fusedRows =
-          fusedSample ? ir::sliceInputs(fused, *fusedSample, inputs) : ir::InputMap{};
-      const auto tf = std::chrono::steady_clock::now();
-      std::vector<ir::Tensor> fv =
-          ir::evaluate(fusedRef, inputs, pats.reference, progress(fusedRef), &fusedRows);
-      checkTimes.emplace_back("the fused graph", since(tf));
-      out << "  fused graph on the CPU vs the unfused graph:\n";
-      for (size_t i = 0; i < g->outputs().size(); ++i) {
-        const ir::Tensor& want = vals[g->outputs()[i]];
-        const ir::Tensor& got = fv[fused.outputs()[i]];
-        runtime::Agreement c = runtime::compareToReference(got, want);
-        const bool pass = c.pass;
-        out << "    %" << g->op(g->outputs()[i]).name << ": " << verdict(c) << "\n";
-        rc = pass ? rc : 1;
-      }
-    }
-    if (!checkTimes.empty()) {
-      out << "  the checks evaluated";
-      for (size_t i = 0; i < checkTimes.size(); ++i)
-        out << (i ? ", " : " ") << checkTimes[i].first << " in " << fixed(checkTimes[i].second, 2)
-            << " s";
-      out << "\n";
-    }
-  }
+  if (opts.reference)
+    rc = referenceStage(opts, pats, *g, given, !steps.empty(), model, fused,
+                        opts.fuse && !mr.matches.empty(), sample, notSampled, inputs, inputsSaid,
+                        vals, modelOutputs, out);
   if (opts.compile) {
     // A failure found on the CPU wins over a skip (77) or a pass from the GPU stages.
     const int gpu = gpuStages(opts, fused, pats, &inputs, opts.reference ? &vals : nullptr,

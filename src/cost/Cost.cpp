@@ -59,6 +59,12 @@ const Calibration kAmpereGuess{
     false,
 };
 
+// Ops no GEMM absorbed that run as codegen's row-wise kernels (a row reduced, then written).
+bool rowwiseKernel(const ir::Op& op) {
+  return op.kind == ir::OpKind::LayerNorm || op.kind == ir::OpKind::RmsNorm ||
+         op.kind == ir::OpKind::ReduceMean;
+}
+
 double elementBytes(const ir::TensorDesc& t) {
   return static_cast<double>(t.numel()) * static_cast<double>(ir::dtypeSize(t.dtype));
 }
@@ -130,9 +136,7 @@ double opMs(const ir::Graph& g, ir::Vertex v, const Calibration& c) {
   double bytes = elementBytes(op.type);
   for (ir::Vertex u : g.operands(v))
     bytes += elementBytes(g.op(u).type);
-  const bool rowwise = op.kind == ir::OpKind::LayerNorm || op.kind == ir::OpKind::RmsNorm ||
-                       op.kind == ir::OpKind::ReduceMean;
-  return (c.launchUs + (rowwise ? c.rowLatencyUs : 0.0)) * 1e-3 +
+  return (c.launchUs + (rowwiseKernel(op) ? c.rowLatencyUs : 0.0)) * 1e-3 +
          bytes / (c.streamTBs * 1e12) * 1e3;
 }
 
@@ -140,10 +144,7 @@ std::string kernelNote(const ir::Graph& g, ir::Vertex v, int arch) {
   const ir::Op& op = g.op(v);
   const ir::FamilyInfo* family = ir::familyOf(op);
   if (!family)
-    return op.kind == ir::OpKind::LayerNorm || op.kind == ir::OpKind::RmsNorm ||
-                   op.kind == ir::OpKind::ReduceMean
-               ? "row-wise kernel"
-               : "elementwise kernel";
+    return rowwiseKernel(op) ? "row-wise kernel" : "elementwise kernel";
   const bool deferred = codegen::defersNorm(g, v);
   if (family->normalisesA && !deferred)
     return "norm in shared memory (gamma or W not a weight): cp.async kernel";

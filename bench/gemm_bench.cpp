@@ -686,6 +686,48 @@ bool benchFfn(Env& env, int64_t M, int64_t H) {
 
 } // namespace
 
+/// The rows as the markdown table (stdout) and the CSV at csvPath, with the epilogue's cost: a
+/// fused kernel's time over fpat's own plain GEMM at the same shape in this run.
+void writeTable(const std::vector<Row>& rows, const Provenance& prov, const std::string& csvPath) {
+  // NaN where the run has no gemm row for the shape.
+  auto overGemm = [&](const Row& r) {
+    for (const Row& g : rows)
+      if (g.pattern == "gemm" && r.pattern != "gemm" && g.s.m == r.s.m && g.s.n == r.s.n &&
+          g.s.k == r.s.k)
+        return r.fpat / g.fpat - 1.0;
+    return static_cast<double>(NAN);
+  };
+  std::ofstream csv(csvPath);
+  csv << "pattern,M,N,K,config,fpat_ms,fpat_tflops,heuristic_ms,cublas_gemm_ms,"
+         "cublas_unfused_ms,cublaslt_fused_ms,fpat_pct_of_cublas_gemm,speedup_vs_unfused,"
+         "speedup_vs_cublaslt,err_fpat,err_unfused,err_cublaslt,gpu,driver,nvcc,commit,"
+         "fpat_over_fpat_gemm\n";
+  std::cout << "| pattern | M x N x K | config | fpat ms | TFLOP/s | heuristic ms | cuBLAS GEMM ms "
+               "| cuBLAS+epilogue ms | cuBLASLt fused ms | % of cuBLAS GEMM | vs unfused | vs "
+               "Lt | max rel err fpat / unfused / Lt | over fpat gemm |\n"
+            << "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|\n";
+  for (const Row& r : rows) {
+    double pct = 100.0 * r.gemm / r.fpat;
+    const double over = overGemm(r);
+    std::cout << "| " << r.pattern << " | " << r.s.str() << " | " << r.config << " | "
+              << fmt(r.fpat) << " | " << fmt(r.tflops(r.fpat), 1) << " | " << fmt(r.heuristic)
+              << " | " << fmt(r.gemm) << " | " << fmt(r.unfused) << " | " << fmt(r.lt) << " | "
+              << fmt(pct, 1) << "% | " << fmt(r.unfused / r.fpat, 2) << "x | "
+              << fmt(r.lt / r.fpat, 2) << (std::isnan(r.lt) ? "" : "x") << " | " << sci(r.errFpat)
+              << " / " << sci(r.errUnfused) << " / " << sci(r.errLt) << " | "
+              << (std::isnan(over) ? ""
+                  : over >= 0      ? "+"
+                                   : "")
+              << fmt(100.0 * over, 1) << (std::isnan(over) ? "" : "%") << " |\n";
+    csv << r.pattern << "," << r.s.m << "," << r.s.n << "," << r.s.k << "," << r.config << ","
+        << r.fpat << "," << r.tflops(r.fpat) << "," << r.heuristic << "," << r.gemm << ","
+        << r.unfused << "," << r.lt << "," << pct << "," << r.unfused / r.fpat << ","
+        << r.lt / r.fpat << "," << r.errFpat << "," << r.errUnfused << "," << r.errLt << ","
+        << csvField(prov.gpu) << "," << csvField(prov.driver) << "," << csvField(prov.nvcc) << ","
+        << csvField(prov.commit) << "," << over << "\n";
+  }
+}
+
 int main(int argc, char** argv) {
   bool quick = false;
   std::string csvPath = "bench-gemm.csv", svgPath = "bench-gemm.svg";
@@ -892,44 +934,7 @@ int main(int argc, char** argv) {
               << std::endl;
   }
 
-  // What the epilogue costs: a fused kernel's time over fpat's own plain GEMM at the same
-  // shape in this run (NaN where the run has no gemm row for the shape).
-  auto overGemm = [&](const Row& r) {
-    for (const Row& g : rows)
-      if (g.pattern == "gemm" && r.pattern != "gemm" && g.s.m == r.s.m && g.s.n == r.s.n &&
-          g.s.k == r.s.k)
-        return r.fpat / g.fpat - 1.0;
-    return static_cast<double>(NAN);
-  };
-  std::ofstream csv(csvPath);
-  csv << "pattern,M,N,K,config,fpat_ms,fpat_tflops,heuristic_ms,cublas_gemm_ms,"
-         "cublas_unfused_ms,cublaslt_fused_ms,fpat_pct_of_cublas_gemm,speedup_vs_unfused,"
-         "speedup_vs_cublaslt,err_fpat,err_unfused,err_cublaslt,gpu,driver,nvcc,commit,"
-         "fpat_over_fpat_gemm\n";
-  std::cout << "| pattern | M x N x K | config | fpat ms | TFLOP/s | heuristic ms | cuBLAS GEMM ms "
-               "| cuBLAS+epilogue ms | cuBLASLt fused ms | % of cuBLAS GEMM | vs unfused | vs "
-               "Lt | max rel err fpat / unfused / Lt | over fpat gemm |\n"
-            << "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|\n";
-  for (const Row& r : rows) {
-    double pct = 100.0 * r.gemm / r.fpat;
-    const double over = overGemm(r);
-    std::cout << "| " << r.pattern << " | " << r.s.str() << " | " << r.config << " | "
-              << fmt(r.fpat) << " | " << fmt(r.tflops(r.fpat), 1) << " | " << fmt(r.heuristic)
-              << " | " << fmt(r.gemm) << " | " << fmt(r.unfused) << " | " << fmt(r.lt) << " | "
-              << fmt(pct, 1) << "% | " << fmt(r.unfused / r.fpat, 2) << "x | "
-              << fmt(r.lt / r.fpat, 2) << (std::isnan(r.lt) ? "" : "x") << " | " << sci(r.errFpat)
-              << " / " << sci(r.errUnfused) << " / " << sci(r.errLt) << " | "
-              << (std::isnan(over) ? ""
-                  : over >= 0      ? "+"
-                                   : "")
-              << fmt(100.0 * over, 1) << (std::isnan(over) ? "" : "%") << " |\n";
-    csv << r.pattern << "," << r.s.m << "," << r.s.n << "," << r.s.k << "," << r.config << ","
-        << r.fpat << "," << r.tflops(r.fpat) << "," << r.heuristic << "," << r.gemm << ","
-        << r.unfused << "," << r.lt << "," << pct << "," << r.unfused / r.fpat << ","
-        << r.lt / r.fpat << "," << r.errFpat << "," << r.errUnfused << "," << r.errLt << ","
-        << csvField(prov.gpu) << "," << csvField(prov.driver) << "," << csvField(prov.nvcc) << ","
-        << csvField(prov.commit) << "," << over << "\n";
-  }
+  writeTable(rows, prov, csvPath);
   writeSvg(svgPath, rows, "gemm_bias_gelu", drv->device().name);
   int bad = 0;
   for (const Row& r : rows)

@@ -153,7 +153,7 @@ std::vector<TileConfig> wgmmaConfigs() {
 }
 
 LastWaveSplit lastWaveSplit(int64_t units, int sms, int64_t kTiles) {
-  // fpat_wgmma.cuh's plan, in the same order and with the same integer arithmetic: the remainder
+  // The plan fpat_wgmma.cuh runs (the Executor passes it for the launch's grid): the remainder
   // of the last wave, or it and the full wave before, in 2-4 pieces per tile, at most one
   // partial-sum slot per CTA; the least rounds / pieces plus the partial sums' cost per extra
   // piece, where that saves a tenth of a tile. Measured on the H200 (bench/RESULTS.md, session

@@ -582,6 +582,100 @@ int timeGraphs(const FpatcOptions& opts, cuda::Driver& drv, runtime::Executor& f
   return 0;
 }
 
+/// The GEMM configurations of the fused graph's tunable ops: tuned now (fpatc tune, with a
+/// GPU), from the tuning cache, or the heuristic; each also in bopts.tiles. False where tuning
+/// failed (said on err).
+bool chooseConfigs(const FpatcOptions& opts, cuda::Driver* drv, const std::string& why,
+                   const ir::Graph& fused, const Patterns& pats, int arch,
+                   runtime::BuildOptions& bopts, std::map<ir::Vertex, tune::Choice>& choices,
+                   std::ostream& out, std::ostream& err) {
+  tune::TuningCache cache(opts.tuneCache);
+  const std::string nvccVer = runtime::nvccIdentity(runtime::findNvcc({}), opts.nvccFlags);
+  std::vector<ir::Vertex> ops;
+  for (ir::Vertex v : fused.vertices())
+    if (tune::tunable(fused, v))
+      ops.push_back(v);
+  if (opts.tune && !drv)
+    out << "== tune: skipped: " << why << "; the heuristic picks every configuration\n";
+  if (opts.tune && drv) {
+    out << "== tune: " << ops.size() << " op" << (ops.size() == 1 ? "" : "s") << " on "
+        << drv->device().name << ", results in " << cache.path() << "\n";
+    auto t0 = std::chrono::steady_clock::now();
+    tune::TuneOptions topts;
+    topts.retune = opts.retune;
+    topts.cacheDir = opts.cacheDir;
+    topts.jobs = opts.jobs;
+    topts.nvccFlags = opts.nvccFlags;
+    topts.log = &out;
+    for (size_t i = 0; i < ops.size(); ++i) {
+      const ir::Op& op = fused.op(ops[i]);
+      out << "  [" << i + 1 << "/" << ops.size() << "] %" << op.name << " "
+          << (op.kind == ir::OpKind::Fused ? op.fused.pattern : "gemm") << " " << op.type.shapeStr()
+          << ":\n"
+          << std::flush;
+      try {
+        tune::Choice c = tune::tune(*drv, fused, ops[i], pats.library, cache, topts);
+        choices[ops[i]] = c;
+        double spent = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        out << "    => " << (c.source == "cache" ? "cached " : "best ") << c.config.str() << " "
+            << fixed(c.ms, 4) << " ms (heuristic " << fixed(c.heuristicMs, 4) << " ms)";
+        if (c.source == "tuned")
+          out << ", " << c.tried << " configs tried, " << c.rejected << " rejected";
+        out << "; " << fixed(spent, 1) << " s so far, about "
+            << fixed(spent / static_cast<double>(i + 1) * static_cast<double>(ops.size() - i - 1),
+                     0)
+            << " s left\n";
+      } catch (const std::exception& e) {
+        out << "failed\n";
+        err << "fpatc: error: tuning %" << op.name << ": " << e.what() << "\n";
+        return false;
+      }
+    }
+  }
+  for (ir::Vertex v : ops)
+    if (!choices.count(v))
+      choices[v] =
+          tune::choose(fused, v, pats.library, cache, arch, bopts.sms, nvccVer, opts.retune);
+  for (const std::string& w : cache.takeWarnings())
+    err << "fpatc: warning: " << w << "\n";
+  for (auto& [v, c] : choices)
+    bopts.tiles[v] = c.config;
+  return true;
+}
+
+/// --emit=cuda: each kernel's source (once per name) and the kernel headers into --out-dir,
+/// the sources' paths on out. Returns the exit code.
+int emitCuda(const FpatcOptions& opts, const ir::Graph& fused, const Patterns& pats,
+             const runtime::BuildOptions& bopts, std::ostream& out, std::ostream& err) {
+  codegen::CodegenOptions copts;
+  copts.arch = bopts.arch;
+  copts.sms = bopts.sms;
+  copts.sources = bopts.patternSources;
+  std::error_code ec;
+  fs::create_directories(opts.outDir, ec);
+  std::set<std::string> written;
+  try {
+    for (ir::Vertex v : fused.vertices()) {
+      auto tile = bopts.tiles.find(v);
+      copts.tile = tile == bopts.tiles.end() ? nullptr : &tile->second;
+      codegen::KernelUnit u = codegen::generate(fused, v, pats.library, copts);
+      if (u.launches.empty() || !written.insert(u.name).second)
+        continue;
+      const fs::path file = fs::path(opts.outDir) / (u.name + ".cu");
+      if (!writeText(file, u.source, err))
+        return 1;
+      out << file.string() << "\n";
+    }
+  } catch (const codegen::CodegenError& e) {
+    err << "fpatc: error: " << e.what() << "\n";
+    return 1;
+  }
+  for (auto& [name, text] : codegen::kernelHeaders())
+    if (!writeText(fs::path(opts.outDir) / std::string(name), std::string(text), err))
+      return 1;
+  return 0;
+}
+
 /// Codegen, nvcc, execution and validation. Returns the exit code contribution.
 int gpuStages(const FpatcOptions& opts, const ir::Graph& fusedIn, const Patterns& pats,
               const std::map<std::string, ir::Tensor>* inputs,
@@ -610,89 +704,10 @@ int gpuStages(const FpatcOptions& opts, const ir::Graph& fusedIn, const Patterns
 
   // GEMM configurations: tuned now (fpatc tune), from the tuning cache, or the heuristic.
   std::map<ir::Vertex, tune::Choice> choices;
-  {
-    tune::TuningCache cache(opts.tuneCache);
-    const std::string nvccVer = runtime::nvccIdentity(runtime::findNvcc({}), opts.nvccFlags);
-    std::vector<ir::Vertex> ops;
-    for (ir::Vertex v : fused.vertices())
-      if (tune::tunable(fused, v))
-        ops.push_back(v);
-    if (opts.tune && !drv)
-      out << "== tune: skipped: " << why << "; the heuristic picks every configuration\n";
-    if (opts.tune && drv) {
-      out << "== tune: " << ops.size() << " op" << (ops.size() == 1 ? "" : "s") << " on "
-          << drv->device().name << ", results in " << cache.path() << "\n";
-      auto t0 = std::chrono::steady_clock::now();
-      tune::TuneOptions topts;
-      topts.retune = opts.retune;
-      topts.cacheDir = opts.cacheDir;
-      topts.jobs = opts.jobs;
-      topts.nvccFlags = opts.nvccFlags;
-      topts.log = &out;
-      for (size_t i = 0; i < ops.size(); ++i) {
-        const ir::Op& op = fused.op(ops[i]);
-        out << "  [" << i + 1 << "/" << ops.size() << "] %" << op.name << " "
-            << (op.kind == ir::OpKind::Fused ? op.fused.pattern : "gemm") << " "
-            << op.type.shapeStr() << ":\n"
-            << std::flush;
-        try {
-          tune::Choice c = tune::tune(*drv, fused, ops[i], pats.library, cache, topts);
-          choices[ops[i]] = c;
-          double spent =
-              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-          out << "    => " << (c.source == "cache" ? "cached " : "best ") << c.config.str() << " "
-              << fixed(c.ms, 4) << " ms (heuristic " << fixed(c.heuristicMs, 4) << " ms)";
-          if (c.source == "tuned")
-            out << ", " << c.tried << " configs tried, " << c.rejected << " rejected";
-          out << "; " << fixed(spent, 1) << " s so far, about "
-              << fixed(spent / static_cast<double>(i + 1) * static_cast<double>(ops.size() - i - 1),
-                       0)
-              << " s left\n";
-        } catch (const std::exception& e) {
-          out << "failed\n";
-          err << "fpatc: error: tuning %" << op.name << ": " << e.what() << "\n";
-          return 1;
-        }
-      }
-    }
-    for (ir::Vertex v : ops)
-      if (!choices.count(v))
-        choices[v] =
-            tune::choose(fused, v, pats.library, cache, arch, bopts.sms, nvccVer, opts.retune);
-    for (const std::string& w : cache.takeWarnings())
-      err << "fpatc: warning: " << w << "\n";
-    for (auto& [v, c] : choices)
-      bopts.tiles[v] = c.config;
-  }
-  if (opts.emit == "cuda") {
-    codegen::CodegenOptions copts;
-    copts.arch = arch;
-    copts.sms = bopts.sms;
-    copts.sources = bopts.patternSources;
-    std::error_code ec;
-    fs::create_directories(opts.outDir, ec);
-    std::set<std::string> written;
-    try {
-      for (ir::Vertex v : fused.vertices()) {
-        auto tile = bopts.tiles.find(v);
-        copts.tile = tile == bopts.tiles.end() ? nullptr : &tile->second;
-        codegen::KernelUnit u = codegen::generate(fused, v, pats.library, copts);
-        if (u.launches.empty() || !written.insert(u.name).second)
-          continue;
-        const fs::path file = fs::path(opts.outDir) / (u.name + ".cu");
-        if (!writeText(file, u.source, err))
-          return 1;
-        out << file.string() << "\n";
-      }
-    } catch (const codegen::CodegenError& e) {
-      err << "fpatc: error: " << e.what() << "\n";
-      return 1;
-    }
-    for (auto& [name, text] : codegen::kernelHeaders())
-      if (!writeText(fs::path(opts.outDir) / std::string(name), std::string(text), err))
-        return 1;
-    return 0;
-  }
+  if (!chooseConfigs(opts, drv, why, fused, pats, arch, bopts, choices, out, err))
+    return 1;
+  if (opts.emit == "cuda")
+    return emitCuda(opts, fused, pats, bopts, out, err);
   if (runtime::findNvcc({}).empty()) {
     out << "== nvcc: skipped: nvcc not found (install the CUDA toolkit, put nvcc on PATH or set "
            "FPAT_NVCC); nothing was compiled or run\n";

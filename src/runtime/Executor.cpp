@@ -284,6 +284,7 @@ void Executor::launch(bool weights, bool poison, size_t set) {
       poisoned = b.v;
     }
     unsigned gx = 1, gy = 1;
+    codegen::LastWaveSplit splitPlan; // Persistent kernels given the workspace: their plan
     switch (b.launch.grid) {
     case codegen::Launch::Persistent: {
       // Whole clusters, each taking units of `cluster` M-tiles (fpat_wgmma.cuh).
@@ -295,6 +296,9 @@ void Executor::launch(bool weights, bool poison, size_t set) {
       const bool split = u.splitLastWave && args.scratch[0] != nullptr;
       gx = static_cast<unsigned>(
           c * std::max<int64_t>(1, split ? clusters : std::min<int64_t>(clusters, units)));
+      if (split) // the kernel takes its pieces as planned here, for this grid
+        splitPlan =
+            codegen::lastWaveSplit(units, static_cast<int>(gx), (u.K + u.tile.bk - 1) / u.tile.bk);
       break;
     }
     case codegen::Launch::GemmTiles:
@@ -335,6 +339,8 @@ void Executor::launch(bool weights, bool poison, size_t set) {
         auto t = std::make_unique<FpatTmaArgs>();
         std::memset(t.get(), 0, sizeof *t);
         t->k = args;
+        t->splitTiles = static_cast<int32_t>(splitPlan.tiles);
+        t->splitPieces = splitPlan.pieces;
         FpatTensorMap* maps[4] = {&t->a, &t->b, &t->c, &t->d};
         for (size_t i = 0; i < b.launch.tma.size() && i < 4; ++i) {
           const codegen::TmaMap& m = b.launch.tma[i];

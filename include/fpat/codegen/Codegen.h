@@ -119,10 +119,10 @@ inline bool vectorLoads(int64_t m, int64_t n, int64_t k, bool transB) {
 }
 
 /// The last wave split in k of fpat_wgmma.cuh's cooperative schedule without clusters (the
-/// kernel computes the same plan): the last `tiles` of `units` tiles, each cut into `pieces`
-/// ranges of k-tiles, on a grid of `sms` CTAs; tiles == 0 where the tiles stay whole.
-/// `kTiles`: k-tiles per tile. `waves`: the split tiles' time in whole-tile times, the partial
-/// sums' cost included (the tiles' own wave count where nothing is split).
+/// Executor passes it to the kernel, FpatTmaArgs::splitTiles): the last `tiles` of `units` tiles,
+/// each cut into `pieces` ranges of k-tiles, on a grid of `sms` CTAs; tiles == 0 where the tiles
+/// stay whole. `kTiles`: k-tiles per tile. `waves`: the split tiles' time in whole-tile times, the
+/// partial sums' cost included (the tiles' own wave count where nothing is split).
 struct LastWaveSplit {
   int64_t tiles = 0;
   int pieces = 1;
@@ -253,7 +253,7 @@ inline int64_t KernelUnit::gemmColumns() const {
 }
 
 /// Entries of each of a deferred LayerNorm's column vectors: N padded to whole 256-column tiles
-/// (fpat::normColumnsPitch in fpat_wgmma.cuh, which must match).
+/// (fpat::normColumnsPitch in fpat_wgmma_prep.cuh, which must match).
 inline int64_t normColumnsPitch(int64_t n) {
   return (n + 255) / 256 * 256;
 }

@@ -39,4 +39,7 @@ typedef struct FpatTmaArgs {
   FpatTensorMap a, b; // A [M, K]; B [N, K] or [K, N]
   FpatTensorMap c, d; // epilogue tile kernels: the [M, N] operand staged by TMA; the output
   FpatKernelArgs k;
+  // The last wave split in k (codegen::lastWaveSplit for this launch's grid): the last
+  // splitTiles tiles run as splitPieces ranges of k-tiles each; 0 tiles: every tile whole.
+  int32_t splitTiles, splitPieces;
 } FpatTmaArgs;

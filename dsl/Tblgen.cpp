@@ -167,7 +167,12 @@ int runTblgen(const TblgenOptions& opts, std::ostream& out, std::ostream& err) {
     result = emitMatcherTableInc(table, opts.input, opts.tableFunction);
     break;
   case TblgenOptions::GenEpilogues:
-    result = emitEpilogueFunctions(c->library, opts.input);
+    if (!opts.genEpilogues) {
+      err << "fpat-tblgen: --gen-epilogues needs the CUDA lowering, which this caller did not "
+             "provide\n";
+      return 1;
+    }
+    result = opts.genEpilogues(c->library.activations, opts.input);
     break;
   case TblgenOptions::PrintTable:
     result = disassemble(table);

@@ -1,5 +1,6 @@
 // libFuzzer target over the whole .fpat front end: parse, sema, library, matcher table.
 // Any input must produce diagnostics or a result, never a crash, hang, leak or UB report.
+#include "fpat/codegen/Activations.h"
 #include "fpat/dsl/Matcher.h"
 
 #include <cstddef>
@@ -19,7 +20,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (c) {
     fpat::dsl::MatcherTable t = fpat::dsl::compileMatcherTable(c->library, sm, diags);
     (void)fpat::dsl::emitMatcherTableInc(t, "fuzz", "f");
-    (void)fpat::dsl::emitEpilogueFunctions(c->library, "fuzz");
+    (void)fpat::codegen::emitEpilogueFunctions(c->library.activations, "fuzz");
     (void)fpat::dsl::printRecords(*c->records);
     for (const auto& a : c->library.activations)
       (void)a.compiled.eval(0.5, a.paramDefaults.data());

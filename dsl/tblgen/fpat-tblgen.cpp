@@ -1,4 +1,5 @@
 // fpat-tblgen: the pattern compiler. All the work is in the dsl library.
+#include "fpat/codegen/Activations.h"
 #include "fpat/dsl/Tblgen.h"
 #include "fpat/support/CliError.h"
 
@@ -8,6 +9,7 @@
 int main(int argc, char** argv) {
   using fpat::dsl::TblgenOptions;
   TblgenOptions opts;
+  opts.genEpilogues = fpat::codegen::emitEpilogueFunctions;
   CLI::App app{"fpat-tblgen " FPAT_VERSION " - compile .fpat fusion patterns", "fpat-tblgen"};
   app.add_option("input", opts.input, "the .fpat file (- reads standard input)")->required();
   app.add_option("-I", opts.includeDirs, "directory searched by include \"...\"")

@@ -1,5 +1,7 @@
 #include "fpat/codegen/Lowering.h"
 
+#include "fpat/codegen/Activations.h"
+
 #include <algorithm>
 #include <cctype>
 #include <sstream>
@@ -74,7 +76,7 @@ std::string header(const std::string& kernel, const CodegenOptions& o,
 std::string activationFunctions(const ActivationCode& code, const dsl::PatternLibrary& lib) {
   std::string out;
   for (const std::string& fn : code.fns)
-    out += dsl::emitActivationFunction(*lib.findActivation(fn));
+    out += emitActivationFunction(*lib.findActivation(fn));
   return out;
 }
 

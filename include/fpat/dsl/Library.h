@@ -6,6 +6,8 @@
 #include "fpat/ir/Graph.h"
 #include "fpat/ir/Reference.h"
 
+#include <map>
+
 namespace fpat::dsl {
 
 /// An activation body compiled to a small stack program, for fast evaluation on the CPU.
@@ -133,10 +135,8 @@ struct PatternLibrary {
 bool buildLibrary(const RecordKeeper& rk, DiagEngine& diags, PatternLibrary& out,
                   bool anyFamily = false);
 
-/// Lowers every activation to a CUDA device function `fpat_act_<name>(float x[, params])`.
-std::string emitEpilogueFunctions(const PatternLibrary& lib, const std::string& source);
-/// One activation as a CUDA device function.
-std::string emitActivationFunction(const ActivationDef& a);
+/// The named constants the bodies may use (pi, e) and their values.
+const std::map<std::string, double>& namedConstants();
 /// The functions expression bodies may call (exp, tanh, ...), e.g. for editor grammars.
 std::vector<std::string> intrinsicNames();
 

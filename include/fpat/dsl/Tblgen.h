@@ -1,11 +1,14 @@
 // fpat-tblgen as a library: the tool's main only parses options and calls runTblgen.
 #pragma once
 
+#include <functional>
 #include <ostream>
 #include <string>
 #include <vector>
 
 namespace fpat::dsl {
+
+struct ActivationDef;
 
 struct TblgenOptions {
   std::string input;
@@ -25,6 +28,10 @@ struct TblgenOptions {
   std::string tableFunction = "fpatBuiltinMatcherTable";
   bool verifyDiagnostics = false;
   bool warningsAsErrors = false;
+  /// --gen-epilogues: lowers the activations of `input` to CUDA (codegen's
+  /// emitEpilogueFunctions; the language itself knows no CUDA). Unset: that action fails.
+  std::function<std::string(const std::vector<ActivationDef>&, const std::string& input)>
+      genEpilogues;
   int errorLimit = 50;
 };
 

@@ -381,7 +381,7 @@ FpatRun fpatRun(Env& env, const ir::Graph& fused,
   o.arch = env.drv->device().arch;
   o.sms = env.drv->device().sms;
   o.tiles = tiles;
-  r.built = runtime::buildKernels(fused, builtinLibrary(), o);
+  r.built = runtime::buildKernels(fused, builtinLibrary().activations, o);
   if (!r.built.error.empty()) {
     std::cerr << r.built.error << "\n";
     std::exit(1);
@@ -403,7 +403,8 @@ Row benchOne(Env& env, const std::string& pattern, Shape s) {
   SampledReference ref = sampledReference(pattern, s, inputs);
 
   // fpat: tune (or take the cached result), then time tuned and heuristic in this process.
-  tune::Choice c = tune::tune(*env.drv, fused, out, builtinLibrary(), *env.cache, env.topts);
+  tune::Choice c =
+      tune::tune(*env.drv, fused, out, builtinLibrary().activations, *env.cache, env.topts);
   row.config = c.config.str();
   row.tuning = c.source == "cache" ? std::string("cached")
                                    : std::to_string(c.tried) + " tried, " +
@@ -412,7 +413,8 @@ Row benchOne(Env& env, const std::string& pattern, Shape s) {
   codegen::CodegenOptions copts;
   copts.arch = env.drv->device().arch;
   copts.sms = env.drv->device().sms;
-  const codegen::TileConfig heur = codegen::generate(fused, out, builtinLibrary(), copts).tile;
+  const codegen::TileConfig heur =
+      codegen::generate(fused, out, builtinLibrary().activations, copts).tile;
   // The heuristic's kernel is timed apart only where it differs from the tuned one.
   std::vector<FpatRun> fp;
   fp.push_back(fpatRun(env, fused, {{out, c.config}}, bits));

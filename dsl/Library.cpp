@@ -10,11 +10,15 @@
 
 namespace fpat::dsl {
 
-const ActivationDef* PatternLibrary::findActivation(const std::string& n) const {
-  for (const ActivationDef& a : activations)
-    if (a.name == n)
+const ActivationDef* findActivation(Activations defs, std::string_view name) {
+  for (const ActivationDef& a : defs)
+    if (a.name == name)
       return &a;
   return nullptr;
+}
+
+const ActivationDef* PatternLibrary::findActivation(const std::string& n) const {
+  return dsl::findActivation(activations, n);
 }
 
 ir::ActivationSet PatternLibrary::activationSet() const {
@@ -25,8 +29,12 @@ ir::ActivationSet PatternLibrary::activationSet() const {
 }
 
 ir::ActivationLibrary PatternLibrary::referenceActivations() const {
+  return dsl::referenceActivations(activations);
+}
+
+ir::ActivationLibrary referenceActivations(Activations defs) {
   ir::ActivationLibrary lib = ir::ActivationLibrary::builtin();
-  for (const ActivationDef& a : activations) {
+  for (const ActivationDef& a : defs) {
     // The .fpat body replaces a built-in of the same name: the reference then checks exactly
     // what the generator lowers. Built-ins are tested against these bodies separately.
     lib.add(a.name, [a](double x, const std::map<std::string, double>& given) {

@@ -43,7 +43,7 @@ int main() {
   cuda::Driver* gpu = cuda::Driver::get(&why);
   runtime::BuildOptions opts;
   opts.arch = gpu ? gpu->device().arch : 90;
-  runtime::BuildResult built = runtime::buildKernels(fused, patterns->library, opts);
+  runtime::BuildResult built = runtime::buildKernels(fused, patterns->library.activations, opts);
   if (!built.error.empty()) {
     std::cerr << built.error << "\n";
     return 1;

@@ -363,7 +363,7 @@ TileConfig defaultTile(const GemmProblem& p, int arch, int numSms) {
   return TileConfig{64, 64, 32, 32, 32, 3};
 }
 
-KernelUnit generate(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibrary& lib,
+KernelUnit generate(const ir::Graph& g, ir::Vertex v, dsl::Activations defs,
                     const CodegenOptions& o) {
   using namespace detail;
   const ir::Op& op = g.op(v);
@@ -372,7 +372,7 @@ KernelUnit generate(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibrary&
   requireHalfPrecision(g, v, o.arch);
   KernelUnit u;
   if (const ir::FamilyInfo* family = ir::familyOf(op))
-    u = generateGemm(g, v, lib, o, *family);
+    u = generateGemm(g, v, defs, o, *family);
   else if (op.kind == ir::OpKind::Fused)
     throw CodegenError(ref(g, v) + ": no kernel family '" + op.fused.family +
                        "' implements pattern " + op.fused.pattern);
@@ -380,7 +380,7 @@ KernelUnit generate(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibrary&
            op.kind == ir::OpKind::ReduceMean)
     u = generateRowwise(g, v, o);
   else
-    u = generateElementwise(g, v, lib, o);
+    u = generateElementwise(g, v, defs, o);
   if (op.type.dtype == ir::DType::BF16) {
     // The kernel headers' element type (fpat_common.cuh), set before they are included.
     const size_t at = u.source.find("\n#include");

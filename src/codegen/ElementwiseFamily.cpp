@@ -52,7 +52,7 @@ KernelUnit generateRowwise(const ir::Graph& g, ir::Vertex v, const CodegenOption
   return u;
 }
 
-KernelUnit generateElementwise(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibrary& lib,
+KernelUnit generateElementwise(const ir::Graph& g, ir::Vertex v, dsl::Activations defs,
                                const CodegenOptions& o) {
   const ir::Op& op = g.op(v);
   KernelUnit u;
@@ -107,7 +107,7 @@ KernelUnit generateElementwise(const ir::Graph& g, ir::Vertex v, const dsl::Patt
     break;
   }
   case ir::OpKind::Activation:
-    expr = callActivation(op.fn, op.params, "in[0]", ref(g, v), lib, acts, "kFma");
+    expr = callActivation(op.fn, op.params, "in[0]", ref(g, v), defs, acts, "kFma");
     kinds = "FPAT_IN_FULL";
     suffix = sanitize(op.fn);
     break;
@@ -123,7 +123,7 @@ KernelUnit generateElementwise(const ir::Graph& g, ir::Vertex v, const dsl::Patt
                      " (not fused)",
                  o, {"family:   elementwise (8 elements per thread, 16-byte vectors)"})
        << "#include \"fpat_elementwise.cuh\"\n\n"
-       << activationFunctions(acts, lib) << (acts.fns.empty() ? "" : "\n")
+       << activationFunctions(acts, defs) << (acts.fns.empty() ? "" : "\n")
        << "namespace {\n\nstruct Op {\n"
        << "  static constexpr int kInputs = " << nin << ";\n"
        << "  __host__ __device__ static constexpr int kind(int k) {\n"

@@ -13,7 +13,7 @@ namespace {
 
 /// The body of a fused op's epilogue functor: one named value per node of its tree, in
 /// evaluation order. Operands of shape [N] are read at the column, [M, N] at (row, col).
-std::string epilogueBody(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibrary& lib,
+std::string epilogueBody(const ir::Graph& g, ir::Vertex v, dsl::Activations defs,
                          ActivationCode& acts) {
   const ir::Op& op = g.op(v);
   const ir::Epilogue& e = op.fused.epilogue;
@@ -45,7 +45,7 @@ std::string epilogueBody(const ir::Graph& g, ir::Vertex v, const dsl::PatternLib
          << "\n";
       break;
     case ir::EpiKind::Activation:
-      os << callActivation(n.fn, n.params, name(n.lhs), ref(g, v), lib, acts) << ";\n";
+      os << callActivation(n.fn, n.params, name(n.lhs), ref(g, v), defs, acts) << ";\n";
       break;
     }
   }
@@ -56,7 +56,7 @@ std::string epilogueBody(const ir::Graph& g, ir::Vertex v, const dsl::PatternLib
 /// The same epilogue on two adjacent columns (col even, N even): operands load as one
 /// 4-byte pair, halving the epilogue's load instructions. Kernels that store f16 pairs call it.
 /// Operand `staged` (-1: none) is the pair `s` the kernel read from shared memory.
-std::string epiloguePairBody(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibrary& lib,
+std::string epiloguePairBody(const ir::Graph& g, ir::Vertex v, dsl::Activations defs,
                              ActivationCode& acts, int staged, int result = -1) {
   const ir::Op& op = g.op(v);
   const ir::Epilogue& e = op.fused.epilogue;
@@ -103,8 +103,8 @@ std::string epiloguePairBody(const ir::Graph& g, ir::Vertex v, const dsl::Patter
     }
     case ir::EpiKind::Activation: // .y: exp and division on the FMA pipe where kFma
       os << "make_float2("
-         << callActivation(n.fn, n.params, name(n.lhs) + ".x", ref(g, v), lib, acts) << ", "
-         << callActivation(n.fn, n.params, name(n.lhs) + ".y", ref(g, v), lib, acts, "kFma")
+         << callActivation(n.fn, n.params, name(n.lhs) + ".x", ref(g, v), defs, acts) << ", "
+         << callActivation(n.fn, n.params, name(n.lhs) + ".y", ref(g, v), defs, acts, "kFma")
          << ");\n";
       break;
     }
@@ -399,7 +399,7 @@ std::vector<std::string> headerLines(const GemmPlan& p, const ir::Op& op) {
   return lines;
 }
 
-KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibrary& lib,
+KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, dsl::Activations defs,
                         const CodegenOptions& o, const ir::FamilyInfo& familyInfo) {
   const GemmPlan p = planGemm(g, v, o, familyInfo);
   KernelUnit u = p.unit;
@@ -419,9 +419,9 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
   // calls the one-accumulator forms for it.
   const std::string never =
       "    __trap(); // the dual GEMM calls dual() and dual1()\n    return v;\n";
-  const std::string epi = dual ? never : epilogueBody(g, v, lib, acts);
-  const std::string dualPair = dual ? epiloguePairBody(g, v, lib, acts, -1) : std::string();
-  const std::string dualOne = dual ? epilogueBody(g, v, lib, acts) : std::string();
+  const std::string epi = dual ? never : epilogueBody(g, v, defs, acts);
+  const std::string dualPair = dual ? epiloguePairBody(g, v, defs, acts, -1) : std::string();
+  const std::string dualOne = dual ? epilogueBody(g, v, defs, acts) : std::string();
   const std::vector<std::string> lines = headerLines(p, op);
   body << header(op.kind == ir::OpKind::Fused ? "pattern " + op.fused.pattern + where
                                               : std::string("gemm (not fused)"),
@@ -430,7 +430,7 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
   if (norm)
     body << "#include \"fpat_rowwise.cuh\"\n";
   const int deferredKind = deferNorm ? normKind : 0;
-  body << "\n" << activationFunctions(acts, lib);
+  body << "\n" << activationFunctions(acts, defs);
   body << (acts.fns.empty() ? "" : "\n") << "namespace {\n\n"
        << "struct Epilogue {\n"
        << "  __device__ __forceinline__ float operator()(float v, int64_t row, int64_t col,\n"
@@ -457,7 +457,7 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
          << "  __device__ __forceinline__ float2 pair(float2 v, int64_t row, int64_t col,\n"
          << "                                         const FpatKernelArgs& a, float2 s) const {\n"
          << "    (void)row;\n    (void)col;\n    (void)a;\n    (void)s;\n"
-         << (dual ? never : epiloguePairBody(g, v, lib, acts, staged)) << "  }\n";
+         << (dual ? never : epiloguePairBody(g, v, defs, acts, staged)) << "  }\n";
   if (dual)
     body << "  // The dual GEMM (fpat_wgmma.cuh): v holds acc's column pair, w acc2's; dual1 is "
             "one\n"
@@ -486,7 +486,7 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibr
            << "                                         const FpatKernelArgs& a, float2 s) const "
               "{\n"
            << "    (void)row;\n    (void)col;\n    (void)a;\n    (void)s;\n"
-           << epiloguePairBody(g, v, lib, acts, staged, addend) << "  }\n";
+           << epiloguePairBody(g, v, defs, acts, staged, addend) << "  }\n";
   }
   body << "};\n\n";
   if (t.wgmma()) {

@@ -20,10 +20,9 @@ std::string sanitize(const std::string& s) {
 }
 
 std::string callActivation(const std::string& fn, const std::map<std::string, double>& given,
-                           const std::string& arg, const std::string& who,
-                           const dsl::PatternLibrary& lib, ActivationCode& code,
-                           const std::string& fma) {
-  const dsl::ActivationDef* a = lib.findActivation(fn);
+                           const std::string& arg, const std::string& who, dsl::Activations defs,
+                           ActivationCode& code, const std::string& fma) {
+  const dsl::ActivationDef* a = dsl::findActivation(defs, fn);
   if (!a)
     throw CodegenError("no .fpat body for activation '" + fn + "' (used by " + who + ")");
   if (std::find(code.fns.begin(), code.fns.end(), fn) == code.fns.end())
@@ -73,10 +72,10 @@ std::string header(const std::string& kernel, const CodegenOptions& o,
   return os.str();
 }
 
-std::string activationFunctions(const ActivationCode& code, const dsl::PatternLibrary& lib) {
+std::string activationFunctions(const ActivationCode& code, dsl::Activations defs) {
   std::string out;
   for (const std::string& fn : code.fns)
-    out += emitActivationFunction(*lib.findActivation(fn));
+    out += emitActivationFunction(*dsl::findActivation(defs, fn));
   return out;
 }
 

@@ -546,7 +546,7 @@ int timeGraphs(const FpatcOptions& opts, cuda::Driver& drv, runtime::Executor& f
     runtime::BuildOptions uopts = bopts;
     uopts.tiles.clear();
     uopts.tile = nullptr;
-    ub = runtime::buildKernels(original, pats.library, uopts);
+    ub = runtime::buildKernels(original, pats.library.activations, uopts);
     if (!ub.error.empty()) {
       err << "fpatc: error: --time: the unfused graph: " << ub.error << "\n";
       return 1;
@@ -614,7 +614,7 @@ bool chooseConfigs(const FpatcOptions& opts, cuda::Driver* drv, const std::strin
           << ":\n"
           << std::flush;
       try {
-        tune::Choice c = tune::tune(*drv, fused, ops[i], pats.library, cache, topts);
+        tune::Choice c = tune::tune(*drv, fused, ops[i], pats.library.activations, cache, topts);
         choices[ops[i]] = c;
         double spent = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         out << "    => " << (c.source == "cache" ? "cached " : "best ") << c.config.str() << " "
@@ -634,8 +634,8 @@ bool chooseConfigs(const FpatcOptions& opts, cuda::Driver* drv, const std::strin
   }
   for (ir::Vertex v : ops)
     if (!choices.count(v))
-      choices[v] =
-          tune::choose(fused, v, pats.library, cache, arch, bopts.sms, nvccVer, opts.retune);
+      choices[v] = tune::choose(fused, v, pats.library.activations, cache, arch, bopts.sms, nvccVer,
+                                opts.retune);
   for (const std::string& w : cache.takeWarnings())
     err << "fpatc: warning: " << w << "\n";
   for (auto& [v, c] : choices)
@@ -658,7 +658,7 @@ int emitCuda(const FpatcOptions& opts, const ir::Graph& fused, const Patterns& p
     for (ir::Vertex v : fused.vertices()) {
       auto tile = bopts.tiles.find(v);
       copts.tile = tile == bopts.tiles.end() ? nullptr : &tile->second;
-      codegen::KernelUnit u = codegen::generate(fused, v, pats.library, copts);
+      codegen::KernelUnit u = codegen::generate(fused, v, pats.library.activations, copts);
       if (u.launches.empty() || !written.insert(u.name).second)
         continue;
       const fs::path file = fs::path(opts.outDir) / (u.name + ".cu");
@@ -713,7 +713,7 @@ int gpuStages(const FpatcOptions& opts, const ir::Graph& fusedIn, const Patterns
            "FPAT_NVCC); nothing was compiled or run\n";
     return opts.requireGpu ? 77 : 0;
   }
-  runtime::BuildResult built = runtime::buildKernels(fused, pats.library, bopts);
+  runtime::BuildResult built = runtime::buildKernels(fused, pats.library.activations, bopts);
   runtime::CompiledGraph& cg = built.graph;
   if (!built.error.empty() && built.kernels.empty()) { // code generation failed: no units
     err << "fpatc: error: " << built.error << (built.error.back() == '\n' ? "" : "\n");
@@ -1009,7 +1009,7 @@ bool fuseStage(const FpatcOptions& opts, const Patterns& pats, const ir::Graph& 
                                         ir::Vertex v) -> std::optional<double> {
     if (tuned.empty() || !tune::tunable(graph, v))
       return std::nullopt;
-    auto it = tuned.find(tune::keyFor(graph, v, pats.library, costArch, nvccVer).str());
+    auto it = tuned.find(tune::keyFor(graph, v, pats.library.activations, costArch, nvccVer).str());
     return it == tuned.end() ? std::nullopt : std::optional<double>(it->second);
   };
   if (!opts.fuseAlways)

@@ -7,8 +7,7 @@
 
 namespace fpat::runtime {
 
-BuildResult buildKernels(const ir::Graph& fused, const dsl::PatternLibrary& lib,
-                         const BuildOptions& o) {
+BuildResult buildKernels(const ir::Graph& fused, dsl::Activations defs, const BuildOptions& o) {
   BuildResult r;
   r.graph.graph = fused;
   codegen::CodegenOptions copts;
@@ -20,7 +19,7 @@ BuildResult buildKernels(const ir::Graph& fused, const dsl::PatternLibrary& lib,
     for (ir::Vertex v : fused.vertices()) {
       auto it = o.tiles.find(v);
       copts.tile = it != o.tiles.end() ? &it->second : o.tile;
-      r.graph.units.push_back(codegen::generate(fused, v, lib, copts));
+      r.graph.units.push_back(codegen::generate(fused, v, defs, copts));
     }
   } catch (const codegen::CodegenError& e) {
     r.error = e.what();

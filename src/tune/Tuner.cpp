@@ -17,10 +17,10 @@ bool tunable(const ir::Graph& g, ir::Vertex v) {
   return ir::familyOf(g.op(v)) != nullptr;
 }
 
-Key keyFor(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibrary& lib, int arch,
+Key keyFor(const ir::Graph& g, ir::Vertex v, dsl::Activations defs, int arch,
            const std::string& nvccVersion) {
   // From the op alone (what the kernel computes and its shape), without generating code.
-  (void)lib;
+  (void)defs;
   const ir::Op& op = g.op(v);
   const ir::FamilyInfo* family = ir::familyOf(op);
   if (!family)
@@ -44,11 +44,11 @@ Key keyFor(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibrary& lib, int
   return k;
 }
 
-Choice choose(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibrary& lib, TuningCache& cache,
-              int arch, int sms, const std::string& nvccVersion, bool retune) {
+Choice choose(const ir::Graph& g, ir::Vertex v, dsl::Activations defs, TuningCache& cache, int arch,
+              int sms, const std::string& nvccVersion, bool retune) {
   Choice c;
   if (!retune && !retuneFromEnvironment())
-    if (auto e = cache.lookup(keyFor(g, v, lib, arch, nvccVersion))) {
+    if (auto e = cache.lookup(keyFor(g, v, defs, arch, nvccVersion))) {
       c.config = e->config;
       c.source = "cache";
       c.ms = e->ms;
@@ -100,11 +100,11 @@ double median(std::vector<float> v) {
 
 } // namespace
 
-Choice tune(cuda::Driver& drv, const ir::Graph& g, ir::Vertex v, const dsl::PatternLibrary& lib,
+Choice tune(cuda::Driver& drv, const ir::Graph& g, ir::Vertex v, dsl::Activations defs,
             TuningCache& cache, const TuneOptions& o) {
   const DeviceLimits lim = DeviceLimits::from(drv.device());
   const std::string nvcc = runtime::nvccIdentity(runtime::findNvcc({}), o.nvccFlags);
-  const Key key = keyFor(g, v, lib, lim.arch, nvcc);
+  const Key key = keyFor(g, v, defs, lim.arch, nvcc);
   if (!o.retune && !retuneFromEnvironment() && o.configs.empty())
     if (auto e = cache.lookup(key)) {
       Choice c;
@@ -120,7 +120,7 @@ Choice tune(cuda::Driver& drv, const ir::Graph& g, ir::Vertex v, const dsl::Patt
   codegen::CodegenOptions base;
   base.arch = lim.arch;
   base.sms = lim.sms;
-  const codegen::KernelUnit probe = codegen::generate(sub, subOp, lib, base);
+  const codegen::KernelUnit probe = codegen::generate(sub, subOp, defs, base);
   const codegen::GemmProblem problem = codegen::gemmProblemOf(sub, subOp);
   std::vector<TileConfig> candidates;
   if (o.configs.empty())
@@ -168,7 +168,7 @@ Choice tune(cuda::Driver& drv, const ir::Graph& g, ir::Vertex v, const dsl::Patt
     sampledInputs[iop.name] = std::move(t);
   }
   const ir::Tensor want =
-      ir::evaluate(sampled, sampledInputs, lib.referenceActivations())[sampled.outputs()[0]];
+      ir::evaluate(sampled, sampledInputs, dsl::referenceActivations(defs))[sampled.outputs()[0]];
 
   // A batch of candidates' kernels, compiled together.
   runtime::NvccOptions n;
@@ -182,7 +182,7 @@ Choice tune(cuda::Driver& drv, const ir::Graph& g, ir::Vertex v, const dsl::Patt
     for (const TileConfig& t : batch) {
       codegen::CodegenOptions c = base;
       c.tile = &t;
-      units.push_back(codegen::generate(sub, subOp, lib, c));
+      units.push_back(codegen::generate(sub, subOp, defs, c));
     }
     return runtime::compileAll(units, n);
   };

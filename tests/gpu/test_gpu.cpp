@@ -147,7 +147,7 @@ struct GpuSetup {
       for (Shape s : shapes()) {
         ir::Graph f = fuse(caseGraph(name, s));
         for (ir::Vertex v : f.vertices())
-          units.push_back(codegen::generate(f, v, builtinLibrary(), c));
+          units.push_back(codegen::generate(f, v, builtinLibrary().activations, c));
       }
     if (c.arch >= 80)
       for (const char* name : kConfigCases)
@@ -159,7 +159,7 @@ struct GpuSetup {
             codegen::CodegenOptions ct = c;
             ct.tile = &t;
             for (ir::Vertex v : f.vertices())
-              units.push_back(codegen::generate(f, v, builtinLibrary(), ct));
+              units.push_back(codegen::generate(f, v, builtinLibrary().activations, ct));
           }
     if (c.arch == 90)
       for (const char* name : kWgmmaCases)
@@ -169,7 +169,7 @@ struct GpuSetup {
             codegen::CodegenOptions ct = c;
             ct.tile = &t;
             for (ir::Vertex v : f.vertices())
-              units.push_back(codegen::generate(f, v, builtinLibrary(), ct));
+              units.push_back(codegen::generate(f, v, builtinLibrary().activations, ct));
           }
     if (c.arch == 90)
       for (const char* name : {"rmsnorm_gemm", "layernorm_gemm", "layernorm_gemm_bias_gelu"})
@@ -180,7 +180,7 @@ struct GpuSetup {
             codegen::CodegenOptions ct = c;
             ct.tile = t ? &*t : nullptr;
             for (ir::Vertex v : f.vertices())
-              units.push_back(codegen::generate(f, v, builtinLibrary(), ct));
+              units.push_back(codegen::generate(f, v, builtinLibrary().activations, ct));
           }
     if (c.arch == 90)
       for (const char* name : kPreparedCases)
@@ -190,7 +190,7 @@ struct GpuSetup {
             codegen::CodegenOptions ct = c;
             ct.tile = t ? &*t : nullptr;
             for (ir::Vertex v : f.vertices())
-              units.push_back(codegen::generate(f, v, builtinLibrary(), ct));
+              units.push_back(codegen::generate(f, v, builtinLibrary().activations, ct));
           }
     runtime::NvccOptions n;
     n.arch = c.arch;
@@ -206,7 +206,7 @@ void runCase(const std::string& name, Shape s, uint64_t seed) {
   BOOST_TEST_CONTEXT(name << " at M x N x K = " << s.str()) {
     ir::Graph g = caseGraph(name, s);
     ir::Graph f = fuse(g);
-    runtime::BuildResult b = runtime::buildKernels(f, builtinLibrary(), buildOptions());
+    runtime::BuildResult b = runtime::buildKernels(f, builtinLibrary().activations, buildOptions());
     BOOST_TEST_REQUIRE(b.error.empty(), b.error);
     auto inputs = ir::randomInputs(g, seed);
     auto want = ir::evaluate(g, inputs, builtinLibrary().referenceActivations());
@@ -251,7 +251,7 @@ codegen::TileConfig runWithTile(const std::string& name, Shape s, const codegen:
   ir::Graph f = fuse(g);
   runtime::BuildOptions o = buildOptions();
   o.tile = &t;
-  runtime::BuildResult b = runtime::buildKernels(f, builtinLibrary(), o);
+  runtime::BuildResult b = runtime::buildKernels(f, builtinLibrary().activations, o);
   BOOST_TEST_REQUIRE(b.error.empty(), b.error);
   auto inputs = ir::randomInputs(g, seed);
   auto want = ir::evaluate(g, inputs, builtinLibrary().referenceActivations());
@@ -415,7 +415,7 @@ runtime::BuildResult buildForced(const ir::Graph& f,
   runtime::BuildOptions o = buildOptions();
   if (cfg)
     o.tile = &*cfg;
-  return runtime::buildKernels(f, builtinLibrary(), o);
+  return runtime::buildKernels(f, builtinLibrary().activations, o);
 }
 
 BOOST_AUTO_TEST_CASE(prepared_weights_match_the_reference) {
@@ -606,7 +606,7 @@ BOOST_AUTO_TEST_CASE(wgmma_realistic_shape) {
         runtime::BuildOptions o = buildOptions();
         if (cfg)
           o.tile = &*cfg;
-        runtime::BuildResult b = runtime::buildKernels(f, builtinLibrary(), o);
+        runtime::BuildResult b = runtime::buildKernels(f, builtinLibrary().activations, o);
         BOOST_TEST_REQUIRE(b.error.empty(), b.error);
         BOOST_TEST(b.graph.units[f.outputs()[0]].tile.wgmma());
         auto inputs = ir::randomInputs(g, 29);
@@ -656,7 +656,8 @@ BOOST_AUTO_TEST_CASE(activation_math_is_within_one_ulp) {
       std::vector<float>& h = inputs.at("h").data;
       for (size_t i = 0; i < h.size(); ++i) // -16 .. 16, rounded to f16
         h[i] = ir::halfBitsToFloat(ir::doubleToHalfBits(-16.0 + 32.0 * i / h.size()));
-      runtime::BuildResult r = runtime::buildKernels(g, builtinLibrary(), buildOptions());
+      runtime::BuildResult r =
+          runtime::buildKernels(g, builtinLibrary().activations, buildOptions());
       BOOST_TEST_REQUIRE(r.error.empty(), r.error);
       runtime::Executor ex(*gpu(), r.graph);
       auto got = ex.run(inputs, true).outputs[0].data;
@@ -705,7 +706,8 @@ BOOST_AUTO_TEST_CASE(division_and_exp_at_the_edges_of_the_float_range) {
       std::vector<float>& x = inputs.at("x").data;
       for (size_t i = 0; i < xs.size(); ++i)
         x[i] = ir::roundTo(xs[i], ir::DType::BF16);
-      runtime::BuildResult r = runtime::buildKernels(g, builtinLibrary(), buildOptions());
+      runtime::BuildResult r =
+          runtime::buildKernels(g, builtinLibrary().activations, buildOptions());
       BOOST_TEST_REQUIRE(r.error.empty(), r.error);
       runtime::Executor ex(*gpu(), r.graph);
       auto got = ex.run(inputs, true).outputs[0].data;
@@ -746,7 +748,8 @@ BOOST_AUTO_TEST_CASE(quotients_over_one_at_the_edges_of_f16) {
       std::vector<float>& x = inputs.at("x").data;
       for (size_t i = 0; i < xs.size(); ++i)
         x[i] = ir::roundTo(xs[i], ir::DType::F16);
-      runtime::BuildResult r = runtime::buildKernels(g, builtinLibrary(), buildOptions());
+      runtime::BuildResult r =
+          runtime::buildKernels(g, builtinLibrary().activations, buildOptions());
       BOOST_TEST_REQUIRE(r.error.empty(), r.error);
       runtime::Executor ex(*gpu(), r.graph);
       auto got = ex.run(inputs, true).outputs[0].data;
@@ -769,7 +772,8 @@ BOOST_AUTO_TEST_CASE(poisoned_outputs_catch_unwritten_elements) {
   // A kernel that leaves elements unwritten must fail validation: tell the GEMM it has only
   // half of its 64 rows, so rows 32..63 keep the poison.
   ir::Graph g = caseGraph("gemm", {64, 64, 64});
-  runtime::BuildResult b = runtime::buildKernels(fuse(g), builtinLibrary(), buildOptions());
+  runtime::BuildResult b =
+      runtime::buildKernels(fuse(g), builtinLibrary().activations, buildOptions());
   BOOST_TEST_REQUIRE(b.error.empty(), b.error);
   for (codegen::KernelUnit& u : b.graph.units)
     if (!u.launches.empty()) {
@@ -798,7 +802,8 @@ BOOST_AUTO_TEST_CASE(whole_graphs_run) {
       auto g = ir::parseGraph(sm.addBuffer(file, text), d, builtinLibrary().activationSet());
       BOOST_TEST_REQUIRE(g.has_value());
       ir::Graph f = fuse(*g);
-      runtime::BuildResult b = runtime::buildKernels(f, builtinLibrary(), buildOptions());
+      runtime::BuildResult b =
+          runtime::buildKernels(f, builtinLibrary().activations, buildOptions());
       BOOST_TEST_REQUIRE(b.error.empty(), b.error);
       auto inputs = ir::randomInputs(*g, 7);
       auto want = ir::evaluate(*g, inputs, builtinLibrary().referenceActivations());
@@ -824,12 +829,13 @@ BOOST_AUTO_TEST_CASE(tuning_smoke_test) {
   tune::TuneOptions o;
   o.maxCandidates = 4;
   o.cacheDir = cacheDir();
-  tune::Choice c = tune::tune(*gpu(), f, f.outputs()[0], builtinLibrary(), cache, o);
+  tune::Choice c = tune::tune(*gpu(), f, f.outputs()[0], builtinLibrary().activations, cache, o);
   BOOST_TEST(c.source == "tuned");
   BOOST_TEST(c.tried == 4);
   BOOST_TEST(c.ms > 0);
   BOOST_TEST(c.ms <= c.heuristicMs); // the heuristic is among the candidates
-  tune::Choice again = tune::tune(*gpu(), f, f.outputs()[0], builtinLibrary(), cache, o);
+  tune::Choice again =
+      tune::tune(*gpu(), f, f.outputs()[0], builtinLibrary().activations, cache, o);
   BOOST_TEST(again.source == "cache");
   BOOST_TEST((again.config == c.config));
   std::filesystem::remove(path);
@@ -845,7 +851,7 @@ BOOST_AUTO_TEST_CASE(planted_out_of_bounds_write) {
     return;
   ir::Graph g = caseGraph("add", {64, 64, 64});
   ir::Graph f = fuse(g);
-  runtime::BuildResult b = runtime::buildKernels(f, builtinLibrary(), buildOptions());
+  runtime::BuildResult b = runtime::buildKernels(f, builtinLibrary().activations, buildOptions());
   BOOST_TEST_REQUIRE(b.error.empty(), b.error);
   codegen::KernelUnit& u = b.graph.units[f.outputs()[0]];
   u.name += "_planted_oob";

@@ -493,16 +493,18 @@ BOOST_AUTO_TEST_CASE(prepared_weights_are_their_own_problem) {
     BOOST_TEST(!p.bRows128);
     BOOST_TEST(q.bRows128);
     BOOST_TEST(q.vec == p.vec);
-    const Key kp = keyFor(plain, v, testing::builtinLibrary(), 90, "nvcc-x"),
-              kw = keyFor(weights, w, testing::builtinLibrary(), 90, "nvcc-x");
+    const Key kp = keyFor(plain, v, testing::builtinLibrary().activations, 90, "nvcc-x"),
+              kw = keyFor(weights, w, testing::builtinLibrary().activations, 90, "nvcc-x");
     BOOST_TEST(kw.signature == kp.signature + ":bprep");
     TempCache tc;
     TuningCache c(tc.path);
     codegen::CodegenOptions o;
     o.arch = 90;
     o.sms = 132;
-    BOOST_TEST((choose(weights, w, testing::builtinLibrary(), c, 90, 132, "nvcc-x", false).config ==
-                codegen::generate(weights, w, testing::builtinLibrary(), o).tile));
+    BOOST_TEST(
+        (choose(weights, w, testing::builtinLibrary().activations, c, 90, 132, "nvcc-x", false)
+             .config ==
+         codegen::generate(weights, w, testing::builtinLibrary().activations, o).tile));
   }
 }
 
@@ -512,18 +514,19 @@ BOOST_AUTO_TEST_CASE(without_a_cache_entry_the_heuristic_picks) {
   ir::Graph f = testing::fuse(testing::caseGraph("gemm_bias_gelu", {2048, 4096, 4096}));
   ir::Vertex v = f.outputs()[0];
   BOOST_TEST(tunable(f, v));
-  Choice ch = choose(f, v, testing::builtinLibrary(), c, 90, 132, "nvcc-x", false);
+  Choice ch = choose(f, v, testing::builtinLibrary().activations, c, 90, 132, "nvcc-x", false);
   BOOST_TEST(ch.source == "heuristic");
   BOOST_TEST((ch.config == codegen::defaultTile(codegen::gemmProblemOf(f, v), 90, 132)));
   // Once tuned (here: stored by hand), the cache answers, unless retuning is asked for.
-  Key k = keyFor(f, v, testing::builtinLibrary(), 90, "nvcc-x");
+  Key k = keyFor(f, v, testing::builtinLibrary().activations, 90, "nvcc-x");
   BOOST_TEST(k.signature == "gemm:gemm_bias_gelu,gelu(bias_add(acc, $2)):vec");
   c.store(k, Entry{{128, 256, 32, 64, 64, 3}, 0.3, 0.4, 10});
-  ch = choose(f, v, testing::builtinLibrary(), c, 90, 132, "nvcc-x", false);
+  ch = choose(f, v, testing::builtinLibrary().activations, c, 90, 132, "nvcc-x", false);
   BOOST_TEST(ch.source == "cache");
   BOOST_TEST(ch.config.str() == "128x256x32_w2x4_s3");
-  BOOST_TEST(choose(f, v, testing::builtinLibrary(), c, 90, 132, "nvcc-x", true).source ==
-             "heuristic");
+  BOOST_TEST(
+      choose(f, v, testing::builtinLibrary().activations, c, 90, 132, "nvcc-x", true).source ==
+      "heuristic");
 }
 
 BOOST_AUTO_TEST_CASE(the_heuristic_is_the_code_generators_default) {
@@ -542,8 +545,9 @@ BOOST_AUTO_TEST_CASE(the_heuristic_is_the_code_generators_default) {
     codegen::CodegenOptions o;
     o.arch = 90;
     o.sms = 132;
-    const codegen::KernelUnit u = codegen::generate(f, v, testing::builtinLibrary(), o);
-    const Choice ch = choose(f, v, testing::builtinLibrary(), c, 90, 132, "nvcc-x", false);
+    const codegen::KernelUnit u = codegen::generate(f, v, testing::builtinLibrary().activations, o);
+    const Choice ch =
+        choose(f, v, testing::builtinLibrary().activations, c, 90, 132, "nvcc-x", false);
     BOOST_TEST((ch.config == u.tile), name << " " << shape.str() << ": " << ch.config.str()
                                            << " against " << u.tile.str());
   }

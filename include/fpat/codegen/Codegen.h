@@ -274,7 +274,7 @@ struct CodegenOptions {
 /// Generates the kernel for op `v` of `g` (fused or not). Inputs need no kernel: returns a
 /// unit with no launches. Throws CodegenError for what no kernel family implements (f32
 /// tensors, unknown families).
-KernelUnit generate(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibrary& lib,
+KernelUnit generate(const ir::Graph& g, ir::Vertex v, dsl::Activations defs,
                     const CodegenOptions& opts);
 
 /// Kernel headers embedded in the binary: (file name, contents).

@@ -24,14 +24,13 @@ struct ActivationCode {
 /// returns the CUDA call on `arg`. `fma`, where not empty, is the call's template argument kFma
 /// ("true", or a name in scope): exp and division on the FMA pipe (fpat_common.cuh).
 std::string callActivation(const std::string& fn, const std::map<std::string, double>& given,
-                           const std::string& arg, const std::string& who,
-                           const dsl::PatternLibrary& lib, ActivationCode& code,
-                           const std::string& fma = "");
+                           const std::string& arg, const std::string& who, dsl::Activations defs,
+                           ActivationCode& code, const std::string& fma = "");
 void requireHalfPrecision(const ir::Graph& g, ir::Vertex v, int arch);
 /// The comment block at the top of a generated file.
 std::string header(const std::string& kernel, const CodegenOptions& o,
                    const std::vector<std::string>& lines);
-std::string activationFunctions(const ActivationCode& code, const dsl::PatternLibrary& lib);
+std::string activationFunctions(const ActivationCode& code, dsl::Activations defs);
 
 /// Every decision of the GEMM code generator for one op (planGemm), as data.
 struct GemmPlan {
@@ -57,12 +56,12 @@ GemmPlan planGemm(const ir::Graph& g, ir::Vertex v, const CodegenOptions& o,
 
 // One code generator per kernel family; `generate` picks the one for the op.
 /// GEMM families (gemm, norm_gemm): the GEMM template with the epilogue compiled from the tree.
-KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibrary& lib,
+KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, dsl::Activations defs,
                         const CodegenOptions& o, const ir::FamilyInfo& family);
 /// Row-wise norms (layernorm, rmsnorm) not fused into a GEMM.
 KernelUnit generateRowwise(const ir::Graph& g, ir::Vertex v, const CodegenOptions& o);
 /// Elementwise ops (bias_add, activation, add, mul) not fused into a GEMM.
-KernelUnit generateElementwise(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibrary& lib,
+KernelUnit generateElementwise(const ir::Graph& g, ir::Vertex v, dsl::Activations defs,
                                const CodegenOptions& o);
 
 } // namespace fpat::codegen::detail

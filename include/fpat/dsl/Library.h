@@ -7,6 +7,8 @@
 #include "fpat/ir/Reference.h"
 
 #include <map>
+#include <span>
+#include <string_view>
 
 namespace fpat::dsl {
 
@@ -129,6 +131,15 @@ struct PatternLibrary {
   /// The reference's activation functions extended with these bodies.
   ir::ActivationLibrary referenceActivations() const;
 };
+
+/// The activation definitions: all that code generation, the runtime and the tuner read of a
+/// library (the patterns and ops are the matcher's).
+using Activations = std::span<const ActivationDef>;
+/// The definition named `name`, or null.
+const ActivationDef* findActivation(Activations defs, std::string_view name);
+/// The reference's activation functions extended with these bodies (each replaces a built-in
+/// of its name).
+ir::ActivationLibrary referenceActivations(Activations defs);
 
 /// Extracts and checks the vocabulary. Errors (unknown op, arity mismatch, unbound binding,
 /// unknown intrinsic, ...) go to `diags`.

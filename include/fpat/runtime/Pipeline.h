@@ -28,8 +28,7 @@ struct BuildResult {
 };
 
 /// Generates and compiles a kernel for every op of `fused`.
-BuildResult buildKernels(const ir::Graph& fused, const dsl::PatternLibrary& lib,
-                         const BuildOptions& o);
+BuildResult buildKernels(const ir::Graph& fused, dsl::Activations defs, const BuildOptions& o);
 
 /// Agreement of a GPU result with the CPU reference.
 struct Agreement {

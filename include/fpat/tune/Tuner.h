@@ -36,16 +36,16 @@ struct Choice {
 bool tunable(const ir::Graph& g, ir::Vertex v);
 
 /// The cache key of op `v`'s kernel.
-Key keyFor(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibrary& lib, int arch,
+Key keyFor(const ir::Graph& g, ir::Vertex v, dsl::Activations defs, int arch,
            const std::string& nvccVersion);
 
 /// The cached configuration, else the heuristic. Needs no GPU.
-Choice choose(const ir::Graph& g, ir::Vertex v, const dsl::PatternLibrary& lib, TuningCache& cache,
-              int arch, int sms, const std::string& nvccVersion, bool retune);
+Choice choose(const ir::Graph& g, ir::Vertex v, dsl::Activations defs, TuningCache& cache, int arch,
+              int sms, const std::string& nvccVersion, bool retune);
 
 /// Times every candidate configuration of op `v` (alone, on random inputs) and stores the
 /// fastest one whose output matches the CPU reference on sampled rows.
-Choice tune(cuda::Driver& drv, const ir::Graph& g, ir::Vertex v, const dsl::PatternLibrary& lib,
+Choice tune(cuda::Driver& drv, const ir::Graph& g, ir::Vertex v, dsl::Activations defs,
             TuningCache& cache, const TuneOptions& o);
 
 } // namespace fpat::tune

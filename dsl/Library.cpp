@@ -768,7 +768,7 @@ private:
   /// dual families two GEMMs on one A (the same leaf, or the same norm of leaves).
   /// Anything else would be a kernel that silently computes less than the match.
   bool familyCanImplement(const PatternDef& p) {
-    const ir::FamilyInfo* family = ir::findFamily(p.family);
+    const ir::KernelFamily* family = ir::findFamily(p.family);
     if (!family)
       return true;
     const bool normFamily = family->normalisesA;

@@ -371,7 +371,7 @@ KernelUnit generate(const ir::Graph& g, ir::Vertex v, dsl::Activations defs,
     return {}; // uploaded, not computed
   requireHalfPrecision(g, v, o.arch);
   KernelUnit u;
-  if (const ir::FamilyInfo* family = ir::familyOf(op))
+  if (const ir::KernelFamily* family = ir::familyOf(op))
     u = generateGemm(g, v, defs, o, *family);
   else if (op.kind == ir::OpKind::Fused)
     throw CodegenError(ref(g, v) + ": no kernel family '" + op.fused.family +

@@ -153,7 +153,7 @@ int stagedOperand(const ir::Graph& g, ir::Vertex v) {
 /// where the epilogue runs, the split, padding and prepared copies, the kernel's name and the
 /// unit's launch-relevant fields. Emitting the source and the launches reads it.
 GemmPlan planGemm(const ir::Graph& g, ir::Vertex v, const CodegenOptions& o,
-                  const ir::FamilyInfo& familyInfo) {
+                  const ir::KernelFamily& familyInfo) {
   const ir::Op& op = g.op(v);
   KernelUnit u;
   const std::vector<ir::Vertex> ins = g.operands(v);
@@ -162,7 +162,7 @@ GemmPlan planGemm(const ir::Graph& g, ir::Vertex v, const CodegenOptions& o,
     auto it = o.sources.find(op.fused.pattern);
     return it == o.sources.end() ? std::string() : " [" + it->second + "]";
   }();
-  const ir::FamilyInfo* family = &familyInfo;
+  const ir::KernelFamily* family = &familyInfo;
   const bool norm = family->normalisesA;
   const int normKind = !norm                          ? 0
                        : op.fused.norm == "layernorm" ? 1
@@ -400,7 +400,7 @@ std::vector<std::string> headerLines(const GemmPlan& p, const ir::Op& op) {
 }
 
 KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, dsl::Activations defs,
-                        const CodegenOptions& o, const ir::FamilyInfo& familyInfo) {
+                        const CodegenOptions& o, const ir::KernelFamily& familyInfo) {
   const GemmPlan p = planGemm(g, v, o, familyInfo);
   KernelUnit u = p.unit;
   const ir::Op& op = g.op(v);
@@ -586,7 +586,7 @@ namespace fpat::codegen {
 
 bool defersNorm(const ir::Graph& g, ir::Vertex v) {
   const ir::Op& op = g.op(v);
-  const ir::FamilyInfo* family = ir::familyOf(op);
+  const ir::KernelFamily* family = ir::familyOf(op);
   if (!family || !family->normalisesA || ir::normKindOf(op) == ir::NormKind::None)
     return false;
   const std::vector<ir::Vertex> ins = g.operands(v);
@@ -610,7 +610,7 @@ size_t preparedBBytes(const KernelUnit& u) {
 
 bool preparesWeightB(const ir::Graph& g, ir::Vertex v) {
   const ir::Op& op = g.op(v);
-  const ir::FamilyInfo* family = ir::familyOf(op);
+  const ir::KernelFamily* family = ir::familyOf(op);
   if (family && family->gemms == 2) { // Bg and Bu interleaved into one copy
     const std::vector<ir::Vertex> ins = g.operands(v);
     const size_t bIdx = ir::gemmBIndex(op);
@@ -640,7 +640,7 @@ bool preparesWeightB(const ir::Graph& g, ir::Vertex v) {
 
 GemmProblem gemmProblemOf(const ir::Graph& g, ir::Vertex v) {
   const ir::Op& op = g.op(v);
-  const ir::FamilyInfo* family = ir::familyOf(op);
+  const ir::KernelFamily* family = ir::familyOf(op);
   const int64_t k = g.op(g.operands(v).at(0)).type.shape[1];
   // A prepared weight B is [N, K] to the wgmma kernels; the cp.async ones read it as given.
   const bool prepared = preparesWeightB(g, v);

@@ -72,7 +72,7 @@ double elementBytes(const ir::TensorDesc& t) {
 // A GEMM-family op (a plain gemm or a fused op): its kernel's time.
 double gemmMs(const ir::Graph& g, ir::Vertex v, const Calibration& c) {
   const ir::Op& op = g.op(v);
-  const ir::FamilyInfo* family = ir::familyOf(op);
+  const ir::KernelFamily* family = ir::familyOf(op);
   const std::vector<ir::Vertex> ins = g.operands(v);
   if (!family || ins.empty() || op.type.rank() != 2)
     return c.launchUs * 1e-3;
@@ -142,7 +142,7 @@ double opMs(const ir::Graph& g, ir::Vertex v, const Calibration& c) {
 
 std::string kernelNote(const ir::Graph& g, ir::Vertex v, int arch) {
   const ir::Op& op = g.op(v);
-  const ir::FamilyInfo* family = ir::familyOf(op);
+  const ir::KernelFamily* family = ir::familyOf(op);
   if (!family)
     return rowwiseKernel(op) ? "row-wise kernel" : "elementwise kernel";
   const bool deferred = codegen::defersNorm(g, v);

@@ -124,27 +124,6 @@ const ActivationSet& ActivationSet::builtin() {
   return set;
 }
 
-const std::vector<FamilyInfo>& kernelFamilies() {
-  static const std::vector<FamilyInfo> table = {
-      {Family::Gemm, "gemm", false, true},
-      {Family::NormGemm, "norm_gemm", true, false},
-      {Family::DualGemm, "dual_gemm", false, true, 2},
-      {Family::NormDualGemm, "norm_dual_gemm", true, true, 2},
-  };
-  return table;
-}
-
-const FamilyInfo* findFamily(std::string_view name) {
-  for (const FamilyInfo& f : kernelFamilies())
-    if (name == f.name)
-      return &f;
-  return nullptr;
-}
-
-const FamilyInfo& familyInfo(Family f) {
-  return kernelFamilies().at(static_cast<size_t>(f));
-}
-
 NormKind normKindOf(const Op& op) {
   if (op.kind != OpKind::Fused)
     return NormKind::None;
@@ -154,36 +133,13 @@ NormKind normKindOf(const Op& op) {
 }
 
 size_t gemmBIndex(const Op& op) {
-  const FamilyInfo* f = familyOf(op);
-  if (!f || !f->normalisesA)
-    return 1;
-  return op.fused.norm == "layernorm" ? 3 : 2;
+  const KernelFamily* f = familyOf(op);
+  return f ? f->bIndex(op) : 1;
 }
 
 size_t mainOperandCount(const Op& op) {
-  const FamilyInfo* f = familyOf(op);
-  return gemmBIndex(op) + (f ? static_cast<size_t>(f->gemms) : 1);
-}
-
-const FamilyInfo* familyOf(const Op& op) {
-  if (op.kind == OpKind::Gemm)
-    return &familyInfo(Family::Gemm);
-  return op.kind == OpKind::Fused ? findFamily(op.fused.family) : nullptr;
-}
-
-std::string familyDidYouMean(std::string_view name) {
-  std::vector<std::string> names;
-  for (const FamilyInfo& f : kernelFamilies())
-    names.push_back(f.name);
-  return didYouMean(name, names);
-}
-
-std::string kernelFamilyList() {
-  std::string s;
-  const size_t n = kernelFamilies().size();
-  for (size_t i = 0; i < n; ++i)
-    s += std::string(i == 0 ? "" : i + 1 == n ? " or " : ", ") + kernelFamilies()[i].name;
-  return s;
+  const KernelFamily* f = familyOf(op);
+  return f ? f->mainOperandCount(op) : 2;
 }
 
 bool ActivationSet::contains(std::string_view name) const {
@@ -212,11 +168,11 @@ std::string opRef(const Op& op) {
   return std::string(opKindName(op.kind)) + " %" + op.name;
 }
 
+} // namespace
+
 std::string operandRef(const std::vector<OperandInfo>& ops, size_t i) {
   return "operand " + std::to_string(i) + " (%" + ops[i].name + ": " + ops[i].type.str() + ")";
 }
-
-} // namespace
 
 std::optional<TensorDesc> inferType(const Op& op, const std::vector<OperandInfo>& in,
                                     TypeError& err, const ActivationSet& acts) {
@@ -343,49 +299,11 @@ std::optional<TensorDesc> inferType(const Op& op, const std::vector<OperandInfo>
     if (!isKernelFamily(f.family))
       return fail(-1, "unknown kernel family '" + f.family + "' (fpat has " + kernelFamilyList() +
                           ")" + familyDidYouMean(f.family));
-    const FamilyInfo& family = *findFamily(f.family);
-    const bool norm = family.normalisesA;
-    if (norm != !f.norm.empty() || (norm && f.norm != "layernorm" && f.norm != "rmsnorm"))
-      return fail(-1, norm ? "a " + f.family + " op needs norm = layernorm or norm = rmsnorm"
-                           : "norm = " + f.norm + " belongs to family norm_gemm, not " + f.family);
-    // Main operands: gemm A, B; norm_gemm x, gamma[, beta], B; the dual families Bg, Bu for B.
-    const size_t bIdx = gemmBIndex(op), mains = mainOperandCount(op);
-    if (in.size() < mains)
-      return fail(-1, "family " + f.family + (norm ? " (" + f.norm + ")" : "") + " takes " +
-                          std::to_string(mains) + " main operands but was given " +
-                          std::to_string(in.size()));
-    if (!requireRank(0, 2))
-      return fail(0, "the GEMM's operands must be 2-D");
-    const int64_t m = in[0].type.shape[0], k = in[0].type.shape[1];
-    int64_t cols = -1;
-    for (size_t b = bIdx; b < mains; ++b) {
-      if (!requireRank(b, 2))
-        return fail(static_cast<int>(b), "the GEMM's operands must be 2-D");
-      const std::vector<int64_t>& bs = in[b].type.shape;
-      if ((op.transposeB ? bs[1] : bs[0]) != k)
-        return fail(static_cast<int>(b), operandRef(in, b) +
-                                             " does not fit operand 0's K = " + std::to_string(k) +
-                                             (op.transposeB ? " (B is [N, K])" : " (B is [K, N])"));
-      const int64_t bn = op.transposeB ? bs[0] : bs[1];
-      if (cols >= 0 && bn != cols)
-        return fail(static_cast<int>(b), operandRef(in, b) + " has N = " + std::to_string(bn) +
-                                             ", the first GEMM's B N = " + std::to_string(cols) +
-                                             ": the two GEMMs' results must have one shape");
-      cols = bn;
-    }
-    for (size_t i = 1; i < bIdx; ++i)
-      if (in[i].type.shape != std::vector<int64_t>{k})
-        return fail(static_cast<int>(i),
-                    operandRef(in, i) + " must have shape [" + std::to_string(k) + "]");
-    if (family.gemms == 2 && (!f.epilogue.readsSecondAcc() || checkEpilogueStructure(f.epilogue) ==
-                                                                  "the epilogue does not use "
-                                                                  "the accumulator (acc)"))
-      return fail(-1, "family " + f.family +
-                          " computes two GEMMs: its epilogue must read both "
-                          "accumulators, acc and acc2 (e.g. epilogue = \"mul(silu(acc), acc2)\")");
-    if (family.gemms == 1 && f.epilogue.readsSecondAcc())
-      return fail(-1, "the epilogue reads acc2, the second GEMM's accumulator, which only the "
-                      "dual families (dual_gemm, norm_dual_gemm) compute");
+    MainShape shape;
+    if (std::optional<FamilyError> e = findFamily(f.family)->check(op, in, shape))
+      return fail(e->operand, std::move(e->message));
+    const size_t mains = mainOperandCount(op);
+    const int64_t m = shape.m, cols = shape.n;
     if (!op.params.empty())
       return fail(-1, "parameter '" + op.params.begin()->first +
                           "' belongs to an activation inside the epilogue, e.g. "

@@ -271,34 +271,17 @@ void evalFused(const Op& op, const std::vector<Vertex>& ops, const std::vector<c
       throw ReferenceError("fused op %" + op.name + " has no operand " + std::to_string(i));
     return *vals[ops[i]];
   };
-  const Tensor* a = nullptr;
-  const Tensor* b = nullptr;
-  Tensor normed;
-  const FamilyInfo* family = findFamily(f.family);
-  if (family && !family->normalisesA) {
-    a = &in(0);
-    b = &in(1);
-  } else if (family) {
-    const bool layer = f.norm == "layernorm";
-    if (!layer && f.norm != "rmsnorm")
-      throw ReferenceError("fused op %" + op.name + " of family norm_gemm has no norm kind");
-    const Tensor& x = in(0);
-    normed = Tensor{x.desc, std::vector<float>(x.data.size())};
-    norm(x, in(1), layer ? &in(2) : nullptr, op.eps, /*rms=*/!layer, normed);
-    a = &normed;
-    b = &in(gemmBIndex(op));
-  } else {
+  const KernelFamily* family = findFamily(f.family);
+  if (!family)
     throw ReferenceError("the reference has no semantics for kernel family '" + f.family +
                          "' (fused op %" + op.name + ")");
-  }
   const size_t m = static_cast<size_t>(out.desc.shape[0]);
   const size_t n = static_cast<size_t>(out.desc.shape[1]);
-  const size_t k = static_cast<size_t>(a->desc.shape[1]);
-  std::vector<double> acc = product(*a, *b, op.transposeB, m, n, k);
-  // The dual families: the second GEMM, on the same A, read as acc2.
-  const std::vector<double> acc2 = family->gemms == 2
-                                       ? product(*a, in(gemmBIndex(op) + 1), op.transposeB, m, n, k)
-                                       : std::vector<double>{};
+  const size_t k = static_cast<size_t>(in(0).desc.shape[1]);
+  std::vector<double> acc, acc2;
+  family->accumulate(
+      op, in, MainShape{static_cast<int64_t>(m), static_cast<int64_t>(n), static_cast<int64_t>(k)},
+      acc, acc2);
   // The epilogue, element by element, in double like the unfused ops it replaces (without
   // their intermediate roundings).
   const std::vector<EpilogueNode>& nodes = f.epilogue.nodes;
@@ -459,5 +442,19 @@ TensorStats stats(const Tensor& t) {
   }
   return s;
 }
+
+namespace detail {
+
+std::vector<double> gemmProduct(const Tensor& a, const Tensor& b, bool transB, size_t m, size_t n,
+                                size_t k) {
+  return product(a, b, transB, m, n, k);
+}
+
+void normRows(const Tensor& x, const Tensor& gamma, const Tensor* beta, double eps, bool rms,
+              Tensor& y) {
+  norm(x, gamma, beta, eps, rms, y);
+}
+
+} // namespace detail
 
 } // namespace fpat::ir

@@ -255,7 +255,7 @@ std::vector<Vertex> matchedGemms(const Graph& g, const Match& m, const PatternMe
 std::vector<Vertex> mainOperands(const Graph& g, const Match& m, const PatternMeta& meta,
                                  ir::FusedAttrs& fused) {
   const std::vector<Vertex> gemms = matchedGemms(g, m, meta);
-  const ir::FamilyInfo* family = ir::findFamily(meta.family);
+  const ir::KernelFamily* family = ir::findFamily(meta.family);
   if (!family || gemms.size() != static_cast<size_t>(family->gemms))
     return {};
   std::vector<Vertex> ab = g.operands(gemms[0]);
@@ -282,7 +282,7 @@ std::vector<Vertex> mainOperands(const Graph& g, const Match& m, const PatternMe
 /// whose shape no family can implement; this catches what only the graph shows (a pattern
 /// naming two structurally equal GEMMs that are different ops in the graph).
 std::string familyRejects(const Graph& g, const Match& m, const PatternMeta& meta) {
-  const ir::FamilyInfo* family = ir::findFamily(meta.family);
+  const ir::KernelFamily* family = ir::findFamily(meta.family);
   if (!family)
     return "";
   const std::vector<Vertex> gemms = matchedGemms(g, m, meta);
@@ -759,7 +759,7 @@ Graph splitDualGemms(const Graph& g, size_t* count) {
     std::vector<Vertex> ins;
     for (Vertex u : g.operands(v))
       ins.push_back(map[u]);
-    const ir::FamilyInfo* family = ir::familyOf(op);
+    const ir::KernelFamily* family = ir::familyOf(op);
     if (op.kind != ir::OpKind::Fused || !family || family->gemms != 2) {
       map[v] = out.addOp(op, ins);
       continue;
@@ -786,7 +786,7 @@ Graph splitDualGemms(const Graph& g, size_t* count) {
     const Vertex upV = out.addOp(std::move(up), {a, ins.at(bIdx + 1)});
     // The rest: A, Bg, the epilogue's operands (renumbered), then the second GEMM's result.
     ir::Op f = op;
-    f.fused.family = ir::familyInfo(ir::Family::Gemm).name;
+    f.fused.family = ir::kernelFamily(ir::Family::Gemm).name;
     f.fused.norm.clear();
     std::vector<Vertex> fins{a, ins.at(bIdx)};
     fins.insert(fins.end(), ins.begin() + static_cast<std::ptrdiff_t>(mains), ins.end());

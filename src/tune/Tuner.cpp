@@ -22,7 +22,7 @@ Key keyFor(const ir::Graph& g, ir::Vertex v, dsl::Activations defs, int arch,
   // From the op alone (what the kernel computes and its shape), without generating code.
   (void)defs;
   const ir::Op& op = g.op(v);
-  const ir::FamilyInfo* family = ir::familyOf(op);
+  const ir::KernelFamily* family = ir::familyOf(op);
   if (!family)
     throw std::logic_error("tuning key for %" + op.name + ", which no GEMM family computes");
   Key k;

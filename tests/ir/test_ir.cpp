@@ -63,6 +63,30 @@ BOOST_AUTO_TEST_CASE(same_value_twice_is_two_operand_edges) {
   BOOST_TEST(g.useCount(x.v) == 2u);
 }
 
+BOOST_AUTO_TEST_CASE(kernel_families_are_registered_by_id_and_name) {
+  // The registry lists each family once, at its Family's index, found by its name; a plain
+  // gemm op belongs to Family::Gemm and its main operands are A and B.
+  const std::vector<const KernelFamily*>& all = kernelFamilies();
+  BOOST_TEST(all.size() == 4u);
+  for (size_t i = 0; i < all.size(); ++i) {
+    BOOST_TEST(static_cast<size_t>(all[i]->family) == i);
+    BOOST_TEST(findFamily(all[i]->name) == all[i]);
+    BOOST_TEST(&kernelFamily(all[i]->family) == all[i]);
+  }
+  BOOST_TEST(findFamily("gemmm") == nullptr);
+  BOOST_TEST(familyDidYouMean("gemmm") == " (did you mean 'gemm'?)");
+  Op gemm;
+  gemm.kind = OpKind::Gemm;
+  BOOST_TEST(familyOf(gemm) == &kernelFamily(Family::Gemm));
+  BOOST_TEST(mainOperandCount(gemm) == 2u);
+  Op fused;
+  fused.kind = OpKind::Fused;
+  fused.fused.family = "norm_dual_gemm";
+  fused.fused.norm = "rmsnorm";
+  BOOST_TEST(gemmBIndex(fused) == 2u); // x, gamma, Bg, Bu
+  BOOST_TEST(mainOperandCount(fused) == 4u);
+}
+
 BOOST_AUTO_TEST_CASE(gemm_inference_with_and_without_transpose) {
   GraphBuilder b("t");
   Value a = b.input("a", {17, 100});

@@ -52,12 +52,12 @@ struct GemmPlan {
   size_t bIdx = 0;          // B's operand index
 };
 GemmPlan planGemm(const ir::Graph& g, ir::Vertex v, const CodegenOptions& o,
-                  const ir::FamilyInfo& family);
+                  const ir::KernelFamily& family);
 
 // One code generator per kernel family; `generate` picks the one for the op.
 /// GEMM families (gemm, norm_gemm): the GEMM template with the epilogue compiled from the tree.
 KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, dsl::Activations defs,
-                        const CodegenOptions& o, const ir::FamilyInfo& family);
+                        const CodegenOptions& o, const ir::KernelFamily& family);
 /// Row-wise norms (layernorm, rmsnorm) not fused into a GEMM.
 KernelUnit generateRowwise(const ir::Graph& g, ir::Vertex v, const CodegenOptions& o);
 /// Elementwise ops (bias_add, activation, add, mul) not fused into a GEMM.

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "fpat/ir/Epilogue.h"
+#include "fpat/ir/Family.h"
 #include "fpat/ir/Types.h"
 #include "fpat/support/Diagnostics.h"
 
@@ -55,35 +56,6 @@ inline std::ostream& operator<<(std::ostream& os, OpKind k) {
   return os << opKindName(k);
 }
 
-/// The kernel families: what a fused op's main computation is and what the family can do.
-/// Names are how .fpat (`let family = ...`) and .fgraph (`family = ...`) write them; every
-/// phase decides through this one table (sema's legality, the matcher's operand order, type
-/// inference, the reference, codegen, the tuner), never by comparing names.
-enum class Family : uint8_t {
-  Gemm,         // C = epilogue(A B), A and B loaded from memory
-  NormGemm,     // C = epilogue(norm(A) B), A normalised (layernorm or rmsnorm) on load
-  DualGemm,     // C = epilogue(A Bg, A Bu): two GEMMs on one A (gated MLPs), B weights
-  NormDualGemm, // C = epilogue(norm(A) Bg, norm(A) Bu), the norm deferred (rmsnorm)
-};
-struct FamilyInfo {
-  Family family;
-  const char* name;
-  bool normalisesA;  // the GEMM's A is (layernorm ...) or (rmsnorm ...) of inputs
-  bool hasWgmmaPath; // the Hopper backend implements it
-  int gemms = 1;     // GEMMs on the one A (2: the epilogue reads acc and acc2)
-};
-const std::vector<FamilyInfo>& kernelFamilies();
-/// The family named `name`, or null.
-const FamilyInfo* findFamily(std::string_view name);
-const FamilyInfo& familyInfo(Family f);
-inline bool isKernelFamily(std::string_view name) {
-  return findFamily(name) != nullptr;
-}
-/// "gemm or norm_gemm", for messages.
-std::string kernelFamilyList();
-/// " (did you mean 'gemm'?)" for a misspelt family name, or "".
-std::string familyDidYouMean(std::string_view name);
-
 /// Attributes of a fused op, filled in by the rewriter. Operands are in kernel order: the main
 /// computation's operands first (gemm: A, B; norm_gemm: x, gamma[, beta], B; the dual
 /// families the same with Bg, Bu for B), then those the epilogue reads, in order of first use.
@@ -120,11 +92,8 @@ NormKind normKindOf(const Op& op);
 /// layout is written down; the rewriter, type inference, the reference and codegen use it.
 size_t gemmBIndex(const Op& op);
 /// The number of main operands: gemmBIndex(op) + 1, or + 2 for the dual families (Bg, Bu).
+/// (Both ask the op's family, KernelFamily::bIndex.)
 size_t mainOperandCount(const Op& op);
-
-/// The kernel family that computes `op`: Gemm for a plain gemm, the fused op's family, or
-/// null (other ops, or a fused op naming no known family).
-const FamilyInfo* familyOf(const Op& op);
 
 struct Operand {
   unsigned index = 0;
@@ -181,6 +150,9 @@ struct OperandInfo {
   std::string name;
   TensorDesc type;
 };
+
+/// "operand i (%name: type)", for messages about operand i.
+std::string operandRef(const std::vector<OperandInfo>& ops, size_t i);
 
 /// Why an op's operands do not fit it. `operand` is the offending operand index, or -1.
 struct TypeError {

@@ -70,4 +70,13 @@ struct TensorStats {
 };
 TensorStats stats(const Tensor& t);
 
+namespace detail {
+/// A[m, k] * B in double (B is [k, n], or [n, k] when transB): the kernel families' reference.
+std::vector<double> gemmProduct(const Tensor& a, const Tensor& b, bool transB, size_t m, size_t n,
+                                size_t k);
+/// y = layernorm (or rmsnorm, `rms`) of the rows of x, with gamma (and beta).
+void normRows(const Tensor& x, const Tensor& gamma, const Tensor* beta, double eps, bool rms,
+              Tensor& y);
+} // namespace detail
+
 } // namespace fpat::ir

@@ -176,6 +176,16 @@ template <int MI, int NORM> struct WgmmaRowSums {
 
 namespace sm90 {
 
+/// fenceOperand on every accumulator: no access to them moves across the wgmma issue or wait
+/// next to it.
+template <int MI, int W> __device__ __forceinline__ void fenceAccumulators(float (&d)[MI][W]) {
+#pragma unroll
+  for (int m = 0; m < MI; ++m)
+#pragma unroll
+    for (int i = 0; i < W; ++i)
+      fenceOperand(d[m][i]);
+}
+
 /// A consumer warpgroup's main loop over k-tiles [k0, k1) of tile t, its item `local` whose
 /// k-tiles follow `first` earlier ones in the ring: wgmma m64 MMAs into d (its 64 rows of each
 /// tile, cooperative; all BM rows, ping-pong), one group in flight, each stage released once
@@ -211,11 +221,7 @@ __device__ __forceinline__ void consumeStages(const WgmmaSmem<T>& sm, const Sche
     mbarWait(&sm.full[stage], phase);
     if (T::PINGPONG && kt == KT - 1 && tid == 0 && t + sched.stride < sched.units)
       mbarArrive(&sm.order[1 - c]); // the other consumer's tile may start
-#pragma unroll
-    for (int m = 0; m < MI; ++m)
-#pragma unroll
-      for (int i = 0; i < BN / 2; ++i)
-        fenceOperand(d[m][i]);
+    fenceAccumulators(d);
     wgmmaFence();
 #pragma unroll
     for (int ks = 0; ks < BK / 16; ++ks) {
@@ -234,11 +240,7 @@ __device__ __forceinline__ void consumeStages(const WgmmaSmem<T>& sm, const Sche
       sums.add(sm.stageA(stage), row0, warp, lane, kt);
     // One group stays in flight: the previous k-tile's MMAs are done, release its stage.
     wgmmaWait<1>();
-#pragma unroll
-    for (int m = 0; m < MI; ++m)
-#pragma unroll
-      for (int i = 0; i < BN / 2; ++i)
-        fenceOperand(d[m][i]);
+    fenceAccumulators(d);
     if (prev >= 0 && lane == 0)
       release(prev);
     if constexpr (PRE) {
@@ -254,11 +256,7 @@ __device__ __forceinline__ void consumeStages(const WgmmaSmem<T>& sm, const Sche
     }
   }
   wgmmaWait<0>();
-#pragma unroll
-  for (int m = 0; m < MI; ++m)
-#pragma unroll
-    for (int i = 0; i < BN / 2; ++i)
-      fenceOperand(d[m][i]);
+  fenceAccumulators(d);
   if (prev >= 0 && lane == 0)
     release(prev);
 }

@@ -89,12 +89,12 @@ int gemmSmemBytes(const TileConfig& t, bool transB) {
 bool wgmmaEpilogueTile(const TileConfig& t, int64_t n) {
   // Static shared memory of such a kernel: its barriers only (1 KB with alignment).
   return t.wgmma() && t.backend == Backend::Wgmma && n % 8 == 0 &&
-         gemmSmemBytes(t, false) + t.bm * t.bn * 2 + 1024 <= 232448;
+         gemmSmemBytes(t, false) + t.bm * t.bn * 2 + 1024 <= FPAT_SM90_SMEM_BYTES;
 }
 
 bool wgmmaSideBox(const TileConfig& t, int64_t n) {
   return wgmmaEpilogueTile(t, n) &&
-         gemmSmemBytes(t, false) + t.bm * t.bn * 2 + t.bm * 128 + 1024 <= 232448;
+         gemmSmemBytes(t, false) + t.bm * t.bn * 2 + t.bm * 128 + 1024 <= FPAT_SM90_SMEM_BYTES;
 }
 
 bool tmaCompatible(int64_t m, int64_t n, int64_t k, bool transB) {
@@ -118,7 +118,7 @@ std::vector<TileConfig> wgmmaConfigs() {
     // As deep as shared memory allows (only 64x64 goes past 8 stages): at decode shapes its
     // loads of B are bound by their latency, and 12 stages measured 4-16% faster than 8 at
     // 1-16 x 1024-8192 x 4096, within 2% at 64x8192x4096 (bench/RESULTS.md, session 24).
-    const int deepest = (232448 - 1024 - kWgmmaStaticSmem) / stage;
+    const int deepest = (FPAT_SM90_SMEM_BYTES - 1024 - kWgmmaStaticSmem) / stage;
     // Cooperative consumers own 64 rows each, or 128 (two m64 MMAs) of a 256-row tile.
     const int wm = b == Backend::WgmmaPingPong ? bm : bm == 256 ? 128 : 64;
     for (int stages = deepest; stages >= std::max(2, deepest - 1); --stages)
@@ -261,7 +261,8 @@ double wgmmaScore(const TileConfig& t, const GemmProblem& p, int sms) {
   // with a 226 KB ring than with 194 KB (bench/RESULTS.md, gemm_bias_residual), and the tuner
   // chose 145 KB over 193 KB at 4 of 5 shapes once the stores were staged (session 5).
   const int stage = (t.stageRowsA() + t.bn) * t.bk * 2;
-  const bool deepest = (t.stages + 1) * stage + 1024 + kWgmmaStaticSmem > 232448 || t.stages >= 8;
+  const bool deepest =
+      (t.stages + 1) * stage + 1024 + kWgmmaStaticSmem > FPAT_SM90_SMEM_BYTES || t.stages >= 8;
   // Not for 256-row tiles from K = 2048 on: 256x128 with four stages (211 KB) measured 1-8%
   // faster than three and the epilogue tile with a residual or bias + GELU at 1000-4096 x
   // 4100-4104 x 4096, but 22-29% slower at 1500x4104x1000, where the stores weigh more
@@ -326,7 +327,9 @@ TileConfig defaultTile(const GemmProblem& p, int arch, int numSms) {
   // sm_80+: the software-pipelined cp.async loop with 64x64 warp tiles and 64-deep k-tiles,
   // the fastest family measured on the H200 (bench/RESULTS.md), where the device's opt-in
   // shared memory holds three stages of it (sm_80/sm_90: yes; sm_86/sm_89, 99 KB: no).
-  const int smemOptin = arch == 80 || arch == 87 ? 166912 : arch >= 90 ? 232448 : 101376;
+  const int smemOptin = arch == 80 || arch == 87 ? 166912
+                        : arch >= 90             ? FPAT_SM90_SMEM_BYTES
+                                                 : 101376;
   auto fits = [&](const TileConfig& t) {
     return std::max(gemmSmemBytes(t, false), gemmSmemBytes(t, true)) <= smemOptin;
   };

@@ -2,6 +2,7 @@
 // kernel-family template (kernels/*.cuh) with an epilogue lowered from the .fpat bodies.
 #pragma once
 
+#include "fpat/codegen/kernels/fpat_abi.h"
 #include "fpat/dsl/Library.h"
 #include "fpat/ir/Graph.h"
 

@@ -18,7 +18,7 @@ namespace fpat::tune {
 struct DeviceLimits {
   int arch = 90;
   int sms = 132;
-  int smemOptin = 232448;
+  int smemOptin = FPAT_SM90_SMEM_BYTES;
   int maxThreadsPerBlock = 1024;
   int regsPerBlock = 65536;
   int l2Bytes = 60 * 1024 * 1024;

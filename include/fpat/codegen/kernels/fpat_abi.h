@@ -5,6 +5,9 @@
 #include <stdint.h>
 
 #define FPAT_MAX_INPUTS 8
+// Shared memory per block with the opt-in on sm_90 (227 KB): the Hopper kernels' static checks
+// and the code generator's plans of them.
+#define FPAT_SM90_SMEM_BYTES 232448
 #define FPAT_MAX_PARAMS 8
 
 // Input kinds of the elementwise family.

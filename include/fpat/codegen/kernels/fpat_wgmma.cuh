@@ -123,8 +123,8 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
   constexpr bool kSide = kDefer && kPre;
   constexpr int kSlabs = T::CONSUMERS * 4;
   constexpr bool kStagedStore =
-      !kTile &&
-      T::STAGES * T::STAGE_BYTES + 1024 + kSlabs * kSlabRows * kSlabPitch * 2 + 1024 <= 232448;
+      !kTile && T::STAGES * T::STAGE_BYTES + 1024 + kSlabs * kSlabRows * kSlabPitch * 2 + 1024 <=
+                    FPAT_SM90_SMEM_BYTES;
   constexpr bool kDual = DualEpilogue<Epilogue>::value;
   constexpr bool kStats = Epilogue::kNorm != 0 && Epilogue::kNormStats;
   // The last wave split in k: cooperative tiles without clusters, where the code generator

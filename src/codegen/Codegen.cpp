@@ -1,5 +1,6 @@
 #include "fpat/codegen/Codegen.h"
 
+#include "fpat/codegen/Family.h"
 #include "fpat/codegen/Lowering.h"
 
 #include <algorithm>
@@ -374,8 +375,8 @@ KernelUnit generate(const ir::Graph& g, ir::Vertex v, dsl::Activations defs,
     return {}; // uploaded, not computed
   requireHalfPrecision(g, v, o.arch);
   KernelUnit u;
-  if (const ir::KernelFamily* family = ir::familyOf(op))
-    u = generateGemm(g, v, defs, o, *family);
+  if (const FamilyGenerator* family = generatorOf(op))
+    u = family->generate(g, v, defs, o);
   else if (op.kind == ir::OpKind::Fused)
     throw CodegenError(ref(g, v) + ": no kernel family '" + op.fused.family +
                        "' implements pattern " + op.fused.pattern);

@@ -1,6 +1,7 @@
 #include "fpat/cost/Cost.h"
 
 #include "fpat/codegen/Codegen.h"
+#include "fpat/cost/Family.h"
 
 #include <algorithm>
 #include <cmath>
@@ -65,60 +66,6 @@ bool rowwiseKernel(const ir::Op& op) {
          op.kind == ir::OpKind::ReduceMean;
 }
 
-double elementBytes(const ir::TensorDesc& t) {
-  return static_cast<double>(t.numel()) * static_cast<double>(ir::dtypeSize(t.dtype));
-}
-
-// A GEMM-family op (a plain gemm or a fused op): its kernel's time.
-double gemmMs(const ir::Graph& g, ir::Vertex v, const Calibration& c) {
-  const ir::Op& op = g.op(v);
-  const ir::KernelFamily* family = ir::familyOf(op);
-  const std::vector<ir::Vertex> ins = g.operands(v);
-  if (!family || ins.empty() || op.type.rank() != 2)
-    return c.launchUs * 1e-3;
-  const double m = static_cast<double>(op.type.shape[0]), n = static_cast<double>(op.type.shape[1]);
-  const ir::TensorDesc& a = g.op(ins[0]).type;
-  const double k = static_cast<double>(a.shape.back());
-  const double elt = static_cast<double>(ir::dtypeSize(op.type.dtype));
-  const bool dual = family->gemms == 2;
-  const bool split = dual && c.arch < 90; // splitDualGemms: two kernels, one GEMM each
-  const double cols = dual && !split ? 2 * n : n;
-  // Bytes every form moves: A, B (both of the dual's), the epilogue's operands and C.
-  double bytes = m * k * elt + (dual ? 2 : 1) * k * n * elt + m * n * elt;
-  const size_t main = op.kind == ir::OpKind::Fused ? ir::mainOperandCount(op) : 2;
-  for (size_t i = main; i < ins.size(); ++i)
-    bytes += elementBytes(g.op(ins[i]).type);
-  const bool deferred = codegen::defersNorm(g, v);
-  const bool smemNorm = family->normalisesA && !deferred;
-  const codegen::GemmProblem p = codegen::gemmProblemOf(g, v);
-  const bool wgmma = c.arch >= 90 && p.tma && !smemNorm;
-  const double tflops =
-      smemNorm ? (ir::normKindOf(op) == ir::NormKind::LayerNorm ? c.normSmemTflops * 182.0 / 224.0
-                                                                : c.normSmemTflops)
-      : wgmma  ? c.gemmTflops
-               : c.slowTflops;
-  const double bandwidth = wgmma ? c.weightTBs : c.streamTBs;
-  const double flops = 2 * m * cols * k;
-  double core = std::max(flops / (tflops * 1e12), bytes / (bandwidth * 1e12)) * 1e3;
-  const size_t epilogueOps =
-      std::count_if(op.fused.epilogue.nodes.begin(), op.fused.epilogue.nodes.end(),
-                    [](const ir::EpilogueNode& e) {
-                      return e.kind != ir::EpiKind::Acc && e.kind != ir::EpiKind::Operand;
-                    });
-  if (smemNorm) // each CTA walks its k-tiles one after another, normalising each: at small
-                // shapes that chain, not the throughput, is the time
-    core = std::max(core, (c.rowLatencyUs + std::ceil(k / 32) * c.normSmemStepUs) * 1e-3);
-  double ms = c.launchUs * 1e-3 + core * (1 + c.epiloguePerNode * static_cast<double>(epilogueOps));
-  if (split) // the second GEMM as a kernel of its own, its result read back by the first
-    ms += c.launchUs * 1e-3 + core + 2 * m * n * elt / (c.streamTBs * 1e12) * 1e3;
-  if (deferred) { // the row statistics launch reads x once more
-    ms += c.launchUs * 1e-3 + m * k * elt / (c.streamTBs * 1e12) * 1e3;
-    if (ir::normKindOf(op) == ir::NormKind::LayerNorm)
-      ms += c.lnColumnPs * 1e-9 * m * n;
-  }
-  return ms;
-}
-
 } // namespace
 
 const Calibration& calibrationFor(int arch) {
@@ -129,30 +76,22 @@ double opMs(const ir::Graph& g, ir::Vertex v, const Calibration& c) {
   const ir::Op& op = g.op(v);
   if (op.kind == ir::OpKind::Input)
     return 0;
-  if (ir::familyOf(op))
-    return gemmMs(g, v, c);
+  if (const ir::KernelFamily* family = ir::familyOf(op))
+    return familyCost(family->family).ms(g, v, c);
   // Elementwise and row-wise kernels stream their operands and their result; a row-wise one
   // reads a whole row before it writes any of it.
-  double bytes = elementBytes(op.type);
+  double bytes = tensorBytes(op.type);
   for (ir::Vertex u : g.operands(v))
-    bytes += elementBytes(g.op(u).type);
+    bytes += tensorBytes(g.op(u).type);
   return (c.launchUs + (rowwiseKernel(op) ? c.rowLatencyUs : 0.0)) * 1e-3 +
          bytes / (c.streamTBs * 1e12) * 1e3;
 }
 
 std::string kernelNote(const ir::Graph& g, ir::Vertex v, int arch) {
   const ir::Op& op = g.op(v);
-  const ir::KernelFamily* family = ir::familyOf(op);
-  if (!family)
-    return rowwiseKernel(op) ? "row-wise kernel" : "elementwise kernel";
-  const bool deferred = codegen::defersNorm(g, v);
-  if (family->normalisesA && !deferred)
-    return "norm in shared memory (gamma or W not a weight): cp.async kernel";
-  if (family->gemms == 2 && arch < 90)
-    return "split into two GEMMs (no dual kernel before sm_90)";
-  const bool wgmma = arch >= 90 && codegen::gemmProblemOf(g, v).tma;
-  return std::string(wgmma ? "wgmma" : "cp.async") + " GEMM" +
-         (deferred ? ", norm deferred (statistics launch)" : "");
+  if (const ir::KernelFamily* family = ir::familyOf(op))
+    return familyCost(family->family).note(g, v, arch);
+  return rowwiseKernel(op) ? "row-wise kernel" : "elementwise kernel";
 }
 
 /// A candidate's estimated times: its fused op (built alone, as the rewriter would) against

@@ -685,13 +685,12 @@ int gpuStages(const FpatcOptions& opts, const ir::Graph& fusedIn, const Patterns
   std::string why = !opts.run ? "--no-run" : "only --emit=" + opts.emit + " was asked for";
   cuda::Driver* drv = opts.run && opts.emit.empty() ? cuda::Driver::get(&why) : nullptr;
   const int arch = opts.arch ? opts.arch : drv ? drv->device().arch : 90;
-  // The dual-GEMM kernel is Hopper's: elsewhere its ops run as two GEMMs (and their norm).
+  // Kernels some families have on one GPU only (the dual GEMM: sm_90) run as smaller ones.
   size_t splitCount = 0;
-  const ir::Graph fused = arch == 90 ? fusedIn : match::splitDualGemms(fusedIn, &splitCount);
+  const ir::Graph fused = match::lowerForArch(fusedIn, arch, &splitCount);
   if (splitCount > 0)
-    out << "== split: " << splitCount << " dual-GEMM op" << (splitCount == 1 ? "" : "s")
-        << " into two GEMMs each: the dual GEMM runs on sm_90 only, these kernels are for sm_"
-        << arch << "\n";
+    out << "== split: " << splitCount << " fused op" << (splitCount == 1 ? "" : "s")
+        << " into smaller kernels: sm_" << arch << " has no kernel of their family\n";
   runtime::BuildOptions bopts;
   bopts.arch = arch;
   bopts.sms = drv ? drv->device().sms : 132;

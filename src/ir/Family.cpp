@@ -1,6 +1,5 @@
-// The registry of kernel families. Adding a family: implement KernelFamily in
-// src/ir/families/, return it from a factory there, and list the factory here (DESIGN.md, "How
-// to add a kernel family").
+// The registry of kernel families: one per line of fpat/ir/Families.def, each made by its
+// implementation's IR part (src/families/<impl>/Ir.cpp).
 #include "fpat/ir/Family.h"
 
 #include "fpat/ir/Graph.h"
@@ -10,23 +9,18 @@
 
 namespace fpat::ir {
 
-namespace detail {
-std::vector<std::unique_ptr<KernelFamily>> gemmFamilies(); // families/Gemm.cpp
-} // namespace detail
-
 namespace {
 
 /// Owns every family; their order is Family's.
 const std::vector<std::unique_ptr<KernelFamily>>& registry() {
   static const std::vector<std::unique_ptr<KernelFamily>> all = [] {
     std::vector<std::unique_ptr<KernelFamily>> out;
-    for (auto* factory : {&detail::gemmFamilies})
-      for (std::unique_ptr<KernelFamily>& f : factory())
-        out.push_back(std::move(f));
+#define FPAT_KERNEL_FAMILY(Id, name, impl) out.push_back(families::impl##Ir(Family::Id, name));
+#include "fpat/ir/Families.def"
     for (size_t i = 0; i < out.size(); ++i)
       if (static_cast<size_t>(out[i]->family) != i)
         throw std::logic_error(std::string("kernel family '") + out[i]->name +
-                               "' is registered out of Family's order");
+                               "' was made with another family's id");
     return out;
   }();
   return all;

@@ -1,5 +1,7 @@
 #include "fpat/match/Match.h"
 
+#include "fpat/match/Family.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -240,88 +242,21 @@ std::vector<std::vector<std::vector<uint8_t>>> programsByPattern(const MatcherTa
   return out;
 }
 
-/// The distinct GEMMs of a match, in slot order (the dual families' first is acc's).
-std::vector<Vertex> matchedGemms(const Graph& g, const Match& m, const PatternMeta& meta) {
-  std::vector<Vertex> gemms;
-  for (size_t k = 0; k < m.slots.size(); ++k)
-    if (meta.slots[k].role != SlotInfo::Input && g.op(m.slots[k]).kind == ir::OpKind::Gemm &&
-        std::find(gemms.begin(), gemms.end(), m.slots[k]) == gemms.end())
-      gemms.push_back(m.slots[k]);
-  return gemms;
-}
-
-/// The main computation's operands of a match, in kernel order, for the GEMM families (empty
-/// for other families: the pattern's order is kept). Sets `fused.norm`.
-std::vector<Vertex> mainOperands(const Graph& g, const Match& m, const PatternMeta& meta,
-                                 ir::FusedAttrs& fused) {
-  const std::vector<Vertex> gemms = matchedGemms(g, m, meta);
+/// The kernel family's matcher part for a pattern's family (null: a pattern of no family).
+const FamilyMatcher* matcherFor(const PatternMeta& meta) {
   const ir::KernelFamily* family = ir::findFamily(meta.family);
-  if (!family || gemms.size() != static_cast<size_t>(family->gemms))
-    return {};
-  std::vector<Vertex> ab = g.operands(gemms[0]);
-  const ir::Op& a = g.op(ab[0]);
-  bool absorbedA = false; // is the gemm's A operand computed inside the match?
-  for (size_t k = 0; k < m.slots.size(); ++k)
-    absorbedA = absorbedA || (m.slots[k] == ab[0] && meta.slots[k].role != SlotInfo::Input);
-  std::vector<Vertex> out;
-  if (family->normalisesA && absorbedA &&
-      (a.kind == ir::OpKind::LayerNorm || a.kind == ir::OpKind::RmsNorm)) {
-    fused.norm = a.kind == ir::OpKind::LayerNorm ? "layernorm" : "rmsnorm";
-    out = g.operands(ab[0]);
-  } else if (!family->normalisesA && !absorbedA) {
-    out = {ab[0]};
-  } else {
-    return {};
-  }
-  for (Vertex gemm : gemms)
-    out.push_back(g.operands(gemm)[1]);
-  return out;
+  return family ? &familyMatcher(family->family) : nullptr;
 }
 
-/// Why the pattern's kernel family cannot implement this match, or "". Sema rejects patterns
-/// whose shape no family can implement; this catches what only the graph shows (a pattern
-/// naming two structurally equal GEMMs that are different ops in the graph).
+/// Why the pattern's kernel family cannot implement this match, or "": the family's own
+/// conditions, then the epilogue's, which are every family's.
 std::string familyRejects(const Graph& g, const Match& m, const PatternMeta& meta) {
-  const ir::KernelFamily* family = ir::findFamily(meta.family);
+  const FamilyMatcher* family = matcherFor(meta);
   if (!family)
     return "";
-  const std::vector<Vertex> gemms = matchedGemms(g, m, meta);
-  if (gemms.size() != static_cast<size_t>(family->gemms))
-    return "the match holds " + std::to_string(gemms.size()) + " different GEMMs; family " +
-           meta.family + " computes " + (family->gemms == 1 ? "one" : "two");
-  if (family->gemms == 2) {
-    // The dual GEMM reads one A and a copy of both weights interleaved when they are uploaded.
-    const Vertex a0 = g.operands(gemms[0])[0], a1 = g.operands(gemms[1])[0];
-    if (a0 != a1)
-      return "%" + g.op(gemms[0]).name + " and %" + g.op(gemms[1]).name +
-             " read different values as A; family " + meta.family + " multiplies one A by two B";
-    if (g.op(gemms[0]).transposeB != g.op(gemms[1]).transposeB)
-      return "one GEMM reads B as [K, N] and the other as [N, K]; family " + meta.family +
-             " needs one layout";
-    for (Vertex gemm : gemms) {
-      const ir::Op& b = g.op(g.operands(gemm)[1]);
-      if (b.kind != ir::OpKind::Input || !b.weight)
-        return "%" + b.name + " is not a weight; family " + meta.family +
-               " interleaves both B once, when weights are uploaded";
-    }
-    if (g.op(gemms[0]).type != g.op(gemms[1]).type)
-      return "%" + g.op(gemms[0]).name + " is " + g.op(gemms[0]).type.str() + " and %" +
-             g.op(gemms[1]).name + " " + g.op(gemms[1]).type.str() + "; family " + meta.family +
-             " needs two results of one shape";
-    if (family->normalisesA) {
-      const ir::Op& n = g.op(a0);
-      if (n.kind == ir::OpKind::LayerNorm)
-        return "family " + meta.family +
-               " defers RMSNorm only (a deferred LayerNorm's column "
-               "terms over two interleaved weights are not implemented)";
-      if (n.kind == ir::OpKind::RmsNorm) {
-        const ir::Op& gamma = g.op(g.operands(a0)[1]);
-        if (gamma.kind != ir::OpKind::Input || !gamma.weight)
-          return "%" + gamma.name + " is not a weight; family " + meta.family +
-                 " folds gamma into the weights when they are uploaded";
-      }
-    }
-  }
+  if (std::string why = family->rejects(g, m, meta); !why.empty())
+    return why;
+
   // The epilogue computes on [M, N] values and reads [M, N] or [N] operands; add and mul
   // broadcast more than that (scalars, [M, 1] columns, a result larger than the GEMM's).
   const ir::TensorDesc& out = g.op(m.slots[0]).type;
@@ -714,9 +649,12 @@ Graph rewrite(const Graph& g, const MatcherTable& table, const std::vector<Match
     };
     // Operands in kernel order (see ir::FusedAttrs): the main computation's, then those the
     // epilogue reads, then any other input of the pattern.
-    std::vector<Vertex> kernelOrder = mainOperands(g, m, meta, f.fused);
+    const FamilyMatcher* family = matcherFor(meta);
+    std::vector<Vertex> kernelOrder;
+    if (family)
+      kernelOrder = family->mainOperands(g, m, meta, f.fused);
     if (!kernelOrder.empty()) {
-      EpilogueBuilder eb{g, inside, matchedGemms(g, m, meta), {}, {}, {}};
+      EpilogueBuilder eb{g, inside, family->accumulators(g, m, meta), {}, {}, {}};
       eb.build(v);
       f.fused.epilogue = eb.finish(kernelOrder);
       if (f.fused.epilogue.nodes.size() == 1) // the GEMM itself
@@ -737,10 +675,10 @@ Graph rewrite(const Graph& g, const MatcherTable& table, const std::vector<Match
   return out;
 }
 
-Graph splitDualGemms(const Graph& g, size_t* count) {
+Graph lowerForArch(const Graph& g, int arch, size_t* count) {
   auto order = ir::stableOrder(g);
   if (!order)
-    throw std::invalid_argument("splitDualGemms: graph " + g.name() + " has a cycle");
+    throw std::invalid_argument("lowerForArch: graph " + g.name() + " has a cycle");
   std::set<std::string> names;
   for (Vertex v : g.vertices())
     names.insert(g.op(v).name);
@@ -753,57 +691,23 @@ Graph splitDualGemms(const Graph& g, size_t* count) {
   };
   Graph out(g.name());
   std::vector<Vertex> map(g.size());
-  size_t split = 0;
+  size_t lowered = 0;
   for (Vertex v : *order) {
     const ir::Op& op = g.op(v);
     std::vector<Vertex> ins;
     for (Vertex u : g.operands(v))
       ins.push_back(map[u]);
-    const ir::KernelFamily* family = ir::familyOf(op);
-    if (op.kind != ir::OpKind::Fused || !family || family->gemms != 2) {
-      map[v] = out.addOp(op, ins);
-      continue;
-    }
-    ++split;
-    const size_t bIdx = ir::gemmBIndex(op), mains = ir::mainOperandCount(op);
-    Vertex a = ins.at(0);
-    if (family->normalisesA) {
-      ir::Op n;
-      n.kind = ir::normKindOf(op) == ir::NormKind::LayerNorm ? ir::OpKind::LayerNorm
-                                                             : ir::OpKind::RmsNorm;
-      n.name = fresh(op.name + "_norm");
-      n.eps = op.eps;
-      n.loc = op.loc;
-      n.type = out.op(a).type;
-      a = out.addOp(std::move(n), std::vector<Vertex>(ins.begin(), ins.begin() + bIdx));
-    }
-    ir::Op up;
-    up.kind = ir::OpKind::Gemm;
-    up.name = fresh(op.name + "_up");
-    up.transposeB = op.transposeB;
-    up.loc = op.loc;
-    up.type = op.type;
-    const Vertex upV = out.addOp(std::move(up), {a, ins.at(bIdx + 1)});
-    // The rest: A, Bg, the epilogue's operands (renumbered), then the second GEMM's result.
-    ir::Op f = op;
-    f.fused.family = ir::kernelFamily(ir::Family::Gemm).name;
-    f.fused.norm.clear();
-    std::vector<Vertex> fins{a, ins.at(bIdx)};
-    fins.insert(fins.end(), ins.begin() + static_cast<std::ptrdiff_t>(mains), ins.end());
-    const int upOperand = static_cast<int>(fins.size());
-    fins.push_back(upV);
-    for (ir::EpilogueNode& n : f.fused.epilogue.nodes) {
-      if (n.kind == ir::EpiKind::Operand)
-        n.operand = n.operand - static_cast<int>(mains) + 2;
-      else if (n.kind == ir::EpiKind::Acc && n.operand == 1)
-        n = ir::EpilogueNode{ir::EpiKind::Operand, -1, -1, upOperand, {}, {}};
-    }
-    map[v] = out.addOp(std::move(f), fins);
+    const ir::KernelFamily* family = op.kind == ir::OpKind::Fused ? ir::familyOf(op) : nullptr;
+    std::optional<Vertex> replaced;
+    if (family)
+      replaced = familyMatcher(family->family).lowerFor(arch, op, ins, out, fresh);
+    lowered += replaced.has_value();
+    map[v] = replaced ? *replaced : out.addOp(op, ins);
   }
   for (Vertex o : g.outputs())
     out.addOutput(map[o]);
   if (count)
-    *count = split;
+    *count = lowered;
   return out;
 }
 

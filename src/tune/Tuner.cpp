@@ -1,5 +1,6 @@
 #include "fpat/tune/Tuner.h"
 
+#include "fpat/codegen/Family.h"
 #include "fpat/ir/Reference.h"
 #include "fpat/runtime/Executor.h"
 #include "fpat/runtime/Pipeline.h"
@@ -14,30 +15,33 @@ namespace fpat::tune {
 using codegen::TileConfig;
 
 bool tunable(const ir::Graph& g, ir::Vertex v) {
-  return ir::familyOf(g.op(v)) != nullptr;
+  const codegen::FamilyGenerator* family = codegen::generatorOf(g.op(v));
+  return family && family->tuning(g, v).has_value();
 }
+
+namespace {
+
+/// What the op's family tunes it by (what the kernel computes, its problem).
+codegen::TuningProblem tuningOf(const ir::Graph& g, ir::Vertex v) {
+  const codegen::FamilyGenerator* family = codegen::generatorOf(g.op(v));
+  std::optional<codegen::TuningProblem> t = family ? family->tuning(g, v) : std::nullopt;
+  if (!t)
+    throw std::logic_error("tuning key for %" + g.op(v).name +
+                           ", whose kernel has no configurations");
+  return *t;
+}
+
+} // namespace
 
 Key keyFor(const ir::Graph& g, ir::Vertex v, dsl::Activations defs, int arch,
            const std::string& nvccVersion) {
-  // From the op alone (what the kernel computes and its shape), without generating code.
   (void)defs;
-  const ir::Op& op = g.op(v);
-  const ir::KernelFamily* family = ir::familyOf(op);
-  if (!family)
-    throw std::logic_error("tuning key for %" + op.name + ", which no GEMM family computes");
+  const codegen::TuningProblem t = tuningOf(g, v);
   Key k;
-  k.m = op.type.shape.at(0);
-  k.n = op.type.shape.at(1);
-  k.k = g.op(g.operands(v).at(0)).type.shape.at(1);
-  k.signature =
-      std::string(family->name) + ":" + (op.kind == ir::OpKind::Fused ? op.fused.pattern : "gemm");
-  if (op.kind == ir::OpKind::Fused)
-    k.signature += "," + ir::printEpilogue(op.fused.epilogue);
-  if (!op.fused.norm.empty())
-    k.signature += ":" + op.fused.norm;
-  k.signature += std::string(op.transposeB ? ":bt" : "") +
-                 (codegen::vectorLoads(k.m, k.n, k.k, op.transposeB) ? ":vec" : ":any") +
-                 (codegen::preparesWeightB(g, v) ? ":bprep" : "");
+  k.m = t.m;
+  k.n = t.n;
+  k.k = t.k;
+  k.signature = t.signature;
   k.arch = arch;
   k.templateVersion = codegen::kernelHeadersHash().substr(0, 16);
   k.nvccVersion = nvccVersion;
@@ -55,8 +59,8 @@ Choice choose(const ir::Graph& g, ir::Vertex v, dsl::Activations defs, TuningCac
       c.heuristicMs = e->heuristicMs;
       return c;
     }
-  // The code generator's own default for the op (GemmFamily.cpp).
-  c.config = codegen::defaultTile(codegen::gemmProblemOf(g, v), arch, sms);
+  // The code generator's own default for the op (its family's heuristic).
+  c.config = codegen::defaultTile(tuningOf(g, v).problem, arch, sms);
   c.source = "heuristic";
   return c;
 }
@@ -121,7 +125,7 @@ Choice tune(cuda::Driver& drv, const ir::Graph& g, ir::Vertex v, dsl::Activation
   base.arch = lim.arch;
   base.sms = lim.sms;
   const codegen::KernelUnit probe = codegen::generate(sub, subOp, defs, base);
-  const codegen::GemmProblem problem = codegen::gemmProblemOf(sub, subOp);
+  const codegen::GemmProblem problem = tuningOf(sub, subOp).problem;
   std::vector<TileConfig> candidates;
   if (o.configs.empty())
     candidates = searchSpace(lim, probe.transB, problem, o.maxCandidates);

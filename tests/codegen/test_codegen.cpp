@@ -157,7 +157,7 @@ BOOST_AUTO_TEST_CASE(gemm_plans_are_data) {
     const ir::Vertex v = *f.find("y");
     codegen::CodegenOptions o;
     o.arch = arch;
-    return codegen::detail::planGemm(f, v, o, *ir::familyOf(f.op(v)));
+    return codegen::detail::planGemm(f, v, o);
   };
   // A deferred RMSNorm (weights) on Hopper: the statistics launch, gamma folded into B.
   const codegen::detail::GemmPlan norm = plan("rmsnorm_gemm", {4096, 4096, 4096}, 90, true);

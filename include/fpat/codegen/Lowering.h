@@ -51,13 +51,13 @@ struct GemmPlan {
   int smemBytes = 0;        // the wgmma launch's dynamic shared memory
   size_t bIdx = 0;          // B's operand index
 };
-GemmPlan planGemm(const ir::Graph& g, ir::Vertex v, const CodegenOptions& o,
-                  const ir::KernelFamily& family);
+GemmPlan planGemm(const ir::Graph& g, ir::Vertex v, const CodegenOptions& o);
 
-// One code generator per kernel family; `generate` picks the one for the op.
-/// GEMM families (gemm, norm_gemm): the GEMM template with the epilogue compiled from the tree.
+/// GEMM families (src/families/gemm/): the GEMM template with the epilogue compiled from the
+/// tree.
 KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, dsl::Activations defs,
-                        const CodegenOptions& o, const ir::KernelFamily& family);
+                        const CodegenOptions& o);
+// Kernels of ops no family computes; `generate` picks the family's generator or one of these.
 /// Row-wise norms (layernorm, rmsnorm) not fused into a GEMM.
 KernelUnit generateRowwise(const ir::Graph& g, ir::Vertex v, const CodegenOptions& o);
 /// Elementwise ops (bias_add, activation, add, mul) not fused into a GEMM.

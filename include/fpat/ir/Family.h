@@ -1,12 +1,13 @@
-// Kernel families: what a fused op's main computation is. Each family is one implementation of
-// KernelFamily (src/ir/families/), registered in kernelFamilies(); type inference and the CPU
-// reference ask it for the family's meaning (its main operands, their checks, the accumulators)
-// instead of deciding by name. Names are how .fpat (`let family = ...`) and .fgraph
-// (`family = ...`) write them.
+// Kernel families: what a fused op's main computation is. Each family is listed in
+// fpat/ir/Families.def and implemented in src/families/<impl>/, one part per phase; this is its
+// IR part (its main operands, their checks, the accumulators), which type inference and the CPU
+// reference ask instead of deciding by name. The other phases' parts are match::FamilyMatcher,
+// dsl::FamilyLegality, codegen::FamilyGenerator and cost::FamilyCost, found the same way.
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -19,10 +20,8 @@ struct OperandInfo;
 struct Tensor;
 
 enum class Family : uint8_t {
-  Gemm,         // C = epilogue(A B), A and B loaded from memory
-  NormGemm,     // C = epilogue(norm(A) B), A normalised (layernorm or rmsnorm) on load
-  DualGemm,     // C = epilogue(A Bg, A Bu): two GEMMs on one A (gated MLPs), B weights
-  NormDualGemm, // C = epilogue(norm(A) Bg, norm(A) Bu), the norm deferred (rmsnorm)
+#define FPAT_KERNEL_FAMILY(Id, name, impl) Id,
+#include "fpat/ir/Families.def"
 };
 
 /// The GEMM problem of a fused op's main operands.
@@ -36,39 +35,34 @@ struct FamilyError {
   std::string message;
 };
 
-/// A kernel family. The traits are what the matcher, cost model and code generators read of it
-/// today; the hooks are its meaning, which type inference and the reference delegate to.
+/// A kernel family's meaning in the IR. Every phase asks its own part of the family (found
+/// through the registry by `family`); none reads another family's traits or compares names.
 class KernelFamily {
 public:
-  KernelFamily(Family family, const char* name, bool normalisesA, bool hasWgmmaPath, int gemms)
-      : family(family), name(name), normalisesA(normalisesA), hasWgmmaPath(hasWgmmaPath),
-        gemms(gemms) {}
+  KernelFamily(Family family, const char* name) : family(family), name(name) {}
   KernelFamily(const KernelFamily&) = delete;
   KernelFamily& operator=(const KernelFamily&) = delete;
   virtual ~KernelFamily() = default;
 
   const Family family;
   const char* const name;
-  const bool normalisesA;  // the GEMM's A is (layernorm ...) or (rmsnorm ...) of inputs
-  const bool hasWgmmaPath; // the Hopper backend implements it
-  const int gemms;         // GEMMs on the one A (2: the epilogue reads acc and acc2)
 
-  /// The operand index of the (first) B; the main operands are 0 .. bIndex + gemms - 1, then
+  /// The operand index of the (first) B; the main operands are 0 .. mainOperandCount - 1, then
   /// come those the epilogue reads.
   virtual size_t bIndex(const Op& op) const = 0;
-  size_t mainOperandCount(const Op& op) const { return bIndex(op) + static_cast<size_t>(gemms); }
+  virtual size_t mainOperandCount(const Op& op) const = 0;
   /// Checks a fused op of this family: its attributes, its main operands (`in`: every
   /// operand's type) and what the family needs of its epilogue. Sets the GEMM's M, N, K.
   virtual std::optional<FamilyError> check(const Op& op, const std::vector<OperandInfo>& in,
                                            MainShape& shape) const = 0;
-  /// The main computation in double (no intermediate rounding): acc [M, N] and, for two GEMMs,
-  /// acc2. `operand(i)` is the op's operand i.
+  /// The main computation in double (no intermediate rounding): acc [M, N] and, where the
+  /// epilogue reads a second accumulator, acc2. `operand(i)` is the op's operand i.
   virtual void accumulate(const Op& op, const std::function<const Tensor&(size_t)>& operand,
                           const MainShape& shape, std::vector<double>& acc,
                           std::vector<double>& acc2) const = 0;
 };
 
-/// Every registered family, in Family order.
+/// Every registered family, in Family order (Families.def's).
 const std::vector<const KernelFamily*>& kernelFamilies();
 /// The family named `name`, or null.
 const KernelFamily* findFamily(std::string_view name);
@@ -85,3 +79,10 @@ std::string familyDidYouMean(std::string_view name);
 const KernelFamily* familyOf(const Op& op);
 
 } // namespace fpat::ir
+
+namespace fpat::families {
+// Each implementation's IR part (src/families/<impl>/Ir.cpp), which the registry creates.
+#define FPAT_KERNEL_FAMILY(Id, name, impl)                                                         \
+  std::unique_ptr<ir::KernelFamily> impl##Ir(ir::Family id, const char* familyName);
+#include "fpat/ir/Families.def"
+} // namespace fpat::families

@@ -129,11 +129,10 @@ ir::Graph raise(const ir::Graph& g, const dsl::MatcherTable& table, const dsl::P
 /// root's kind), closest first, and why it failed: the decompositions a user expected raised.
 std::vector<Attempt> raiseNearMisses(const ir::Graph& raised, const dsl::MatcherTable& table);
 
-/// Where the dual-GEMM kernel cannot run (a GPU before sm_90): each op of a dual family becomes
-/// its norm (norm_dual_gemm), the second GEMM as a plain gemm (`%<name>_up`), and a fused op of
-/// family gemm whose epilogue reads that GEMM's result where it read acc2, the kernels
-/// gemm_silu_mul runs on. Returns the number of ops split in `count`.
-ir::Graph splitDualGemms(const ir::Graph& g, size_t* count = nullptr);
+/// The graph with every fused op whose kernel sm_`arch` lacks replaced by ops it has kernels
+/// for, as the op's family says (match::FamilyMatcher::lowerFor; the dual GEMM, Hopper's, runs
+/// as two GEMMs elsewhere). Returns the number of ops replaced in `count`.
+ir::Graph lowerForArch(const ir::Graph& g, int arch, size_t* count = nullptr);
 
 /// Removes ops (not inputs) whose value nothing reads and that are not outputs.
 ir::Graph removeDeadOps(const ir::Graph& g);

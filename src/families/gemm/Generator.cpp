@@ -1,6 +1,8 @@
-// Code generator of the GEMM kernel families (gemm, norm_gemm): picks the backend (wgmma,
-// mma.sync, WMMA) and configuration, and compiles the fused op's epilogue tree into the
-// kernel's Epilogue functor.
+// The GEMM families' code generator part (gemm, norm_gemm, dual_gemm, norm_dual_gemm): picks
+// the backend (wgmma, mma.sync, WMMA) and configuration, and compiles the fused op's epilogue
+// tree into the kernel's Epilogue functor.
+#include "Gemm.h"
+#include "fpat/codegen/Family.h"
 #include "fpat/codegen/Lowering.h"
 
 #include <algorithm>
@@ -152,9 +154,12 @@ int stagedOperand(const ir::Graph& g, ir::Vertex v) {
 /// Every decision of the GEMM code generator for one op, as data: configuration, fallback,
 /// where the epilogue runs, the split, padding and prepared copies, the kernel's name and the
 /// unit's launch-relevant fields. Emitting the source and the launches reads it.
-GemmPlan planGemm(const ir::Graph& g, ir::Vertex v, const CodegenOptions& o,
-                  const ir::KernelFamily& familyInfo) {
+GemmPlan planGemm(const ir::Graph& g, ir::Vertex v, const CodegenOptions& o) {
   const ir::Op& op = g.op(v);
+  const ir::KernelFamily* family = ir::familyOf(op);
+  if (!family)
+    throw CodegenError(ref(g, v) + ": no GEMM family computes this op");
+  const families::gemm::Kind kind = families::gemm::kindOf(family->family);
   KernelUnit u;
   const std::vector<ir::Vertex> ins = g.operands(v);
   const std::string arch = "sm" + std::to_string(o.arch);
@@ -162,8 +167,7 @@ GemmPlan planGemm(const ir::Graph& g, ir::Vertex v, const CodegenOptions& o,
     auto it = o.sources.find(op.fused.pattern);
     return it == o.sources.end() ? std::string() : " [" + it->second + "]";
   }();
-  const ir::KernelFamily* family = &familyInfo;
-  const bool norm = family->normalisesA;
+  const bool norm = kind.normalisesA;
   const int normKind = !norm                          ? 0
                        : op.fused.norm == "layernorm" ? 1
                        : op.fused.norm == "rmsnorm"   ? 2
@@ -175,8 +179,8 @@ GemmPlan planGemm(const ir::Graph& g, ir::Vertex v, const CodegenOptions& o,
     throw CodegenError(ref(g, v) + ": too few operands for its kernel family");
   // The dual families: one wgmma GEMM over Bg and Bu interleaved (copied when the weights are
   // uploaded), its epilogue combining each gate column with its up column. Elsewhere the
-  // driver splits such an op into two GEMMs first (match::splitDualGemms).
-  const bool dual = family->gemms == 2;
+  // driver splits such an op into two GEMMs first (match::lowerForArch).
+  const bool dual = kind.gemms == 2;
   if (dual && (o.arch != 90 || normKind == 1 || !preparesWeightB(g, v)))
     throw CodegenError(
         ref(g, v) + ": family " + family->name + " " +
@@ -400,8 +404,8 @@ std::vector<std::string> headerLines(const GemmPlan& p, const ir::Op& op) {
 }
 
 KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, dsl::Activations defs,
-                        const CodegenOptions& o, const ir::KernelFamily& familyInfo) {
-  const GemmPlan p = planGemm(g, v, o, familyInfo);
+                        const CodegenOptions& o) {
+  const GemmPlan p = planGemm(g, v, o);
   KernelUnit u = p.unit;
   const ir::Op& op = g.op(v);
   const std::vector<ir::Vertex> ins = g.operands(v);
@@ -586,8 +590,8 @@ namespace fpat::codegen {
 
 bool defersNorm(const ir::Graph& g, ir::Vertex v) {
   const ir::Op& op = g.op(v);
-  const ir::KernelFamily* family = ir::familyOf(op);
-  if (!family || !family->normalisesA || ir::normKindOf(op) == ir::NormKind::None)
+  const auto kind = families::gemm::kindOf(op);
+  if (!kind || !kind->normalisesA || ir::normKindOf(op) == ir::NormKind::None)
     return false;
   const std::vector<ir::Vertex> ins = g.operands(v);
   const size_t bIdx = ir::gemmBIndex(op);
@@ -610,11 +614,11 @@ size_t preparedBBytes(const KernelUnit& u) {
 
 bool preparesWeightB(const ir::Graph& g, ir::Vertex v) {
   const ir::Op& op = g.op(v);
-  const ir::KernelFamily* family = ir::familyOf(op);
-  if (family && family->gemms == 2) { // Bg and Bu interleaved into one copy
+  const auto kind = families::gemm::kindOf(op);
+  if (kind && kind->gemms == 2) { // Bg and Bu interleaved into one copy
     const std::vector<ir::Vertex> ins = g.operands(v);
     const size_t bIdx = ir::gemmBIndex(op);
-    if (ins.size() < bIdx + 2 || (family->normalisesA && !defersNorm(g, v)))
+    if (ins.size() < bIdx + 2 || (kind->normalisesA && !defersNorm(g, v)))
       return false;
     for (size_t i = bIdx; i < bIdx + 2; ++i) {
       const ir::Op& b = g.op(ins[i]);
@@ -623,9 +627,9 @@ bool preparesWeightB(const ir::Graph& g, ir::Vertex v) {
     }
     return true;
   }
-  if (family && family->normalisesA)
+  if (kind && kind->normalisesA)
     return defersNorm(g, v); // gamma is folded into a copy of B
-  if (!family || !family->hasWgmmaPath)
+  if (!kind || !kind->hasWgmmaPath)
     return false;
   const std::vector<ir::Vertex> ins = g.operands(v);
   const size_t bIdx = ir::gemmBIndex(op);
@@ -640,11 +644,11 @@ bool preparesWeightB(const ir::Graph& g, ir::Vertex v) {
 
 GemmProblem gemmProblemOf(const ir::Graph& g, ir::Vertex v) {
   const ir::Op& op = g.op(v);
-  const ir::KernelFamily* family = ir::familyOf(op);
+  const auto kind = families::gemm::kindOf(op);
   const int64_t k = g.op(g.operands(v).at(0)).type.shape[1];
   // A prepared weight B is [N, K] to the wgmma kernels; the cp.async ones read it as given.
   const bool prepared = preparesWeightB(g, v);
-  if (family && family->gemms == 2) { // one GEMM over the interleaved copy, on sm_90 only
+  if (kind && kind->gemms == 2) { // one GEMM over the interleaved copy, on sm_90 only
     GemmProblem p = gemmProblem(op.type.shape[0], dualColumns(op.type.shape[1]), k, true);
     p.tma = prepared;
     p.epilogueReads = !op.fused.epilogue.operands().empty();
@@ -654,10 +658,54 @@ GemmProblem gemmProblemOf(const ir::Graph& g, ir::Vertex v) {
   p.vec = vectorLoads(p.m, p.n, k, op.transposeB);
   // A deferred norm leaves the main loop a plain GEMM's (on the Hopper backend).
   const bool deferred = defersNorm(g, v);
-  p.norm = family && family->normalisesA && !deferred;
-  p.tma = p.tma && family && (family->hasWgmmaPath || deferred) && !p.norm;
+  p.norm = kind && kind->normalisesA && !deferred;
+  p.tma = p.tma && kind && (kind->hasWgmmaPath || deferred) && !p.norm;
   p.epilogueReads = op.kind == ir::OpKind::Fused && !op.fused.epilogue.operands().empty();
   return p;
 }
 
 } // namespace fpat::codegen
+
+namespace fpat::families {
+
+namespace {
+
+class GemmGenerator final : public codegen::FamilyGenerator {
+public:
+  explicit GemmGenerator(ir::Family) {}
+
+  codegen::KernelUnit generate(const ir::Graph& g, ir::Vertex v, dsl::Activations defs,
+                               const codegen::CodegenOptions& o) const override {
+    return codegen::detail::generateGemm(g, v, defs, o);
+  }
+
+  std::optional<codegen::TuningProblem> tuning(const ir::Graph& g, ir::Vertex v) const override {
+    // From the op alone (what the kernel computes and its shape), without generating code.
+    const ir::Op& op = g.op(v);
+    codegen::TuningProblem t;
+    t.problem = codegen::gemmProblemOf(g, v);
+    const int64_t m = op.type.shape.at(0), n = op.type.shape.at(1),
+                  k = g.op(g.operands(v).at(0)).type.shape.at(1);
+    t.m = m;
+    t.n = n;
+    t.k = k;
+    t.signature = std::string(ir::familyOf(op)->name) + ":" +
+                  (op.kind == ir::OpKind::Fused ? op.fused.pattern : "gemm");
+    if (op.kind == ir::OpKind::Fused)
+      t.signature += "," + ir::printEpilogue(op.fused.epilogue);
+    if (!op.fused.norm.empty())
+      t.signature += ":" + op.fused.norm;
+    t.signature += std::string(op.transposeB ? ":bt" : "") +
+                   (codegen::vectorLoads(m, n, k, op.transposeB) ? ":vec" : ":any") +
+                   (codegen::preparesWeightB(g, v) ? ":bprep" : "");
+    return t;
+  }
+};
+
+} // namespace
+
+const codegen::FamilyGenerator& gemmGenerator(ir::Family id) {
+  return gemm::partFor<GemmGenerator>(id);
+}
+
+} // namespace fpat::families

@@ -1,24 +1,31 @@
-// The GEMM families (gemm, norm_gemm, dual_gemm, norm_dual_gemm): one or two GEMMs on one A,
-// which is an input or the layernorm / rmsnorm of one. Main operands: gemm A, B; norm_gemm x,
-// gamma[, beta], B; the dual families Bg, Bu for B.
-#include "fpat/ir/Family.h"
-#include "fpat/ir/Graph.h"
+// The GEMM families' IR part (gemm, norm_gemm, dual_gemm, norm_dual_gemm): one or two GEMMs
+// on one A, which is an input or the layernorm / rmsnorm of one. Main operands: gemm A, B;
+// norm_gemm x, gamma[, beta], B; the dual families Bg, Bu for B.
+#include "Gemm.h"
 #include "fpat/ir/Reference.h"
 
 #include <memory>
 
-namespace fpat::ir::detail {
+namespace fpat::families {
 
 namespace {
+using namespace ir;
+using ir::detail::gemmProduct;
+using ir::detail::normRows;
 
 class GemmFamily final : public KernelFamily {
 public:
-  using KernelFamily::KernelFamily;
+  GemmFamily(Family id, const char* name)
+      : KernelFamily(id, name), normalisesA(gemm::kindOf(id).normalisesA),
+        gemms(gemm::kindOf(id).gemms) {}
 
   size_t bIndex(const Op& op) const override {
     if (!normalisesA)
       return 1;
     return op.fused.norm == "layernorm" ? 3 : 2;
+  }
+  size_t mainOperandCount(const Op& op) const override {
+    return bIndex(op) + static_cast<size_t>(gemms);
   }
 
   std::optional<FamilyError> check(const Op& op, const std::vector<OperandInfo>& in,
@@ -95,18 +102,16 @@ public:
     if (gemms == 2)
       acc2 = gemmProduct(*a, operand(b + 1), op.transposeB, m, n, k);
   }
+
+private:
+  const bool normalisesA;
+  const int gemms;
 };
 
 } // namespace
 
-std::vector<std::unique_ptr<KernelFamily>> gemmFamilies() {
-  std::vector<std::unique_ptr<KernelFamily>> out;
-  out.push_back(std::make_unique<GemmFamily>(Family::Gemm, "gemm", false, true, 1));
-  out.push_back(std::make_unique<GemmFamily>(Family::NormGemm, "norm_gemm", true, false, 1));
-  out.push_back(std::make_unique<GemmFamily>(Family::DualGemm, "dual_gemm", false, true, 2));
-  out.push_back(
-      std::make_unique<GemmFamily>(Family::NormDualGemm, "norm_dual_gemm", true, true, 2));
-  return out;
+std::unique_ptr<ir::KernelFamily> gemmIr(ir::Family id, const char* familyName) {
+  return std::make_unique<GemmFamily>(id, familyName);
 }
 
-} // namespace fpat::ir::detail
+} // namespace fpat::families

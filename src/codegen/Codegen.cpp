@@ -195,7 +195,78 @@ GemmProblem gemmProblem(int64_t m, int64_t n, int64_t k, bool transB) {
   return p;
 }
 
+namespace {
+
+/// The wgmma heuristic's measured constants, in one table: speeds relative to the cooperative
+/// 128x256 tile on a full H200, and factors, each with the measurement it comes from
+/// (bench/RESULTS.md and docs/perf-log/HISTORY.md, by session). wgmmaScore combines them.
+struct WgmmaMeasurements {
+  // Cooperative tiles by shape. 256x128 measured 2-5% slower than 128x256 with four stages
+  // (no epilogue tile), 8-9% with three (session 11). 64x64 at decode shapes (M <= 77): 1.56x
+  // as long as 64x128 at 77x4096x11008 and 1.24x at 1x11008x4096, 0.9-0.95x at 1-128 x 4096 x
+  // 4096; 128x64 1.06-1.4x as long as 64x128 at the same shapes (session 17).
+  double rows256 = 0.95;
+  double tile128x256 = 1.0, tile128x192 = 0.96, tile128x128 = 0.9, tile128x64 = 0.7;
+  double tile64x256 = 0.85, tile64x128 = 0.75, tile64x64 = 0.52;
+  // Short A boxes (decode: M <= aRows) hold more stages of B, whose loads are bound by their
+  // latency there: 64x64 with 16 or 32 rows ran 1.05-1.5x as fast as with 64 rows, 64x128 and
+  // 64x256 1.0-1.1x (1-32 x 2048-128256 x 4096-14336, session 25). The shorter box first: its
+  // ring is deeper (minus `aRowsPer16` per 16 rows).
+  double shortBox64 = 1.2, shortBox = 1.05, aRowsPer16 = 0.01;
+  // Ping-pong relative to 128x256 at 4096^3 with the staged stores: 0.91-0.96, and with
+  // epilogue inputs too (the tuner chose 128x256 for bias and residual at 1024-4096 rows,
+  // session 5; before the staged stores ping-pong won those by hiding slow stores). It needs
+  // two tiles per CTA (else `pingPongFew`); tiles under 128x128 `pingPongSmall`, 64 rows
+  // `pingPong64Rows`.
+  double pingPong = 0.92, pingPongReads = 0.95, pingPongFew = 0.5;
+  double pingPongSmall = 0.85, pingPong64Rows = 0.97;
+  // One consumer's epilogue hides behind the other's main loop only where that is long: at
+  // K = 512-1024 ping-pong measured 10% slower than the cooperative tiles for plain GEMMs and
+  // 1.7-2.4x slower with a residual (session 13), still 1.2-1.25x slower once its edge tiles
+  // stopped serializing their loads (session 14): ranked last below K = `pingPongMinK`.
+  int64_t pingPongMinK = 2048;
+  double pingPongShortK = 0.85, pingPongShortKReads = 0.5;
+  // A ring one stage short of the deepest, stores not through the epilogue tile.
+  double shallowRing = 0.98;
+  // An epilogue reading inputs wants L1, which shares the SM's 256 KB with shared memory: its
+  // bias/residual loads measured 10-18% slower with a 226 KB ring than with 194 KB
+  // (gemm_bias_residual), and the tuner chose 145 KB over 193 KB at 4 of 5 shapes once the
+  // stores were staged (session 5). Not for 256-row tiles from K = 2048 on: 256x128 with four
+  // stages (211 KB) measured 1-8% faster than three and the epilogue tile with a residual or
+  // bias + GELU at 1000-4096 x 4100-4104 x 4096, but 22-29% slower at 1500x4104x1000
+  // (session 16).
+  int lowL1Bytes = 160 * 1024;
+  double lowL1 = 0.9;
+  // Stores through the epilogue tile (TMA) measured 1.8-2.6% faster than the deepest ring
+  // with slab stores for plain GEMMs at 4096 rows, 0.7% slower at 1024 (session 8); 256x128
+  // through it (three stages) 5% slower than with four (`tileStore256`).
+  double tileStore = 1.02, tileStore256 = 0.93;
+  // Clusters of two measured 1-2% slower than single CTAs of the same tile on the H200 (the
+  // multicast saves L2 traffic that did not limit these tiles; session 7): the tuner may still
+  // find them faster elsewhere.
+  double cluster = 0.97;
+  // The raster along N: not measured better in general; ranked just below the one along M.
+  double rasterN = 0.995;
+  // B [K, N] rows not 128-byte aligned (N = 4104): its TMA loads are slow (128x192 at
+  // 1536x4104x4096 0.094 ms against 0.072 at 1536x4224), so tiles that load each B tile once
+  // per 128 rows of M lose where there are several waves of them; 256-row tiles and clusters
+  // (B multicast to two M-tiles) load it half as often (4096x4104x4096: 256x128 0.197 ms,
+  // 128x128 in clusters 0.213, 128x192 0.247; session 14). Not at K < 2048, where the 256-row
+  // tiles' split credit overrates them (1500x4104x1000: 256x128 0.043 ms, 128x192 0.035).
+  double unalignedB = 0.8;
+  // The last wave's split is ranked with the op's K from this K on (and for grids under one
+  // wave), as if free below it: ranked with the op's K, short-K problems got tiles that
+  // measured 10-40% slower (1111x2056x1000: 64x64 over 128x128; session 13); ranked as free
+  // from 2048 on, 128x192 (5.3 waves, its last split) came before 256x128 (4.0 waves) at
+  // 4096x4104x4096 and measured 3% slower (session 16).
+  int64_t splitRankedK = 2048;
+};
+constexpr WgmmaMeasurements kWgmma{};
+
+} // namespace
+
 double wgmmaScore(const TileConfig& t, const GemmProblem& p, int sms) {
+  const WgmmaMeasurements& w = kWgmma;
   const int64_t m = p.m, n = p.n;
   if (!t.runsRows(m))
     return 0;
@@ -207,93 +278,49 @@ double wgmmaScore(const TileConfig& t, const GemmProblem& p, int sms) {
   const double tiles = static_cast<double>((tilesM + t.cluster - 1) / t.cluster * t.cluster) *
                        static_cast<double>((n + t.bn - 1) / t.bn);
   // Cooperative tiles without clusters split the last wave's tiles in k where that saves a
-  // tenth of a tile or more. Ranked as if K were very long (the partial sums almost free), as
-  // the ranking was calibrated before their cost was known: ranked with the op's K instead,
-  // short-K problems got tiles that measured 10-40% slower (1111x2056x1000: 64x64 over the
-  // 128x128 tile; bench/RESULTS.md, session 13). The code generator splits only where K pays.
-  // From K = 2048 on, where the split pays, its cost is known well enough to rank with the
-  // op's K: ranked as free, 128x192 (5.3 waves, its last split) came before 256x128 (4.0 waves)
-  // at 4096x4104x4096 and measured 3% slower (bench/RESULTS.md, session 16).
+  // tenth of a tile or more (the code generator splits only where K pays).
   double waves = std::ceil(tiles / (sms / t.cluster * t.cluster));
   if (!pp && t.cluster == 1) {
     const int64_t whole = static_cast<int64_t>(tiles);
-    // A grid of under one wave (split since session 17) is ranked with the op's K as well.
-    const int64_t kTiles = p.k >= 2048 || whole < sms ? (p.k + t.bk - 1) / t.bk : int64_t{1} << 20;
+    const int64_t kTiles =
+        p.k >= w.splitRankedK || whole < sms ? (p.k + t.bk - 1) / t.bk : int64_t{1} << 20;
     const LastWaveSplit s = lastWaveSplit(whole, sms, kTiles);
     if (s.tiles > 0)
       waves = static_cast<double>((whole - s.tiles) / sms) + s.waves;
   }
   const double useful = static_cast<double>(m) * static_cast<double>(n) / (tiles * t.bm * t.bn);
-  // Cooperative tiles relative to 128x256; ping-pong relative to that at 4096^3 with the
-  // staged stores: 0.91-0.96, and with epilogue inputs too (the tuner chose 128x256 for bias
-  // and residual at 1024-4096 rows, bench/RESULTS.md session 5; before the staged stores
-  // ping-pong won those by hiding slow stores). Ping-pong needs two tiles per CTA.
-  // 256x128 measured 2-5% slower than 128x256 with four stages (no epilogue tile), 8-9% with
-  // three (bench/RESULTS.md, session 11). 64x64 at decode shapes (M <= 77): 1.56x as long as
-  // 64x128 at 77x4096x11008 and 1.24x at 1x11008x4096, 0.9-0.95x at 1-128 x 4096 x 4096;
-  // 128x64 1.06-1.4x as long as 64x128 at the same shapes (bench/RESULTS.md, session 17).
-  double speed = t.bm == 256   ? 0.95
-                 : t.bm == 128 ? (t.bn == 256   ? 1.0
-                                  : t.bn == 192 ? 0.96
-                                  : t.bn == 128 ? 0.9
-                                                : 0.7)
-                               : (t.bn == 256   ? 0.85
-                                  : t.bn == 128 ? 0.75
-                                                : 0.52);
-  // Short A boxes (decode: M <= aRows) hold more stages of B, whose loads are bound by their
-  // latency there: 64x64 with 16 or 32 rows ran 1.05-1.5x as fast as with 64 rows, 64x128 and
-  // 64x256 1.0-1.1x (1-32 x 2048-128256 x 4096-14336, bench/RESULTS.md, session 25). The
-  // shorter box first: its ring is deeper.
+  double speed = t.bm == 256   ? w.rows256
+                 : t.bm == 128 ? (t.bn == 256   ? w.tile128x256
+                                  : t.bn == 192 ? w.tile128x192
+                                  : t.bn == 128 ? w.tile128x128
+                                                : w.tile128x64)
+                               : (t.bn == 256   ? w.tile64x256
+                                  : t.bn == 128 ? w.tile64x128
+                                                : w.tile64x64);
   if (t.aRows > 0)
-    speed *= (t.bn == 64 ? 1.2 : 1.05) - 0.01 * t.aRows / 16;
+    speed *= (t.bn == 64 ? w.shortBox64 : w.shortBox) - w.aRowsPer16 * t.aRows / 16;
   if (pp) {
-    const double big = t.bm * t.bn >= 128 * 128 ? 1.0 : 0.85;
-    speed = (tiles >= 2.0 * sms ? (epilogueReads ? 0.95 : 0.92) : 0.5) * big *
-            (t.bm == 64 ? 0.97 : 1.0);
-    // One consumer's epilogue hides behind the other's main loop only where that is long:
-    // at K = 512-1024 ping-pong measured 10% slower than the cooperative tiles for plain
-    // GEMMs and 1.7-2.4x slower with a residual (session 13), still 1.2-1.25x slower once its
-    // edge tiles stopped serializing their loads (session 14, bench/RESULTS.md): ranked last.
-    if (p.k > 0 && p.k < 2048)
-      speed *= epilogueReads ? 0.5 : 0.85;
+    const double big = t.bm * t.bn >= 128 * 128 ? 1.0 : w.pingPongSmall;
+    speed = (tiles >= 2.0 * sms ? (epilogueReads ? w.pingPongReads : w.pingPong) : w.pingPongFew) *
+            big * (t.bm == 64 ? w.pingPong64Rows : 1.0);
+    if (p.k > 0 && p.k < w.pingPongMinK)
+      speed *= epilogueReads ? w.pingPongShortKReads : w.pingPongShortK;
   }
-  // The deepest ring of a shape first, except that an epilogue reading inputs wants L1, which
-  // shares the SM's 256 KB with shared memory: its bias/residual loads measured 10-18% slower
-  // with a 226 KB ring than with 194 KB (bench/RESULTS.md, gemm_bias_residual), and the tuner
-  // chose 145 KB over 193 KB at 4 of 5 shapes once the stores were staged (session 5).
+  // The deepest ring of a shape first (shared memory or 8 stages), except where lowL1.
   const int stage = (t.stageRowsA() + t.bn) * t.bk * 2;
   const bool deepest =
       (t.stages + 1) * stage + 1024 + kWgmmaStaticSmem > FPAT_SM90_SMEM_BYTES || t.stages >= 8;
-  // Not for 256-row tiles from K = 2048 on: 256x128 with four stages (211 KB) measured 1-8%
-  // faster than three and the epilogue tile with a residual or bias + GELU at 1000-4096 x
-  // 4100-4104 x 4096, but 22-29% slower at 1500x4104x1000, where the stores weigh more
-  // (bench/RESULTS.md, session 16).
   const bool lowL1 =
-      epilogueReads && (t.bm < 256 || p.k < 2048) && gemmSmemBytes(t, false) > 160 * 1024;
-  // Stores through the epilogue tile (TMA) measured 1.8-2.6% faster than the deepest ring
-  // with slab stores for plain GEMMs at 4096 rows, 0.7% slower at 1024 (bench/RESULTS.md,
-  // session 8).
+      epilogueReads && (t.bm < 256 || p.k < 2048) && gemmSmemBytes(t, false) > w.lowL1Bytes;
   const bool tileStore = wgmmaEpilogueTile(t, n);
-  // Clusters of two measured 1-2% slower than single CTAs of the same tile on the H200 (the
-  // multicast saves L2 traffic that did not limit these tiles; bench/RESULTS.md, session 7):
-  // the tuner may still find them faster elsewhere.
-  const double clustered = t.cluster > 1 ? 0.97 : 1.0;
-  // The raster along N: not measured better in general; ranked just below the one along M.
-  const double raster = t.rasterN ? 0.995 : 1.0;
-  // 256x128 through the epilogue tile (three stages) measured 5% slower than with four.
+  const double clustered = t.cluster > 1 ? w.cluster : 1.0;
+  const double raster = t.rasterN ? w.rasterN : 1.0;
   if (t.bm == 256 && tileStore)
-    speed *= 0.93;
-  // B [K, N] rows not 128-byte aligned (N = 4104): its TMA loads are slow (128x192 at
-  // 1536x4104x4096 0.094 ms against 0.072 at 1536x4224), so tiles that load each B tile once
-  // per 128 rows of M lose where there are several waves of them; 256-row tiles and clusters
-  // (B multicast to two M-tiles) load it half as often (4096x4104x4096: 256x128 0.197 ms,
-  // 128x128 in clusters 0.213, 128x192 0.247; bench/RESULTS.md, session 14). Not at K < 2048,
-  // where the 256-row tiles' split credit above overrates them (1500x4104x1000: 256x128 0.043 ms,
-  // 128x192 0.035).
+    speed *= w.tileStore256;
   if (!p.bRows128 && p.k >= 2048 && t.bm < 256 && t.cluster == 1 && tiles >= 2.0 * sms)
-    speed *= 0.8;
-  return tiles / (waves * sms) * useful * speed * (deepest || tileStore ? 1.0 : 0.98) *
-         (tileStore ? 1.02 : 1.0) * (lowL1 ? 0.9 : 1.0) * clustered * raster;
+    speed *= w.unalignedB;
+  return tiles / (waves * sms) * useful * speed * (deepest || tileStore ? 1.0 : w.shallowRing) *
+         (tileStore ? w.tileStore : 1.0) * (lowL1 ? w.lowL1 : 1.0) * clustered * raster;
 }
 
 namespace {

@@ -408,7 +408,7 @@ KernelUnit generate(const ir::Graph& g, ir::Vertex v, dsl::Activations defs,
     throw CodegenError(ref(g, v) + ": no kernel family '" + op.fused.family +
                        "' implements pattern " + op.fused.pattern);
   else if (op.kind == ir::OpKind::LayerNorm || op.kind == ir::OpKind::RmsNorm ||
-           op.kind == ir::OpKind::ReduceMean)
+           op.kind == ir::OpKind::ReduceMean || op.kind == ir::OpKind::Softmax)
     u = generateRowwise(g, v, o);
   else
     u = generateElementwise(g, v, defs, o);

@@ -1,5 +1,5 @@
-// Code generators of the kernels for ops that no GEMM absorbed: row-wise norms and elementwise
-// ops (activation bodies lowered from .fpat).
+// Code generators of the kernels for ops that no GEMM absorbed: row-wise norms, means and
+// softmax, and elementwise ops (activation bodies lowered from .fpat).
 #include "fpat/codegen/Lowering.h"
 
 #include <cctype>
@@ -18,6 +18,7 @@ KernelUnit generateRowwise(const ir::Graph& g, ir::Vertex v, const CodegenOption
   std::ostringstream body;
   const bool layer = op.kind == ir::OpKind::LayerNorm;
   const bool mean = op.kind == ir::OpKind::ReduceMean;
+  const bool softmax = op.kind == ir::OpKind::Softmax;
   // M rows of N elements: the operand's for a reduction, the result's for a norm.
   const ir::TensorDesc& rows = mean ? g.op(g.operands(v)[0]).type : op.type;
   u.family = "rowwise";
@@ -28,24 +29,28 @@ KernelUnit generateRowwise(const ir::Graph& g, ir::Vertex v, const CodegenOption
   // and V is at most 32 (N <= 8192: every model's hidden size we meet); longer or odd rows
   // loop over memory.
   const int64_t words = u.N % 8 == 0 ? u.N / 8 : 0;
-  const int64_t held = !mean && words > 0 && words <= 32 * kNormHeldWords ? (words + 31) / 32 : 0;
+  const int64_t held =
+      !mean && !softmax && words > 0 && words <= 32 * kNormHeldWords ? (words + 31) / 32 : 0;
   u.name = std::string("fpat_") +
-           (mean    ? "reduce_mean"
-            : layer ? "layernorm"
-                    : "rmsnorm") +
+           (mean      ? "reduce_mean"
+            : softmax ? "softmax"
+            : layer   ? "layernorm"
+                      : "rmsnorm") +
            (held ? "_held" + std::to_string(held) : "") + "_" + arch;
   u.what = ref(g, v) + " = " + ir::opKindName(op.kind);
   const std::string tf = layer ? "true" : "false";
   body << header(std::string(ir::opKindName(op.kind)) + " (not fused)", o,
                  {held ? "family:   rowwise (one warp per row held in registers, " +
                              std::to_string(held) + " 16-byte words a lane, f32 statistics)"
-                       : "family:   rowwise (one warp per row, f32 statistics)"})
+                  : softmax ? "family:   rowwise (one warp per row, f32 maximum and sum)"
+                            : "family:   rowwise (one warp per row, f32 statistics)"})
        << "#include \"fpat_rowwise.cuh\"\n\n"
        << "extern \"C\" __global__ void __launch_bounds__(256) " << u.name
        << "(const FpatKernelArgs a) {\n  fpat::"
-       << (mean   ? std::string("meanRows(a)")
-           : held ? "normRowsHeld<" + tf + ", " + std::to_string(held) + ">(a)"
-                  : "normRows<" + tf + ">(a)")
+       << (mean      ? std::string("meanRows(a)")
+           : softmax ? std::string("softmaxRows(a)")
+           : held    ? "normRowsHeld<" + tf + ", " + std::to_string(held) + ">(a)"
+                     : "normRows<" + tf + ">(a)")
        << ";\n}\n";
   u.launches.push_back({Launch::Rows, u.name, 256, 0, {}});
   u.source = body.str();

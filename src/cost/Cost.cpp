@@ -63,7 +63,7 @@ const Calibration kAmpereGuess{
 // Ops no GEMM absorbed that run as codegen's row-wise kernels (a row reduced, then written).
 bool rowwiseKernel(const ir::Op& op) {
   return op.kind == ir::OpKind::LayerNorm || op.kind == ir::OpKind::RmsNorm ||
-         op.kind == ir::OpKind::ReduceMean;
+         op.kind == ir::OpKind::ReduceMean || op.kind == ir::OpKind::Softmax;
 }
 
 } // namespace

@@ -123,6 +123,12 @@ Value GraphBuilder::reduceMean(Value x, const std::string& name) {
   return append(std::move(op), {x}, name);
 }
 
+Value GraphBuilder::softmax(Value x, const std::string& name) {
+  Op op;
+  op.kind = OpKind::Softmax;
+  return append(std::move(op), {x}, name);
+}
+
 Value GraphBuilder::layernorm(Value x, Value gamma, Value beta, double eps,
                               const std::string& name) {
   Op op;

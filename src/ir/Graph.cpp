@@ -26,6 +26,7 @@ const std::vector<OpKindInfo>& opKinds() {
       {OpKind::Div, "div", 2, 2},
       {OpKind::Pow, "pow", 2, 2},
       {OpKind::ReduceMean, "reduce_mean", 1, 1},
+      {OpKind::Softmax, "softmax", 1, 1},
   };
   return kinds;
 }
@@ -269,6 +270,10 @@ std::optional<TensorDesc> inferType(const Op& op, const std::vector<OperandInfo>
                          in[0].type.shapeStr() + " (trailing dimensions must be equal or 1)");
     return TensorDesc{*shape, in[0].type.dtype};
   }
+  case OpKind::Softmax:
+    if (in[0].type.rank() < 1)
+      return fail(0, operandRef(in, 0) + " must have rank 1 or 2");
+    return in[0].type;
   case OpKind::ReduceMean: {
     if (in[0].type.rank() < 1)
       return fail(0, operandRef(in, 0) + " must have rank 1 or 2");

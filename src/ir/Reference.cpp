@@ -399,6 +399,21 @@ std::vector<Tensor> evaluate(const Graph& g, const std::map<std::string, Tensor>
       }
       break;
     }
+    case OpKind::Softmax: {
+      // In double, the row's maximum subtracted first (a row of -inf gives NaN, as in torch).
+      const size_t n = static_cast<size_t>(in(0).desc.shape.back());
+      std::vector<double> e(n);
+      for (size_t r = 0; n > 0 && r < out.data.size() / n; ++r) {
+        const float* x = in(0).data.data() + r * n;
+        const double mx = *std::max_element(x, x + n);
+        double s = 0;
+        for (size_t j = 0; j < n; ++j)
+          s += e[j] = std::exp(static_cast<double>(x[j]) - mx);
+        for (size_t j = 0; j < n; ++j)
+          out.data[r * n + j] = store(e[j] / s, dt);
+      }
+      break;
+    }
     case OpKind::LayerNorm:
       norm(in(0), in(1), &in(2), op.eps, /*rms=*/false, out);
       break;

@@ -23,6 +23,7 @@ std::vector<Role> operandRoles(const Graph& g, Vertex v) {
     break;
   case OpKind::Activation:
   case OpKind::ReduceMean:
+  case OpKind::Softmax:
     std::fill(roles.begin(), roles.end(), Role::Same);
     break;
   case OpKind::Add:

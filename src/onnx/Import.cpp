@@ -957,6 +957,7 @@ private:
         {"Range", member(&Importer::range)},
         {"Reciprocal", un("reciprocal")},
         {"ReduceMean", member(&Importer::reduceMean)},
+        {"Softmax", member(&Importer::softmax)},
         {"Relu", un("relu")},
         {"Reshape", member(&Importer::reshape)},
         {"Shape", member(&Importer::shapeOf)},
@@ -1279,6 +1280,21 @@ private:
     ir::Op op;
     op.kind = ir::OpKind::ReduceMean;
     define(n, emit(n, op, {tensor(x)}, shape));
+  }
+
+  /// Softmax over the last axis. Opset 13 on: over `axis` (default -1). Before: over the input
+  /// flattened to 2-D at `axis` (default 1), which is the last axis only where axis is.
+  void softmax(const NodeProto& n) {
+    Val& x = in(n, 0);
+    const int64_t rank = static_cast<int64_t>(x.shape.size());
+    const int64_t axis = normAxis(intAttr(n, "axis", r_.opset >= 13 ? -1 : 1), x.shape.size());
+    if (rank == 0 || axis + 1 != rank)
+      throw UnsupportedError{"only a softmax over the last axis is supported (this one is over "
+                             "axis " +
+                             std::to_string(axis) + " of " + std::to_string(rank) + ")"};
+    ir::Op op;
+    op.kind = ir::OpKind::Softmax;
+    define(n, emit(n, op, {tensor(x)}, x.shape));
   }
 
   void layerNorm(const NodeProto& n) {

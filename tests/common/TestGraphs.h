@@ -57,7 +57,8 @@ inline std::vector<std::string> caseNames() {
           "add",
           "mul",
           "layernorm",
-          "rmsnorm"};
+          "rmsnorm",
+          "softmax"};
 }
 
 /// A graph that the built-in table fuses into exactly the pattern `name` (or, for fallbacks,
@@ -122,6 +123,8 @@ inline ir::Graph caseGraph(const std::string& name, Shape s, bool weights = fals
                          "y"));
   } else if (name == "rmsnorm") {
     b.output(b.rmsnorm(b.input("h", {s.m, s.n}), b.input("g", {s.n}), 1e-6, "y"));
+  } else if (name == "softmax") {
+    b.output(b.softmax(b.input("h", {s.m, s.n}), "y"));
   } else {
     throw std::invalid_argument("no test graph " + name);
   }

@@ -305,6 +305,7 @@ FPAT_GPU_CASE(add)
 FPAT_GPU_CASE(mul)
 FPAT_GPU_CASE(layernorm)
 FPAT_GPU_CASE(rmsnorm)
+FPAT_GPU_CASE(softmax)
 
 BOOST_AUTO_TEST_CASE(tile_configurations_match_the_reference) {
   // Each configuration at aligned and ragged shapes (K not a multiple of the k-tile, M and N

@@ -207,8 +207,8 @@ save("cycle",
 
 save("unsupported_ops",
      [helper.make_node("MatMul", ["x", "W"], ["h"], name="mm"),
-      helper.make_node("Softmax", ["h"], ["s"], name="attn/Softmax"),
-      helper.make_node("Softmax", ["s"], ["t"], name="attn/Softmax_1"),
+      helper.make_node("Hardmax", ["h"], ["s"], name="attn/Hardmax"),
+      helper.make_node("Hardmax", ["s"], ["t"], name="attn/Hardmax_1"),
       helper.make_node("TopK", ["t", "k"], ["y", "i"], name="topk")],
      [f32("x", [4, 8])], [f32("y", [4, 2])],
      [weight("W", 8, 8), numpy_helper.from_array(np.array([2], np.int64), "k")])
@@ -222,6 +222,17 @@ save("mask_and_softmax",
      [f32("x", [4, 8])], [f32("y", [4, 8])],
      [weight("W", 8, 8), numpy_helper.from_array(np.tril(np.ones((4, 8), bool)), "mask"),
       numpy_helper.from_array(np.array([-100], np.int8), "neg")])
+
+# Softmax over the last axis: opset 13's default axis (-1), and opset 11's (1, the last axis of
+# a 2-D input); over another axis it is an error.
+save("softmax_rows", [helper.make_node("Softmax", ["x"], ["y"], name="attn/Softmax")],
+     [f32("x", [4, 8])], [f32("y", [4, 8])], [])
+save("softmax_legacy", [helper.make_node("Softmax", ["x"], ["y"], name="attn/Softmax")],
+     [f32("x", [4, 8])], [f32("y", [4, 8])], [], opset=11)
+save("softmax_axis0", [helper.make_node("Softmax", ["x"], ["y"], name="attn/Softmax", axis=0)],
+     [f32("x", [4, 8])], [f32("y", [4, 8])], [])
+save("softmax_legacy_3d", [helper.make_node("Softmax", ["x"], ["y"], name="attn/Softmax")],
+     [f32("x", [2, 4, 8])], [f32("y", [2, 4, 8])], [], opset=11)
 
 short = numpy_helper.from_array(np.zeros((8, 8), np.float32), "W")
 short.raw_data = short.raw_data[:100]

@@ -6,6 +6,7 @@
 
 #include <boost/test/unit_test.hpp>
 #include <cmath>
+#include <limits>
 
 using namespace fpat::ir;
 
@@ -138,6 +139,30 @@ BOOST_AUTO_TEST_CASE(rmsnorm_of_a_constant_row) {
     BOOST_TEST(std::abs(vals[y.v].data[j] - 3.0 / std::sqrt(9.0 + 1e-6) * gs[j]) < 1e-6);
     BOOST_TEST(std::abs(vals[y.v].data[8 + j] + 0.5 / std::sqrt(0.25 + 1e-6) * gs[j]) < 1e-6);
   }
+}
+
+BOOST_AUTO_TEST_CASE(softmax_rows_by_hand) {
+  // Row 0: 0, ln 2, ln 3, ln 4 -> 1:2:3:4 / 10. Row 1: the same shifted by 1000, which exp()
+  // alone would overflow: the maximum comes off first. Row 2: all -inf -> NaN (as torch).
+  GraphBuilder b("softmax");
+  Value x = b.input("x", {3, 4}, DType::F32);
+  Value y = b.softmax(x, "y");
+  b.output(y);
+  Graph g = b.build();
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<float> xs = {0, std::log(2.0f), std::log(3.0f), std::log(4.0f)};
+  for (int j = 0; j < 4; ++j)
+    xs.push_back(xs[static_cast<size_t>(j)] + 1000.0f);
+  xs.insert(xs.end(), {-inf, -inf, -inf, -inf});
+  auto vals = evaluate(g, {{"x", make({3, 4}, xs)}});
+  for (int r = 0; r < 2; ++r)
+    for (int j = 0; j < 4; ++j)
+      BOOST_TEST(std::abs(vals[y.v].data[static_cast<size_t>(r * 4 + j)] - (j + 1) / 10.0) < 1e-4,
+                 "row " << r << " column " << j);
+  for (int j = 8; j < 12; ++j)
+    BOOST_TEST(std::isnan(vals[y.v].data[static_cast<size_t>(j)]));
+  // Rows are independent: the reference may sample them.
+  BOOST_TEST(sampleRows(g, 2).has_value());
 }
 
 BOOST_AUTO_TEST_CASE(random_inputs_are_deterministic_and_weights_scaled) {

@@ -49,6 +49,7 @@ public:
   Value pow(Value a, Value b, const std::string& name = "");
   /// Mean over the last dimension, kept with size 1.
   Value reduceMean(Value x, const std::string& name = "");
+  Value softmax(Value x, const std::string& name = ""); // over the last dimension
   Value layernorm(Value x, Value gamma, Value beta, double eps = 1e-5,
                   const std::string& name = "");
   Value rmsnorm(Value x, Value gamma, double eps = 1e-5, const std::string& name = "");

@@ -17,7 +17,8 @@
 namespace fpat::ir {
 
 // Input..Fused are the ops of an MLP block; Constant..ReduceMean are the generic elementwise
-// ops and row reduction that imported graphs hold before raising (and run unfused after it).
+// ops and row reduction that imported graphs hold before raising (and run unfused after it);
+// Softmax is attention's row-wise op.
 enum class OpKind {
   Input,
   Gemm,
@@ -33,6 +34,7 @@ enum class OpKind {
   Div,
   Pow,
   ReduceMean, // mean over the last dimension, kept as a dimension of size 1
+  Softmax,    // exp(x - max) / sum(exp(x - max)) over the last dimension, in f32 or wider
 };
 
 /// Whether `k` is one of the broadcasting binary elementwise ops.

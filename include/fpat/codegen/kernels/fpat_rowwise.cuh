@@ -205,4 +205,29 @@ __device__ __forceinline__ void meanRows(const FpatKernelArgs& a) {
     static_cast<elem*>(a.out)[r] = fromF(s / static_cast<float>(a.N));
 }
 
+/// Softmax over each row (its last dimension), one warp per row, in f32: the row's maximum,
+/// then the sum of exp(x - max), then the quotients; the passes after the first read the row
+/// from L1/L2. A row of -inf gives NaN (exp(-inf - -inf)), as the reference and torch do.
+__device__ __forceinline__ void softmaxRows(const FpatKernelArgs& a) {
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kRowWarps + threadIdx.x / 32;
+  if (r >= a.M)
+    return;
+  const elem* x = static_cast<const elem*>(a.in[0]) + r * a.N;
+  elem* y = static_cast<elem*>(a.out) + r * a.N;
+  const int lane = threadIdx.x % 32;
+  float mx = -INFINITY;
+  for (int64_t j = lane; j < a.N; j += 32)
+    mx = fmaxf(mx, toF(x[j]));
+  for (int o = 16; o > 0; o /= 2)
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  float s = 0.0f;
+  for (int64_t j = lane; j < a.N; j += 32)
+    s += expf(toF(x[j]) - mx);
+  for (int o = 16; o > 0; o /= 2)
+    s += __shfl_xor_sync(0xffffffffu, s, o);
+  const float inv = 1.0f / s;
+  for (int64_t j = lane; j < a.N; j += 32)
+    y[j] = fromF(expf(toF(x[j]) - mx) * inv);
+}
+
 } // namespace fpat

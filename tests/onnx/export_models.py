@@ -7,8 +7,14 @@ Writes gpt2_mlp_opset{13,17}.onnx and llama_mlp_opset{13,17}.onnx, and the MLPs 
 Face's hand-written activations and T5 at opset 13: f32, as torch.onnx.export
 writes them, inputs [batch, seq, d]; and gpt2_mlp_dyn_opset17.onnx, llama_mlp_dyn_opset13.onnx
 and hf_gpt2_mlp_dyn_opset13.onnx (Hugging Face's Conv1D: views of the rows, shape arithmetic)
-with batch and seq symbolic (dynamic axes: fpatc --dim batch=B --dim seq=T). Needs Debian's python3-torch (1.13) and python3-onnx; the
-files in tests/onnx/models were made with it. Small sizes keep them small: d = 64.
+with batch and seq symbolic (dynamic axes: fpatc --dim batch=B --dim seq=T); and the attention
+sub-blocks of GPT-2 (Hugging Face's eager attention: one c_attn GEMM split in three, heads as
+views, a bool causal buffer and torch.where) and a Llama decoder layer (RMSNorm, rotate_half
+RoPE, GQA by repeat_kv, an additive causal mask, then its SwiGLU MLP), gpt2_attn_opset{13,17}
+and llama_layer_opset{13,17} (issue 41: fpat does not import them yet; tests/CMakeLists.txt
+says what it reports). Needs Debian's python3-torch (1.13, which has no
+scaled_dot_product_attention) and python3-onnx; the files in tests/onnx/models were made with
+it. Small sizes keep them small: d = 64.
 """
 import math
 import os
@@ -127,6 +133,84 @@ class ActMlp(nn.Module):
         return x + self.fc2(self.act(self.fc1(x)))
 
 
+HEADS, KV_HEADS, MAX_POS = 4, 2, 128  # head dim 16; Llama's GQA: 2 query heads per KV head
+
+
+class Gpt2Attn(nn.Module):
+    """GPT-2's attention sub-block as Hugging Face's eager GPT2Attention writes it:
+    x + c_proj(merge(softmax(where(causal, q k^T / sqrt(dh), finfo.min)) v)), q, k, v =
+    split(c_attn(ln_1(x))); the causal mask a bool buffer sliced to the sequence."""
+
+    def __init__(self):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(D, eps=1e-5)
+        self.c_attn = Conv1D(3 * D, D)
+        self.c_proj = Conv1D(D, D)
+        self.register_buffer("bias", torch.tril(torch.ones(MAX_POS, MAX_POS, dtype=torch.bool))
+                             .view(1, 1, MAX_POS, MAX_POS))
+
+    def heads(self, t):
+        return t.view(t.size()[:-1] + (HEADS, D // HEADS)).permute(0, 2, 1, 3)
+
+    def forward(self, x):
+        q, k, v = self.c_attn(self.ln_1(x)).split(D, dim=2)
+        q, k, v = self.heads(q), self.heads(k), self.heads(v)
+        w = torch.matmul(q, k.transpose(-1, -2)) / (v.size(-1) ** 0.5)
+        s = q.size(-2)
+        causal = self.bias[:, :, :s, :s]
+        w = torch.where(causal, w, torch.full([], torch.finfo(w.dtype).min, dtype=w.dtype))
+        w = nn.functional.softmax(w, dim=-1)
+        o = torch.matmul(w, v).permute(0, 2, 1, 3).contiguous()
+        return x + self.c_proj(o.view(o.size()[:-2] + (D,)))
+
+
+def rotate_half(t):
+    h = t.shape[-1] // 2
+    return torch.cat((-t[..., h:], t[..., :h]), dim=-1)
+
+
+class LlamaLayer(nn.Module):
+    """A Llama decoder layer as Hugging Face's eager LlamaAttention writes it: RMSNorm, q/k/v
+    projections, rotate_half RoPE (cos and sin from inv_freq), repeat_kv for GQA, an additive
+    causal mask of finfo.min above the diagonal, softmax in f32, o_proj and the residual; then
+    the SwiGLU MLP with its RMSNorm and residual."""
+
+    def __init__(self):
+        super().__init__()
+        dh = D // HEADS
+        self.norm = RmsNorm()
+        self.q = nn.Linear(D, D, bias=False)
+        self.k = nn.Linear(D, KV_HEADS * dh, bias=False)
+        self.v = nn.Linear(D, KV_HEADS * dh, bias=False)
+        self.o = nn.Linear(D, D, bias=False)
+        self.register_buffer("inv_freq", 1.0 / (10000 ** (torch.arange(0, dh, 2).float() / dh)))
+        self.mlp = LlamaMlp()
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        dh = D // HEADS
+        n = self.norm(x)
+        q = self.q(n).view(b, s, HEADS, dh).transpose(1, 2)
+        k = self.k(n).view(b, s, KV_HEADS, dh).transpose(1, 2)
+        v = self.v(n).view(b, s, KV_HEADS, dh).transpose(1, 2)
+        t = torch.arange(s, dtype=torch.float32)
+        emb = torch.cat((torch.outer(t, self.inv_freq),) * 2, dim=-1)
+        cos, sin = emb.cos()[None, None], emb.sin()[None, None]
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        rep = HEADS // KV_HEADS
+        k = k[:, :, None].expand(b, KV_HEADS, rep, s, dh).reshape(b, HEADS, s, dh)
+        v = v[:, :, None].expand(b, KV_HEADS, rep, s, dh).reshape(b, HEADS, s, dh)
+        w = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(dh)
+        # Hugging Face's _make_causal_mask (triu has no ONNX export before opset 14).
+        mask = torch.full((s, s), torch.finfo(w.dtype).min)
+        cond = torch.arange(s)
+        mask = mask.masked_fill(cond < (cond + 1).view(s, 1), 0)
+        w = nn.functional.softmax((w + mask[None, None]).float(), dim=-1).to(q.dtype)
+        o = torch.matmul(w, v).transpose(1, 2).reshape(b, s, D)
+        return self.mlp(x + self.o(o))
+
+
 def main():
     out = sys.argv[1] if len(sys.argv) > 1 else "."
     os.makedirs(out, exist_ok=True)
@@ -182,6 +266,19 @@ def main():
     torch.onnx.export(m, (x,), path, opset_version=13, input_names=["x"], output_names=["y"],
                       do_constant_folding=True, dynamic_axes={"x": axes, "y": axes})
     print(path)
+    # The attention sub-blocks (issue 41), last, so that the files above come out as before.
+    for name, m in {"gpt2_attn": Gpt2Attn(), "llama_layer": LlamaLayer()}.items():
+        with torch.no_grad():
+            for p in m.parameters():
+                if p.dim() == 1:
+                    p.copy_(torch.rand_like(p) + 0.5)
+        m.eval()
+        x = torch.randn(BATCH, SEQ, D)
+        for opset in (13, 17):
+            path = os.path.join(out, f"{name}_opset{opset}.onnx")
+            torch.onnx.export(m, (x,), path, opset_version=opset, input_names=["x"],
+                              output_names=["y"], do_constant_folding=True)
+            print(path)
 
 
 if __name__ == "__main__":

@@ -236,9 +236,13 @@ std::string decodeTensor(const TensorProto& t, Val& out, ExternalData* ext = nul
   const int64_t n = numel(out.shape);
   const int type = t.data_type();
   out.isConst = true;
-  out.integer = type == TensorProto::INT64 || type == TensorProto::INT32;
+  out.integer =
+      type == TensorProto::INT64 || type == TensorProto::INT32 || type == TensorProto::BOOL;
   size_t elemSize = 0;
   switch (type) {
+  case TensorProto::BOOL: // masks: integers 0 and 1, folded at import
+    elemSize = 1;
+    break;
   case TensorProto::FLOAT:
   case TensorProto::INT32:
     elemSize = 4;
@@ -253,7 +257,7 @@ std::string decodeTensor(const TensorProto& t, Val& out, ExternalData* ext = nul
     break;
   default:
     return std::string("its element type is ") + dataTypeName(type) +
-           "; fpat imports float, float16, bfloat16, double, int32 and int64 tensors";
+           "; fpat imports float, float16, bfloat16, double, int32, int64 and bool tensors";
   }
   // Integers (shapes, axes) as doubles; floats, however large, as f32 once (weights are
   // hundreds of MB: no wider or second copy).
@@ -305,6 +309,9 @@ std::string decodeTensor(const TensorProto& t, Val& out, ExternalData* ext = nul
     for (size_t i = 0; i < static_cast<size_t>(n); ++i) {
       const char* p = raw + i * elemSize;
       switch (type) {
+      case TensorProto::BOOL:
+        put(i, *p != 0 ? 1.0 : 0.0);
+        break;
       case TensorProto::INT32: {
         int32_t x;
         std::memcpy(&x, p, 4);
@@ -352,6 +359,7 @@ std::string decodeTensor(const TensorProto& t, Val& out, ExternalData* ext = nul
   case TensorProto::INT64:
     return fill(t.int64_data(), "int64_data");
   case TensorProto::INT32:
+  case TensorProto::BOOL: // bools in int32_data too
     return fill(t.int32_data(), "int32_data");
   default: { // float16 / bfloat16 bits in int32_data
     if (static_cast<int64_t>(t.int32_data_size()) != n)
@@ -932,6 +940,19 @@ private:
     auto member = [](void (Importer::*f)(const NodeProto&)) {
       return [f](Importer& i, const NodeProto& n) { (i.*f)(n); };
     };
+    auto cmp = [](bool (*f)(double, double)) {
+      return [f](Importer& i, const NodeProto& n) {
+        const Val &a = i.constIn(n, 0, "its first operand"), &b = i.constIn(n, 1, "its second");
+        i.define(n, foldConst({&a, &b}, broadcast(a.shape, b.shape), true,
+                              [f](const double* x) { return f(x[0], x[1]) ? 1.0 : 0.0; }));
+      };
+    };
+    auto constUnary = [](double (*f)(double)) {
+      return [f](Importer& i, const NodeProto& n) {
+        const Val& x = i.constIn(n, 0, "its operand");
+        i.define(n, foldConst({&x}, x.shape, false, [f](const double* v) { return f(v[0]); }));
+      };
+    };
     static const std::map<std::string, Converter> table = {
         {"Abs", un("abs")},
         {"Add", bin(ir::OpKind::Add)},
@@ -958,6 +979,19 @@ private:
         {"Reciprocal", un("reciprocal")},
         {"ReduceMean", member(&Importer::reduceMean)},
         {"Softmax", member(&Importer::softmax)},
+        {"Equal", cmp([](double a, double b) { return a == b; })},
+        {"Less", cmp([](double a, double b) { return a < b; })},
+        {"LessOrEqual", cmp([](double a, double b) { return a <= b; })},
+        {"Greater", cmp([](double a, double b) { return a > b; })},
+        {"GreaterOrEqual", cmp([](double a, double b) { return a >= b; })},
+        {"And", cmp([](double a, double b) { return a != 0 && b != 0; })},
+        {"Or", cmp([](double a, double b) { return a != 0 || b != 0; })},
+        {"Not", member(&Importer::logicalNot)},
+        {"Where", member(&Importer::where)},
+        {"Cos", constUnary([](double x) { return std::cos(x); })},
+        {"Sin", constUnary([](double x) { return std::sin(x); })},
+        {"Trilu", member(&Importer::trilu)},
+        {"Einsum", member(&Importer::einsum)},
         {"Relu", un("relu")},
         {"Reshape", member(&Importer::reshape)},
         {"Shape", member(&Importer::shapeOf)},
@@ -1212,6 +1246,152 @@ private:
         for (int64_t i = 0; i < block; ++i)
           out.push_back(at(*p, static_cast<size_t>(o * block + i)));
       }
+    define(n, constOf(std::move(shape), std::move(out), integer));
+  }
+
+  /// Elementwise `f` over constants broadcast (NumPy) to `shape`, in double: masks and tables
+  /// (RoPE's cos and sin, a causal mask) that exporters compute from constants.
+  static Val foldConst(const std::vector<const Val*>& ops, const std::vector<int64_t>& shape,
+                       bool integer, const std::function<double(const double*)>& f) {
+    checkConstSize(shape);
+    const size_t total = static_cast<size_t>(numel(shape)), rank = shape.size();
+    // Each operand's stride per result dimension: 0 where it is broadcast.
+    std::vector<size_t> strides(ops.size() * rank, 0);
+    for (size_t k = 0; k < ops.size(); ++k) {
+      const std::vector<int64_t>& vs = ops[k]->shape;
+      size_t step = 1;
+      for (size_t i = 0; i < vs.size() && i < rank; ++i) {
+        const size_t d = vs.size() - 1 - i, o = rank - 1 - i;
+        strides[k * rank + o] = vs[d] == 1 ? 0 : step;
+        step *= static_cast<size_t>(vs[d]);
+      }
+    }
+    std::vector<double> out(total), args(ops.size());
+    std::vector<size_t> pos(ops.size(), 0);
+    std::vector<int64_t> idx(rank, 0);
+    for (size_t i = 0; i < total; ++i) {
+      for (size_t k = 0; k < ops.size(); ++k)
+        args[k] = at(*ops[k], count(*ops[k]) == 1 ? 0 : pos[k]);
+      out[i] = f(args.data());
+      for (size_t d = rank; d-- > 0;) { // the next index, row-major
+        for (size_t k = 0; k < ops.size(); ++k)
+          pos[k] += strides[k * rank + d];
+        if (++idx[d] < shape[d])
+          break;
+        for (size_t k = 0; k < ops.size(); ++k)
+          pos[k] -= strides[k * rank + d] * static_cast<size_t>(shape[d]);
+        idx[d] = 0;
+      }
+    }
+    return constOf(shape, std::move(out), integer);
+  }
+
+  void logicalNot(const NodeProto& n) {
+    const Val& x = constIn(n, 0, "its operand");
+    define(n,
+           foldConst({&x}, x.shape, true, [](const double* v) { return v[0] == 0 ? 1.0 : 0.0; }));
+  }
+
+  /// Where of constants (a causal mask chosen between 0 and the most negative float).
+  void where(const NodeProto& n) {
+    const Val &c = constIn(n, 0, "its condition"), &a = constIn(n, 1, "its first choice"),
+              &b = constIn(n, 2, "its second choice");
+    const std::vector<int64_t> shape = broadcast(broadcast(c.shape, a.shape), b.shape);
+    define(n, foldConst({&c, &a, &b}, shape, a.integer && b.integer,
+                        [](const double* v) { return v[0] != 0 ? v[1] : v[2]; }));
+  }
+
+  /// Trilu of a constant (opset 14): the lower (upper = 0) or upper triangle of each matrix,
+  /// shifted by k, the rest zero.
+  void trilu(const NodeProto& n) {
+    const Val& x = constIn(n, 0, "its input");
+    if (x.shape.size() < 2)
+      throw UnsupportedError{"its input " + shapeStr(x.shape) + " has fewer than 2 dimensions"};
+    const int64_t k = hasIn(n, 1) ? static_cast<int64_t>(at(constIn(n, 1, "its k"), 0)) : 0;
+    const bool upper = intAttr(n, "upper", 1) != 0;
+    const int64_t rows = x.shape[x.shape.size() - 2], cols = x.shape.back();
+    std::vector<double> v = valuesOf(x);
+    for (size_t i = 0; i < v.size(); ++i) {
+      const int64_t r = static_cast<int64_t>(i) / cols % rows, c = static_cast<int64_t>(i) % cols;
+      if (upper ? c - r < k : c - r > k)
+        v[i] = 0;
+    }
+    define(n, constOf(x.shape, std::move(v), x.integer));
+  }
+
+  /// Einsum of constants (torch.outer of RoPE's positions and frequencies exports as one):
+  /// single-letter subscripts, explicit output, no ellipsis; summed over what the output
+  /// leaves out.
+  void einsum(const NodeProto& n) {
+    const AttributeProto* eq = attr(n, "equation");
+    std::string e = eq ? eq->s() : "";
+    e.erase(std::remove(e.begin(), e.end(), ' '), e.end());
+    const size_t arrow = e.find("->");
+    if (arrow == std::string::npos || e.find("...") != std::string::npos)
+      throw UnsupportedError{"its equation '" + e + "' needs an explicit output and no '...'"};
+    std::vector<std::string> terms;
+    for (size_t start = 0;;) {
+      const size_t comma = e.find(',', start);
+      terms.push_back(e.substr(start, std::min(comma, arrow) - start));
+      if (comma == std::string::npos || comma > arrow)
+        break;
+      start = comma + 1;
+    }
+    const std::string outTerm = e.substr(arrow + 2);
+    if (static_cast<int>(terms.size()) != n.input_size())
+      throw UnsupportedError{"its equation '" + e + "' names " + std::to_string(terms.size()) +
+                             " operands, the node has " + std::to_string(n.input_size())};
+    std::map<char, int64_t> size;
+    std::vector<const Val*> ops;
+    for (size_t t = 0; t < terms.size(); ++t) {
+      const Val& v = constIn(n, static_cast<int>(t), "its operand");
+      if (terms[t].size() != v.shape.size())
+        throw UnsupportedError{"its subscripts '" + terms[t] + "' do not fit " + shapeStr(v.shape)};
+      for (size_t d = 0; d < v.shape.size(); ++d) {
+        auto [it, fresh] = size.emplace(terms[t][d], v.shape[d]);
+        if (!fresh && it->second != v.shape[d])
+          throw UnsupportedError{"its subscript '" + std::string(1, terms[t][d]) +
+                                 "' has two sizes"};
+      }
+      ops.push_back(&v);
+    }
+    std::vector<int64_t> shape;
+    for (char c : outTerm) {
+      if (!size.count(c))
+        throw UnsupportedError{"its output subscript '" + std::string(1, c) + "' is no input's"};
+      shape.push_back(size[c]);
+    }
+    checkConstSize(shape);
+    std::vector<char> letters;
+    int64_t space = 1;
+    for (auto& [c, s] : size) {
+      letters.push_back(c);
+      if (s != 0 && space > (int64_t{1} << 28) / s)
+        throw UnsupportedError{"its index space is too large to fold at import"};
+      space = s == 0 ? 0 : space * s; // an empty subscript: nothing to sum, zeros out
+    }
+    std::vector<double> out(static_cast<size_t>(numel(shape)), 0.0);
+    std::map<char, int64_t> idx;
+    auto offset = [&](const std::string& term, const std::vector<int64_t>& dims) {
+      int64_t o = 0;
+      for (size_t d = 0; d < term.size(); ++d)
+        o = o * dims[d] + idx[term[d]];
+      return static_cast<size_t>(o);
+    };
+    for (int64_t i = 0; i < space; ++i) {
+      int64_t rest = i;
+      for (size_t l = letters.size(); l-- > 0;) {
+        idx[letters[l]] = rest % size[letters[l]];
+        rest /= size[letters[l]];
+      }
+      double p = 1;
+      for (size_t t = 0; t < ops.size(); ++t)
+        p *= at(*ops[t], offset(terms[t], ops[t]->shape));
+      out[offset(outTerm, shape)] += p;
+    }
+    bool integer = true;
+    for (const Val* v : ops)
+      integer = integer && v->integer;
     define(n, constOf(std::move(shape), std::move(out), integer));
   }
 

@@ -213,15 +213,24 @@ save("unsupported_ops",
      [f32("x", [4, 8])], [f32("y", [4, 2])],
      [weight("W", 8, 8), numpy_helper.from_array(np.array([2], np.int64), "k")])
 
-# An eager attention's pieces: a bool mask initializer, an int8 one, and op types fpat lacks.
-# Every problem is reported, not only the first initializer's.
+# An eager attention's pieces with initializers of types fpat does not read (uint8, int8):
+# every problem is reported, not only the first initializer's.
 save("mask_and_softmax",
      [helper.make_node("MatMul", ["x", "W"], ["h"], name="mm"),
       helper.make_node("Where", ["mask", "h", "neg"], ["m"], name="attn/Where"),
       helper.make_node("Softmax", ["m"], ["y"], name="attn/Softmax")],
      [f32("x", [4, 8])], [f32("y", [4, 8])],
-     [weight("W", 8, 8), numpy_helper.from_array(np.tril(np.ones((4, 8), bool)), "mask"),
+     [weight("W", 8, 8), numpy_helper.from_array(np.tril(np.ones((4, 8), np.uint8)), "mask"),
       numpy_helper.from_array(np.array([-100], np.int8), "neg")])
+
+# A bool mask applied with Where to a value computed at run time: not folded (the masked
+# scores are attention's, issue 41), a clear error.
+save("where_runtime",
+     [helper.make_node("MatMul", ["x", "W"], ["h"], name="mm"),
+      helper.make_node("Where", ["mask", "h", "neg"], ["y"], name="attn/Where")],
+     [f32("x", [4, 8])], [f32("y", [4, 8])],
+     [weight("W", 8, 8), numpy_helper.from_array(np.tril(np.ones((4, 8), bool)), "mask"),
+      numpy_helper.from_array(np.array(-100, np.float32), "neg")])
 
 # Softmax over the last axis: opset 13's default axis (-1), and opset 11's (1, the last axis of
 # a 2-D input); over another axis it is an error.
@@ -233,6 +242,38 @@ save("softmax_axis0", [helper.make_node("Softmax", ["x"], ["y"], name="attn/Soft
      [f32("x", [4, 8])], [f32("y", [4, 8])], [])
 save("softmax_legacy_3d", [helper.make_node("Softmax", ["x"], ["y"], name="attn/Softmax")],
      [f32("x", [2, 4, 8])], [f32("y", [2, 4, 8])], [], opset=11)
+
+# What exporters compute from constants around attention, folded at import: a causal mask
+# (Trilu, comparisons, a bool initializer, Where between 0 and -100) and a RoPE-like table
+# (Einsum "i,j->ij", Cos, Sin). y = x + mask + e with e[i][j] = i + 1 (tests/CMakeLists.txt
+# works out the numbers).
+def c(name, array):
+    return numpy_helper.from_array(np.array(array), name)
+
+
+save("const_masks",
+     [helper.make_node("Trilu", ["ones"], ["tri"], name="tri", upper=0),
+      helper.make_node("Less", ["tri", "half"], ["below"], name="less"),
+      helper.make_node("Not", ["below"], ["lower"], name="not"),
+      helper.make_node("Greater", ["tri", "half"], ["g"], name="greater"),
+      helper.make_node("GreaterOrEqual", ["tri", "one"], ["ge"], name="ge"),
+      helper.make_node("Equal", ["g", "ge"], ["same"], name="equal"),
+      helper.make_node("Or", ["yes", "yes"], ["yes2"], name="or"),
+      helper.make_node("And", ["lower", "same"], ["l2"], name="and1"),
+      helper.make_node("And", ["l2", "yes2"], ["keep"], name="and2"),
+      helper.make_node("Where", ["keep", "zero", "neg"], ["mask"], name="where"),
+      helper.make_node("Einsum", ["pos", "ones8"], ["outer"], name="einsum", equation="i,j->ij"),
+      helper.make_node("Cos", ["zeros"], ["cos"], name="cos"),
+      helper.make_node("Sin", ["zeros"], ["sin"], name="sin"),
+      helper.make_node("Mul", ["outer", "cos"], ["e0"], name="mulcos"),
+      helper.make_node("Add", ["e0", "sin"], ["e"], name="addsin"),
+      helper.make_node("Add", ["x", "mask"], ["xm"], name="addmask"),
+      helper.make_node("Add", ["xm", "e"], ["y"], name="adde")],
+     [f32("x", [4, 8])], [f32("y", [4, 8])],
+     [c("ones", np.ones((4, 8), np.float32)), c("half", np.float32(0.5)),
+      c("one", np.float32(1)), c("yes", np.ones((4, 8), bool)), c("zero", np.float32(0)),
+      c("neg", np.float32(-100)), c("pos", np.arange(1, 5, dtype=np.float32)),
+      c("ones8", np.ones(8, np.float32)), c("zeros", np.zeros((4, 8), np.float32))], opset=14)
 
 short = numpy_helper.from_array(np.zeros((8, 8), np.float32), "W")
 short.raw_data = short.raw_data[:100]

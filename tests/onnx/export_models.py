@@ -211,6 +211,16 @@ class LlamaLayer(nn.Module):
         return self.mlp(x + self.o(o))
 
 
+def export_opsets(m, out, name):
+    """Writes NAME_opset13.onnx and NAME_opset17.onnx of `m` (one input drawn for both)."""
+    x = torch.randn(BATCH, SEQ, D)
+    for opset in (13, 17):
+        path = os.path.join(out, f"{name}_opset{opset}.onnx")
+        torch.onnx.export(m, (x,), path, opset_version=opset, input_names=["x"],
+                          output_names=["y"], do_constant_folding=True)
+        print(path)
+
+
 def main():
     out = sys.argv[1] if len(sys.argv) > 1 else "."
     os.makedirs(out, exist_ok=True)
@@ -225,12 +235,7 @@ def main():
                 if p.dim() == 1 and not isinstance(m, Gpt2Mlp) or p.dim() == 1:
                     p.copy_(torch.rand_like(p) + 0.5 if p.dim() == 1 else p)
         m.eval()
-        x = torch.randn(BATCH, SEQ, D)
-        for opset in (13, 17):
-            path = os.path.join(out, f"{name}_opset{opset}.onnx")
-            torch.onnx.export(m, (x,), path, opset_version=opset, input_names=["x"],
-                              output_names=["y"], do_constant_folding=True)
-            print(path)
+        export_opsets(m, out, name)
     # Hugging Face's hand-written activations, and T5's feed-forward (ReLU, no biases); made
     # after the others, so that those come out as before.
     hf = {"gelu_new_mlp": ActMlp(NewGelu()), "gelu_fast_mlp": ActMlp(FastGelu()),
@@ -273,12 +278,7 @@ def main():
                 if p.dim() == 1:
                     p.copy_(torch.rand_like(p) + 0.5)
         m.eval()
-        x = torch.randn(BATCH, SEQ, D)
-        for opset in (13, 17):
-            path = os.path.join(out, f"{name}_opset{opset}.onnx")
-            torch.onnx.export(m, (x,), path, opset_version=opset, input_names=["x"],
-                              output_names=["y"], do_constant_folding=True)
-            print(path)
+        export_opsets(m, out, name)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ namespace fpat::families::gemm {
 struct Kind {
   bool normalisesA = false;  // the GEMM's A is (layernorm ...) or (rmsnorm ...) of inputs
   int gemms = 1;             // GEMMs on the one A (2: the epilogue reads acc and acc2)
-  bool hasWgmmaPath = false; // the Hopper backend implements it with A normalised on load
+  bool hasWgmmaPath = false; // the Hopper backend implements it (norm_gemm: only deferred)
 };
 
 inline Kind kindOf(ir::Family f) {

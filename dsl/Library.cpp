@@ -337,8 +337,9 @@ private:
         *kind == ir::OpKind::Activation || *kind == ir::OpKind::Constant) {
       fail(r.loc, "op '" + r.name +
                       "' is not an op of the IR; matchable ops are gemm, bias_add, add, mul, sub, "
-                      "div, pow, reduce_mean, layernorm, rmsnorm (activations are matched by their "
-                      "Activation def, constants by numbers)");
+                      "div, pow, reduce_mean, softmax, layernorm, rmsnorm, attn_qk, attn_pv, "
+                      "attention (activations are matched by their Activation def, constants by "
+                      "numbers)");
       return;
     }
     const ir::OpKindInfo& info = ir::opKindInfo(*kind);
@@ -666,11 +667,14 @@ private:
         child.binding = arg.s;
       } else if (arg.kind == Value::Dag && operand) {
         good = resultTree(arg, child, p, bound) && good;
-      } else if ((arg.kind == Value::Float || arg.kind == Value::Int) && !operand) {
+      } else if (arg.kind == Value::Float || arg.kind == Value::Int) {
+        // An attribute's value, or an operand that is a scalar constant (e.g. attention's
+        // bias 0 where the match has no mask).
         child.leaf = child.constant = true;
         child.value = arg.kind == Value::Float ? arg.f : static_cast<double>(arg.i);
       } else {
-        fail(child.loc, std::string(operand ? "operands of a result are $bindings or (op ...) trees"
+        fail(child.loc, std::string(operand ? "operands of a result are $bindings, numbers or "
+                                              "(op ...) trees"
                                             : "attributes of a result are numbers or $bindings "
                                               "of constants") +
                             ", not " + arg.str());

@@ -410,6 +410,9 @@ KernelUnit generate(const ir::Graph& g, ir::Vertex v, dsl::Activations defs,
   else if (op.kind == ir::OpKind::LayerNorm || op.kind == ir::OpKind::RmsNorm ||
            op.kind == ir::OpKind::ReduceMean || op.kind == ir::OpKind::Softmax)
     u = generateRowwise(g, v, o);
+  else if (op.kind == ir::OpKind::Slice || op.kind == ir::OpKind::AttnQk ||
+           op.kind == ir::OpKind::AttnPv || op.kind == ir::OpKind::Attention)
+    u = generateAttentionOp(g, v, o);
   else
     u = generateElementwise(g, v, defs, o);
   if (op.type.dtype == ir::DType::BF16) {

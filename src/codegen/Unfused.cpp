@@ -22,8 +22,8 @@ KernelUnit generateRowwise(const ir::Graph& g, ir::Vertex v, const CodegenOption
   // M rows of N elements: the operand's for a reduction, the result's for a norm.
   const ir::TensorDesc& rows = mean ? g.op(g.operands(v)[0]).type : op.type;
   u.family = "rowwise";
-  u.M = rows.rank() == 2 ? rows.shape[0] : 1;
   u.N = rows.shape.back();
+  u.M = rows.numel() / u.N; // every dimension but the last is rows
   u.eps = static_cast<float>(op.eps);
   // A norm's row held in registers, V 16-byte words a lane, where the row is 16-byte words
   // and V is at most 32 (N <= 8192: every model's hidden size we meet); longer or odd rows
@@ -67,8 +67,8 @@ KernelUnit generateElementwise(const ir::Graph& g, ir::Vertex v, dsl::Activation
   std::ostringstream body;
   // Elementwise: bias_add, activation and the broadcasting binary ops.
   u.family = "elementwise";
-  u.M = op.type.rank() == 2 ? op.type.shape[0] : 1;
   u.N = op.type.rank() >= 1 ? op.type.shape.back() : 1;
+  u.M = op.type.numel() / u.N;
   std::string expr, kinds, suffix;
   // How each operand broadcasts to the result (NumPy rules, ranks <= 2).
   auto inputKind = [&](size_t k) -> std::string {
@@ -77,10 +77,36 @@ KernelUnit generateElementwise(const ir::Graph& g, ir::Vertex v, dsl::Activation
       return "FPAT_IN_FULL";
     if (t.numel() == 1)
       return "FPAT_IN_SCALAR";
+    if (op.type.rank() > 2)
+      return "FPAT_IN_ROWVEC"; // a trailing block of the result, repeated (below)
     if (t.shape.back() == 1)
       return "FPAT_IN_COLVEC";
     return "FPAT_IN_ROWVEC";
   };
+  if (op.type.rank() > 2) {
+    // Attention's scores and masks: an operand that is the result's trailing dimensions
+    // (leading 1s aside), e.g. a [1, 1, Sq, Sk] mask over [B, H, Sq, Sk], repeats every
+    // numel(operand) elements: the kernel's rows are that long.
+    int64_t period = 0;
+    for (ir::Vertex w : ins) {
+      const ir::TensorDesc& t = g.op(w).type;
+      if (t.shape == op.type.shape || t.numel() == 1)
+        continue;
+      std::vector<int64_t> core = t.shape;
+      while (!core.empty() && core.front() == 1)
+        core.erase(core.begin());
+      const bool trailing =
+          core.size() <= op.type.shape.size() &&
+          std::equal(core.begin(), core.end(), op.type.shape.end() - static_cast<long>(core.size()));
+      const int64_t n = t.numel();
+      if (!trailing || (period && period != n))
+        throw CodegenError(ref(g, v) + ": broadcasting " + t.str() + " to " + op.type.str() +
+                           " is not supported by the elementwise kernel (only operands that "
+                           "are the result's trailing dimensions, or scalars)");
+      period = u.N = n;
+      u.M = op.type.numel() / n;
+    }
+  }
   auto binaryKinds = [&] {
     const std::string k0 = inputKind(0), k1 = inputKind(1);
     return k0 == k1 ? k0 : "k == 0 ? " + k0 + " : " + k1;
@@ -142,6 +168,90 @@ KernelUnit generateElementwise(const ir::Graph& g, ir::Vertex v, dsl::Activation
        << "(const FpatKernelArgs a) {\n  fpat::elementwise<Op>(a);\n}\n";
   u.launches.push_back({Launch::Elements, u.name, 256, 0, {}});
   u.params = acts.params;
+  u.source = body.str();
+  return u;
+}
+
+KernelUnit generateAttentionOp(const ir::Graph& g, ir::Vertex v, const CodegenOptions& o) {
+  const ir::Op& op = g.op(v);
+  const std::vector<ir::Vertex> ins = g.operands(v);
+  KernelUnit u;
+  const std::string arch = "sm" + std::to_string(o.arch);
+  std::ostringstream body;
+  u.what = ref(g, v) + " = " + ir::opKindName(op.kind);
+  if (op.kind == ir::OpKind::Slice) {
+    const ir::TensorDesc& in = g.op(ins[0]).type;
+    u.family = "elementwise";
+    u.N = op.end - op.begin;
+    u.M = op.type.numel() / u.N;
+    u.name = "fpat_slice_" + std::to_string(in.shape.back()) + "_" + std::to_string(op.begin) +
+             "_" + std::to_string(op.end) + "_" + arch;
+    body << header("slice (columns " + std::to_string(op.begin) + " to " + std::to_string(op.end) +
+                       " of " + std::to_string(in.shape.back()) + ")",
+                   o, {"family:   elementwise (a copy, one element per thread)"})
+         << "#include \"fpat_attention.cuh\"\n\n"
+         << "extern \"C\" __global__ void __launch_bounds__(256) " << u.name
+         << "(const FpatKernelArgs a) {\n  fpat::sliceColumns<" << in.shape.back() << ", "
+         << op.begin << ", " << u.N << ">(a);\n}\n";
+    u.launches.push_back({Launch::Elements, u.name, 256, 0, {}});
+    u.source = body.str();
+    return u;
+  }
+  std::vector<ir::OperandInfo> infos;
+  for (ir::Vertex w : ins)
+    infos.push_back({g.op(w).name, g.op(w).type});
+  std::string why;
+  int bad = -1;
+  const std::optional<ir::AttnShape> s = ir::attnShape(op, infos, why, bad);
+  if (!s)
+    throw CodegenError(ref(g, v) + ": " + why);
+  // The bias's strides over the scores [B, H, Sq, Sk] (0 where it broadcasts).
+  int64_t bias[4] = {0, 0, 0, 0};
+  if (op.kind == ir::OpKind::Attention) {
+    const std::vector<int64_t>& bs = g.op(ins[3]).type.shape;
+    int64_t step = 1;
+    for (size_t i = 0; i < bs.size(); ++i) {
+      const size_t d = bs.size() - 1 - i;
+      bias[3 - i] = bs[d] == 1 ? 0 : step;
+      step *= bs[d];
+    }
+  }
+  const char* kind = op.kind == ir::OpKind::AttnQk   ? "attn_qk"
+                     : op.kind == ir::OpKind::AttnPv ? "attn_pv"
+                                                     : "attention";
+  std::string sizes = "b" + std::to_string(s->batch) + "_h" + std::to_string(s->heads) + "_kv" +
+                      std::to_string(s->kvHeads) + "_q" + std::to_string(s->sq) + "_k" +
+                      std::to_string(s->sk) + "_d" + std::to_string(s->headDim);
+  if (op.kind == ir::OpKind::Attention)
+    for (int64_t b : bias)
+      sizes += "_" + std::to_string(b);
+  u.family = "attention";
+  u.name = std::string("fpat_") + kind + "_" + sizes + "_" + arch;
+  const bool rows = op.kind == ir::OpKind::Attention;
+  u.M = rows ? s->batch * s->heads * s->sq : op.type.numel();
+  u.N = rows ? s->headDim : 1;
+  body << header(std::string(kind) + " (not fused)", o,
+                 {rows ? "family:   attention (CUDA cores: one warp per query row, online softmax "
+                         "in f32; not the flash-attention kernel)"
+                       : "family:   attention (CUDA cores: one output element per thread)",
+                  "sizes:    B " + std::to_string(s->batch) + ", Sq " + std::to_string(s->sq) +
+                      ", Sk " + std::to_string(s->sk) + ", H " + std::to_string(s->heads) +
+                      ", Hkv " + std::to_string(s->kvHeads) + ", d " +
+                      std::to_string(s->headDim)})
+       << "#include \"fpat_attention.cuh\"\n\n"
+       << "namespace {\n\nstruct Dims {\n"
+       << "  static constexpr int64_t B = " << s->batch << ", Sq = " << s->sq << ", Sk = " << s->sk
+       << ";\n  static constexpr int64_t H = " << s->heads << ", Hkv = " << s->kvHeads
+       << ", Hd = " << s->headDim << ";\n"
+       << "  static constexpr int64_t bias0 = " << bias[0] << ", bias1 = " << bias[1]
+       << ", bias2 = " << bias[2] << ", bias3 = " << bias[3] << ";\n};\n\n} // namespace\n\n"
+       << "extern \"C\" __global__ void __launch_bounds__(256) " << u.name
+       << "(const FpatKernelArgs a) {\n  fpat::"
+       << (op.kind == ir::OpKind::AttnQk   ? "attnScores"
+           : op.kind == ir::OpKind::AttnPv ? "attnValues"
+                                           : "attentionRows")
+       << "<Dims>(a);\n}\n";
+  u.launches.push_back({rows ? Launch::Rows : Launch::Elements, u.name, 256, 0, {}});
   u.source = body.str();
   return u;
 }

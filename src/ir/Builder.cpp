@@ -129,6 +129,39 @@ Value GraphBuilder::softmax(Value x, const std::string& name) {
   return append(std::move(op), {x}, name);
 }
 
+Value GraphBuilder::slice(Value x, int64_t begin, int64_t end, const std::string& name) {
+  Op op;
+  op.kind = OpKind::Slice;
+  op.begin = begin;
+  op.end = end;
+  return append(std::move(op), {x}, name);
+}
+
+namespace {
+Op attnOp(OpKind k, int64_t batch, int64_t headDim) {
+  Op op;
+  op.kind = k;
+  op.batch = batch;
+  op.headDim = headDim;
+  return op;
+}
+} // namespace
+
+Value GraphBuilder::attnQk(Value q, Value k, int64_t batch, int64_t headDim,
+                           const std::string& name) {
+  return append(attnOp(OpKind::AttnQk, batch, headDim), {q, k}, name);
+}
+
+Value GraphBuilder::attnPv(Value p, Value v, int64_t batch, int64_t headDim,
+                           const std::string& name) {
+  return append(attnOp(OpKind::AttnPv, batch, headDim), {p, v}, name);
+}
+
+Value GraphBuilder::attention(Value q, Value k, Value v, Value bias, Value scale, int64_t batch,
+                              int64_t headDim, const std::string& name) {
+  return append(attnOp(OpKind::Attention, batch, headDim), {q, k, v, bias, scale}, name);
+}
+
 Value GraphBuilder::layernorm(Value x, Value gamma, Value beta, double eps,
                               const std::string& name) {
   Op op;

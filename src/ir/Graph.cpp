@@ -27,6 +27,10 @@ const std::vector<OpKindInfo>& opKinds() {
       {OpKind::Pow, "pow", 2, 2},
       {OpKind::ReduceMean, "reduce_mean", 1, 1},
       {OpKind::Softmax, "softmax", 1, 1},
+      {OpKind::Slice, "slice", 1, 1},
+      {OpKind::AttnQk, "attn_qk", 2, 2},
+      {OpKind::AttnPv, "attn_pv", 2, 2},
+      {OpKind::Attention, "attention", 5, 5},
   };
   return kinds;
 }
@@ -175,6 +179,59 @@ std::string operandRef(const std::vector<OperandInfo>& ops, size_t i) {
   return "operand " + std::to_string(i) + " (%" + ops[i].name + ": " + ops[i].type.str() + ")";
 }
 
+std::optional<AttnShape> attnShape(const Op& op, const std::vector<OperandInfo>& in,
+                                   std::string& why, int& operand) {
+  auto fail = [&](int i, std::string msg) -> std::optional<AttnShape> {
+    operand = i;
+    why = opRef(op) + ": " + std::move(msg);
+    return std::nullopt;
+  };
+  if (op.batch < 1 || op.headDim < 1)
+    return fail(-1, "batch and head_dim must be given, and at least 1");
+  // Operand 0 is Q (attn_qk, attention) or P (attn_pv); the keys are K's rows or P's columns.
+  const bool pv = op.kind == OpKind::AttnPv;
+  const size_t kv = 1; // K (attn_qk, attention) or V (attn_pv)
+  AttnShape s;
+  s.batch = op.batch;
+  s.headDim = op.headDim;
+  for (size_t i = pv ? 1 : 0; i < in.size() && i < 3; ++i)
+    if (in[i].type.rank() != 2)
+      return fail(static_cast<int>(i), operandRef(in, i) + " must be 2-D, token-major [B*S, H*d]");
+  if (pv) {
+    const std::vector<int64_t>& p = in[0].type.shape;
+    if (p.size() != 4 || p[0] != op.batch)
+      return fail(0, operandRef(in, 0) + " must be [B, H, Sq, Sk] with B = batch = " +
+                         std::to_string(op.batch));
+    s.heads = p[1];
+    s.sq = p[2];
+    s.sk = p[3];
+  } else {
+    const std::vector<int64_t>& q = in[0].type.shape;
+    if (q[0] % op.batch || q[1] % op.headDim)
+      return fail(0, operandRef(in, 0) + " must be [B*Sq, H*d] with B = " +
+                         std::to_string(op.batch) + " and d = " + std::to_string(op.headDim));
+    s.sq = q[0] / op.batch;
+    s.heads = q[1] / op.headDim;
+  }
+  const std::vector<int64_t>& k = in[kv].type.shape;
+  if (k[1] % op.headDim || k[1] == 0 || s.heads % (k[1] / op.headDim))
+    return fail(static_cast<int>(kv),
+                operandRef(in, kv) + " must be [B*Sk, Hkv*d] with d = " +
+                    std::to_string(op.headDim) + " and Hkv dividing the " +
+                    std::to_string(s.heads) + " query heads");
+  s.kvHeads = k[1] / op.headDim;
+  if (pv ? k[0] != op.batch * s.sk : k[0] % op.batch)
+    return fail(static_cast<int>(kv),
+                operandRef(in, kv) + " must have B*Sk = " +
+                    (pv ? std::to_string(op.batch * s.sk) : "a multiple of " + std::to_string(op.batch)) +
+                    " rows");
+  if (!pv)
+    s.sk = k[0] / op.batch;
+  if (op.kind == OpKind::Attention && in[2].type.shape != k)
+    return fail(2, operandRef(in, 2) + " (V) must have K's shape " + in[1].type.shapeStr());
+  return s;
+}
+
 std::optional<TensorDesc> inferType(const Op& op, const std::vector<OperandInfo>& in,
                                     TypeError& err, const ActivationSet& acts) {
   const OpKindInfo& info = opKindInfo(op.kind);
@@ -202,9 +259,9 @@ std::optional<TensorDesc> inferType(const Op& op, const std::vector<OperandInfo>
   switch (op.kind) {
   case OpKind::Input:
   case OpKind::Constant: {
-    if (op.type.rank() < (op.kind == OpKind::Constant ? 0 : 1) || op.type.rank() > 2)
-      return fail(-1, std::string(op.kind == OpKind::Constant ? "constants must have rank 0, 1 or 2"
-                                                              : "tensors must be 1-D or 2-D") +
+    if (op.type.rank() < (op.kind == OpKind::Constant ? 0 : 1) || op.type.rank() > kMaxRank)
+      return fail(-1, std::string(op.kind == OpKind::Constant ? "constants must have rank 0 to 4"
+                                                              : "tensors must have rank 1 to 4") +
                           ", got rank " + std::to_string(op.type.rank()));
     if (op.kind == OpKind::Constant && !std::isfinite(op.value))
       return fail(-1, "the value of a constant must be finite");
@@ -272,11 +329,43 @@ std::optional<TensorDesc> inferType(const Op& op, const std::vector<OperandInfo>
   }
   case OpKind::Softmax:
     if (in[0].type.rank() < 1)
-      return fail(0, operandRef(in, 0) + " must have rank 1 or 2");
+      return fail(0, operandRef(in, 0) + " must have rank 1 to 4");
     return in[0].type;
+  case OpKind::Slice: {
+    if (in[0].type.rank() < 1)
+      return fail(0, operandRef(in, 0) + " must have rank 1 to 4");
+    const int64_t cols = in[0].type.shape.back();
+    if (op.begin < 0 || op.end <= op.begin || op.end > cols)
+      return fail(-1, "columns [" + std::to_string(op.begin) + ", " + std::to_string(op.end) +
+                          ") are not a non-empty range of operand 0's " + std::to_string(cols));
+    TensorDesc t = in[0].type;
+    t.shape.back() = op.end - op.begin;
+    return t;
+  }
+  case OpKind::AttnQk:
+  case OpKind::AttnPv:
+  case OpKind::Attention: {
+    std::string why;
+    int bad = -1;
+    auto s = attnShape(op, in, why, bad);
+    if (!s)
+      return fail(bad, why);
+    if (op.kind == OpKind::AttnQk)
+      return TensorDesc{{s->batch, s->heads, s->sq, s->sk}, in[0].type.dtype};
+    if (op.kind == OpKind::Attention) {
+      const std::vector<int64_t> scores = {s->batch, s->heads, s->sq, s->sk};
+      if (in[3].type.rank() > 4 || broadcastShapes(in[3].type.shape, scores) != scores)
+        return fail(3, operandRef(in, 3) + " (the bias added to the scores) does not broadcast "
+                                           "to the scores' [B, H, Sq, Sk] = " +
+                           TensorDesc{scores, in[0].type.dtype}.shapeStr());
+      if (in[4].type.numel() != 1)
+        return fail(4, operandRef(in, 4) + " (the scale) must be a scalar");
+    }
+    return TensorDesc{{s->batch * s->sq, s->heads * s->headDim}, in[0].type.dtype};
+  }
   case OpKind::ReduceMean: {
     if (in[0].type.rank() < 1)
-      return fail(0, operandRef(in, 0) + " must have rank 1 or 2");
+      return fail(0, operandRef(in, 0) + " must have rank 1 to 4");
     TensorDesc t = in[0].type;
     t.shape.back() = 1;
     return t;
@@ -502,6 +591,16 @@ std::string attrString(const Op& op) {
     break;
   case OpKind::Constant:
     attrs.push_back("value = " + formatDouble(op.value));
+    break;
+  case OpKind::Slice:
+    attrs.push_back("begin = " + std::to_string(op.begin));
+    attrs.push_back("end = " + std::to_string(op.end));
+    break;
+  case OpKind::AttnQk:
+  case OpKind::AttnPv:
+  case OpKind::Attention:
+    attrs.push_back("batch = " + std::to_string(op.batch));
+    attrs.push_back("head_dim = " + std::to_string(op.headDim));
     break;
   case OpKind::Fused: {
     attrs.push_back("pattern = " + op.fused.pattern);

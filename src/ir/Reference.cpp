@@ -220,43 +220,179 @@ void norm(const Tensor& x, const Tensor& gamma, const Tensor* beta, double eps, 
   }
 }
 
-/// out = a op b with NumPy broadcasting (ranks <= 2), in double, rounded once.
+/// The element strides of `d` read as a tensor of `out`'s shape under NumPy broadcasting
+/// (0 along the dimensions it broadcasts), one per dimension of `out`.
+std::vector<int64_t> broadcastStrides(const TensorDesc& d, const TensorDesc& out) {
+  std::vector<int64_t> st(out.shape.size(), 0);
+  int64_t step = 1;
+  for (size_t i = 0; i < d.shape.size(); ++i) {
+    const size_t di = d.shape.size() - 1 - i, oi = out.shape.size() - 1 - i;
+    st[oi] = d.shape[di] == 1 ? 0 : step;
+    step *= d.shape[di];
+  }
+  return st;
+}
+
+/// The flat index into a broadcast operand of element `flat` of `out`.
+int64_t broadcastIndex(int64_t flat, const std::vector<int64_t>& shape,
+                       const std::vector<int64_t>& strides) {
+  int64_t idx = 0;
+  for (size_t i = shape.size(); i-- > 0;) {
+    idx += (flat % shape[i]) * strides[i];
+    flat /= shape[i];
+  }
+  return idx;
+}
+
+/// out = a op b with NumPy broadcasting, in double, rounded once.
 void binary(OpKind k, const Tensor& a, const Tensor& b, Tensor& out) {
-  const int rank = out.desc.rank();
-  const int64_t rows = rank == 2 ? out.desc.shape[0] : 1;
-  const int64_t cols = rank >= 1 ? out.desc.shape.back() : 1;
-  // Element (i, j) of an operand broadcast to [rows, cols]: strides of 0 where it has size 1.
-  auto strides = [&](const TensorDesc& d) {
-    const int64_t c = d.rank() >= 1 ? d.shape.back() : 1;
-    const int64_t r = d.rank() == 2 ? d.shape[0] : 1;
-    return std::pair<int64_t, int64_t>{r == 1 ? 0 : c, c == 1 ? 0 : 1};
-  };
-  const auto [ar, ac] = strides(a.desc);
-  const auto [br, bc] = strides(b.desc);
-  for (int64_t i = 0; i < rows; ++i)
-    for (int64_t j = 0; j < cols; ++j) {
-      const double x = a.data[static_cast<size_t>(i * ar + j * ac)];
-      const double y = b.data[static_cast<size_t>(i * br + j * bc)];
-      double r = 0;
-      switch (k) {
-      case OpKind::Add:
-        r = x + y;
-        break;
-      case OpKind::Mul:
-        r = x * y;
-        break;
-      case OpKind::Sub:
-        r = x - y;
-        break;
-      case OpKind::Div:
-        r = x / y;
-        break;
-      default:
-        r = std::pow(x, y);
-        break;
-      }
-      out.data[static_cast<size_t>(i * cols + j)] = store(r, out.desc.dtype);
+  const std::vector<int64_t> sa = broadcastStrides(a.desc, out.desc);
+  const std::vector<int64_t> sb = broadcastStrides(b.desc, out.desc);
+  const int64_t total = out.desc.numel();
+  for (int64_t i = 0; i < total; ++i) {
+    const double x = a.data[static_cast<size_t>(broadcastIndex(i, out.desc.shape, sa))];
+    const double y = b.data[static_cast<size_t>(broadcastIndex(i, out.desc.shape, sb))];
+    double r = 0;
+    switch (k) {
+    case OpKind::Add:
+      r = x + y;
+      break;
+    case OpKind::Mul:
+      r = x * y;
+      break;
+    case OpKind::Sub:
+      r = x - y;
+      break;
+    case OpKind::Div:
+      r = x / y;
+      break;
+    default:
+      r = std::pow(x, y);
+      break;
     }
+    out.data[static_cast<size_t>(i)] = store(r, out.desc.dtype);
+  }
+}
+
+/// The sizes of an attention op from its operands' types (valid graphs only).
+AttnShape attnShapeOf(const Op& op, const std::vector<const Tensor*>& ins) {
+  std::vector<OperandInfo> infos;
+  for (const Tensor* t : ins)
+    infos.push_back({"", t->desc});
+  std::string why;
+  int bad = -1;
+  auto s = attnShape(op, infos, why, bad);
+  if (!s)
+    throw ReferenceError(why);
+  return *s;
+}
+
+/// attn_qk: per batch b, head h (KV head h / (H / Hkv)) and query row i, the dot products
+/// with every key row, in double.
+void attnQk(const Op& op, const Tensor& q, const Tensor& k, Tensor& out) {
+  const AttnShape s = attnShapeOf(op, {&q, &k});
+  const int64_t d = s.headDim, group = s.heads / s.kvHeads;
+  const int64_t qc = s.heads * d, kc = s.kvHeads * d;
+  parallelRows(static_cast<size_t>(s.batch * s.heads * s.sq), static_cast<size_t>(s.sk * d),
+               [&](size_t first, size_t last) {
+                 for (size_t r = first; r < last; ++r) {
+                   const int64_t i = static_cast<int64_t>(r) % s.sq;
+                   const int64_t h = static_cast<int64_t>(r) / s.sq % s.heads;
+                   const int64_t b = static_cast<int64_t>(r) / s.sq / s.heads;
+                   const float* qr = &q.data[static_cast<size_t>((b * s.sq + i) * qc + h * d)];
+                   for (int64_t j = 0; j < s.sk; ++j) {
+                     const float* kr =
+                         &k.data[static_cast<size_t>((b * s.sk + j) * kc + h / group * d)];
+                     double acc = 0;
+                     for (int64_t c = 0; c < d; ++c)
+                       acc += double(qr[c]) * kr[c];
+                     out.data[r * static_cast<size_t>(s.sk) + static_cast<size_t>(j)] =
+                         store(acc, out.desc.dtype);
+                   }
+                 }
+               });
+}
+
+/// Row r = (b, h, i) of P times V's rows of batch b in KV head h / (H / Hkv), into the
+/// token-major output row b * Sq + i, columns of head h; `p` is that row of Sk weights.
+void accumulatePv(const AttnShape& s, int64_t r, const double* p, const Tensor& v,
+                  std::vector<double>& acc) {
+  const int64_t d = s.headDim, group = s.heads / s.kvHeads, vc = s.kvHeads * d;
+  const int64_t h = r / s.sq % s.heads, b = r / s.sq / s.heads;
+  std::fill(acc.begin(), acc.end(), 0.0);
+  for (int64_t j = 0; j < s.sk; ++j) {
+    const float* vr = &v.data[static_cast<size_t>((b * s.sk + j) * vc + h / group * d)];
+    for (int64_t c = 0; c < d; ++c)
+      acc[static_cast<size_t>(c)] += p[j] * vr[c];
+  }
+}
+
+void storeHeadRow(const AttnShape& s, int64_t r, const std::vector<double>& acc, Tensor& out) {
+  const int64_t i = r % s.sq, h = r / s.sq % s.heads, b = r / s.sq / s.heads;
+  float* o = &out.data[static_cast<size_t>((b * s.sq + i) * s.heads * s.headDim + h * s.headDim)];
+  for (int64_t c = 0; c < s.headDim; ++c)
+    o[c] = store(acc[static_cast<size_t>(c)], out.desc.dtype);
+}
+
+void attnPv(const Op& op, const Tensor& p, const Tensor& v, Tensor& out) {
+  const AttnShape s = attnShapeOf(op, {&p, &v});
+  parallelRows(static_cast<size_t>(s.batch * s.heads * s.sq), static_cast<size_t>(s.sk * s.headDim),
+               [&](size_t first, size_t last) {
+                 std::vector<double> row(static_cast<size_t>(s.sk));
+                 std::vector<double> acc(static_cast<size_t>(s.headDim));
+                 for (size_t r = first; r < last; ++r) {
+                   for (int64_t j = 0; j < s.sk; ++j)
+                     row[static_cast<size_t>(j)] = p.data[r * static_cast<size_t>(s.sk) +
+                                                          static_cast<size_t>(j)];
+                   accumulatePv(s, static_cast<int64_t>(r), row.data(), v, acc);
+                   storeHeadRow(s, static_cast<int64_t>(r), acc, out);
+                 }
+               });
+}
+
+/// attention: softmax(scale * Q K^T + bias) V per batch and head, all in double, rounded once
+/// (the exact softmax: the row's maximum subtracted; a row of -inf gives NaN, as the
+/// decomposition it replaces).
+void attention(const Op& op, const std::vector<const Tensor*>& in, Tensor& out) {
+  const Tensor &q = *in[0], &k = *in[1], &v = *in[2], &bias = *in[3];
+  const AttnShape s = attnShapeOf(op, {in[0], in[1], in[2]});
+  const double scale = in[4]->data.at(0);
+  const TensorDesc scores{{s.batch, s.heads, s.sq, s.sk}, q.desc.dtype};
+  const std::vector<int64_t> bst = broadcastStrides(bias.desc, scores);
+  const int64_t d = s.headDim, group = s.heads / s.kvHeads;
+  const int64_t qc = s.heads * d, kc = s.kvHeads * d;
+  parallelRows(static_cast<size_t>(s.batch * s.heads * s.sq), static_cast<size_t>(2 * s.sk * d),
+               [&](size_t first, size_t last) {
+                 std::vector<double> row(static_cast<size_t>(s.sk));
+                 std::vector<double> acc(static_cast<size_t>(d));
+                 for (size_t r = first; r < last; ++r) {
+                   const int64_t i = static_cast<int64_t>(r) % s.sq;
+                   const int64_t h = static_cast<int64_t>(r) / s.sq % s.heads;
+                   const int64_t b = static_cast<int64_t>(r) / s.sq / s.heads;
+                   const float* qr = &q.data[static_cast<size_t>((b * s.sq + i) * qc + h * d)];
+                   double mx = -std::numeric_limits<double>::infinity();
+                   for (int64_t j = 0; j < s.sk; ++j) {
+                     const float* kr =
+                         &k.data[static_cast<size_t>((b * s.sk + j) * kc + h / group * d)];
+                     double dot = 0;
+                     for (int64_t c = 0; c < d; ++c)
+                       dot += double(qr[c]) * kr[c];
+                     const int64_t flat = static_cast<int64_t>(r) * s.sk + j;
+                     const double x =
+                         scale * dot +
+                         bias.data[static_cast<size_t>(broadcastIndex(flat, scores.shape, bst))];
+                     row[static_cast<size_t>(j)] = x;
+                     mx = std::max(mx, x);
+                   }
+                   double sum = 0;
+                   for (double& x : row)
+                     sum += x = std::exp(x - mx);
+                   for (double& x : row)
+                     x /= sum;
+                   accumulatePv(s, static_cast<int64_t>(r), row.data(), v, acc);
+                   storeHeadRow(s, static_cast<int64_t>(r), acc, out);
+                 }
+               });
 }
 
 /// A fused op's meaning, by kernel family: the main computation kept in double, then the
@@ -414,6 +550,23 @@ std::vector<Tensor> evaluate(const Graph& g, const std::map<std::string, Tensor>
       }
       break;
     }
+    case OpKind::Slice: {
+      const size_t n = static_cast<size_t>(in(0).desc.shape.back());
+      const size_t w = static_cast<size_t>(op.end - op.begin);
+      for (size_t r = 0; r < out.data.size() / w; ++r)
+        std::copy_n(in(0).data.begin() + static_cast<long>(r * n + static_cast<size_t>(op.begin)),
+                    w, out.data.begin() + static_cast<long>(r * w));
+      break;
+    }
+    case OpKind::AttnQk:
+      attnQk(op, in(0), in(1), out);
+      break;
+    case OpKind::AttnPv:
+      attnPv(op, in(0), in(1), out);
+      break;
+    case OpKind::Attention:
+      attention(op, {&in(0), &in(1), &in(2), &in(3), &in(4)}, out);
+      break;
     case OpKind::LayerNorm:
       norm(in(0), in(1), &in(2), op.eps, /*rms=*/false, out);
       break;

@@ -24,7 +24,14 @@ std::vector<Role> operandRoles(const Graph& g, Vertex v) {
   case OpKind::Activation:
   case OpKind::ReduceMean:
   case OpKind::Softmax:
+  case OpKind::Slice:
     std::fill(roles.begin(), roles.end(), Role::Same);
+    break;
+  case OpKind::AttnQk:
+  case OpKind::AttnPv:
+  case OpKind::Attention:
+    // A query row needs every key row of its batch: these are read whole (the rows of their
+    // results are not the query's rows, so a sample stops here; see sampleRows).
     break;
   case OpKind::Add:
   case OpKind::Mul:

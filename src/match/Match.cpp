@@ -766,6 +766,16 @@ std::optional<Vertex> buildResult(const Graph& g, Graph& out, const std::vector<
                                   const MatchNode& n, const RaisePlan& p, const PatternLibrary& lib,
                                   const std::string& name, const ir::Op& root, int& counter,
                                   std::string& why) {
+  if (n.leaf && n.constant) { // a number as an operand: a scalar constant
+    ir::Op c;
+    c.kind = ir::OpKind::Constant;
+    c.value = n.value;
+    c.type = ir::TensorDesc{{}, root.type.dtype};
+    c.loc = root.loc;
+    c.origin = root.origin;
+    c.name = name;
+    return out.addOp(std::move(c), {});
+  }
   if (n.leaf)
     return map[p.bound.at(n.binding)];
   ir::Op op;
@@ -802,6 +812,13 @@ std::optional<Vertex> buildResult(const Graph& g, Graph& out, const std::vector<
     else
       op.eps = *v;
   }
+  // Attention's ops take their layout (batch, head dim) from the matched root, which has it:
+  // a template cannot spell it, and it is the same layout.
+  if (n.kind == ir::OpKind::AttnQk || n.kind == ir::OpKind::AttnPv ||
+      n.kind == ir::OpKind::Attention) {
+    op.batch = root.batch;
+    op.headDim = root.headDim;
+  }
   ir::TypeError err;
   auto t = ir::inferType(op, infos, err, lib.activationSet());
   if (!t) {
@@ -809,6 +826,27 @@ std::optional<Vertex> buildResult(const Graph& g, Graph& out, const std::vector<
     return std::nullopt;
   }
   op.type = *t;
+  // A binary op of scalar constants (a scale written (div 1.0, $s)) is folded: what the
+  // result's consumers see is one constant, as the raised op's attribute would be.
+  if (ir::isBinaryElementwise(op.kind) && op.type.numel() == 1 &&
+      std::all_of(ins.begin(), ins.end(), [&](Vertex u) {
+        return out.op(u).kind == ir::OpKind::Constant && out.op(u).type.numel() == 1;
+      })) {
+    const double x = out.op(ins[0]).value, y = out.op(ins[1]).value;
+    ir::Op c;
+    c.kind = ir::OpKind::Constant;
+    c.value = op.kind == ir::OpKind::Add   ? x + y
+              : op.kind == ir::OpKind::Mul ? x * y
+              : op.kind == ir::OpKind::Sub ? x - y
+              : op.kind == ir::OpKind::Div ? x / y
+                                           : std::pow(x, y);
+    c.type = op.type;
+    c.loc = op.loc;
+    c.origin = op.origin;
+    c.name = op.name;
+    if (std::isfinite(c.value))
+      return out.addOp(std::move(c), {});
+  }
   return out.addOp(std::move(op), ins);
 }
 

@@ -36,6 +36,14 @@ struct Val {
   bool integer = false;                      // isConst: an integer tensor (shapes, axes)
   std::string name;                          // ONNX name
   std::string transposedOf; // the transpose of this (non-constant) value: MatMul's B only
+  // A head view: `v` is a token-major activation [B*S, Hkv*d] that the model sees, through
+  // Reshape and Transpose, as [B, S, H, d] (Tokens), [B, H, S, d] (Heads) or [B, H, d, S]
+  // (HeadsT, keys transposed for Q K^T); `shape` is that ONNX shape. H = Hkv * repeat where
+  // repeat_kv (Unsqueeze, Expand, Reshape) shared each stored head among `repeat` heads;
+  // Repeat5 is its middle, [B, Hkv, repeat, S, d].
+  enum class View : uint8_t { None, Tokens, Heads, HeadsT, Repeat5 };
+  View view = View::None;
+  int64_t batch = 0, seq = 0, heads = 0, headDim = 0, repeat = 1;
 };
 
 struct UnsupportedError {
@@ -64,9 +72,10 @@ std::string shapeStr(const std::vector<int64_t>& s) {
   return o + "]";
 }
 
-/// The IR shape of an ONNX shape: leading dimensions folded into rows.
+/// The IR shape of an ONNX shape: leading dimensions folded into rows, except in rank 4,
+/// which the IR has for attention's scores and masks ([B, H, Sq, Sk]).
 std::vector<int64_t> flatten(const std::vector<int64_t>& s) {
-  if (s.size() <= 2)
+  if (s.size() <= 2 || s.size() == 4)
     return s;
   int64_t rows = 1;
   for (size_t i = 0; i + 1 < s.size(); ++i)
@@ -552,6 +561,11 @@ private:
   /// The IR vertex of a value, materialising a constant: one element becomes a `constant`,
   /// anything larger a weight holding the values.
   ir::Vertex tensor(Val& v) {
+    if (v.view != Val::View::None)
+      throw UnsupportedError{"'" + v.name + "' " + shapeStr(v.shape) +
+                             " is an activation split into heads, which fpat supports in "
+                             "attention's products (MatMul), Transpose, Reshape, Cast, and "
+                             "multiplications by a scalar"};
     if (!v.transposedOf.empty())
       throw UnsupportedError{"'" + v.name +
                              "' is a transposed activation, supported only as MatMul's B"};
@@ -720,8 +734,8 @@ private:
 
   /// Adds an IR op for node `n` whose result has ONNX shape `shape`.
   Val emit(const NodeProto& n, ir::Op op, const std::vector<ir::Vertex>& operands,
-           std::vector<int64_t> shape) {
-    op.name = uniqueName(n.output(0));
+           std::vector<int64_t> shape, int output = 0) {
+    op.name = uniqueName(n.output(output));
     op.origin = "node '" + nodeName(n) + "' (" + n.op_type() + ")";
     std::vector<ir::OperandInfo> infos;
     for (ir::Vertex u : operands)
@@ -867,10 +881,32 @@ private:
       define(n, foldBinary(k, a, b, shape));
       return;
     }
-    checkFlatBroadcast(a.shape, shape);
-    checkFlatBroadcast(b.shape, shape);
     ir::Op op;
     op.kind = k;
+    if (a.view != Val::View::None || b.view != Val::View::None) {
+      // A head view times a scalar (torch's SDPA scales q and k^T): the same view of the
+      // scaled activation.
+      Val& x = a.view != Val::View::None ? a : b;
+      Val& c = a.view != Val::View::None ? b : a;
+      if (c.view != Val::View::None || numel(c.shape) != 1 || k == ir::OpKind::Pow ||
+          (&x == &b && (k == ir::OpKind::Sub || k == ir::OpKind::Div)))
+        throw UnsupportedError{"of the elementwise ops on an activation split into heads ('" +
+                               x.name + "' " + shapeStr(x.shape) +
+                               "), only adding, subtracting, multiplying or dividing by a "
+                               "scalar is supported"};
+      Val v = x;
+      const ir::Vertex vx = *x.v, vc = tensor(c);
+      v.v = emit(n, op, &x == &a ? std::vector<ir::Vertex>{vx, vc}
+                                 : std::vector<ir::Vertex>{vc, vx},
+                 g_.op(vx).type.shape)
+                .v;
+      define(n, std::move(v));
+      return;
+    }
+    if (shape.size() != 4) {
+      checkFlatBroadcast(a.shape, shape);
+      checkFlatBroadcast(b.shape, shape);
+    }
     const ir::Vertex va = tensor(a), vb = tensor(b);
     define(n, emit(n, op, {va, vb}, shape));
   }
@@ -979,6 +1015,7 @@ private:
         {"Reciprocal", un("reciprocal")},
         {"ReduceMean", member(&Importer::reduceMean)},
         {"Softmax", member(&Importer::softmax)},
+        {"Split", member(&Importer::split)},
         {"Equal", cmp([](double a, double b) { return a == b; })},
         {"Less", cmp([](double a, double b) { return a < b; })},
         {"LessOrEqual", cmp([](double a, double b) { return a <= b; })},
@@ -1294,11 +1331,41 @@ private:
 
   /// Where of constants (a causal mask chosen between 0 and the most negative float).
   void where(const NodeProto& n) {
+    if (in(n, 0).isConst && in(n, 1).isConst != in(n, 2).isConst)
+      return maskedFill(n);
     const Val &c = constIn(n, 0, "its condition"), &a = constIn(n, 1, "its first choice"),
               &b = constIn(n, 2, "its second choice");
     const std::vector<int64_t> shape = broadcast(broadcast(c.shape, a.shape), b.shape);
     define(n, foldConst({&c, &a, &b}, shape, a.integer && b.integer,
                         [](const double* v) { return v[0] != 0 ? v[1] : v[2]; }));
+  }
+
+  /// Where(mask, x, fill) (or the choices swapped) with a constant mask and a fill value of
+  /// -inf or at most -1e30 (Hugging Face's finfo.min): the addition of a bias of 0 where x is
+  /// kept and the fill elsewhere. x + fill is the fill (or -inf in f16) wherever |x| is small
+  /// beside it, and the softmax after it reads the same; any other fill is refused.
+  void maskedFill(const NodeProto& n) {
+    const Val& c = in(n, 0);
+    const bool xFirst = !in(n, 1).isConst;
+    Val& x = in(n, xFirst ? 1 : 2);
+    const Val& fill = in(n, xFirst ? 2 : 1);
+    if (count(fill) != 1 || fill.integer || !(at(fill, 0) <= -1e30))
+      throw UnsupportedError{"its " + std::string(xFirst ? "first" : "second") + " choice '" +
+                             x.name + "' is computed at run time; fpat supports that only "
+                             "as a mask, the other choice a scalar of -inf or at most -1e30"};
+    const double f = at(fill, 0);
+    Val bias = foldConst({&c}, c.shape, false,
+                         [&](const double* v) { return (v[0] != 0) == xFirst ? 0.0 : f; });
+    bias.name = nodeName(n) + ".bias";
+    const std::vector<int64_t> shape = broadcast(x.shape, c.shape);
+    if (shape.size() != 4) {
+      checkFlatBroadcast(x.shape, shape);
+      checkFlatBroadcast(c.shape, shape);
+    }
+    ir::Op op;
+    op.kind = ir::OpKind::Add;
+    const ir::Vertex vx = tensor(x), vb = tensor(bias);
+    define(n, emit(n, op, {vx, vb}, shape));
   }
 
   /// Trilu of a constant (opset 14): the lower (upper = 0) or upper triangle of each matrix,
@@ -1432,6 +1499,22 @@ private:
 
   /// Expand of a constant to a shape (NumPy broadcasting both ways).
   void expand(const NodeProto& n) {
+    if (in(n, 0).view == Val::View::Repeat5) { // repeat_kv: [B, Hkv, 1, S, d] to [B, Hkv, n, S, d]
+      Val v = in(n, 0);
+      std::vector<int64_t> target;
+      for (double d : valuesOf(constIn(n, 1, "its shape")))
+        target.push_back(static_cast<int64_t>(d));
+      const std::vector<int64_t> shape = broadcast(v.shape, target);
+      if (shape.size() != 5 || shape[0] != v.batch || shape[1] != v.heads || shape[3] != v.seq ||
+          shape[4] != v.headDim)
+        throw UnsupportedError{"expanding the heads of '" + v.name + "' " + shapeStr(v.shape) +
+                               " to " + shapeStr(shape) +
+                               " is not supported (only repeat_kv's third axis)"};
+      v.repeat = shape[2];
+      v.shape = shape;
+      define(n, std::move(v));
+      return;
+    }
     if (!in(n, 0).isConst)
       throw UnsupportedError{"only a constant is expanded at import; '" + in(n, 0).name +
                              "' is computed at run time"};
@@ -1460,6 +1543,62 @@ private:
     ir::Op op;
     op.kind = ir::OpKind::ReduceMean;
     define(n, emit(n, op, {tensor(x)}, shape));
+  }
+
+  /// Split of an activation along its last axis (GPT-2's fused q, k, v projection): column
+  /// slices. Sizes from the `split` input (opset 13 on) or attribute, else equal parts
+  /// (num_outputs, opset 18: the last part smaller).
+  void split(const NodeProto& n) {
+    Val& x = in(n, 0);
+    const int64_t rank = static_cast<int64_t>(x.shape.size());
+    const int64_t axis = normAxis(intAttr(n, "axis", 0), x.shape.size());
+    if (x.isConst)
+      throw UnsupportedError{"splitting a constant is not supported"};
+    if (axis + 1 != rank)
+      throw UnsupportedError{"only a split of the last axis (the columns) is supported; this "
+                             "one splits axis " +
+                             std::to_string(axis) + " of " + shapeStr(x.shape)};
+    const int64_t dim = x.shape.back();
+    std::vector<int64_t> sizes;
+    if (const AttributeProto* a = attr(n, "split")) {
+      sizes.assign(a->ints().begin(), a->ints().end());
+    } else if (hasIn(n, 1)) {
+      for (double d : valuesOf(constIn(n, 1, "its split sizes")))
+        sizes.push_back(static_cast<int64_t>(d));
+    } else {
+      const int64_t parts = attr(n, "num_outputs") ? intAttr(n, "num_outputs", 1)
+                                                   : static_cast<int64_t>(n.output_size());
+      if (parts < 1)
+        throw UnsupportedError{"it splits into " + std::to_string(parts) + " parts"};
+      const int64_t each = (dim + parts - 1) / parts;
+      for (int64_t p = 0, left = dim; p < parts; ++p, left -= each)
+        sizes.push_back(std::min(each, left));
+    }
+    int64_t total = 0;
+    for (int64_t z : sizes) {
+      if (z < 1)
+        throw UnsupportedError{"its part sizes must be at least 1"};
+      total += z;
+    }
+    if (total != dim || static_cast<int>(sizes.size()) != n.output_size())
+      throw UnsupportedError{"its " + std::to_string(sizes.size()) + " parts (" +
+                             shapeStr(sizes) + ") do not split the " + std::to_string(dim) +
+                             " columns into its " + std::to_string(n.output_size()) + " outputs"};
+    const ir::Vertex vx = tensor(x);
+    int64_t begin = 0;
+    for (int i = 0; i < n.output_size(); ++i) {
+      const int64_t end = begin + sizes[static_cast<size_t>(i)];
+      if (!n.output(i).empty()) {
+        ir::Op op;
+        op.kind = ir::OpKind::Slice;
+        op.begin = begin;
+        op.end = end;
+        std::vector<int64_t> shape = x.shape;
+        shape.back() = end - begin;
+        define(n, emit(n, op, {vx}, shape, i), i);
+      }
+      begin = end;
+    }
   }
 
   /// Softmax over the last axis. Opset 13 on: over `axis` (default -1). Before: over the input
@@ -1573,7 +1712,49 @@ private:
           shape.push_back(add.count(static_cast<int64_t>(i)) ? 1 : x.shape.at(k++));
       }
     }
+    if (!x.isConst && (x.view != Val::View::None || shape.size() == 4) &&
+        reshapeHeads(n, x, shape))
+      return;
     alias(n, x, std::move(shape));
+  }
+
+  /// Reshapes that split an activation into heads or merge them back (views, no data moved):
+  /// [B*S, H*d] (any leading dimensions) to [B, S, H, d] and back, and repeat_kv's
+  /// Unsqueeze(2) -> Expand -> Reshape on [B, Hkv, S, d]. False: not a head reshape.
+  bool reshapeHeads(const NodeProto& n, Val& x, const std::vector<int64_t>& shape) {
+    using View = Val::View;
+    Val v = x;
+    v.shape = shape;
+    if (x.view == View::None) {
+      const std::vector<int64_t> ir = g_.op(*x.v).type.shape;
+      if (shape.size() != 4 || ir.size() != 2 || shape[0] * shape[1] != ir[0] ||
+          shape[2] * shape[3] != ir[1] || x.shape.size() == 4)
+        return false;
+      v.view = View::Tokens;
+      v.batch = shape[0];
+      v.seq = shape[1];
+      v.heads = shape[2];
+      v.headDim = shape[3];
+      v.repeat = 1;
+    } else if (x.view == View::Tokens && shape.size() >= 2 &&
+               shape.back() == x.heads * x.headDim && numel(shape) == numel(x.shape)) {
+      v.view = View::None; // merged back: [B, S, H*d] or [B*S, H*d]
+      if (flatten(shape) != g_.op(*x.v).type.shape)
+        return false;
+    } else if (x.view == View::Heads && x.repeat == 1 && n.op_type() == "Unsqueeze" &&
+               shape == std::vector<int64_t>{x.batch, x.heads, 1, x.seq, x.headDim}) {
+      v.view = View::Repeat5;
+    } else if (x.view == View::Repeat5 &&
+               shape == std::vector<int64_t>{x.batch, x.heads * x.repeat, x.seq, x.headDim}) {
+      v.view = View::Heads; // GQA: `repeat` query heads per stored head
+      v.heads = x.heads * x.repeat;
+    } else {
+      throw UnsupportedError{"reshaping '" + x.name + "' " + shapeStr(x.shape) +
+                             ", an activation split into heads, to " + shapeStr(shape) +
+                             " is not supported (only merging the heads back, and repeat_kv)"};
+    }
+    define(n, std::move(v));
+    return true;
   }
 
   void transpose(const NodeProto& n) {
@@ -1581,6 +1762,37 @@ private:
     std::vector<int64_t> perm;
     if (const AttributeProto* p = attr(n, "perm"))
       perm.assign(p->ints().begin(), p->ints().end());
+    if (x.view != Val::View::None) {
+      // Between the head views: [B, S, H, d] <-> [B, H, S, d] <-> [B, H, d, S].
+      using View = Val::View;
+      using P = std::vector<int64_t>;
+      const View from = x.view;
+      View to = View::None;
+      if (from == View::Tokens && perm == P{0, 2, 1, 3})
+        to = View::Heads;
+      else if (from == View::Tokens && perm == P{0, 2, 3, 1})
+        to = View::HeadsT;
+      else if (from == View::Heads && perm == P{0, 2, 1, 3})
+        to = View::Tokens;
+      else if (from == View::Heads && perm == P{0, 1, 3, 2})
+        to = View::HeadsT;
+      else if (from == View::HeadsT && perm == P{0, 1, 3, 2})
+        to = View::Heads;
+      else if (from == View::HeadsT && perm == P{0, 3, 1, 2})
+        to = View::Tokens;
+      if (to == View::None || (to == View::Tokens && x.repeat != 1))
+        throw UnsupportedError{"transposing '" + x.name + "' " + shapeStr(x.shape) +
+                               ", an activation split into heads, by " +
+                               (perm.empty() ? std::string("the reversed axes") : shapeStr(perm)) +
+                               " is not supported"};
+      Val v = x;
+      v.view = to;
+      v.shape = to == View::Tokens ? P{x.batch, x.seq, x.heads, x.headDim}
+                : to == View::Heads ? P{x.batch, x.heads, x.seq, x.headDim}
+                                    : P{x.batch, x.heads, x.headDim, x.seq};
+      define(n, std::move(v));
+      return;
+    }
     if (x.shape.size() != 2 || (!perm.empty() && perm != std::vector<int64_t>{1, 0}))
       throw UnsupportedError{"only the transpose of a matrix is supported"};
     if (!x.isConst) {
@@ -1605,10 +1817,50 @@ private:
     define(n, std::move(v));
   }
 
+  /// MatMul of heads: Q K^T ([B, H, Sq, d] x [B, H, d, Sk]) is attn_qk, P V ([B, H, Sq, Sk] x
+  /// [B, H, Sk, d]) attn_pv, whose result is the heads of a token-major activation.
+  void headMatmul(const NodeProto& n, Val& a, Val& b) {
+    using View = Val::View;
+    ir::Op op;
+    if (a.view == View::Heads && b.view == View::HeadsT) {
+      if (a.batch != b.batch || a.heads != b.heads || a.headDim != b.headDim || a.repeat != 1)
+        throw UnsupportedError{"its heads " + shapeStr(a.shape) + " and " + shapeStr(b.shape) +
+                               " do not fit Q K^T"};
+      op.kind = ir::OpKind::AttnQk;
+      op.batch = a.batch;
+      op.headDim = a.headDim;
+      define(n, emit(n, op, {*a.v, *b.v}, {a.batch, a.heads, a.seq, b.seq}));
+      return;
+    }
+    if (a.view == View::None && a.shape.size() == 4 && b.view == View::Heads) {
+      if (a.shape != std::vector<int64_t>{b.batch, b.heads, a.shape[2], b.seq})
+        throw UnsupportedError{"its operands " + shapeStr(a.shape) + " and heads " +
+                               shapeStr(b.shape) + " do not fit P V"};
+      op.kind = ir::OpKind::AttnPv;
+      op.batch = b.batch;
+      op.headDim = b.headDim;
+      Val v = emit(n, op, {tensor(a), *b.v}, {b.batch * a.shape[2], b.heads * b.headDim});
+      v.view = View::Heads;
+      v.shape = {b.batch, b.heads, a.shape[2], b.headDim};
+      v.batch = b.batch;
+      v.seq = a.shape[2];
+      v.heads = b.heads;
+      v.headDim = b.headDim;
+      v.repeat = 1;
+      define(n, std::move(v));
+      return;
+    }
+    throw UnsupportedError{"a product of " + shapeStr(a.shape) + " and " + shapeStr(b.shape) +
+                           " with heads is supported as attention's Q K^T ([B, H, Sq, d] x [B, "
+                           "H, d, Sk]) and P V ([B, H, Sq, Sk] x [B, H, Sk, d]) only"};
+  }
+
   void matmul(const NodeProto& n) {
     const bool gemm = n.op_type() == "Gemm";
     Val& a = in(n, 0);
     Val& b = in(n, 1);
+    if (!gemm && (a.view != Val::View::None || b.view != Val::View::None))
+      return headMatmul(n, a, b);
     if (gemm && intAttr(n, "transA", 0))
       throw UnsupportedError{"transA = 1 is not supported"};
     const bool tB = gemm && intAttr(n, "transB", 0);

@@ -64,4 +64,8 @@ KernelUnit generateRowwise(const ir::Graph& g, ir::Vertex v, const CodegenOption
 KernelUnit generateElementwise(const ir::Graph& g, ir::Vertex v, dsl::Activations defs,
                                const CodegenOptions& o);
 
+/// Attention's ops not raised into a fused kernel: slice, attn_qk, attn_pv, and attention's
+/// CUDA-core kernel (one warp per query row).
+KernelUnit generateAttentionOp(const ir::Graph& g, ir::Vertex v, const CodegenOptions& o);
+
 } // namespace fpat::codegen::detail

@@ -50,6 +50,15 @@ public:
   /// Mean over the last dimension, kept with size 1.
   Value reduceMean(Value x, const std::string& name = "");
   Value softmax(Value x, const std::string& name = ""); // over the last dimension
+  /// Columns [begin, end) of the last dimension.
+  Value slice(Value x, int64_t begin, int64_t end, const std::string& name = "");
+  /// Attention on token-major activations (q [B*Sq, H*d], k and v [B*Sk, Hkv*d]): the per-head
+  /// scores Q K^T [B, H, Sq, Sk], P V back to [B*Sq, H*d], and the whole
+  /// softmax(scale * Q K^T + bias) V (bias broadcast to the scores; scale a scalar).
+  Value attnQk(Value q, Value k, int64_t batch, int64_t headDim, const std::string& name = "");
+  Value attnPv(Value p, Value v, int64_t batch, int64_t headDim, const std::string& name = "");
+  Value attention(Value q, Value k, Value v, Value bias, Value scale, int64_t batch,
+                  int64_t headDim, const std::string& name = "");
   Value layernorm(Value x, Value gamma, Value beta, double eps = 1e-5,
                   const std::string& name = "");
   Value rmsnorm(Value x, Value gamma, double eps = 1e-5, const std::string& name = "");

@@ -18,7 +18,9 @@ namespace fpat::ir {
 
 // Input..Fused are the ops of an MLP block; Constant..ReduceMean are the generic elementwise
 // ops and row reduction that imported graphs hold before raising (and run unfused after it);
-// Softmax is attention's row-wise op.
+// Softmax is attention's row-wise op; Slice, AttnQk, AttnPv and Attention are attention's
+// layout and head ops (activations stay token-major [B*S, H*d]; head h of a token is its
+// column block [h*d, (h+1)*d)).
 enum class OpKind {
   Input,
   Gemm,
@@ -35,6 +37,16 @@ enum class OpKind {
   Pow,
   ReduceMean, // mean over the last dimension, kept as a dimension of size 1
   Softmax,    // exp(x - max) / sum(exp(x - max)) over the last dimension, in f32 or wider
+  Slice,      // columns [begin, end) of the last dimension
+  AttnQk,     // per batch and head, Q K^T: [B*Sq, H*d], [B*Sk, Hkv*d] -> [B, H, Sq, Sk]
+  AttnPv,     // per batch and head, P V: [B, H, Sq, Sk], [B*Sk, Hkv*d] -> [B*Sq, H*d]
+  Attention,  // attn_pv(softmax(attn_qk(q, k) * scale + bias), v) in one op
+};
+
+/// The sizes an attention op (attn_qk, attn_pv, attention) works on, from its operands'
+/// types and its batch and head_dim: query and key rows per batch, query and KV heads.
+struct AttnShape {
+  int64_t batch = 0, sq = 0, sk = 0, heads = 0, kvHeads = 0, headDim = 0;
 };
 
 /// Whether `k` is one of the broadcasting binary elementwise ops.
@@ -81,6 +93,8 @@ struct Op {
   std::string fn;                       // activation name
   std::map<std::string, double> params; // activation parameters (e.g. a leaky-ReLU slope)
   double eps = 1e-5;                    // layernorm / rmsnorm
+  int64_t begin = 0, end = 0;           // slice: the columns kept
+  int64_t batch = 0, headDim = 0;       // attn_qk, attn_pv, attention: B and d
   FusedAttrs fused;                     // fused ops only
   SourceLoc loc;                        // where it was defined, when it came from text
 };
@@ -183,6 +197,11 @@ private:
 std::optional<TensorDesc> inferType(const Op& op, const std::vector<OperandInfo>& operands,
                                     TypeError& err,
                                     const ActivationSet& acts = ActivationSet::builtin());
+
+/// The sizes of an attention op (attn_qk, attn_pv, attention) over its operands, or nullopt
+/// with the reason (`operand`: the offending operand, or -1).
+std::optional<AttnShape> attnShape(const Op& op, const std::vector<OperandInfo>& operands,
+                                   std::string& why, int& operand);
 
 /// Topological order of all ops (operands before users). On a cycle, returns nullopt and
 /// fills `cycle` with the ops that lie on one.

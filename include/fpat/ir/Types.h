@@ -22,7 +22,11 @@ inline bool isHalfPrecision(DType t) {
   return t != DType::F32;
 }
 
-/// Shape (rank 0 to 2, row-major) and element type (f16, f32 or bf16) of a value.
+/// The largest rank of a value.
+constexpr int kMaxRank = 4;
+
+/// Shape (rank 0 to 4, row-major; ranks 3 and 4 are attention's [B, H, Sq, Sk] scores and
+/// masks) and element type (f16, f32 or bf16) of a value.
 struct TensorDesc {
   std::vector<int64_t> shape;
   DType dtype = DType::F16;

@@ -32,6 +32,12 @@ std::vector<std::string> attributeNames(const Op& op) {
     return {"pattern", "family", "norm", "epilogue", "transpose_b", "eps"};
   case OpKind::Constant:
     return {"value"};
+  case OpKind::Slice:
+    return {"begin", "end"};
+  case OpKind::AttnQk:
+  case OpKind::AttnPv:
+  case OpKind::Attention:
+    return {"batch", "head_dim"};
   default:
     return {};
   }
@@ -238,19 +244,22 @@ private:
       }
       t.shape.push_back(std::stoll(s));
     }
-    if (t.rank() > 2) {
-      diags_.error(tokenLoc(fileId_, tt->INT(2)->getSymbol()),
-                   "tensors are 1-D or 2-D; this type has rank " + std::to_string(t.rank()));
+    if (t.rank() > kMaxRank) {
+      diags_.error(tokenLoc(fileId_, tt->INT(kMaxRank)->getSymbol()),
+                   "tensors have rank 4 at most; this type has rank " + std::to_string(t.rank()));
       return std::nullopt;
     }
     // The product is checked too: each dimension fits, their product need not (2^40 x 2^40
     // wraps to 0 in 64 bits). 2^40 elements is far beyond any device and keeps byte counts
     // exact in 64 bits.
-    if (t.rank() == 2 && t.shape[0] > (int64_t{1} << 40) / t.shape[1]) {
-      diags_.error(tokenLoc(fileId_, tt->dtype),
-                   "tensor " + t.str() + " has more than 2^40 elements (" +
-                       std::to_string(t.shape[0]) + " x " + std::to_string(t.shape[1]) + ")");
-      return std::nullopt;
+    int64_t elements = 1;
+    for (int64_t d : t.shape) {
+      if (elements > (int64_t{1} << 40) / d) {
+        diags_.error(tokenLoc(fileId_, tt->dtype),
+                     "tensor " + t.str() + " has more than 2^40 elements");
+        return std::nullopt;
+      }
+      elements *= d;
     }
     return t;
   }
@@ -357,6 +366,28 @@ private:
           continue;
         }
         break;
+      case OpKind::Slice:
+      case OpKind::AttnQk:
+      case OpKind::AttnPv:
+      case OpKind::Attention: {
+        const bool slice = op.kind == OpKind::Slice;
+        int64_t* field = slice ? (key == "begin" ? &op.begin : key == "end" ? &op.end : nullptr)
+                               : (key == "batch"      ? &op.batch
+                                  : key == "head_dim" ? &op.headDim
+                                                      : nullptr);
+        if (!field)
+          break;
+        if (expect(AttrVal::Number, "a whole number")) {
+          if (v.num != std::floor(v.num) || v.num < 0 || v.num > double(int64_t{1} << 40)) {
+            diags_.error(loc, "attribute '" + key + "' of " + opKindName(op.kind) +
+                                  " takes a whole number from 0 to 2^40");
+            ok = false;
+          } else {
+            *field = static_cast<int64_t>(v.num);
+          }
+        }
+        continue;
+      }
       case OpKind::Fused:
         if (key == "family" && v.kind != AttrVal::Number && !isKernelFamily(v.str)) {
           diags_.error(loc, "unknown kernel family '" + v.str + "' (fpat has " +

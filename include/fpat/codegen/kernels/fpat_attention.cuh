@@ -1,0 +1,128 @@
+// Attention's ops as plain CUDA-core kernels: the column slice, the per-head scores Q K^T, P V,
+// and the whole softmax(scale * Q K^T + bias) V with one warp per query row and an online
+// softmax in f32. These are the correct path for any shape (ragged lengths, GQA, any bias
+// broadcast); they are not the flash-attention kernel, and run far below the tensor cores.
+//
+// D provides the sizes as compile-time constants (the generator writes them):
+//   B, Sq, Sk, H, Hkv, Hd   batch, query and key rows per batch, heads, KV heads, head dim
+//   bias0..bias3            attention: the element strides of the bias over [B, H, Sq, Sk]
+//                           (0 where it broadcasts)
+// Activations are token-major: row b * S + s, head h in columns [h * Hd, (h + 1) * Hd).
+#pragma once
+
+#include "fpat_common.cuh"
+
+namespace fpat {
+
+/// out[r, c] = in[r, BEGIN + c] for c < WIDTH, in having N columns.
+template <int64_t N, int64_t BEGIN, int64_t WIDTH>
+__device__ __forceinline__ void sliceColumns(const FpatKernelArgs& a) {
+  const int64_t total = a.M * WIDTH;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  elem* o = static_cast<elem*>(a.out);
+  const elem* x = static_cast<const elem*>(a.in[0]);
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += step)
+    o[i] = x[i / WIDTH * N + BEGIN + i % WIDTH];
+}
+
+/// scores[b, h, i, j] = sum_c q[b * Sq + i, h * Hd + c] * k[b * Sk + j, h / (H / Hkv) * Hd + c].
+template <class D> __device__ __forceinline__ void attnScores(const FpatKernelArgs& a) {
+  constexpr int64_t total = D::B * D::H * D::Sq * D::Sk, group = D::H / D::Hkv;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const elem* q = static_cast<const elem*>(a.in[0]);
+  const elem* k = static_cast<const elem*>(a.in[1]);
+  elem* o = static_cast<elem*>(a.out);
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
+       e += step) {
+    const int64_t j = e % D::Sk, i = e / D::Sk % D::Sq, h = e / D::Sk / D::Sq % D::H,
+                  b = e / D::Sk / D::Sq / D::H;
+    const elem* qr = q + (b * D::Sq + i) * D::H * D::Hd + h * D::Hd;
+    const elem* kr = k + (b * D::Sk + j) * D::Hkv * D::Hd + h / group * D::Hd;
+    float s = 0.0f;
+    for (int64_t c = 0; c < D::Hd; ++c)
+      s = fmaf(toF(qr[c]), toF(kr[c]), s);
+    o[e] = fromF(s);
+  }
+}
+
+/// out[b * Sq + i, h * Hd + c] = sum_j p[b, h, i, j] * v[b * Sk + j, h / (H / Hkv) * Hd + c].
+template <class D> __device__ __forceinline__ void attnValues(const FpatKernelArgs& a) {
+  constexpr int64_t total = D::B * D::Sq * D::H * D::Hd, group = D::H / D::Hkv;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const elem* p = static_cast<const elem*>(a.in[0]);
+  const elem* v = static_cast<const elem*>(a.in[1]);
+  elem* o = static_cast<elem*>(a.out);
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
+       e += step) {
+    const int64_t c = e % D::Hd, h = e / D::Hd % D::H, i = e / D::Hd / D::H % D::Sq,
+                  b = e / D::Hd / D::H / D::Sq;
+    const elem* pr = p + ((b * D::H + h) * D::Sq + i) * D::Sk;
+    const elem* vc = v + b * D::Sk * D::Hkv * D::Hd + h / group * D::Hd + c;
+    float s = 0.0f;
+    for (int64_t j = 0; j < D::Sk; ++j)
+      s = fmaf(toF(pr[j]), toF(vc[j * D::Hkv * D::Hd]), s);
+    o[e] = fromF(s);
+  }
+}
+
+/// One warp per query row (b, h, i): each lane holds Hd / 32 (rounded up) columns of q and of
+/// the output; per key, the dot product is reduced across the warp, then the running maximum,
+/// sum and output are rescaled (online softmax, f32). The scale is in[4]; the bias in[3].
+/// A row whose scores are all -inf divides 0 by 0 (NaN), as the exact softmax does.
+template <class D> __device__ __forceinline__ void attentionRows(const FpatKernelArgs& a) {
+  constexpr int kPer = static_cast<int>((D::Hd + 31) / 32);
+  constexpr int64_t rows = D::B * D::H * D::Sq, group = D::H / D::Hkv;
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  if (r >= rows)
+    return;
+  const int lane = threadIdx.x % 32;
+  const int64_t i = r % D::Sq, h = r / D::Sq % D::H, b = r / D::Sq / D::H;
+  const elem* q = static_cast<const elem*>(a.in[0]) + (b * D::Sq + i) * D::H * D::Hd + h * D::Hd;
+  const elem* k = static_cast<const elem*>(a.in[1]) + b * D::Sk * D::Hkv * D::Hd + h / group * D::Hd;
+  const elem* v = static_cast<const elem*>(a.in[2]) + b * D::Sk * D::Hkv * D::Hd + h / group * D::Hd;
+  const float scale = ldh(a.in[4], 0);
+  float qv[kPer], acc[kPer];
+#pragma unroll
+  for (int t = 0; t < kPer; ++t) {
+    const int64_t c = lane + 32 * t;
+    qv[t] = c < D::Hd ? toF(q[c]) : 0.0f;
+    acc[t] = 0.0f;
+  }
+  const int64_t biasRow = b * D::bias0 + h * D::bias1 + i * D::bias2;
+  float m = -INFINITY, l = 0.0f;
+  for (int64_t j = 0; j < D::Sk; ++j) {
+    const elem* kr = k + j * D::Hkv * D::Hd;
+    float dot = 0.0f;
+#pragma unroll
+    for (int t = 0; t < kPer; ++t) {
+      const int64_t c = lane + 32 * t;
+      if (c < D::Hd)
+        dot = fmaf(qv[t], toF(kr[c]), dot);
+    }
+    for (int o = 16; o > 0; o /= 2)
+      dot += __shfl_xor_sync(0xffffffffu, dot, o);
+    const float s = scale * dot + ldh(a.in[3], biasRow + j * D::bias3);
+    const float mNew = fmaxf(m, s);
+    if (mNew == -INFINITY)
+      continue; // every score so far is -inf: nothing to add yet
+    const float corr = __expf(m - mNew), p = __expf(s - mNew);
+    l = l * corr + p;
+    const elem* vr = v + j * D::Hkv * D::Hd;
+#pragma unroll
+    for (int t = 0; t < kPer; ++t) {
+      const int64_t c = lane + 32 * t;
+      acc[t] = acc[t] * corr + (c < D::Hd ? p * toF(vr[c]) : 0.0f);
+    }
+    m = mNew;
+  }
+  elem* o = static_cast<elem*>(a.out) + (b * D::Sq + i) * D::H * D::Hd + h * D::Hd;
+#pragma unroll
+  for (int t = 0; t < kPer; ++t) {
+    const int64_t c = lane + 32 * t;
+    if (c < D::Hd)
+      o[c] = fromF(acc[t] / l);
+  }
+}
+
+} // namespace fpat

@@ -30,8 +30,8 @@ std::vector<Role> operandRoles(const Graph& g, Vertex v) {
   case OpKind::AttnQk:
   case OpKind::AttnPv:
   case OpKind::Attention:
-    // A query row needs every key row of its batch: these are read whole (the rows of their
-    // results are not the query's rows, so a sample stops here; see sampleRows).
+    // A query row needs every key row of its batch, and the results' rows are not the
+    // operands' rows: sampleRows declines graphs where rows reach these.
     break;
   case OpKind::Add:
   case OpKind::Mul:
@@ -78,6 +78,9 @@ std::optional<RowSample> sampleRows(const Graph& g, size_t count, std::string* w
     const Vertex v = *it;
     if (state[v] == Unused)
       continue;
+    const OpKind k = g.op(v).kind;
+    if (k == OpKind::AttnQk || k == OpKind::AttnPv || k == OpKind::Attention)
+      return fail("%" + g.op(v).name + " is attention, whose rows are not its operands' rows");
     const std::vector<Vertex> ops = g.operands(v);
     const std::vector<Role> roles = operandRoles(g, v);
     for (size_t i = 0; i < ops.size(); ++i) {

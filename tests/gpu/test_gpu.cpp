@@ -793,6 +793,66 @@ BOOST_AUTO_TEST_CASE(poisoned_outputs_catch_unwritten_elements) {
   BOOST_TEST(a.nonFinite == static_cast<size_t>(32 * 64));
 }
 
+/// Attention on token-major activations, as one op and as its decomposition (attn_qk, scale,
+/// bias, softmax, attn_pv), at ragged lengths (S = 1, not a multiple of any tile), GQA ratios
+/// 1, 4 and 8, no mask, a causal one (bottom-right: Sq <= Sk leaves no row fully masked) and
+/// a per-key padding bias ([B, 1, 1, Sk]; [1, 1, 1, Sk] decomposed); f16 and bf16.
+BOOST_AUTO_TEST_CASE(attention_matches_the_reference) {
+  struct Case {
+    int64_t b, sq, sk, h, hkv, d;
+    int mask; // 0 none, 1 causal (bottom-right), 2 padding bias [B, 1, 1, Sk]
+    ir::DType dt;
+  };
+  const Case cases[] = {
+      {1, 1, 1, 1, 1, 64, 0, ir::DType::F16},     {2, 7, 5, 4, 2, 16, 2, ir::DType::F16},
+      {1, 333, 333, 8, 2, 64, 1, ir::DType::F16}, {2, 65, 130, 4, 4, 128, 2, ir::DType::BF16},
+      {1, 1, 4097, 8, 1, 128, 0, ir::DType::F16}, {1, 4, 1024, 8, 1, 80, 1, ir::DType::BF16},
+      {2, 113, 211, 8, 8, 128, 1, ir::DType::F16},
+  };
+  uint64_t seed = 40;
+  for (const Case& c : cases)
+    for (bool decomposed : {false, true}) {
+      BOOST_TEST_CONTEXT("B " << c.b << ", Sq " << c.sq << ", Sk " << c.sk << ", H " << c.h
+                              << ", Hkv " << c.hkv << ", d " << c.d << ", mask " << c.mask << ", "
+                              << ir::dtypeName(c.dt) << (decomposed ? ", decomposed" : "")) {
+        ir::GraphBuilder b("attention");
+        auto q = b.input("q", {c.b * c.sq, c.h * c.d}, c.dt);
+        auto k = b.input("k", {c.b * c.sk, c.hkv * c.d}, c.dt);
+        auto v = b.input("v", {c.b * c.sk, c.hkv * c.d}, c.dt);
+        ir::Value bias;
+        if (c.mask == 1) {
+          std::vector<float> m(static_cast<size_t>(c.sq * c.sk));
+          for (int64_t i = 0; i < c.sq; ++i)
+            for (int64_t j = 0; j < c.sk; ++j)
+              m[static_cast<size_t>(i * c.sk + j)] =
+                  j > i + (c.sk - c.sq) ? -std::numeric_limits<float>::infinity() : 0.0f;
+          bias = b.weight("mask", {1, 1, c.sq, c.sk}, c.dt, m);
+        } else if (c.mask == 2) {
+          // (The decomposition's elementwise kernel broadcasts trailing blocks only.)
+          bias = b.input("pad", {decomposed ? 1 : c.b, 1, 1, c.sk}, c.dt);
+        } else {
+          bias = b.constant(0.0, {}, c.dt);
+        }
+        auto scale = b.constant(1.0 / std::sqrt(static_cast<double>(c.d)), {}, c.dt);
+        if (decomposed)
+          b.output(b.attnPv(b.softmax(b.add(b.mul(b.attnQk(q, k, c.b, c.d), scale), bias)), v, c.b,
+                            c.d, "o"));
+        else
+          b.output(b.attention(q, k, v, bias, scale, c.b, c.d, "o"));
+        ir::Graph g = b.build();
+        runtime::BuildResult r = runtime::buildKernels(g, builtinLibrary().activations, buildOptions());
+        BOOST_TEST_REQUIRE(r.error.empty(), r.error);
+        auto inputs = ir::randomInputs(g, seed++);
+        auto want = ir::evaluate(g, inputs, builtinLibrary().referenceActivations());
+        runtime::Executor ex(*gpu(), r.graph);
+        runtime::RunResult got = ex.run(inputs, /*poison=*/true);
+        runtime::Agreement a = runtime::compareToReference(got.outputs[0], want[g.outputs()[0]]);
+        BOOST_TEST(a.pass, "max abs err " << a.maxAbs << ", max rel err " << a.maxRel
+                                          << ", non-finite " << a.nonFinite);
+      }
+    }
+}
+
 BOOST_AUTO_TEST_CASE(whole_graphs_run) {
   for (const char* file : {"/examples/ffn_swiglu.fgraph", "/examples/transformer_mlp.fgraph"}) {
     BOOST_TEST_CONTEXT(file) {

@@ -135,8 +135,8 @@ BOOST_AUTO_TEST_CASE(type_errors_name_op_operand_expected_and_actual) {
   });
   BOOST_CHECK_EXCEPTION(b.input("huge", {int64_t{1} << 32, int64_t{1} << 32}), BuildError,
                         [](const BuildError& e) { return contains(e.what(), "2^40 elements"); });
-  BOOST_CHECK_EXCEPTION(b.input("r3", {2, 2, 2}), BuildError,
-                        [](const BuildError& e) { return contains(e.what(), "1-D or 2-D"); });
+  BOOST_CHECK_EXCEPTION(b.input("r5", {2, 2, 2, 2, 2}), BuildError,
+                        [](const BuildError& e) { return contains(e.what(), "rank 1 to 4"); });
   BOOST_CHECK_EXCEPTION(b.input("a", {2}), BuildError,
                         [](const BuildError& e) { return contains(e.what(), "more than once"); });
 }

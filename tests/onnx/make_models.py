@@ -232,6 +232,16 @@ save("where_runtime",
      [weight("W", 8, 8), numpy_helper.from_array(np.tril(np.ones((4, 8), bool)), "mask"),
       numpy_helper.from_array(np.array(-100, np.float32), "neg")])
 
+# The same Where as a mask: the other choice is float32's most negative value (Hugging Face's
+# finfo.min), so it imports as the addition of a 0 / min bias; a softmax reads it as masked.
+save("where_mask",
+     [helper.make_node("MatMul", ["x", "W"], ["h"], name="mm"),
+      helper.make_node("Where", ["mask", "h", "neg"], ["m"], name="attn/Where"),
+      helper.make_node("Softmax", ["m"], ["y"], name="attn/Softmax")],
+     [f32("x", [4, 8])], [f32("y", [4, 8])],
+     [weight("W", 8, 8), numpy_helper.from_array(np.tril(np.ones((4, 8), bool)), "mask"),
+      numpy_helper.from_array(np.array(np.finfo(np.float32).min, np.float32), "neg")])
+
 # Softmax over the last axis: opset 13's default axis (-1), and opset 11's (1, the last axis of
 # a 2-D input); over another axis it is an error.
 save("softmax_rows", [helper.make_node("Softmax", ["x"], ["y"], name="attn/Softmax")],

@@ -165,6 +165,92 @@ BOOST_AUTO_TEST_CASE(softmax_rows_by_hand) {
   BOOST_TEST(sampleRows(g, 2).has_value());
 }
 
+BOOST_AUTO_TEST_CASE(attention_by_hand) {
+  // One batch, one head, d = 2, two keys: q = (1, 0), k = (ln 3, 0), (0, 0): scores ln 3 and 0,
+  // softmax 3/4 and 1/4 of the values (4, 8) and (0, 4): (3, 7). With a causal mask over two
+  // queries the first sees only key 0: its values (4, 8).
+  GraphBuilder b("attn");
+  Value q = b.input("q", {2, 2}, DType::F32), k = b.input("k", {2, 2}, DType::F32),
+        v = b.input("v", {2, 2}, DType::F32);
+  const float inf = std::numeric_limits<float>::infinity();
+  Value mask = b.weight("mask", {1, 1, 2, 2}, DType::F32, {0, -inf, 0, 0});
+  Value one = b.constant(1.0, {}, DType::F32);
+  Value y = b.attention(q, k, v, mask, one, 1, 2, "y");
+  Value s = b.attnQk(q, k, 1, 2, "s");
+  Value z = b.attnPv(b.softmax(b.add(s, mask)), v, 1, 2, "z");
+  b.output(y).output(z);
+  Graph g = b.build();
+  BOOST_TEST(g.op(s.v).type.shape == (std::vector<int64_t>{1, 1, 2, 2}));
+  auto in = randomInputs(g, 1); // the mask's values, and q, k, v replaced:
+  in["q"] = make({2, 2}, {1, 0, 1, 0});
+  in["k"] = make({2, 2}, {std::log(3.0f), 0, 0, 0});
+  in["v"] = make({2, 2}, {4, 8, 0, 4});
+  auto vals = evaluate(g, in);
+  const std::vector<float> want = {4, 8, 3, 7};
+  for (size_t i = 0; i < 4; ++i) {
+    BOOST_TEST(std::abs(vals[y.v].data[i] - want[i]) < 1e-5, "attention element " << i);
+    BOOST_TEST(std::abs(vals[z.v].data[i] - want[i]) < 1e-5, "decomposition element " << i);
+  }
+  // A query row reads every key row of its batch: no row sampling through attention.
+  BOOST_TEST(!sampleRows(g, 1).has_value());
+}
+
+BOOST_AUTO_TEST_CASE(attention_gqa_is_repeated_kv_heads) {
+  // Hkv = 2 shared by 8 query heads equals each KV head repeated 4 times (repeat_kv), for two
+  // batches of 3 queries and 5 keys, with a [B, 1, 1, Sk] padding bias.
+  const int64_t B = 2, Sq = 3, Sk = 5, H = 8, Hkv = 2, d = 4;
+  GraphBuilder b("gqa");
+  Value q = b.input("q", {B * Sq, H * d}, DType::F32);
+  Value k = b.input("k", {B * Sk, Hkv * d}, DType::F32), v = b.input("v", {B * Sk, Hkv * d}, DType::F32);
+  Value kr = b.input("kr", {B * Sk, H * d}, DType::F32), vr = b.input("vr", {B * Sk, H * d}, DType::F32);
+  Value pad = b.input("pad", {B, 1, 1, Sk}, DType::F32);
+  Value scale = b.constant(0.5, {}, DType::F32);
+  Value y = b.attention(q, k, v, pad, scale, B, d, "y");
+  Value yr = b.attention(q, kr, vr, pad, scale, B, d, "yr");
+  b.output(y).output(yr);
+  Graph g = b.build();
+  auto in = randomInputs(g, 3);
+  for (const char* n : {"k", "v"}) {
+    Tensor rep{{{B * Sk, H * d}, DType::F32}, {}};
+    const Tensor& src = in.at(n);
+    for (int64_t r = 0; r < B * Sk; ++r)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t c = 0; c < d; ++c)
+          rep.data.push_back(src.data[static_cast<size_t>(r * Hkv * d + h / (H / Hkv) * d + c)]);
+    in[std::string(n) + "r"] = rep;
+  }
+  auto vals = evaluate(g, in);
+  for (size_t i = 0; i < vals[y.v].data.size(); ++i)
+    BOOST_TEST(vals[y.v].data[i] == vals[yr.v].data[i], "element " << i);
+}
+
+BOOST_AUTO_TEST_CASE(attention_shapes_are_checked) {
+  GraphBuilder b("bad");
+  Value q = b.input("q", {6, 32}), k = b.input("k", {10, 24});
+  BOOST_CHECK_EXCEPTION(b.attnQk(q, k, 2, 16), BuildError, [](const BuildError& e) {
+    return std::string(e.what()).find("[B*Sk, Hkv*d] with d = 16") != std::string::npos;
+  });
+  Value k2 = b.input("k2", {10, 16});
+  BOOST_CHECK_EXCEPTION(b.attnQk(q, k2, 4, 16), BuildError, [](const BuildError& e) {
+    return std::string(e.what()).find("with B = 4") != std::string::npos;
+  });
+  Value s = b.attnQk(q, k2, 2, 16);
+  Value bias = b.input("bias", {3, 5});
+  Value big = b.input("big", {2, 1, 4, 5});
+  Value scale = b.constant(1.0);
+  BOOST_CHECK_NO_THROW(b.attention(q, k2, k2, bias, scale, 2, 16));
+  BOOST_CHECK_EXCEPTION(b.attention(q, k2, k2, big, scale, 2, 16), BuildError,
+                        [](const BuildError& e) {
+                          return std::string(e.what()).find("does not broadcast") !=
+                                 std::string::npos;
+                        });
+  BOOST_CHECK_EXCEPTION(b.attention(q, k2, k2, bias, bias, 2, 16), BuildError,
+                        [](const BuildError& e) {
+                          return std::string(e.what()).find("must be a scalar") != std::string::npos;
+                        });
+  BOOST_TEST(b.type(s).shape == (std::vector<int64_t>{2, 2, 3, 5}));
+}
+
 BOOST_AUTO_TEST_CASE(random_inputs_are_deterministic_and_weights_scaled) {
   GraphBuilder b("r");
   Value x = b.input("x", {4, 300});

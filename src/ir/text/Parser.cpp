@@ -255,8 +255,11 @@ private:
     int64_t elements = 1;
     for (int64_t d : t.shape) {
       if (elements > (int64_t{1} << 40) / d) {
+        std::string dims;
+        for (int64_t e : t.shape)
+          dims += (dims.empty() ? "" : " x ") + std::to_string(e);
         diags_.error(tokenLoc(fileId_, tt->dtype),
-                     "tensor " + t.str() + " has more than 2^40 elements");
+                     "tensor " + t.str() + " has more than 2^40 elements (" + dims + ")");
         return std::nullopt;
       }
       elements *= d;

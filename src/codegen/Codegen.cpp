@@ -411,7 +411,9 @@ KernelUnit generate(const ir::Graph& g, ir::Vertex v, dsl::Activations defs,
            op.kind == ir::OpKind::ReduceMean || op.kind == ir::OpKind::Softmax)
     u = generateRowwise(g, v, o);
   else if (op.kind == ir::OpKind::Slice || op.kind == ir::OpKind::AttnQk ||
-           op.kind == ir::OpKind::AttnPv || op.kind == ir::OpKind::Attention)
+           op.kind == ir::OpKind::AttnPv || op.kind == ir::OpKind::Attention ||
+           op.kind == ir::OpKind::Heads || op.kind == ir::OpKind::MergeHeads ||
+           op.kind == ir::OpKind::Concat || op.kind == ir::OpKind::Rope)
     u = generateAttentionOp(g, v, o);
   else
     u = generateElementwise(g, v, defs, o);

@@ -1,6 +1,7 @@
 // Code generators of the kernels for ops that no GEMM absorbed: row-wise norms, means and
 // softmax, and elementwise ops (activation bodies lowered from .fpat).
 #include "fpat/codegen/Lowering.h"
+#include "fpat/support/Hash.h"
 
 #include <cctype>
 #include <map>
@@ -57,6 +58,39 @@ KernelUnit generateRowwise(const ir::Graph& g, ir::Vertex v, const CodegenOption
   return u;
 }
 
+namespace {
+
+/// `struct Bcast` of a generated kernel: the result's shape padded to rank 4 and, in
+/// `at(k, i)`, operand k's element index for element i of the result (NumPy broadcasting).
+std::string broadcastStruct(const ir::TensorDesc& out, const std::vector<ir::TensorDesc>& ins) {
+  std::vector<int64_t> shape = out.shape;
+  while (shape.size() < 4)
+    shape.insert(shape.begin(), 1);
+  std::ostringstream st;
+  st << "struct Bcast {\n  // the result's shape " << out.shapeStr()
+     << ", each operand's element strides over it (0: broadcast)\n"
+     << "  __device__ static int64_t at(int k, int64_t i) {\n"
+     << "    const int64_t i3 = i % " << shape[3] << ", i2 = i / " << shape[3] << " % " << shape[2]
+     << ", i1 = i / " << shape[3] * shape[2] << " % " << shape[1]
+     << ", i0 = i / " << shape[3] * shape[2] * shape[1] << ";\n";
+  for (size_t k = 0; k < ins.size(); ++k) {
+    const std::vector<int64_t>& os = ins[k].shape;
+    int64_t strides[4] = {0, 0, 0, 0}, step = 1;
+    for (size_t i = 0; i < os.size(); ++i) {
+      const size_t d = os.size() - 1 - i;
+      strides[3 - i] = os[d] == 1 ? 0 : step;
+      step *= os[d];
+    }
+    st << "    " << (k + 1 < ins.size() ? "if (k == " + std::to_string(k) + ") " : "")
+       << "return i0 * " << strides[0] << " + i1 * " << strides[1] << " + i2 * " << strides[2]
+       << " + i3 * " << strides[3] << ";\n";
+  }
+  st << "  }\n};\n\n";
+  return st.str();
+}
+
+} // namespace
+
 KernelUnit generateElementwise(const ir::Graph& g, ir::Vertex v, dsl::Activations defs,
                                const CodegenOptions& o) {
   const ir::Op& op = g.op(v);
@@ -83,11 +117,14 @@ KernelUnit generateElementwise(const ir::Graph& g, ir::Vertex v, dsl::Activation
       return "FPAT_IN_COLVEC";
     return "FPAT_IN_ROWVEC";
   };
+  // Rank 3 and 4 (attention's scores, masks, heads): an operand that is the result's trailing
+  // dimensions (leading 1s aside), e.g. a [1, 1, Sq, Sk] mask over [B, H, Sq, Sk], repeats
+  // every numel(operand) elements, and the kernel's rows are that long. Any other broadcast
+  // (RoPE's [1, S, 1, d] tables over [B, S, H, d]) indexes each operand through its strides.
+  std::string general; // the strides struct of a general broadcast, or empty
   if (op.type.rank() > 2) {
-    // Attention's scores and masks: an operand that is the result's trailing dimensions
-    // (leading 1s aside), e.g. a [1, 1, Sq, Sk] mask over [B, H, Sq, Sk], repeats every
-    // numel(operand) elements: the kernel's rows are that long.
     int64_t period = 0;
+    bool trailingOnly = true;
     for (ir::Vertex w : ins) {
       const ir::TensorDesc& t = g.op(w).type;
       if (t.shape == op.type.shape || t.numel() == 1)
@@ -99,12 +136,19 @@ KernelUnit generateElementwise(const ir::Graph& g, ir::Vertex v, dsl::Activation
           core.size() <= op.type.shape.size() &&
           std::equal(core.begin(), core.end(), op.type.shape.end() - static_cast<long>(core.size()));
       const int64_t n = t.numel();
-      if (!trailing || (period && period != n))
-        throw CodegenError(ref(g, v) + ": broadcasting " + t.str() + " to " + op.type.str() +
-                           " is not supported by the elementwise kernel (only operands that "
-                           "are the result's trailing dimensions, or scalars)");
-      period = u.N = n;
-      u.M = op.type.numel() / n;
+      trailingOnly = trailingOnly && trailing && !(period && period != n);
+      period = n;
+    }
+    if (trailingOnly && period) {
+      u.N = period;
+      u.M = op.type.numel() / period;
+    } else if (!trailingOnly) {
+      std::vector<ir::TensorDesc> types;
+      for (ir::Vertex w : ins)
+        types.push_back(g.op(w).type);
+      general = broadcastStruct(op.type, types);
+      u.N = op.type.shape.back();
+      u.M = op.type.numel() / u.N;
     }
   }
   auto binaryKinds = [&] {
@@ -132,7 +176,9 @@ KernelUnit generateElementwise(const ir::Graph& g, ir::Vertex v, dsl::Activation
     kinds = binaryKinds();
     suffix = ir::opKindName(op.kind);
     // Each broadcast is its own kernel (the runtime loads kernels by name).
-    if (inputKind(0) != "FPAT_IN_FULL" || inputKind(1) != "FPAT_IN_FULL")
+    if (!general.empty())
+      suffix += "_bcast_" + sha256Hex(general).substr(0, 12);
+    else if (inputKind(0) != "FPAT_IN_FULL" || inputKind(1) != "FPAT_IN_FULL")
       for (size_t k = 0; k < 2; ++k)
         suffix += "_" + std::string(1, static_cast<char>(std::tolower(inputKind(k)[8])));
     break;
@@ -163,9 +209,12 @@ KernelUnit generateElementwise(const ir::Graph& g, ir::Vertex v, dsl::Activation
        << "  template <bool kFma = false>\n"
        << "  __device__ __forceinline__ float operator()(const float* in,\n"
        << "                                              const FpatKernelArgs& a) const {\n"
-       << "    (void)a;\n    return " << expr << ";\n  }\n};\n\n} // namespace\n\n"
+       << "    (void)a;\n    return " << expr << ";\n  }\n};\n\n" << general
+       << "} // namespace\n\n"
        << "extern \"C\" __global__ void __launch_bounds__(256) " << u.name
-       << "(const FpatKernelArgs a) {\n  fpat::elementwise<Op>(a);\n}\n";
+       << "(const FpatKernelArgs a) {\n  fpat::"
+       << (general.empty() ? "elementwise<Op>(a)" : "broadcastElementwise<Op, Bcast>(a)")
+       << ";\n}\n";
   u.launches.push_back({Launch::Elements, u.name, 256, 0, {}});
   u.params = acts.params;
   u.source = body.str();
@@ -193,6 +242,39 @@ KernelUnit generateAttentionOp(const ir::Graph& g, ir::Vertex v, const CodegenOp
          << "extern \"C\" __global__ void __launch_bounds__(256) " << u.name
          << "(const FpatKernelArgs a) {\n  fpat::sliceColumns<" << in.shape.back() << ", "
          << op.begin << ", " << u.N << ">(a);\n}\n";
+    u.launches.push_back({Launch::Elements, u.name, 256, 0, {}});
+    u.source = body.str();
+    return u;
+  }
+  if (op.kind == ir::OpKind::Heads || op.kind == ir::OpKind::MergeHeads ||
+      op.kind == ir::OpKind::Concat || op.kind == ir::OpKind::Rope) {
+    u.family = "elementwise";
+    u.N = op.type.shape.back();
+    u.M = op.type.numel() / u.N;
+    std::string call, what, extra;
+    if (op.kind == ir::OpKind::Concat) {
+      const int64_t wa = g.op(ins[0]).type.shape.back(), wb = g.op(ins[1]).type.shape.back();
+      u.name = "fpat_concat_" + std::to_string(wa) + "_" + std::to_string(wb) + "_" + arch;
+      call = "concatColumns<" + std::to_string(wa) + ", " + std::to_string(wb) + ">(a)";
+      what = "concat (rows of " + std::to_string(wa) + " and " + std::to_string(wb) + ")";
+    } else if (op.kind == ir::OpKind::Rope) {
+      std::vector<ir::TensorDesc> types;
+      for (ir::Vertex w : ins)
+        types.push_back(g.op(w).type);
+      extra = "namespace {\n\n" + broadcastStruct(op.type, types) + "} // namespace\n\n";
+      u.name = "fpat_rope_" + std::to_string(u.N) + "_" + sha256Hex(extra).substr(0, 12) + "_" +
+               arch;
+      call = "ropeHalves<" + std::to_string(u.N) + ", Bcast>(a)";
+      what = "rope (rotate_half form, rows of " + std::to_string(u.N) + ")";
+    } else {
+      u.name = "fpat_copy_" + arch; // the same elements in the same order
+      call = "copyElements(a)";
+      what = std::string(ir::opKindName(op.kind)) + " (a copy)";
+    }
+    body << header(what, o, {"family:   elementwise (one element per thread)"})
+         << "#include \"fpat_attention.cuh\"\n\n"
+         << extra << "extern \"C\" __global__ void __launch_bounds__(256) " << u.name
+         << "(const FpatKernelArgs a) {\n  fpat::" << call << ";\n}\n";
     u.launches.push_back({Launch::Elements, u.name, 256, 0, {}});
     u.source = body.str();
     return u;

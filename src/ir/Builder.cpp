@@ -157,6 +157,28 @@ Value GraphBuilder::attnPv(Value p, Value v, int64_t batch, int64_t headDim,
   return append(attnOp(OpKind::AttnPv, batch, headDim), {p, v}, name);
 }
 
+Value GraphBuilder::heads(Value x, int64_t batch, int64_t headDim, const std::string& name) {
+  return append(attnOp(OpKind::Heads, batch, headDim), {x}, name);
+}
+
+Value GraphBuilder::mergeHeads(Value x, const std::string& name) {
+  Op op;
+  op.kind = OpKind::MergeHeads;
+  return append(std::move(op), {x}, name);
+}
+
+Value GraphBuilder::concat(Value a, Value b, const std::string& name) {
+  Op op;
+  op.kind = OpKind::Concat;
+  return append(std::move(op), {a, b}, name);
+}
+
+Value GraphBuilder::rope(Value x, Value cos, Value sin, const std::string& name) {
+  Op op;
+  op.kind = OpKind::Rope;
+  return append(std::move(op), {x, cos, sin}, name);
+}
+
 Value GraphBuilder::attention(Value q, Value k, Value v, Value bias, Value scale, int64_t batch,
                               int64_t headDim, const std::string& name) {
   return append(attnOp(OpKind::Attention, batch, headDim), {q, k, v, bias, scale}, name);

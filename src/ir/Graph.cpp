@@ -31,6 +31,10 @@ const std::vector<OpKindInfo>& opKinds() {
       {OpKind::AttnQk, "attn_qk", 2, 2},
       {OpKind::AttnPv, "attn_pv", 2, 2},
       {OpKind::Attention, "attention", 5, 5},
+      {OpKind::Heads, "heads", 1, 1},
+      {OpKind::MergeHeads, "merge_heads", 1, 1},
+      {OpKind::Concat, "concat", 2, 2},
+      {OpKind::Rope, "rope", 3, 3},
   };
   return kinds;
 }
@@ -342,6 +346,46 @@ std::optional<TensorDesc> inferType(const Op& op, const std::vector<OperandInfo>
     t.shape.back() = op.end - op.begin;
     return t;
   }
+  case OpKind::Heads: {
+    const std::vector<int64_t>& x = in[0].type.shape;
+    if (op.batch < 1 || op.headDim < 1)
+      return fail(-1, "batch and head_dim must be given, and at least 1");
+    if (x.size() != 2 || x[0] % op.batch || x[1] % op.headDim)
+      return fail(0, operandRef(in, 0) + " must be [B*S, H*d] with B = " +
+                         std::to_string(op.batch) + " and d = " + std::to_string(op.headDim));
+    return TensorDesc{{op.batch, x[0] / op.batch, x[1] / op.headDim, op.headDim},
+                      in[0].type.dtype};
+  }
+  case OpKind::MergeHeads: {
+    const std::vector<int64_t>& x = in[0].type.shape;
+    if (x.size() != 4)
+      return fail(0, operandRef(in, 0) + " must be [B, S, H, d]");
+    return TensorDesc{{x[0] * x[1], x[2] * x[3]}, in[0].type.dtype};
+  }
+  case OpKind::Concat: {
+    const TensorDesc& a = in[0].type;
+    const TensorDesc& b = in[1].type;
+    if (a.rank() < 1 || a.rank() != b.rank() ||
+        !std::equal(a.shape.begin(), a.shape.end() - 1, b.shape.begin()))
+      return fail(1, operandRef(in, 1) + " must have operand 0's shape " + a.shapeStr() +
+                         " but for the last dimension");
+    TensorDesc t = a;
+    t.shape.back() += b.shape.back();
+    return t;
+  }
+  case OpKind::Rope: {
+    const TensorDesc& x = in[0].type;
+    if (x.rank() < 1 || x.shape.back() % 2)
+      return fail(0, operandRef(in, 0) + " must have an even last dimension (its two halves "
+                                         "rotate)");
+    for (size_t i = 1; i < 3; ++i)
+      if (broadcastShapes(in[i].type.shape, x.shape) != x.shape)
+        return fail(static_cast<int>(i), operandRef(in, i) + " (the " +
+                                             (i == 1 ? "cosines" : "sines") +
+                                             ") does not broadcast to operand 0, " +
+                                             x.shapeStr());
+    return x;
+  }
   case OpKind::AttnQk:
   case OpKind::AttnPv:
   case OpKind::Attention: {
@@ -599,6 +643,7 @@ std::string attrString(const Op& op) {
   case OpKind::AttnQk:
   case OpKind::AttnPv:
   case OpKind::Attention:
+  case OpKind::Heads:
     attrs.push_back("batch = " + std::to_string(op.batch));
     attrs.push_back("head_dim = " + std::to_string(op.headDim));
     break;

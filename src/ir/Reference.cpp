@@ -274,6 +274,23 @@ void binary(OpKind k, const Tensor& a, const Tensor& b, Tensor& out) {
   }
 }
 
+/// x * cos + rotate_half(x) * sin in double, cos and sin broadcast to x; rotate_half takes
+/// each last-dimension row (x1, x2) to (-x2, x1).
+void rope(const Tensor& x, const Tensor& c, const Tensor& s, Tensor& out) {
+  const std::vector<int64_t> sc = broadcastStrides(c.desc, x.desc);
+  const std::vector<int64_t> ss = broadcastStrides(s.desc, x.desc);
+  const int64_t total = x.desc.numel(), d = x.desc.shape.back(), half = d / 2;
+  for (int64_t i = 0; i < total; ++i) {
+    const int64_t col = i % d;
+    const double rot = col < half ? -double(x.data[static_cast<size_t>(i + half)])
+                                  : double(x.data[static_cast<size_t>(i - half)]);
+    const double v = double(x.data[static_cast<size_t>(i)]) *
+                         c.data[static_cast<size_t>(broadcastIndex(i, x.desc.shape, sc))] +
+                     rot * s.data[static_cast<size_t>(broadcastIndex(i, x.desc.shape, ss))];
+    out.data[static_cast<size_t>(i)] = store(v, out.desc.dtype);
+  }
+}
+
 /// The sizes of an attention op from its operands' types (valid graphs only).
 AttnShape attnShapeOf(const Op& op, const std::vector<const Tensor*>& ins) {
   std::vector<OperandInfo> infos;
@@ -558,6 +575,26 @@ std::vector<Tensor> evaluate(const Graph& g, const std::map<std::string, Tensor>
                     w, out.data.begin() + static_cast<long>(r * w));
       break;
     }
+    case OpKind::Heads:
+    case OpKind::MergeHeads: // the same elements in the same order
+      out.data = in(0).data;
+      for (float& x : out.data)
+        x = store(x, dt);
+      break;
+    case OpKind::Concat: {
+      const size_t wa = static_cast<size_t>(in(0).desc.shape.back());
+      const size_t wb = static_cast<size_t>(in(1).desc.shape.back());
+      for (size_t r = 0; r < out.data.size() / (wa + wb); ++r) {
+        std::copy_n(in(0).data.begin() + static_cast<long>(r * wa), wa,
+                    out.data.begin() + static_cast<long>(r * (wa + wb)));
+        std::copy_n(in(1).data.begin() + static_cast<long>(r * wb), wb,
+                    out.data.begin() + static_cast<long>(r * (wa + wb) + wa));
+      }
+      break;
+    }
+    case OpKind::Rope:
+      rope(in(0), in(1), in(2), out);
+      break;
     case OpKind::AttnQk:
       attnQk(op, in(0), in(1), out);
       break;

@@ -25,7 +25,13 @@ std::vector<Role> operandRoles(const Graph& g, Vertex v) {
   case OpKind::ReduceMean:
   case OpKind::Softmax:
   case OpKind::Slice:
+  case OpKind::Concat:
     std::fill(roles.begin(), roles.end(), Role::Same);
+    break;
+  case OpKind::Heads:
+  case OpKind::MergeHeads:
+  case OpKind::Rope:
+    // Rank 4 [B, S, H, d]: rows are not the operand's rows (sampleRows needs matrices).
     break;
   case OpKind::AttnQk:
   case OpKind::AttnPv:
@@ -79,8 +85,9 @@ std::optional<RowSample> sampleRows(const Graph& g, size_t count, std::string* w
     if (state[v] == Unused)
       continue;
     const OpKind k = g.op(v).kind;
-    if (k == OpKind::AttnQk || k == OpKind::AttnPv || k == OpKind::Attention)
-      return fail("%" + g.op(v).name + " is attention, whose rows are not its operands' rows");
+    if (k == OpKind::AttnQk || k == OpKind::AttnPv || k == OpKind::Attention ||
+        k == OpKind::Heads || k == OpKind::MergeHeads || k == OpKind::Rope)
+      return fail("%" + g.op(v).name + " is attention's, whose rows are not its operands' rows");
     const std::vector<Vertex> ops = g.operands(v);
     const std::vector<Role> roles = operandRoles(g, v);
     for (size_t i = 0; i < ops.size(); ++i) {

@@ -853,6 +853,38 @@ BOOST_AUTO_TEST_CASE(attention_matches_the_reference) {
     }
 }
 
+/// RoPE as Llama's export computes it once its heads are views: heads, the rotary op with
+/// [1, S, 1, d] tables, and the unfused decomposition (slices, neg, concat, a general
+/// broadcast multiply), merged back; ragged S and two batches.
+BOOST_AUTO_TEST_CASE(rope_matches_the_reference) {
+  const int64_t B = 2, S = 37, H = 3, d = 64;
+  for (bool decomposed : {false, true}) {
+    BOOST_TEST_CONTEXT((decomposed ? "decomposed" : "rope op")) {
+      ir::GraphBuilder b("rope", builtinLibrary().activationSet());
+      auto x = b.input("x", {B * S, H * d});
+      auto c = b.input("cos", {1, S, 1, d}), sn = b.input("sin", {1, S, 1, d});
+      auto h = b.heads(x, B, d);
+      ir::Value r;
+      if (decomposed) {
+        auto rot = b.concat(b.activation(b.slice(h, d / 2, d), "neg"), b.slice(h, 0, d / 2));
+        r = b.add(b.mul(h, c), b.mul(rot, sn));
+      } else {
+        r = b.rope(h, c, sn);
+      }
+      b.output(b.mergeHeads(r, "y"));
+      ir::Graph g = b.build();
+      runtime::BuildResult rb = runtime::buildKernels(g, builtinLibrary().activations, buildOptions());
+      BOOST_TEST_REQUIRE(rb.error.empty(), rb.error);
+      auto inputs = ir::randomInputs(g, 77);
+      auto want = ir::evaluate(g, inputs, builtinLibrary().referenceActivations());
+      runtime::Executor ex(*gpu(), rb.graph);
+      runtime::RunResult got = ex.run(inputs, /*poison=*/true);
+      runtime::Agreement a = runtime::compareToReference(got.outputs[0], want[g.outputs()[0]]);
+      BOOST_TEST(a.pass, "max abs err " << a.maxAbs << ", max rel err " << a.maxRel);
+    }
+  }
+}
+
 BOOST_AUTO_TEST_CASE(whole_graphs_run) {
   for (const char* file : {"/examples/ffn_swiglu.fgraph", "/examples/transformer_mlp.fgraph"}) {
     BOOST_TEST_CONTEXT(file) {

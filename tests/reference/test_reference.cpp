@@ -251,6 +251,32 @@ BOOST_AUTO_TEST_CASE(attention_shapes_are_checked) {
   BOOST_TEST(b.type(s).shape == (std::vector<int64_t>{2, 2, 3, 5}));
 }
 
+BOOST_AUTO_TEST_CASE(rope_heads_and_concat_by_hand) {
+  // x = one token, one head of d = 4: (1, 2, 3, 4); rotate_half = (-3, -4, 1, 2). With cos 0.5
+  // and sin 2 everywhere: (0.5 - 6, 1 - 8, 1.5 + 2, 2 + 4) = (-5.5, -7, 3.5, 6). heads and
+  // merge_heads keep the elements; concat puts rows side by side.
+  GraphBuilder b("rope");
+  Value x = b.input("x", {1, 4}, DType::F32);
+  Value h = b.heads(x, 1, 4, "h");
+  Value c = b.constant(0.5, {}, DType::F32), sn = b.constant(2.0, {}, DType::F32);
+  Value y = b.mergeHeads(b.rope(h, c, sn), "y");
+  Value z = b.concat(x, y, "z");
+  b.output(z);
+  Graph g = b.build();
+  BOOST_TEST(g.op(h.v).type.shape == (std::vector<int64_t>{1, 1, 1, 4}));
+  auto vals = evaluate(g, {{"x", make({1, 4}, {1, 2, 3, 4})}});
+  const std::vector<float> want = {1, 2, 3, 4, -5.5f, -7, 3.5f, 6};
+  for (size_t i = 0; i < want.size(); ++i)
+    BOOST_TEST(vals[z.v].data[i] == want[i], "element " << i);
+  GraphBuilder bad("odd");
+  Value o = bad.input("o", {2, 3});
+  BOOST_CHECK_EXCEPTION(bad.rope(o, bad.constant(1.0), bad.constant(1.0)), BuildError,
+                        [](const BuildError& e) {
+                          return std::string(e.what()).find("even last dimension") !=
+                                 std::string::npos;
+                        });
+}
+
 BOOST_AUTO_TEST_CASE(random_inputs_are_deterministic_and_weights_scaled) {
   GraphBuilder b("r");
   Value x = b.input("x", {4, 300});

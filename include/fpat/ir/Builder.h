@@ -59,6 +59,13 @@ public:
   Value attnPv(Value p, Value v, int64_t batch, int64_t headDim, const std::string& name = "");
   Value attention(Value q, Value k, Value v, Value bias, Value scale, int64_t batch,
                   int64_t headDim, const std::string& name = "");
+  /// [B*S, H*d] seen as [B, S, H, d], and back (views: the same elements in the same order).
+  Value heads(Value x, int64_t batch, int64_t headDim, const std::string& name = "");
+  Value mergeHeads(Value x, const std::string& name = "");
+  /// a and b side by side along the last dimension.
+  Value concat(Value a, Value b, const std::string& name = "");
+  /// Rotary embedding, rotate_half form: x * cos + rotate_half(x) * sin.
+  Value rope(Value x, Value cos, Value sin, const std::string& name = "");
   Value layernorm(Value x, Value gamma, Value beta, double eps = 1e-5,
                   const std::string& name = "");
   Value rmsnorm(Value x, Value gamma, double eps = 1e-5, const std::string& name = "");

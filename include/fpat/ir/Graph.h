@@ -41,6 +41,10 @@ enum class OpKind {
   AttnQk,     // per batch and head, Q K^T: [B*Sq, H*d], [B*Sk, Hkv*d] -> [B, H, Sq, Sk]
   AttnPv,     // per batch and head, P V: [B, H, Sq, Sk], [B*Sk, Hkv*d] -> [B*Sq, H*d]
   Attention,  // attn_pv(softmax(attn_qk(q, k) * scale + bias), v) in one op
+  Heads,      // [B*S, H*d] seen as [B, S, H, d] (the same elements in the same order)
+  MergeHeads, // [B, S, H, d] seen as [B*S, H*d]
+  Concat,     // the operands side by side along the last dimension
+  Rope,       // x * cos + rotate_half(x) * sin; rotate_half(x) = (-x2, x1) over x's halves
 };
 
 /// The sizes an attention op (attn_qk, attn_pv, attention) works on, from its operands'

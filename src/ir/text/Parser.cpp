@@ -37,6 +37,7 @@ std::vector<std::string> attributeNames(const Op& op) {
   case OpKind::AttnQk:
   case OpKind::AttnPv:
   case OpKind::Attention:
+  case OpKind::Heads:
     return {"batch", "head_dim"};
   default:
     return {};
@@ -372,7 +373,8 @@ private:
       case OpKind::Slice:
       case OpKind::AttnQk:
       case OpKind::AttnPv:
-      case OpKind::Attention: {
+      case OpKind::Attention:
+      case OpKind::Heads: {
         const bool slice = op.kind == OpKind::Slice;
         int64_t* field = slice ? (key == "begin" ? &op.begin : key == "end" ? &op.end : nullptr)
                                : (key == "batch"      ? &op.batch

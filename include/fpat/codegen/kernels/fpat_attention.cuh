@@ -1,4 +1,5 @@
-// Attention's ops as plain CUDA-core kernels: the column slice, the per-head scores Q K^T, P V,
+// Attention's ops as plain CUDA-core kernels: the column slice, heads (a copy), concat, RoPE,
+// the per-head scores Q K^T, P V,
 // and the whole softmax(scale * Q K^T + bias) V with one warp per query row and an online
 // softmax in f32. These are the correct path for any shape (ragged lengths, GQA, any bias
 // broadcast); they are not the flash-attention kernel, and run far below the tensor cores.
@@ -24,6 +25,46 @@ __device__ __forceinline__ void sliceColumns(const FpatKernelArgs& a) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
        i += step)
     o[i] = x[i / WIDTH * N + BEGIN + i % WIDTH];
+}
+
+/// out = in, element for element (heads / merge_heads: the same elements seen as [B, S, H, d]
+/// or [B*S, H*d]).
+__device__ __forceinline__ void copyElements(const FpatKernelArgs& a) {
+  const int64_t total = a.M * a.N;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  elem* o = static_cast<elem*>(a.out);
+  const elem* x = static_cast<const elem*>(a.in[0]);
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += step)
+    o[i] = x[i];
+}
+
+/// Row r of the result is row r of in[0] (WA elements) then row r of in[1] (WB).
+template <int64_t WA, int64_t WB> __device__ __forceinline__ void concatColumns(const FpatKernelArgs& a) {
+  const int64_t total = a.M * (WA + WB);
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  elem* o = static_cast<elem*>(a.out);
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += step) {
+    const int64_t r = i / (WA + WB), c = i % (WA + WB);
+    o[i] = c < WA ? static_cast<const elem*>(a.in[0])[r * WA + c]
+                  : static_cast<const elem*>(a.in[1])[r * WB + c - WA];
+  }
+}
+
+/// Rotary embedding, rotate_half form, over rows of D (even) elements: out = x * cos +
+/// (-x2, x1) * sin, with cos and sin read through B::at(1 | 2, i) (their broadcast indices).
+template <int64_t D, class B> __device__ __forceinline__ void ropeHalves(const FpatKernelArgs& a) {
+  const int64_t total = a.M * a.N;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const elem* x = static_cast<const elem*>(a.in[0]);
+  elem* o = static_cast<elem*>(a.out);
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += step) {
+    const int64_t c = i % D;
+    const float rot = c < D / 2 ? -toF(x[i + D / 2]) : toF(x[i - D / 2]);
+    o[i] = fromF(fmaf(toF(x[i]), ldh(a.in[1], B::at(1, i)), rot * ldh(a.in[2], B::at(2, i))));
+  }
 }
 
 /// scores[b, h, i, j] = sum_c q[b * Sq + i, h * Hd + c] * k[b * Sk + j, h / (H / Hkv) * Hd + c].

@@ -63,4 +63,21 @@ template <class F> __device__ __forceinline__ void elementwise(const FpatKernelA
   }
 }
 
+/// out[i] = F(inputs) where each operand is read through B::at(k, i), its NumPy-broadcast
+/// index for element i of the result (any broadcast up to rank 4; one element per thread).
+template <class F, class B>
+__device__ __forceinline__ void broadcastElementwise(const FpatKernelArgs& a) {
+  const int64_t n = a.M * a.N;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const F f;
+  elem* o = static_cast<elem*>(a.out);
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
+    float x[F::kInputs > 0 ? F::kInputs : 1];
+#pragma unroll
+    for (int k = 0; k < F::kInputs; ++k)
+      x[k] = ldh(a.in[k], B::at(k, i));
+    o[i] = fromF(f(x, a));
+  }
+}
+
 } // namespace fpat

@@ -269,7 +269,7 @@ KernelUnit generateAttentionOp(const ir::Graph& g, ir::Vertex v, const CodegenOp
     } else {
       u.name = "fpat_copy_" + arch; // the same elements in the same order
       call = "copyElements(a)";
-      what = std::string(ir::opKindName(op.kind)) + " (a copy)";
+      what = "heads / merge_heads (a copy)"; // one kernel, one text, for both
     }
     body << header(what, o, {"family:   elementwise (one element per thread)"})
          << "#include \"fpat_attention.cuh\"\n\n"

@@ -71,8 +71,8 @@ std::string broadcastStruct(const ir::TensorDesc& out, const std::vector<ir::Ten
      << ", each operand's element strides over it (0: broadcast)\n"
      << "  __device__ static int64_t at(int k, int64_t i) {\n"
      << "    const int64_t i3 = i % " << shape[3] << ", i2 = i / " << shape[3] << " % " << shape[2]
-     << ", i1 = i / " << shape[3] * shape[2] << " % " << shape[1]
-     << ", i0 = i / " << shape[3] * shape[2] * shape[1] << ";\n";
+     << ", i1 = i / " << shape[3] * shape[2] << " % " << shape[1] << ", i0 = i / "
+     << shape[3] * shape[2] * shape[1] << ";\n";
   for (size_t k = 0; k < ins.size(); ++k) {
     const std::vector<int64_t>& os = ins[k].shape;
     int64_t strides[4] = {0, 0, 0, 0}, step = 1;
@@ -132,9 +132,9 @@ KernelUnit generateElementwise(const ir::Graph& g, ir::Vertex v, dsl::Activation
       std::vector<int64_t> core = t.shape;
       while (!core.empty() && core.front() == 1)
         core.erase(core.begin());
-      const bool trailing =
-          core.size() <= op.type.shape.size() &&
-          std::equal(core.begin(), core.end(), op.type.shape.end() - static_cast<long>(core.size()));
+      const bool trailing = core.size() <= op.type.shape.size() &&
+                            std::equal(core.begin(), core.end(),
+                                       op.type.shape.end() - static_cast<long>(core.size()));
       const int64_t n = t.numel();
       trailingOnly = trailingOnly && trailing && !(period && period != n);
       period = n;
@@ -209,8 +209,8 @@ KernelUnit generateElementwise(const ir::Graph& g, ir::Vertex v, dsl::Activation
        << "  template <bool kFma = false>\n"
        << "  __device__ __forceinline__ float operator()(const float* in,\n"
        << "                                              const FpatKernelArgs& a) const {\n"
-       << "    (void)a;\n    return " << expr << ";\n  }\n};\n\n" << general
-       << "} // namespace\n\n"
+       << "    (void)a;\n    return " << expr << ";\n  }\n};\n\n"
+       << general << "} // namespace\n\n"
        << "extern \"C\" __global__ void __launch_bounds__(256) " << u.name
        << "(const FpatKernelArgs a) {\n  fpat::"
        << (general.empty() ? "elementwise<Op>(a)" : "broadcastElementwise<Op, Bcast>(a)")
@@ -262,8 +262,8 @@ KernelUnit generateAttentionOp(const ir::Graph& g, ir::Vertex v, const CodegenOp
       for (ir::Vertex w : ins)
         types.push_back(g.op(w).type);
       extra = "namespace {\n\n" + broadcastStruct(op.type, types) + "} // namespace\n\n";
-      u.name = "fpat_rope_" + std::to_string(u.N) + "_" + sha256Hex(extra).substr(0, 12) + "_" +
-               arch;
+      u.name =
+          "fpat_rope_" + std::to_string(u.N) + "_" + sha256Hex(extra).substr(0, 12) + "_" + arch;
       call = "ropeHalves<" + std::to_string(u.N) + ", Bcast>(a)";
       what = "rope (rotate_half form, rows of " + std::to_string(u.N) + ")";
     } else {
@@ -318,8 +318,7 @@ KernelUnit generateAttentionOp(const ir::Graph& g, ir::Vertex v, const CodegenOp
                        : "family:   attention (CUDA cores: one output element per thread)",
                   "sizes:    B " + std::to_string(s->batch) + ", Sq " + std::to_string(s->sq) +
                       ", Sk " + std::to_string(s->sk) + ", H " + std::to_string(s->heads) +
-                      ", Hkv " + std::to_string(s->kvHeads) + ", d " +
-                      std::to_string(s->headDim)})
+                      ", Hkv " + std::to_string(s->kvHeads) + ", d " + std::to_string(s->headDim)})
        << "#include \"fpat_attention.cuh\"\n\n"
        << "namespace {\n\nstruct Dims {\n"
        << "  static constexpr int64_t B = " << s->batch << ", Sq = " << s->sq << ", Sk = " << s->sk

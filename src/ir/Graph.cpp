@@ -204,8 +204,8 @@ std::optional<AttnShape> attnShape(const Op& op, const std::vector<OperandInfo>&
   if (pv) {
     const std::vector<int64_t>& p = in[0].type.shape;
     if (p.size() != 4 || p[0] != op.batch)
-      return fail(0, operandRef(in, 0) + " must be [B, H, Sq, Sk] with B = batch = " +
-                         std::to_string(op.batch));
+      return fail(0, operandRef(in, 0) +
+                         " must be [B, H, Sq, Sk] with B = batch = " + std::to_string(op.batch));
     s.heads = p[1];
     s.sq = p[2];
     s.sk = p[3];
@@ -219,21 +219,73 @@ std::optional<AttnShape> attnShape(const Op& op, const std::vector<OperandInfo>&
   }
   const std::vector<int64_t>& k = in[kv].type.shape;
   if (k[1] % op.headDim || k[1] == 0 || s.heads % (k[1] / op.headDim))
-    return fail(static_cast<int>(kv),
-                operandRef(in, kv) + " must be [B*Sk, Hkv*d] with d = " +
-                    std::to_string(op.headDim) + " and Hkv dividing the " +
-                    std::to_string(s.heads) + " query heads");
+    return fail(static_cast<int>(kv), operandRef(in, kv) + " must be [B*Sk, Hkv*d] with d = " +
+                                          std::to_string(op.headDim) + " and Hkv dividing the " +
+                                          std::to_string(s.heads) + " query heads");
   s.kvHeads = k[1] / op.headDim;
   if (pv ? k[0] != op.batch * s.sk : k[0] % op.batch)
-    return fail(static_cast<int>(kv),
-                operandRef(in, kv) + " must have B*Sk = " +
-                    (pv ? std::to_string(op.batch * s.sk) : "a multiple of " + std::to_string(op.batch)) +
-                    " rows");
+    return fail(static_cast<int>(kv), operandRef(in, kv) + " must have B*Sk = " +
+                                          (pv ? std::to_string(op.batch * s.sk)
+                                              : "a multiple of " + std::to_string(op.batch)) +
+                                          " rows");
   if (!pv)
     s.sk = k[0] / op.batch;
   if (op.kind == OpKind::Attention && in[2].type.shape != k)
     return fail(2, operandRef(in, 2) + " (V) must have K's shape " + in[1].type.shapeStr());
   return s;
+}
+
+/// The result of heads, merge_heads, concat or rope (attention's layout ops), or nullopt
+/// with the reason and the offending operand.
+static std::optional<TensorDesc> inferLayoutOp(const Op& op, const std::vector<OperandInfo>& in,
+                                               std::string& why, int& operand) {
+  auto failWith = [&](int i, std::string msg) -> std::optional<TensorDesc> {
+    operand = i;
+    why = std::move(msg);
+    return std::nullopt;
+  };
+  switch (op.kind) {
+  case OpKind::Heads: {
+    const std::vector<int64_t>& x = in[0].type.shape;
+    if (op.batch < 1 || op.headDim < 1)
+      return failWith(-1, "batch and head_dim must be given, and at least 1");
+    if (x.size() != 2 || x[0] % op.batch || x[1] % op.headDim)
+      return failWith(0, operandRef(in, 0) + " must be [B*S, H*d] with B = " +
+                             std::to_string(op.batch) + " and d = " + std::to_string(op.headDim));
+    return TensorDesc{{op.batch, x[0] / op.batch, x[1] / op.headDim, op.headDim}, in[0].type.dtype};
+  }
+  case OpKind::MergeHeads: {
+    const std::vector<int64_t>& x = in[0].type.shape;
+    if (x.size() != 4)
+      return failWith(0, operandRef(in, 0) + " must be [B, S, H, d]");
+    return TensorDesc{{x[0] * x[1], x[2] * x[3]}, in[0].type.dtype};
+  }
+  case OpKind::Concat: {
+    const TensorDesc& a = in[0].type;
+    const TensorDesc& b = in[1].type;
+    if (a.rank() < 1 || a.rank() != b.rank() ||
+        !std::equal(a.shape.begin(), a.shape.end() - 1, b.shape.begin()))
+      return failWith(1, operandRef(in, 1) + " must have operand 0's shape " + a.shapeStr() +
+                             " but for the last dimension");
+    TensorDesc t = a;
+    t.shape.back() += b.shape.back();
+    return t;
+  }
+  case OpKind::Rope: {
+    const TensorDesc& x = in[0].type;
+    if (x.rank() < 1 || x.shape.back() % 2)
+      return failWith(0, operandRef(in, 0) + " must have an even last dimension (its two halves "
+                                             "rotate)");
+    for (size_t i = 1; i < 3; ++i)
+      if (broadcastShapes(in[i].type.shape, x.shape) != x.shape)
+        return failWith(static_cast<int>(i),
+                        operandRef(in, i) + " (the " + (i == 1 ? "cosines" : "sines") +
+                            ") does not broadcast to operand 0, " + x.shapeStr());
+    return x;
+  }
+  default:
+    return failWith(-1, "not a layout op");
+  }
 }
 
 std::optional<TensorDesc> inferType(const Op& op, const std::vector<OperandInfo>& in,
@@ -346,45 +398,16 @@ std::optional<TensorDesc> inferType(const Op& op, const std::vector<OperandInfo>
     t.shape.back() = op.end - op.begin;
     return t;
   }
-  case OpKind::Heads: {
-    const std::vector<int64_t>& x = in[0].type.shape;
-    if (op.batch < 1 || op.headDim < 1)
-      return fail(-1, "batch and head_dim must be given, and at least 1");
-    if (x.size() != 2 || x[0] % op.batch || x[1] % op.headDim)
-      return fail(0, operandRef(in, 0) + " must be [B*S, H*d] with B = " +
-                         std::to_string(op.batch) + " and d = " + std::to_string(op.headDim));
-    return TensorDesc{{op.batch, x[0] / op.batch, x[1] / op.headDim, op.headDim},
-                      in[0].type.dtype};
-  }
-  case OpKind::MergeHeads: {
-    const std::vector<int64_t>& x = in[0].type.shape;
-    if (x.size() != 4)
-      return fail(0, operandRef(in, 0) + " must be [B, S, H, d]");
-    return TensorDesc{{x[0] * x[1], x[2] * x[3]}, in[0].type.dtype};
-  }
-  case OpKind::Concat: {
-    const TensorDesc& a = in[0].type;
-    const TensorDesc& b = in[1].type;
-    if (a.rank() < 1 || a.rank() != b.rank() ||
-        !std::equal(a.shape.begin(), a.shape.end() - 1, b.shape.begin()))
-      return fail(1, operandRef(in, 1) + " must have operand 0's shape " + a.shapeStr() +
-                         " but for the last dimension");
-    TensorDesc t = a;
-    t.shape.back() += b.shape.back();
-    return t;
-  }
+  case OpKind::Heads:
+  case OpKind::MergeHeads:
+  case OpKind::Concat:
   case OpKind::Rope: {
-    const TensorDesc& x = in[0].type;
-    if (x.rank() < 1 || x.shape.back() % 2)
-      return fail(0, operandRef(in, 0) + " must have an even last dimension (its two halves "
-                                         "rotate)");
-    for (size_t i = 1; i < 3; ++i)
-      if (broadcastShapes(in[i].type.shape, x.shape) != x.shape)
-        return fail(static_cast<int>(i), operandRef(in, i) + " (the " +
-                                             (i == 1 ? "cosines" : "sines") +
-                                             ") does not broadcast to operand 0, " +
-                                             x.shapeStr());
-    return x;
+    std::string why;
+    int bad = -1;
+    auto t = inferLayoutOp(op, in, why, bad);
+    if (!t)
+      return fail(bad, why);
+    return t;
   }
   case OpKind::AttnQk:
   case OpKind::AttnPv:
@@ -399,8 +422,9 @@ std::optional<TensorDesc> inferType(const Op& op, const std::vector<OperandInfo>
     if (op.kind == OpKind::Attention) {
       const std::vector<int64_t> scores = {s->batch, s->heads, s->sq, s->sk};
       if (in[3].type.rank() > 4 || broadcastShapes(in[3].type.shape, scores) != scores)
-        return fail(3, operandRef(in, 3) + " (the bias added to the scores) does not broadcast "
-                                           "to the scores' [B, H, Sq, Sk] = " +
+        return fail(3, operandRef(in, 3) +
+                           " (the bias added to the scores) does not broadcast "
+                           "to the scores' [B, H, Sq, Sk] = " +
                            TensorDesc{scores, in[0].type.dtype}.shapeStr());
       if (in[4].type.numel() != 1)
         return fail(4, operandRef(in, 4) + " (the scale) must be a scalar");

@@ -359,8 +359,8 @@ void attnPv(const Op& op, const Tensor& p, const Tensor& v, Tensor& out) {
                  std::vector<double> acc(static_cast<size_t>(s.headDim));
                  for (size_t r = first; r < last; ++r) {
                    for (int64_t j = 0; j < s.sk; ++j)
-                     row[static_cast<size_t>(j)] = p.data[r * static_cast<size_t>(s.sk) +
-                                                          static_cast<size_t>(j)];
+                     row[static_cast<size_t>(j)] =
+                         p.data[r * static_cast<size_t>(s.sk) + static_cast<size_t>(j)];
                    accumulatePv(s, static_cast<int64_t>(r), row.data(), v, acc);
                    storeHeadRow(s, static_cast<int64_t>(r), acc, out);
                  }

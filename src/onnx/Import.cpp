@@ -896,10 +896,10 @@ private:
                                "scalar is supported"};
       Val v = x;
       const ir::Vertex vx = *x.v, vc = tensor(c);
-      v.v = emit(n, op, &x == &a ? std::vector<ir::Vertex>{vx, vc}
-                                 : std::vector<ir::Vertex>{vc, vx},
-                 g_.op(vx).type.shape)
-                .v;
+      v.v =
+          emit(n, op, &x == &a ? std::vector<ir::Vertex>{vx, vc} : std::vector<ir::Vertex>{vc, vx},
+               g_.op(vx).type.shape)
+              .v;
       define(n, std::move(v));
       return;
     }
@@ -1351,7 +1351,8 @@ private:
     const Val& fill = in(n, xFirst ? 2 : 1);
     if (count(fill) != 1 || fill.integer || !(at(fill, 0) <= -1e30))
       throw UnsupportedError{"its " + std::string(xFirst ? "first" : "second") + " choice '" +
-                             x.name + "' is computed at run time; fpat supports that only "
+                             x.name +
+                             "' is computed at run time; fpat supports that only "
                              "as a mask, the other choice a scalar of -inf or at most -1e30"};
     const double f = at(fill, 0);
     Val bias = foldConst({&c}, c.shape, false,
@@ -1581,9 +1582,9 @@ private:
       total += z;
     }
     if (total != dim || static_cast<int>(sizes.size()) != n.output_size())
-      throw UnsupportedError{"its " + std::to_string(sizes.size()) + " parts (" +
-                             shapeStr(sizes) + ") do not split the " + std::to_string(dim) +
-                             " columns into its " + std::to_string(n.output_size()) + " outputs"};
+      throw UnsupportedError{"its " + std::to_string(sizes.size()) + " parts (" + shapeStr(sizes) +
+                             ") do not split the " + std::to_string(dim) + " columns into its " +
+                             std::to_string(n.output_size()) + " outputs"};
     const ir::Vertex vx = tensor(x);
     int64_t begin = 0;
     for (int i = 0; i < n.output_size(); ++i) {
@@ -1712,8 +1713,7 @@ private:
           shape.push_back(add.count(static_cast<int64_t>(i)) ? 1 : x.shape.at(k++));
       }
     }
-    if (!x.isConst && (x.view != Val::View::None || shape.size() == 4) &&
-        reshapeHeads(n, x, shape))
+    if (!x.isConst && (x.view != Val::View::None || shape.size() == 4) && reshapeHeads(n, x, shape))
       return;
     alias(n, x, std::move(shape));
   }
@@ -1736,8 +1736,8 @@ private:
       v.heads = shape[2];
       v.headDim = shape[3];
       v.repeat = 1;
-    } else if (x.view == View::Tokens && shape.size() >= 2 &&
-               shape.back() == x.heads * x.headDim && numel(shape) == numel(x.shape)) {
+    } else if (x.view == View::Tokens && shape.size() >= 2 && shape.back() == x.heads * x.headDim &&
+               numel(shape) == numel(x.shape)) {
       v.view = View::None; // merged back: [B, S, H*d] or [B*S, H*d]
       if (flatten(shape) != g_.op(*x.v).type.shape)
         return false;
@@ -1787,7 +1787,7 @@ private:
                                " is not supported"};
       Val v = x;
       v.view = to;
-      v.shape = to == View::Tokens ? P{x.batch, x.seq, x.heads, x.headDim}
+      v.shape = to == View::Tokens  ? P{x.batch, x.seq, x.heads, x.headDim}
                 : to == View::Heads ? P{x.batch, x.heads, x.seq, x.headDim}
                                     : P{x.batch, x.heads, x.headDim, x.seq};
       define(n, std::move(v));

@@ -804,9 +804,9 @@ BOOST_AUTO_TEST_CASE(attention_matches_the_reference) {
     ir::DType dt;
   };
   const Case cases[] = {
-      {1, 1, 1, 1, 1, 64, 0, ir::DType::F16},     {2, 7, 5, 4, 2, 16, 2, ir::DType::F16},
-      {1, 333, 333, 8, 2, 64, 1, ir::DType::F16}, {2, 65, 130, 4, 4, 128, 2, ir::DType::BF16},
-      {1, 1, 4097, 8, 1, 128, 0, ir::DType::F16}, {1, 4, 1024, 8, 1, 80, 1, ir::DType::BF16},
+      {1, 1, 1, 1, 1, 64, 0, ir::DType::F16},      {2, 7, 5, 4, 2, 16, 2, ir::DType::F16},
+      {1, 333, 333, 8, 2, 64, 1, ir::DType::F16},  {2, 65, 130, 4, 4, 128, 2, ir::DType::BF16},
+      {1, 1, 4097, 8, 1, 128, 0, ir::DType::F16},  {1, 4, 1024, 8, 1, 80, 1, ir::DType::BF16},
       {2, 113, 211, 8, 8, 128, 1, ir::DType::F16},
   };
   uint64_t seed = 40;
@@ -840,7 +840,8 @@ BOOST_AUTO_TEST_CASE(attention_matches_the_reference) {
         else
           b.output(b.attention(q, k, v, bias, scale, c.b, c.d, "o"));
         ir::Graph g = b.build();
-        runtime::BuildResult r = runtime::buildKernels(g, builtinLibrary().activations, buildOptions());
+        runtime::BuildResult r =
+            runtime::buildKernels(g, builtinLibrary().activations, buildOptions());
         BOOST_TEST_REQUIRE(r.error.empty(), r.error);
         auto inputs = ir::randomInputs(g, seed++);
         auto want = ir::evaluate(g, inputs, builtinLibrary().referenceActivations());
@@ -873,7 +874,8 @@ BOOST_AUTO_TEST_CASE(rope_matches_the_reference) {
       }
       b.output(b.mergeHeads(r, "y"));
       ir::Graph g = b.build();
-      runtime::BuildResult rb = runtime::buildKernels(g, builtinLibrary().activations, buildOptions());
+      runtime::BuildResult rb =
+          runtime::buildKernels(g, builtinLibrary().activations, buildOptions());
       BOOST_TEST_REQUIRE(rb.error.empty(), rb.error);
       auto inputs = ir::randomInputs(g, 77);
       auto want = ir::evaluate(g, inputs, builtinLibrary().referenceActivations());

@@ -201,8 +201,10 @@ BOOST_AUTO_TEST_CASE(attention_gqa_is_repeated_kv_heads) {
   const int64_t B = 2, Sq = 3, Sk = 5, H = 8, Hkv = 2, d = 4;
   GraphBuilder b("gqa");
   Value q = b.input("q", {B * Sq, H * d}, DType::F32);
-  Value k = b.input("k", {B * Sk, Hkv * d}, DType::F32), v = b.input("v", {B * Sk, Hkv * d}, DType::F32);
-  Value kr = b.input("kr", {B * Sk, H * d}, DType::F32), vr = b.input("vr", {B * Sk, H * d}, DType::F32);
+  Value k = b.input("k", {B * Sk, Hkv * d}, DType::F32),
+        v = b.input("v", {B * Sk, Hkv * d}, DType::F32);
+  Value kr = b.input("kr", {B * Sk, H * d}, DType::F32),
+        vr = b.input("vr", {B * Sk, H * d}, DType::F32);
   Value pad = b.input("pad", {B, 1, 1, Sk}, DType::F32);
   Value scale = b.constant(0.5, {}, DType::F32);
   Value y = b.attention(q, k, v, pad, scale, B, d, "y");
@@ -239,15 +241,14 @@ BOOST_AUTO_TEST_CASE(attention_shapes_are_checked) {
   Value big = b.input("big", {2, 1, 4, 5});
   Value scale = b.constant(1.0);
   BOOST_CHECK_NO_THROW(b.attention(q, k2, k2, bias, scale, 2, 16));
-  BOOST_CHECK_EXCEPTION(b.attention(q, k2, k2, big, scale, 2, 16), BuildError,
-                        [](const BuildError& e) {
-                          return std::string(e.what()).find("does not broadcast") !=
-                                 std::string::npos;
-                        });
-  BOOST_CHECK_EXCEPTION(b.attention(q, k2, k2, bias, bias, 2, 16), BuildError,
-                        [](const BuildError& e) {
-                          return std::string(e.what()).find("must be a scalar") != std::string::npos;
-                        });
+  BOOST_CHECK_EXCEPTION(
+      b.attention(q, k2, k2, big, scale, 2, 16), BuildError, [](const BuildError& e) {
+        return std::string(e.what()).find("does not broadcast") != std::string::npos;
+      });
+  BOOST_CHECK_EXCEPTION(
+      b.attention(q, k2, k2, bias, bias, 2, 16), BuildError, [](const BuildError& e) {
+        return std::string(e.what()).find("must be a scalar") != std::string::npos;
+      });
   BOOST_TEST(b.type(s).shape == (std::vector<int64_t>{2, 2, 3, 5}));
 }
 
@@ -270,11 +271,10 @@ BOOST_AUTO_TEST_CASE(rope_heads_and_concat_by_hand) {
     BOOST_TEST(vals[z.v].data[i] == want[i], "element " << i);
   GraphBuilder bad("odd");
   Value o = bad.input("o", {2, 3});
-  BOOST_CHECK_EXCEPTION(bad.rope(o, bad.constant(1.0), bad.constant(1.0)), BuildError,
-                        [](const BuildError& e) {
-                          return std::string(e.what()).find("even last dimension") !=
-                                 std::string::npos;
-                        });
+  BOOST_CHECK_EXCEPTION(
+      bad.rope(o, bad.constant(1.0), bad.constant(1.0)), BuildError, [](const BuildError& e) {
+        return std::string(e.what()).find("even last dimension") != std::string::npos;
+      });
 }
 
 BOOST_AUTO_TEST_CASE(random_inputs_are_deterministic_and_weights_scaled) {

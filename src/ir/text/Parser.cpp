@@ -376,7 +376,9 @@ private:
       case OpKind::Attention:
       case OpKind::Heads: {
         const bool slice = op.kind == OpKind::Slice;
-        int64_t* field = slice ? (key == "begin" ? &op.begin : key == "end" ? &op.end : nullptr)
+        int64_t* field = slice ? (key == "begin" ? &op.begin
+                                  : key == "end" ? &op.end
+                                                 : nullptr)
                                : (key == "batch"      ? &op.batch
                                   : key == "head_dim" ? &op.headDim
                                                       : nullptr);

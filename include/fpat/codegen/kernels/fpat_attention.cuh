@@ -40,7 +40,8 @@ __device__ __forceinline__ void copyElements(const FpatKernelArgs& a) {
 }
 
 /// Row r of the result is row r of in[0] (WA elements) then row r of in[1] (WB).
-template <int64_t WA, int64_t WB> __device__ __forceinline__ void concatColumns(const FpatKernelArgs& a) {
+template <int64_t WA, int64_t WB>
+__device__ __forceinline__ void concatColumns(const FpatKernelArgs& a) {
   const int64_t total = a.M * (WA + WB);
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   elem* o = static_cast<elem*>(a.out);
@@ -120,8 +121,10 @@ template <class D> __device__ __forceinline__ void attentionRows(const FpatKerne
   const int lane = threadIdx.x % 32;
   const int64_t i = r % D::Sq, h = r / D::Sq % D::H, b = r / D::Sq / D::H;
   const elem* q = static_cast<const elem*>(a.in[0]) + (b * D::Sq + i) * D::H * D::Hd + h * D::Hd;
-  const elem* k = static_cast<const elem*>(a.in[1]) + b * D::Sk * D::Hkv * D::Hd + h / group * D::Hd;
-  const elem* v = static_cast<const elem*>(a.in[2]) + b * D::Sk * D::Hkv * D::Hd + h / group * D::Hd;
+  const elem* k =
+      static_cast<const elem*>(a.in[1]) + b * D::Sk * D::Hkv * D::Hd + h / group * D::Hd;
+  const elem* v =
+      static_cast<const elem*>(a.in[2]) + b * D::Sk * D::Hkv * D::Hd + h / group * D::Hd;
   const float scale = ldh(a.in[4], 0);
   float qv[kPer], acc[kPer];
 #pragma unroll

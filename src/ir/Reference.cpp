@@ -304,28 +304,31 @@ AttnShape attnShapeOf(const Op& op, const std::vector<const Tensor*>& ins) {
   return *s;
 }
 
-/// attn_qk: per batch b, head h (KV head h / (H / Hkv)) and query row i, the dot products
-/// with every key row, in double.
+/// Row r = (b, h, i) of the scores: query row b * Sq + i, head h, dotted in double with every
+/// key row of batch b in KV head h / (H / Hkv), into dots[0, Sk).
+void scoreRow(const AttnShape& s, const Tensor& q, const Tensor& k, int64_t r, double* dots) {
+  const int64_t d = s.headDim, group = s.heads / s.kvHeads;
+  const int64_t i = r % s.sq, h = r / s.sq % s.heads, b = r / s.sq / s.heads;
+  const float* qr = &q.data[static_cast<size_t>((b * s.sq + i) * s.heads * d + h * d)];
+  for (int64_t j = 0; j < s.sk; ++j) {
+    const float* kr = &k.data[static_cast<size_t>((b * s.sk + j) * s.kvHeads * d + h / group * d)];
+    double acc = 0;
+    for (int64_t c = 0; c < d; ++c)
+      acc += double(qr[c]) * kr[c];
+    dots[j] = acc;
+  }
+}
+
+/// attn_qk: the scores of every row (b, h, i), rounded once.
 void attnQk(const Op& op, const Tensor& q, const Tensor& k, Tensor& out) {
   const AttnShape s = attnShapeOf(op, {&q, &k});
-  const int64_t d = s.headDim, group = s.heads / s.kvHeads;
-  const int64_t qc = s.heads * d, kc = s.kvHeads * d;
-  parallelRows(static_cast<size_t>(s.batch * s.heads * s.sq), static_cast<size_t>(s.sk * d),
+  parallelRows(static_cast<size_t>(s.batch * s.heads * s.sq), static_cast<size_t>(s.sk * s.headDim),
                [&](size_t first, size_t last) {
+                 std::vector<double> row(static_cast<size_t>(s.sk));
                  for (size_t r = first; r < last; ++r) {
-                   const int64_t i = static_cast<int64_t>(r) % s.sq;
-                   const int64_t h = static_cast<int64_t>(r) / s.sq % s.heads;
-                   const int64_t b = static_cast<int64_t>(r) / s.sq / s.heads;
-                   const float* qr = &q.data[static_cast<size_t>((b * s.sq + i) * qc + h * d)];
-                   for (int64_t j = 0; j < s.sk; ++j) {
-                     const float* kr =
-                         &k.data[static_cast<size_t>((b * s.sk + j) * kc + h / group * d)];
-                     double acc = 0;
-                     for (int64_t c = 0; c < d; ++c)
-                       acc += double(qr[c]) * kr[c];
-                     out.data[r * static_cast<size_t>(s.sk) + static_cast<size_t>(j)] =
-                         store(acc, out.desc.dtype);
-                   }
+                   scoreRow(s, q, k, static_cast<int64_t>(r), row.data());
+                   for (size_t j = 0; j < row.size(); ++j)
+                     out.data[r * row.size() + j] = store(row[j], out.desc.dtype);
                  }
                });
 }
@@ -376,29 +379,18 @@ void attention(const Op& op, const std::vector<const Tensor*>& in, Tensor& out) 
   const double scale = in[4]->data.at(0);
   const TensorDesc scores{{s.batch, s.heads, s.sq, s.sk}, q.desc.dtype};
   const std::vector<int64_t> bst = broadcastStrides(bias.desc, scores);
-  const int64_t d = s.headDim, group = s.heads / s.kvHeads;
-  const int64_t qc = s.heads * d, kc = s.kvHeads * d;
-  parallelRows(static_cast<size_t>(s.batch * s.heads * s.sq), static_cast<size_t>(2 * s.sk * d),
-               [&](size_t first, size_t last) {
+  parallelRows(static_cast<size_t>(s.batch * s.heads * s.sq),
+               static_cast<size_t>(2 * s.sk * s.headDim), [&](size_t first, size_t last) {
                  std::vector<double> row(static_cast<size_t>(s.sk));
-                 std::vector<double> acc(static_cast<size_t>(d));
+                 std::vector<double> acc(static_cast<size_t>(s.headDim));
                  for (size_t r = first; r < last; ++r) {
-                   const int64_t i = static_cast<int64_t>(r) % s.sq;
-                   const int64_t h = static_cast<int64_t>(r) / s.sq % s.heads;
-                   const int64_t b = static_cast<int64_t>(r) / s.sq / s.heads;
-                   const float* qr = &q.data[static_cast<size_t>((b * s.sq + i) * qc + h * d)];
+                   scoreRow(s, q, k, static_cast<int64_t>(r), row.data());
                    double mx = -std::numeric_limits<double>::infinity();
                    for (int64_t j = 0; j < s.sk; ++j) {
-                     const float* kr =
-                         &k.data[static_cast<size_t>((b * s.sk + j) * kc + h / group * d)];
-                     double dot = 0;
-                     for (int64_t c = 0; c < d; ++c)
-                       dot += double(qr[c]) * kr[c];
                      const int64_t flat = static_cast<int64_t>(r) * s.sk + j;
-                     const double x =
-                         scale * dot +
+                     double& x = row[static_cast<size_t>(j)];
+                     x = scale * x +
                          bias.data[static_cast<size_t>(broadcastIndex(flat, scores.shape, bst))];
-                     row[static_cast<size_t>(j)] = x;
                      mx = std::max(mx, x);
                    }
                    double sum = 0;

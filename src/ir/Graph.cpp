@@ -192,9 +192,8 @@ std::optional<AttnShape> attnShape(const Op& op, const std::vector<OperandInfo>&
   };
   if (op.batch < 1 || op.headDim < 1)
     return fail(-1, "batch and head_dim must be given, and at least 1");
-  // Operand 0 is Q (attn_qk, attention) or P (attn_pv); the keys are K's rows or P's columns.
+  // Operand 0 is Q (attn_qk, attention) or P (attn_pv); operand 1 is K, or V for attn_pv.
   const bool pv = op.kind == OpKind::AttnPv;
-  const size_t kv = 1; // K (attn_qk, attention) or V (attn_pv)
   AttnShape s;
   s.batch = op.batch;
   s.headDim = op.headDim;
@@ -217,17 +216,17 @@ std::optional<AttnShape> attnShape(const Op& op, const std::vector<OperandInfo>&
     s.sq = q[0] / op.batch;
     s.heads = q[1] / op.headDim;
   }
-  const std::vector<int64_t>& k = in[kv].type.shape;
+  const std::vector<int64_t>& k = in[1].type.shape;
   if (k[1] % op.headDim || k[1] == 0 || s.heads % (k[1] / op.headDim))
-    return fail(static_cast<int>(kv), operandRef(in, kv) + " must be [B*Sk, Hkv*d] with d = " +
-                                          std::to_string(op.headDim) + " and Hkv dividing the " +
-                                          std::to_string(s.heads) + " query heads");
+    return fail(1, operandRef(in, 1) +
+                       " must be [B*Sk, Hkv*d] with d = " + std::to_string(op.headDim) +
+                       " and Hkv dividing the " + std::to_string(s.heads) + " query heads");
   s.kvHeads = k[1] / op.headDim;
   if (pv ? k[0] != op.batch * s.sk : k[0] % op.batch)
-    return fail(static_cast<int>(kv), operandRef(in, kv) + " must have B*Sk = " +
-                                          (pv ? std::to_string(op.batch * s.sk)
-                                              : "a multiple of " + std::to_string(op.batch)) +
-                                          " rows");
+    return fail(1, operandRef(in, 1) + " must have B*Sk = " +
+                       (pv ? std::to_string(op.batch * s.sk)
+                           : "a multiple of " + std::to_string(op.batch)) +
+                       " rows");
   if (!pv)
     s.sk = k[0] / op.batch;
   if (op.kind == OpKind::Attention && in[2].type.shape != k)

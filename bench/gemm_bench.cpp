@@ -15,6 +15,7 @@
 //                   [--reps N] [--rounds N] [--b-input]
 // Every result names the GPU, its driver, nvcc and the commit the benchmark was built from.
 #include "../tests/common/TestGraphs.h"
+#include "BenchUtil.h"
 #include "FpatCommit.h"
 #include "fpat/ir/Reference.h"
 #include "fpat/runtime/Nvcc.h"
@@ -38,6 +39,7 @@
 
 using namespace fpat;
 using namespace fpat::testing;
+using namespace fpat::bench;
 
 namespace {
 
@@ -67,20 +69,6 @@ const ModelCase kModelCases[] = {
     {"Phi-3-mini down", "gemm_residual", {2000, 3072, 8192}},
     {"Gemma-7B gate", "gemm_gelu", {1024, 24576, 3072}},
 };
-
-#define CK(x)                                                                                      \
-  do {                                                                                             \
-    auto rc_ = (x);                                                                                \
-    if (rc_ != 0) {                                                                                \
-      std::fprintf(stderr, "%s:%d: %s failed (%d)\n", __FILE__, __LINE__, #x, int(rc_));           \
-      std::exit(1);                                                                                \
-    }                                                                                              \
-  } while (0)
-
-double median(std::vector<float> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 std::vector<uint16_t> toBits(const ir::Tensor& t) {
   std::vector<uint16_t> b(t.data.size());
@@ -311,36 +299,6 @@ std::string sci(double v) {
 }
 
 /// What produced the numbers: written into every table and CSV row.
-struct Provenance {
-  std::string gpu, driver, nvcc, commit;
-};
-
-Provenance provenance(const cuda::Driver& drv) {
-  Provenance p;
-  const cuda::DeviceInfo& d = drv.device();
-  p.gpu = d.name + " (sm_" + std::to_string(d.arch) + ", " + std::to_string(d.sms) + " SMs)";
-  // The kernel module's version ("580.159.04") where Linux shows it, and the CUDA version the
-  // driver supports either way.
-  std::ifstream proc("/proc/driver/nvidia/version");
-  std::string line;
-  if (std::getline(proc, line)) {
-    std::istringstream words(line);
-    for (std::string w; words >> w;)
-      if (!w.empty() && std::isdigit(static_cast<unsigned char>(w[0])) &&
-          w.find('.') != std::string::npos) {
-        p.driver = w;
-        break;
-      }
-  }
-  int v = 0;
-  if (cudaDriverGetVersion(&v) == cudaSuccess)
-    p.driver += (p.driver.empty() ? "" : " ") + std::string("(CUDA ") + std::to_string(v / 1000) +
-                "." + std::to_string(v % 1000 / 10) + ")";
-  p.nvcc = "nvcc " + runtime::nvccIdentity(runtime::findNvcc({}), {});
-  p.commit = FPAT_COMMIT;
-  return p;
-}
-
 /// A CSV field, quoted when it holds a comma or a quote.
 std::string csvField(const std::string& s) {
   if (s.find_first_of(",\"") == std::string::npos)

@@ -12,7 +12,7 @@ tar -C "$src" --exclude='*.o' --exclude='*.a' --exclude='CMakeFiles' --exclude='
   --exclude='fpat-bench-fusion' --exclude='test_editors' --exclude='tests/consumer' \
   --exclude='tests/relocated' --exclude='tests/bf16-cache' --exclude='Testing' -cf - . |
   tar -C "$dest" -xf -
-for f in src/fpatc tests/test_gpu tests/fpat-check bench/fpat-bench-gemm dsl/fpat-tblgen \
+for f in src/fpatc tests/test_gpu tests/fpat-check bench/fpat-bench-gemm bench/fpat-bench-attn dsl/fpat-tblgen \
   examples/example_gemm_bias_gelu; do
   [ -f "$dest/$f" ] && strip "$dest/$f"
 done

@@ -283,7 +283,7 @@ void Executor::launch(bool weights, bool poison, size_t set) {
                   static_cast<size_t>(cg_.graph.op(b.v).type.numel()));
       poisoned = b.v;
     }
-    unsigned gx = 1, gy = 1;
+    unsigned gx = 1, gy = 1, gz = 1;
     codegen::LastWaveSplit splitPlan; // Persistent kernels given the workspace: their plan
     switch (b.launch.grid) {
     case codegen::Launch::Persistent: {
@@ -323,6 +323,11 @@ void Executor::launch(bool weights, bool poison, size_t set) {
       gx = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(columns / 8, sms * 8)));
       break;
     }
+    case codegen::Launch::Fixed:
+      gx = static_cast<unsigned>(b.launch.blocks[0]);
+      gy = static_cast<unsigned>(b.launch.blocks[1]);
+      gz = static_cast<unsigned>(b.launch.blocks[2]);
+      break;
     case codegen::Launch::Elements: {
       int64_t chunks = (u.M * u.N + 7) / 8;
       gx = static_cast<unsigned>(std::max<int64_t>(
@@ -330,7 +335,7 @@ void Executor::launch(bool weights, bool poison, size_t set) {
       break;
     }
     }
-    if (gx == 0 || gy == 0)
+    if (gx == 0 || gy == 0 || gz == 0)
       throw cuda::CudaError("%" + cg_.graph.op(b.v).name + ": empty launch grid");
     if (!b.launch.tma.empty()) {
       if (b.tmaArgs.size() <= set)
@@ -358,15 +363,15 @@ void Executor::launch(bool weights, bool poison, size_t set) {
         b.tmaArgs[set] = std::move(t);
       }
       if (b.launch.overlapsPrevious)
-        drv_.launchOverlapping(b.fn, gx, gy, 1, static_cast<unsigned>(b.launch.threads),
+        drv_.launchOverlapping(b.fn, gx, gy, gz, static_cast<unsigned>(b.launch.threads),
                                b.launch.smemBytes, b.tmaArgs[set].get());
       else
-        drv_.launch(b.fn, gx, gy, 1, static_cast<unsigned>(b.launch.threads), b.launch.smemBytes,
+        drv_.launch(b.fn, gx, gy, gz, static_cast<unsigned>(b.launch.threads), b.launch.smemBytes,
                     b.tmaArgs[set].get(), sizeof(FpatTmaArgs));
       continue;
     }
-    drv_.launch(b.fn, gx, gy, 1, static_cast<unsigned>(b.launch.threads), b.launch.smemBytes, &args,
-                sizeof args);
+    drv_.launch(b.fn, gx, gy, gz, static_cast<unsigned>(b.launch.threads), b.launch.smemBytes,
+                &args, sizeof args);
   }
 }
 

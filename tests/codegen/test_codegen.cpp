@@ -1037,3 +1037,73 @@ BOOST_AUTO_TEST_CASE(validation_scale_has_a_floor_at_the_smallest_normal_f16) {
   ir::Tensor off{d, {20 * s, 3 * s, -2 * s, 1 * s}}; // 18 steps: more than the 1e-2 * 2^-14
   BOOST_TEST(!runtime::compareToReference(off, want).pass);
 }
+
+namespace {
+
+/// One attention op; bias 0: a zero constant, 1: a causal weight (bottom-right, fill -inf),
+/// 2: a plain input [1, 1, Sq, Sk], 3: a weight of 0 and -inf that is not causal.
+ir::Graph attentionGraph(int64_t sq, int64_t sk, int64_t d, int bias) {
+  ir::GraphBuilder b("attention");
+  auto q = b.input("q", {2 * sq, 4 * d});
+  auto k = b.input("k", {2 * sk, 2 * d});
+  auto v = b.input("v", {2 * sk, 2 * d});
+  ir::Value m;
+  if (bias == 0) {
+    m = b.constant(0.0, {});
+  } else if (bias == 2) {
+    m = b.input("bias", {1, 1, sq, sk});
+  } else {
+    std::vector<float> data(static_cast<size_t>(sq * sk));
+    for (int64_t i = 0; i < sq; ++i)
+      for (int64_t j = 0; j < sk; ++j)
+        data[static_cast<size_t>(i * sk + j)] =
+            (bias == 1 ? j > i + sk - sq : j == 0) ? -std::numeric_limits<float>::infinity() : 0.0f;
+    m = b.weight("mask", {1, 1, sq, sk}, ir::DType::F16, data);
+  }
+  b.output(b.attention(q, k, v, m, b.constant(0.125, {}), 2, d, "o"));
+  return b.build();
+}
+
+} // namespace
+
+BOOST_AUTO_TEST_CASE(attention_takes_the_flash_kernel_on_sm90) {
+  // sm_90 with head dimension 64 or 128: the flash kernel, its mask recognised from the bias
+  // (none, causal from a weight's values, a tensor read per score); other head dimensions and
+  // targets: the CUDA-core kernel. The sources compile for sm_90a without serialized wgmma.
+  struct Case {
+    int64_t sq, sk, d;
+    int bias, arch;
+    const char* name; // what the kernel's name holds
+  };
+  const Case cases[] = {
+      {333, 333, 128, 0, 90, "flash_attention_b2_h4_kv2_q333_k333_d128_none"},
+      {100, 300, 64, 1, 90, "flash_attention_b2_h4_kv2_q100_k300_d64_causal"},
+      {300, 100, 64, 1, 90, "flash_attention_b2_h4_kv2_q300_k100_d64_bias_"},
+      {65, 65, 128, 2, 90, "flash_attention_b2_h4_kv2_q65_k65_d128_bias_0_0_65_1"},
+      {65, 65, 128, 3, 90, "flash_attention_b2_h4_kv2_q65_k65_d128_bias_"},
+      {65, 65, 80, 0, 90, "fpat_attention_b2"},
+      {65, 65, 128, 0, 80, "fpat_attention_b2"}};
+  std::vector<codegen::KernelUnit> units;
+  for (const Case& c : cases)
+    BOOST_TEST_CONTEXT("Sq " << c.sq << ", Sk " << c.sk << ", d " << c.d << ", bias " << c.bias
+                             << ", sm_" << c.arch) {
+      ir::Graph g = attentionGraph(c.sq, c.sk, c.d, c.bias);
+      codegen::CodegenOptions o;
+      o.arch = c.arch;
+      codegen::KernelUnit u = codegen::generate(g, g.outputs()[0], builtinLibrary().activations, o);
+      BOOST_TEST(u.name.find(c.name) != std::string::npos, u.name);
+      BOOST_TEST(u.sm90a == (c.arch == 90 && c.d != 80));
+      if (u.sm90a)
+        units.push_back(std::move(u));
+    }
+  if (!haveNvcc()) {
+    BOOST_TEST_MESSAGE("nvcc not found: the flash kernels were chosen but not compiled");
+    return;
+  }
+  TempDir cache;
+  runtime::NvccOptions o;
+  o.arch = 90;
+  o.cacheDir = cache.path.string();
+  for (const runtime::CompiledKernel& k : runtime::compileAll(units, o))
+    BOOST_TEST(k.error.empty(), k.name << ": " << k.error);
+}

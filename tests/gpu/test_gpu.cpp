@@ -800,14 +800,26 @@ BOOST_AUTO_TEST_CASE(poisoned_outputs_catch_unwritten_elements) {
 BOOST_AUTO_TEST_CASE(attention_matches_the_reference) {
   struct Case {
     int64_t b, sq, sk, h, hkv, d;
-    int mask; // 0 none, 1 causal (bottom-right), 2 padding bias [B, 1, 1, Sk]
+    int mask; // 0 none, 1 causal (bottom-right), 2 padding bias [B, 1, 1, Sk], 3 causal filled
+              // with -3e38 (Hugging Face's finfo.min)
     ir::DType dt;
   };
   const Case cases[] = {
-      {1, 1, 1, 1, 1, 64, 0, ir::DType::F16},      {2, 7, 5, 4, 2, 16, 2, ir::DType::F16},
-      {1, 333, 333, 8, 2, 64, 1, ir::DType::F16},  {2, 65, 130, 4, 4, 128, 2, ir::DType::BF16},
-      {1, 1, 4097, 8, 1, 128, 0, ir::DType::F16},  {1, 4, 1024, 8, 1, 80, 1, ir::DType::BF16},
+      {1, 1, 1, 1, 1, 64, 0, ir::DType::F16},
+      {2, 7, 5, 4, 2, 16, 2, ir::DType::F16},
+      {1, 333, 333, 8, 2, 64, 1, ir::DType::F16},
+      {2, 65, 130, 4, 4, 128, 2, ir::DType::BF16},
+      {1, 1, 4097, 8, 1, 128, 0, ir::DType::F16},
+      {1, 4, 1024, 8, 1, 80, 1, ir::DType::BF16},
       {2, 113, 211, 8, 8, 128, 1, ir::DType::F16},
+      // Sizes the sm_90 flash kernel takes (d 64 and 128): several query tiles and key
+      // blocks, ragged; MQA; a bias read per score; causal with finfo.min's fill (bf16 keeps
+      // it finite); Sq < Sk, causal.
+      {2, 300, 300, 4, 1, 128, 1, ir::DType::BF16},
+      {1, 257, 1000, 16, 4, 64, 2, ir::DType::F16},
+      {3, 129, 129, 2, 2, 64, 0, ir::DType::BF16},
+      {1, 200, 520, 4, 2, 128, 3, ir::DType::BF16},
+      {2, 64, 777, 8, 2, 64, 1, ir::DType::F16},
   };
   uint64_t seed = 40;
   for (const Case& c : cases)
@@ -820,12 +832,13 @@ BOOST_AUTO_TEST_CASE(attention_matches_the_reference) {
         auto k = b.input("k", {c.b * c.sk, c.hkv * c.d}, c.dt);
         auto v = b.input("v", {c.b * c.sk, c.hkv * c.d}, c.dt);
         ir::Value bias;
-        if (c.mask == 1) {
+        if (c.mask == 1 || c.mask == 3) {
+          const float fill = c.mask == 1 ? -std::numeric_limits<float>::infinity()
+                                         : static_cast<float>(ir::roundTo(-3e38, c.dt));
           std::vector<float> m(static_cast<size_t>(c.sq * c.sk));
           for (int64_t i = 0; i < c.sq; ++i)
             for (int64_t j = 0; j < c.sk; ++j)
-              m[static_cast<size_t>(i * c.sk + j)] =
-                  j > i + (c.sk - c.sq) ? -std::numeric_limits<float>::infinity() : 0.0f;
+              m[static_cast<size_t>(i * c.sk + j)] = j > i + (c.sk - c.sq) ? fill : 0.0f;
           bias = b.weight("mask", {1, 1, c.sq, c.sk}, c.dt, m);
         } else if (c.mask == 2) {
           // (The decomposition's elementwise kernel broadcasts trailing blocks only.)

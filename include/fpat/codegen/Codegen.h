@@ -186,7 +186,8 @@ struct Launch {
   // block-stride loop over 64 x 64 tiles of a weight B copied into [N, paddedK(K)] rows
   // (preparesWeightB); the runtime runs it when the weight is uploaded, not on every run.
   // PreparedColumns: a warp per column of the weight (the deferred LayerNorm's column terms),
-  // also run when the weight is uploaded.
+  // also run when the weight is uploaded. Fixed: the grid in `blocks` (flash attention: query
+  // tiles, heads, batch).
   enum Grid {
     GemmTiles,
     Rows,
@@ -194,7 +195,8 @@ struct Launch {
     Persistent,
     PaddedRows,
     PreparedWeight,
-    PreparedColumns
+    PreparedColumns,
+    Fixed
   } grid = GemmTiles;
   std::string entry; // extern "C" name
   int threads = 256;
@@ -204,6 +206,7 @@ struct Launch {
   // The kernel may start before the launch ahead of it has finished (programmatic dependent
   // launch): it waits for that launch's results where it reads them (fpat::waitPriorGrid).
   bool overlapsPrevious = false;
+  int64_t blocks[3] = {1, 1, 1}; // Fixed: the grid
   /// Whether the runtime runs it when weights are uploaded rather than on every run.
   bool preparesWeights() const { return grid == PreparedWeight || grid == PreparedColumns; }
 };

@@ -68,4 +68,15 @@ KernelUnit generateElementwise(const ir::Graph& g, ir::Vertex v, dsl::Activation
 /// CUDA-core kernel (one warp per query row).
 KernelUnit generateAttentionOp(const ir::Graph& g, ir::Vertex v, const CodegenOptions& o);
 
+/// What attention's bias operand is to the flash kernel: nothing the softmax sees (a scalar,
+/// a tensor of zeros), a causal mask (a weight of 0 and <= -1e30 values, bottom-right
+/// aligned, Sk >= Sq: recognised from its values, read no more), or a tensor read per score.
+enum class FlashMask { None, Causal, Bias };
+FlashMask flashMask(const ir::Graph& g, ir::Vertex bias, const ir::AttnShape& s);
+/// Whether the flash-attention kernel (sm_90a) computes an attention of these sizes.
+bool flashAttentionFits(const ir::AttnShape& s, int arch);
+/// The flash-attention kernel; `bias` holds the bias's strides over [B, H, Sq, Sk].
+KernelUnit generateFlashAttention(const ir::Graph& g, ir::Vertex v, const CodegenOptions& o,
+                                  const ir::AttnShape& s, const int64_t (&bias)[4], FlashMask mask);
+
 } // namespace fpat::codegen::detail

@@ -1,0 +1,279 @@
+// The attention benchmark: fpat's `attention` op (the flash kernel on sm_90) at
+//   prefill: FlashAttention-3's setting (its paper, Fig. 5): 16k tokens a batch (B = 16384 / S),
+//            hidden 2048 (H = 2048 / d), S = 512 ... 16k, d 64 and 128, causal and not;
+//            forward TFLOP/s = 4 B H S^2 d (halved when causal);
+//   decode:  one query token a sequence against a KV cache, Llama-3-8B's heads (32 query heads,
+//            8 KV heads, d 128), caches of 4k ... 64k at batch 1 and 16; GB/s of K and V read.
+// Every op is built into one graph (its kernels compile in parallel), run once and checked on
+// sampled query rows against attention computed here in double from the same inputs, then
+// timed op by op (Executor::timeOps: CUDA events, buffers rotated past twice the L2). The
+// figures to compare with are torch SDPA's on the same GPU (bench/torch_attn.py, same cases,
+// same timing).
+//
+//   fpat-bench-attn [--quick] [--no-decode] [--no-prefill] [--reps N] [--csv F]
+#include "BenchUtil.h"
+#include "fpat/ir/Builder.h"
+#include "fpat/runtime/Executor.h"
+#include "fpat/runtime/Pipeline.h"
+#include "fpat/support/CliError.h"
+
+#include <CLI/CLI.hpp>
+#include <cmath>
+#include <iomanip>
+#include <iostream>
+#include <limits>
+
+using namespace fpat;
+using namespace fpat::bench;
+
+namespace {
+
+struct Case {
+  int64_t b, h, hkv, sq, sk, d;
+  bool causal;
+  std::string name() const {
+    std::ostringstream os;
+    os << "a_b" << b << "_h" << h << "_kv" << hkv << "_q" << sq << "_k" << sk << "_d" << d
+       << (causal ? "_causal" : "");
+    return os.str();
+  }
+  double flops() const {
+    return 4.0 * static_cast<double>(b * h * sq) * static_cast<double>(sk * d) *
+           (causal ? 0.5 : 1.0);
+  }
+  double kvBytes() const { return 2.0 * static_cast<double>(b * sk * hkv * d) * 2.0; }
+};
+
+/// Uniform values in [-1, 1) as f16 bits, from a small xorshift generator (fast at 10^8).
+std::vector<uint16_t> randomBits(size_t n, uint64_t seed) {
+  std::vector<uint16_t> out(n);
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (size_t i = 0; i < n; ++i) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    out[i] =
+        ir::doubleToHalfBits(static_cast<double>(x >> 40) / static_cast<double>(1ull << 23) - 1.0);
+  }
+  return out;
+}
+
+double halfAt(const std::vector<uint16_t>& v, int64_t i) {
+  return ir::halfBitsToFloat(v[static_cast<size_t>(i)]);
+}
+
+/// The largest error of sampled output rows against attention in double, relative to the
+/// largest |value| of each row (f16 outputs of a softmax average).
+double sampledError(const Case& c, const std::vector<uint16_t>& q, const std::vector<uint16_t>& k,
+                    const std::vector<uint16_t>& v, const ir::Tensor& out) {
+  const double scale = 1.0 / std::sqrt(static_cast<double>(c.d));
+  double worst = 0;
+  for (int s = 0; s < 6; ++s) {
+    const int64_t b = s % c.b, h = (s * 7) % c.h, i = (s * 104729) % c.sq;
+    const int64_t kvh = h / (c.h / c.hkv);
+    std::vector<double> p(static_cast<size_t>(c.sk));
+    double mx = -INFINITY;
+    for (int64_t j = 0; j < c.sk; ++j) {
+      double dot = 0;
+      for (int64_t e = 0; e < c.d; ++e)
+        dot += halfAt(q, ((b * c.sq + i) * c.h + h) * c.d + e) *
+               halfAt(k, ((b * c.sk + j) * c.hkv + kvh) * c.d + e);
+      p[static_cast<size_t>(j)] =
+          c.causal && j > i + c.sk - c.sq ? -INFINITY : dot * scale; // bottom-right
+      mx = std::max(mx, p[static_cast<size_t>(j)]);
+    }
+    double sum = 0;
+    for (double& x : p)
+      sum += (x = std::exp(x - mx));
+    double rowMax = 1e-6, err = 0;
+    std::vector<double> ref(static_cast<size_t>(c.d), 0.0);
+    for (int64_t j = 0; j < c.sk; ++j)
+      for (int64_t e = 0; e < c.d; ++e)
+        ref[static_cast<size_t>(e)] +=
+            p[static_cast<size_t>(j)] / sum * halfAt(v, ((b * c.sk + j) * c.hkv + kvh) * c.d + e);
+    for (int64_t e = 0; e < c.d; ++e) {
+      const double got = out.data[static_cast<size_t>(((b * c.sq + i) * c.h + h) * c.d + e)];
+      rowMax = std::max(rowMax, std::abs(ref[static_cast<size_t>(e)]));
+      err = std::max(err, std::isfinite(got) ? std::abs(got - ref[static_cast<size_t>(e)]) : 1e9);
+    }
+    worst = std::max(worst, err / rowMax);
+  }
+  return worst;
+}
+
+struct Result {
+  Case c;
+  double ms = NAN, err = NAN;
+  std::string kernel;
+};
+
+/// Builds every case into one graph, checks and times each op.
+std::vector<Result> runCases(cuda::Driver& drv, const std::vector<Case>& cases, int reps) {
+  ir::GraphBuilder gb("attention_bench");
+  for (const Case& c : cases) {
+    const std::string n = c.name();
+    auto q = gb.input(n + "_q", {c.b * c.sq, c.h * c.d});
+    auto k = gb.input(n + "_k", {c.b * c.sk, c.hkv * c.d});
+    auto v = gb.input(n + "_v", {c.b * c.sk, c.hkv * c.d});
+    ir::Value mask;
+    if (c.causal) {
+      std::vector<float> m(static_cast<size_t>(c.sq * c.sk));
+      for (int64_t i = 0; i < c.sq; ++i)
+        for (int64_t j = 0; j < c.sk; ++j)
+          m[static_cast<size_t>(i * c.sk + j)] =
+              j > i + c.sk - c.sq ? -std::numeric_limits<float>::infinity() : 0.0f;
+      mask = gb.weight(n + "_mask", {1, 1, c.sq, c.sk}, ir::DType::F16, m);
+    } else {
+      mask = gb.constant(0.0, {});
+    }
+    auto scale = gb.constant(1.0 / std::sqrt(static_cast<double>(c.d)), {});
+    gb.output(gb.attention(q, k, v, mask, scale, c.b, c.d, n));
+  }
+  ir::Graph g = gb.build();
+  runtime::BuildOptions o;
+  o.arch = drv.device().arch;
+  o.sms = drv.device().sms;
+  runtime::BuildResult built = runtime::buildKernels(g, {}, o);
+  if (!built.error.empty()) {
+    std::cerr << built.error << "\n";
+    std::exit(1);
+  }
+  std::map<std::string, std::vector<uint16_t>> bits;
+  uint64_t seed = 1;
+  for (ir::Vertex v : g.vertices()) {
+    const ir::Op& op = g.op(v);
+    if (op.kind != ir::OpKind::Input)
+      continue;
+    if (op.data) {
+      std::vector<uint16_t> w(op.data->size());
+      for (size_t i = 0; i < w.size(); ++i)
+        w[i] = ir::doubleToHalfBits((*op.data)[i]);
+      bits[op.name] = std::move(w);
+    } else {
+      bits[op.name] = randomBits(static_cast<size_t>(op.type.numel()), seed++);
+    }
+  }
+  runtime::Executor ex(drv, built.graph);
+  runtime::RunResult r = ex.runBits(bits, true);
+  std::vector<Result> out;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    const std::string n = c.name();
+    Result res{
+        c, NAN,
+        sampledError(c, bits.at(n + "_q"), bits.at(n + "_k"), bits.at(n + "_v"), r.outputs[i]), ""};
+    const ir::Vertex v = built.graph.graph.outputs()[i];
+    res.kernel = built.graph.units[v].name;
+    out.push_back(res);
+  }
+  const size_t l2 = static_cast<size_t>(drv.device().l2Bytes);
+  for (const auto& [v, ms] : ex.timeOps(3, reps, 2 * l2))
+    for (size_t i = 0; i < cases.size(); ++i)
+      if (built.graph.graph.outputs()[i] == v)
+        out[i].ms = ms;
+  return out;
+}
+
+std::string fixed(double x, int digits) {
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(digits) << x;
+  return os.str();
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  bool quick = false, noDecode = false, noPrefill = false;
+  int reps = 20;
+  std::string csvPath = "bench-attn.csv";
+  CLI::App app{"fpat-bench-attn - fpat's attention kernels at FlashAttention-3's prefill sizes "
+               "and at decode sizes, checked and timed on the GPU",
+               "fpat-bench-attn"};
+  app.footer("Writes markdown tables (stdout) and a CSV, naming the GPU, the driver, nvcc and the "
+             "commit. Exits 77 without a GPU (ctest: skipped), 1 if a result disagrees with the "
+             "sampled reference.");
+  app.add_flag("--quick", quick, "d 128 at S 1k and 8k, causal and not; decode at 16k");
+  app.add_flag("--no-decode", noDecode, "skip the decode cases");
+  app.add_flag("--no-prefill", noPrefill, "skip the prefill cases");
+  app.add_option("--reps", reps, "timed runs per op (at least 10)")
+      ->check(CLI::Range(10, 100000))
+      ->capture_default_str();
+  app.add_option("--csv", csvPath, "CSV output file")->capture_default_str();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return fpat::reportCliError(app, e, argc, argv, "fpat-bench-attn");
+  }
+  std::string why;
+  cuda::Driver* drv = cuda::Driver::get(&why);
+  if (!drv) {
+    std::cout << "benchmark skipped: " << why << "\n";
+    return 77;
+  }
+  CK(cudaSetDevice(0));
+  const Provenance prov = provenance(*drv);
+  std::cout << "# fpat attention benchmark on " << prov.gpu << ", driver " << prov.driver << "; "
+            << prov.nvcc << "; fpat commit " << prov.commit << "\n"
+            << "# f16; q [B*S, H*d], k and v [B*S, Hkv*d] token-major; median of " << reps
+            << " runs per op after 3 warm-up runs, CUDA events, buffers rotated past 2x L2\n\n";
+  std::vector<Case> prefill, decode;
+  for (int64_t d : {int64_t{64}, int64_t{128}})
+    for (int64_t s : {512, 1024, 2048, 4096, 8192, 16384})
+      for (bool causal : {false, true}) {
+        if (quick && (d != 128 || (s != 1024 && s != 8192)))
+          continue;
+        prefill.push_back({16384 / s, 2048 / d, 2048 / d, s, s, d, causal});
+      }
+  for (int64_t b : {int64_t{1}, int64_t{16}})
+    for (int64_t kv : {4096, 16384, 65536}) {
+      if ((quick && kv != 16384) || (b == 16 && kv > 16384))
+        continue;
+      decode.push_back({b, 32, 8, 1, kv, 128, false});
+    }
+  std::ofstream csv(csvPath);
+  csv << "gpu,commit,kind,B,H,Hkv,Sq,Sk,d,causal,ms,tflops,gbps,rel_err,kernel\n";
+  int bad = 0;
+  auto report = [&](const std::vector<Result>& rs, bool isDecode) {
+    if (isDecode)
+      std::cout << "| B | KV length | ms | K+V read GB/s | rel err | kernel |\n"
+                   "|---:|---:|---:|---:|---:|---|\n";
+    else
+      std::cout << "| d | S | B | H | causal | ms | TFLOP/s | rel err | kernel |\n"
+                   "|---:|---:|---:|---:|---|---:|---:|---:|---|\n";
+    for (const Result& r : rs) {
+      const Case& c = r.c;
+      const double tflops = c.flops() / (r.ms * 1e-3) / 1e12;
+      const double gbps = c.kvBytes() / (r.ms * 1e-3) / 1e9;
+      const bool ok = r.err <= 2e-2;
+      bad += !ok;
+      if (isDecode)
+        std::cout << "| " << c.b << " | " << c.sk << " | " << fixed(r.ms, 4) << " | "
+                  << fixed(gbps, 0) << " | " << fixed(r.err, 4) << (ok ? "" : " FAIL") << " | "
+                  << r.kernel << " |\n";
+      else
+        std::cout << "| " << c.d << " | " << c.sq << " | " << c.b << " | " << c.h << " | "
+                  << (c.causal ? "yes" : "no") << " | " << fixed(r.ms, 4) << " | "
+                  << fixed(tflops, 1) << " | " << fixed(r.err, 4) << (ok ? "" : " FAIL") << " | "
+                  << r.kernel << " |\n";
+      csv << '"' << prov.gpu << "\"," << prov.commit << "," << (isDecode ? "decode" : "prefill")
+          << "," << c.b << "," << c.h << "," << c.hkv << "," << c.sq << "," << c.sk << "," << c.d
+          << "," << c.causal << "," << r.ms << "," << tflops << "," << gbps << "," << r.err << ","
+          << r.kernel << "\n";
+    }
+    std::cout << std::endl;
+  };
+  if (!noPrefill && !prefill.empty()) {
+    std::cout << "## prefill (16k tokens a batch, hidden 2048; FLOPs 4 B H S^2 d, halved when "
+                 "causal)\n\n";
+    report(runCases(*drv, prefill, reps), false);
+  }
+  if (!noDecode && !decode.empty()) {
+    std::cout << "## decode (one query token; 32 query heads, 8 KV heads, d 128)\n\n";
+    report(runCases(*drv, decode, reps), true);
+  }
+  std::cout << "correctness: " << (bad ? std::to_string(bad) + " cases FAILED" : "all cases PASS")
+            << " (sampled rows vs attention in double, error <= 2e-2 of the row's largest "
+               "value)\nwrote "
+            << csvPath << "\n";
+  return bad ? 1 : 0;
+}

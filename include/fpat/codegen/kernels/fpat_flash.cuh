@@ -1,0 +1,348 @@
+// Flash attention for Hopper (sm_90a): the `attention` op on token-major activations,
+// q [B * Sq, H * d], k and v [B * Sk, Hkv * d], out [B * Sq, H * d], head dimension 64 or 128.
+//
+// One CTA per (128-row query tile, head, batch), the longest causal tiles first. Three
+// warpgroups (FlashAttention-3's structure, ../shared/ATTENTION.md in the project's notes):
+//   * a producer, of which one thread issues TMA copies: the Q tile once, then each key block's
+//     K and V tiles (BN rows, 128-byte swizzle, boxes of 64 columns) into a two-stage ring, each
+//     tile with its own "full" mbarrier (K's product can start before V lands) and "empty" one
+//     (one arrival per consumer warp once its MMAs no longer read it);
+//   * two consumers of 64 query rows each: S = Q K^T by wgmma from shared memory, the online
+//     softmax on S in registers (scale folded into exp2's argument: one FFMA and one MUFU.EX2
+//     per score), P packed to 16-bit pairs in the accumulator's own layout, which is the A
+//     fragment of the next wgmma, and O += P V by wgmma with A from registers.
+//   * kOverlap (FA3's intra-warpgroup pipeline): the product S of block j is issued before
+//     P V of block j - 1, and the softmax of block j runs while P V of block j - 1 is still
+//     on the tensor cores; O is rescaled only once that product is done.
+// Rows: GQA reads KV head h / (H / Hkv). A tile's rows may run past its batch's rows into the
+// next batch's (TMA zero-fills only past the tensor): their keys are masked (columns >= Sk) and
+// their query rows are not stored. Masks (Dims::kMask): 0 none; 1 causal, bottom-right aligned
+// (key j of query row i is kept iff j <= i + Sk - Sq; blocks past a tile's diagonal are
+// skipped, the rest unmasked but for the diagonal and the last block); 2 an additive bias
+// read from in[3] with strides bias0..3 over [B, H, Sq, Sk]. The scale is in[4].
+// A row whose scores are all -inf gives 0 / 0 (NaN), as the exact softmax does.
+#pragma once
+
+#include "fpat_sm90.cuh"
+
+namespace fpat {
+
+/// A flash-attention tile: BM = 128 query rows (two consumers of 64), BN keys a block.
+template <int HD_, int BN_, bool OVERLAP_> struct FlashTile {
+  static constexpr int BM = 128, BN = BN_, HD = HD_, STAGES = 2, THREADS = 384;
+  static constexpr bool OVERLAP = OVERLAP_;
+  static constexpr int Q_BYTES = BM * HD * 2, KV_BYTES = BN * HD * 2;
+  static constexpr int SMEM_BYTES = Q_BYTES + STAGES * 2 * KV_BYTES + 1024;
+  static_assert(HD == 64 || HD == 128, "head dimension 64 or 128");
+  static_assert(BN % 64 == 0 && BN <= 192, "key blocks of 64, 128 or 192");
+  static_assert(SMEM_BYTES <= FPAT_SM90_SMEM_BYTES, "the ring fits shared memory");
+};
+
+namespace sm90 {
+
+__device__ __forceinline__ float exp2Approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+/// A consumer's online-softmax state for its two rows (r and r + 8 of its warp's 16).
+struct FlashRows {
+  float mx[2], sum[2];
+};
+
+/// Scores of one key block in the log2 domain, masked: sc[i * 4 + 2 h + e] is row rows[h],
+/// column n0 + 8 i + 2 (lane % 4) + e.
+template <class D, int BN>
+__device__ __forceinline__ void maskScores(const FpatKernelArgs& a, float (&sc)[BN / 2],
+                                           float scaleLog2, const int64_t (&rows)[2], int n0,
+                                           bool edge, int64_t b, int64_t h, int lane) {
+  constexpr float kLog2e = 1.4426950408889634f;
+#pragma unroll
+  for (int i = 0; i < BN / 8; ++i)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int idx = i * 4 + hh * 2 + e;
+        const int64_t col = n0 + 8 * i + 2 * (lane % 4) + e;
+        float x = sc[idx] * scaleLog2;
+        if constexpr (D::kMask == 2) {
+          const int64_t r = rows[hh] < D::Sq ? rows[hh] : D::Sq - 1;
+          const int64_t cc = col < D::Sk ? col : D::Sk - 1;
+          x = fmaf(ldh(a.in[3], b * D::bias0 + h * D::bias1 + r * D::bias2 + cc * D::bias3), kLog2e,
+                   x);
+        }
+        if (edge && (col >= D::Sk || (D::kMask == 1 && col > rows[hh] + (D::Sk - D::Sq))))
+          x = -INFINITY;
+        sc[idx] = x;
+      }
+}
+
+/// The online softmax of one block: new row maxima, sc turned into exp2(sc - max), the row
+/// sums (this thread's part) updated; corr gets each row's rescale of the earlier blocks.
+template <int BN>
+__device__ __forceinline__ void softmaxBlock(float (&sc)[BN / 2], FlashRows& st, float (&corr)[2]) {
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    float m = st.mx[hh];
+#pragma unroll
+    for (int i = 0; i < BN / 8; ++i)
+      m = fmaxf(m, fmaxf(sc[i * 4 + hh * 2], sc[i * 4 + hh * 2 + 1]));
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+    // Every score so far -inf: subtract 0 instead (no inf - inf); they all give 0.
+    const float use = m == -INFINITY ? 0.0f : m;
+    corr[hh] = exp2Approx(st.mx[hh] - use);
+    st.mx[hh] = m;
+    float s = 0.0f;
+#pragma unroll
+    for (int i = 0; i < BN / 8; ++i)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float p = exp2Approx(sc[i * 4 + hh * 2 + e] - use);
+        sc[i * 4 + hh * 2 + e] = p;
+        s += p;
+      }
+    st.sum[hh] = st.sum[hh] * corr[hh] + s;
+  }
+}
+
+template <int HD>
+__device__ __forceinline__ void rescaleOutput(float (&o)[HD / 2], const float (&corr)[2]) {
+#pragma unroll
+  for (int i = 0; i < HD / 8; ++i)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+        o[i * 4 + hh * 2 + e] *= corr[hh];
+}
+
+/// P as the A fragments of P V: k16 slice kk is accumulator columns 16 kk ... 16 kk + 15.
+template <int BN>
+__device__ __forceinline__ void packP(const float (&sc)[BN / 2], unsigned (&pa)[BN / 16][4]) {
+#pragma unroll
+  for (int kk = 0; kk < BN / 16; ++kk)
+#pragma unroll
+    for (int r = 0; r < 4; ++r)
+      pa[kk][r] = pairBits(sc[8 * kk + 2 * r], sc[8 * kk + 2 * r + 1]);
+}
+
+} // namespace sm90
+
+/// The kernel body; `p` must be the kernel's __grid_constant__ parameter. Maps: a = q (box 64 x
+/// 128), b = k and c = v (boxes 64 x BN). Launch T::THREADS threads, T::SMEM_BYTES of dynamic
+/// shared memory, grid (ceil(Sq / 128), H, B).
+template <class D, class T> __device__ __forceinline__ void flashAttention(const FpatTmaArgs& p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using namespace sm90;
+  constexpr int BM = T::BM, BN = T::BN, HD = T::HD, S = T::STAGES, KB = HD / 64;
+  static_assert(D::Hd == HD, "the tile's head dimension");
+  static_assert(D::B >= 1 && (D::kMask == 2 || D::bias0 + D::bias1 + D::bias2 + D::bias3 >= 0),
+                "sizes of a real attention"); // (and names every member: nvcc warns otherwise)
+  extern __shared__ __align__(1024) unsigned char smemRaw[];
+  __shared__ __align__(8) uint64_t qFull, kFull[S], vFull[S], kEmpty[S], vEmpty[S];
+  unsigned char* const sQ = smemRaw + ((1024 - (smemAddr(smemRaw) & 1023)) & 1023);
+  unsigned char* const sKV = sQ + T::Q_BYTES; // stage s: K tile, then V tile
+
+  const int mTiles = static_cast<int>((D::Sq + BM - 1) / BM);
+  const int m0 = (mTiles - 1 - static_cast<int>(blockIdx.x)) * BM;
+  const int h = static_cast<int>(blockIdx.y), b = static_cast<int>(blockIdx.z);
+  const int kvh = h / static_cast<int>(D::H / D::Hkv);
+  // Keys this tile reads: all, or (causal) those up to its last row's diagonal.
+  const int kLimit = static_cast<int>(
+      D::kMask == 1 ? min(D::Sk, static_cast<int64_t>(m0 + BM) + (D::Sk - D::Sq)) : D::Sk);
+  const int blocks = (kLimit + BN - 1) / BN;
+
+  if (threadIdx.x == 0) {
+    mbarInit(&qFull, 1);
+    for (int s = 0; s < S; ++s) {
+      mbarInit(&kFull[s], 1);
+      mbarInit(&vFull[s], 1);
+      mbarInit(&kEmpty[s], 8); // lane 0 of each consumer warp
+      mbarInit(&vEmpty[s], 8);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  const int wg = static_cast<int>(threadIdx.x) / 128;
+  if (wg == 0) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    if (threadIdx.x != 0)
+      return;
+    mbarExpectTx(&qFull, T::Q_BYTES);
+#pragma unroll
+    for (int c = 0; c < KB; ++c)
+      tmaLoad2d(sQ + c * BM * 128, &p.a, h * HD + 64 * c, static_cast<int>(b * D::Sq) + m0, &qFull);
+    int s = 0;
+    unsigned phase = 0;
+    for (int j = 0; j < blocks; ++j) {
+      const int row = static_cast<int>(b * D::Sk) + j * BN;
+      unsigned char* const kt = sKV + s * 2 * T::KV_BYTES;
+      mbarWait(&kEmpty[s], phase ^ 1); // a fresh barrier passes parity 1 at once
+      mbarExpectTx(&kFull[s], T::KV_BYTES);
+#pragma unroll
+      for (int c = 0; c < KB; ++c)
+        tmaLoad2d(kt + c * BN * 128, &p.b, kvh * HD + 64 * c, row, &kFull[s]);
+      mbarWait(&vEmpty[s], phase ^ 1);
+      mbarExpectTx(&vFull[s], T::KV_BYTES);
+#pragma unroll
+      for (int c = 0; c < KB; ++c)
+        tmaLoad2d(kt + T::KV_BYTES + c * BN * 128, &p.c, kvh * HD + 64 * c, row, &vFull[s]);
+      if (++s == S) {
+        s = 0;
+        phase ^= 1;
+      }
+    }
+    return;
+  }
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+  const FpatKernelArgs& a = p.k;
+  const int c = wg - 1, tid = static_cast<int>(threadIdx.x) % 128, warp = tid / 32, lane = tid % 32;
+  const int64_t rows[2] = {m0 + c * 64 + warp * 16 + lane / 4,
+                           m0 + c * 64 + warp * 16 + lane / 4 + 8};
+  const float scaleLog2 = ldh(a.in[4], 0) * 1.4426950408889634f;
+  // A block needs masking where it reaches past Sk, or (causal) past the tile's first row's
+  // diagonal.
+  auto edge = [&](int n0) {
+    return n0 + BN > D::Sk || (D::kMask == 1 && n0 + BN - 1 > m0 + (D::Sk - D::Sq));
+  };
+  float o[HD / 2];
+#pragma unroll
+  for (int i = 0; i < HD / 2; ++i)
+    o[i] = 0.0f;
+  FlashRows st{{-INFINITY, -INFINITY}, {0.0f, 0.0f}};
+  float sc[BN / 2], corr[2];
+  unsigned pa[BN / 16][4];
+
+  // S = Q K^T of the block in stage s (issued and committed, not waited for).
+  auto issueScores = [&](int s) {
+    const unsigned char* kt = sKV + s * 2 * T::KV_BYTES;
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) {
+      sc[i] = 0.0f;
+      fenceOperand(sc[i]);
+    }
+    wgmmaFence();
+#pragma unroll
+    for (int ks = 0; ks < HD / 16; ++ks)
+      wgmma<BN, 0>(sc, smemDesc(sQ + (ks / 4) * BM * 128 + c * 64 * 128 + (ks % 4) * 32, 16, 1024),
+                   smemDesc(kt + (ks / 4) * BN * 128 + (ks % 4) * 32, 16, 1024), 1);
+    wgmmaCommit();
+  };
+  // O += P V of the block in stage s (issued and committed).
+  auto issueValues = [&](int s) {
+    const unsigned char* vt = sKV + s * 2 * T::KV_BYTES + T::KV_BYTES;
+#pragma unroll
+    for (int i = 0; i < HD / 2; ++i)
+      fenceOperand(o[i]);
+    wgmmaFence();
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk)
+      wgmmaRs<HD, 1>(o, pa[kk], smemDesc(vt + kk * 16 * 128, BN * 128, 1024), 1);
+    wgmmaCommit();
+  };
+  auto fenceScores = [&] {
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i)
+      fenceOperand(sc[i]);
+  };
+  auto fenceOut = [&] {
+#pragma unroll
+    for (int i = 0; i < HD / 2; ++i)
+      fenceOperand(o[i]);
+  };
+
+  mbarWait(&qFull, 0);
+  int s = 0;
+  unsigned phase = 0;
+  if constexpr (!T::OVERLAP) {
+    for (int j = 0; j < blocks; ++j) {
+      mbarWait(&kFull[s], phase);
+      issueScores(s);
+      wgmmaWait<0>();
+      fenceScores();
+      if (lane == 0)
+        mbarArrive(&kEmpty[s]);
+      maskScores<D, BN>(a, sc, scaleLog2, rows, j * BN, edge(j * BN), b, h, lane);
+      softmaxBlock<BN>(sc, st, corr);
+      rescaleOutput<HD>(o, corr);
+      packP<BN>(sc, pa);
+      mbarWait(&vFull[s], phase);
+      issueValues(s);
+      wgmmaWait<0>();
+      fenceOut();
+      if (lane == 0)
+        mbarArrive(&vEmpty[s]);
+      if (++s == S) {
+        s = 0;
+        phase ^= 1;
+      }
+    }
+  } else if (blocks > 0) {
+    mbarWait(&kFull[0], 0);
+    issueScores(0);
+    wgmmaWait<0>();
+    fenceScores();
+    if (lane == 0)
+      mbarArrive(&kEmpty[0]);
+    maskScores<D, BN>(a, sc, scaleLog2, rows, 0, edge(0), b, h, lane);
+    softmaxBlock<BN>(sc, st, corr);
+    packP<BN>(sc, pa);
+    int prev = 0;
+    unsigned prevPhase = 0;
+    for (int j = 1; j < blocks; ++j) {
+      if (++s == S) {
+        s = 0;
+        phase ^= 1;
+      }
+      mbarWait(&kFull[s], phase);
+      issueScores(s);
+      mbarWait(&vFull[prev], prevPhase);
+      issueValues(prev);
+      wgmmaWait<1>(); // the scores are done; P V of the block before may still run
+      fenceScores();
+      if (lane == 0)
+        mbarArrive(&kEmpty[s]);
+      maskScores<D, BN>(a, sc, scaleLog2, rows, j * BN, edge(j * BN), b, h, lane);
+      softmaxBlock<BN>(sc, st, corr);
+      wgmmaWait<0>();
+      fenceOut();
+      if (lane == 0)
+        mbarArrive(&vEmpty[prev]);
+      rescaleOutput<HD>(o, corr);
+      packP<BN>(sc, pa);
+      prev = s;
+      prevPhase = phase;
+    }
+    mbarWait(&vFull[prev], prevPhase);
+    issueValues(prev);
+    wgmmaWait<0>();
+    fenceOut();
+    if (lane == 0)
+      mbarArrive(&vEmpty[prev]);
+  }
+
+  // O / l, this thread's two rows: f16 pairs (columns 8 i + 2 (lane % 4)).
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    float l = st.sum[hh];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    if (rows[hh] >= D::Sq)
+      continue;
+    elem* out = static_cast<elem*>(a.out) + ((b * D::Sq + rows[hh]) * D::H + h) * HD;
+#pragma unroll
+    for (int i = 0; i < HD / 8; ++i) {
+      const elem2 v = fromF2(o[i * 4 + hh * 2] / l, o[i * 4 + hh * 2 + 1] / l);
+      *reinterpret_cast<elem2*>(out + 8 * i + 2 * (lane % 4)) = v;
+    }
+  }
+#else
+  (void)p;
+  __trap(); // compiled without sm_90a: the host never launches this
+#endif
+}
+
+} // namespace fpat

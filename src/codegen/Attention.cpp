@@ -56,15 +56,17 @@ bool flashAttentionFits(const ir::AttnShape& s, int arch) {
 KernelUnit generateFlashAttention(const ir::Graph& g, ir::Vertex v, const CodegenOptions& o,
                                   const ir::AttnShape& s, const int64_t (&bias)[4],
                                   FlashMask mask) {
-  // Key blocks of 128 and FA3's intra-warpgroup overlap unless FPAT_FLASH=<BN>[s] asks
-  // otherwise (an experiment's knob: "s" runs the blocks one after the other).
+  // Key blocks of 128 and FA3's intra-warpgroup overlap unless FPAT_FLASH=<BN>[s][p] asks
+  // otherwise (an experiment's knob: "s" runs the blocks one after the other, "p" makes the
+  // consumers take turns).
   int bn = 128;
-  bool overlap = true;
+  bool overlap = true, pingpong = false;
   if (const char* env = std::getenv("FPAT_FLASH")) {
     const int want = std::atoi(env);
-    if (want == 64 || want == 128 || want == 192)
+    if (want == 64 || want == 128 || want == 176 || want == 192)
       bn = want;
     overlap = std::string(env).find('s') == std::string::npos;
+    pingpong = std::string(env).find('p') != std::string::npos;
   }
   const int64_t d = s.headDim;
   const int smem = static_cast<int>(128 * d * 2 + 2 * 2 * bn * d * 2 + 1024);
@@ -85,7 +87,7 @@ KernelUnit generateFlashAttention(const ir::Graph& g, ir::Vertex v, const Codege
   if (kind == 2)
     for (int64_t b : bias)
       sizes += "_" + std::to_string(b);
-  const std::string tile = std::to_string(bn) + (overlap ? "o" : "s");
+  const std::string tile = std::to_string(bn) + (overlap ? "o" : "s") + (pingpong ? "p" : "");
   u.name = "fpat_flash_attention_" + sizes + "_sm90a_" + tile;
   u.what = ref(g, v) + " = attention";
   std::ostringstream body;
@@ -100,7 +102,8 @@ KernelUnit generateFlashAttention(const ir::Graph& g, ir::Vertex v, const Codege
                        : kind == 1 ? "causal, bottom-right (recognised from the bias's values)"
                                    : "the bias tensor, read per score"),
                   "tile:     128 query rows x " + std::to_string(bn) + " keys, " +
-                      (overlap ? "softmax overlapped with P V" : "blocks in sequence")})
+                      (overlap ? "softmax overlapped with P V" : "blocks in sequence") +
+                      (pingpong ? ", consumers taking turns" : "")})
        << "#include \"fpat_flash.cuh\"\n\n"
        << "namespace {\n\nstruct Dims {\n"
        << "  static constexpr int64_t B = " << s.batch << ", Sq = " << s.sq << ", Sk = " << s.sk

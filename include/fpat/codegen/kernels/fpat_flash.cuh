@@ -11,7 +11,10 @@
 //     softmax on S in registers (scale folded into exp2's argument: one FFMA and one MUFU.EX2
 //     per score), P packed to 16-bit pairs in the accumulator's own layout, which is the A
 //     fragment of the next wgmma, and O += P V by wgmma with A from registers.
-//   * kOverlap (FA3's intra-warpgroup pipeline): the product S of block j is issued before
+//   * PINGPONG (FA3's inter-warpgroup schedule): the consumers take turns issuing their
+//     products (named barriers 1 and 2), so that one's softmax runs while the tensor cores
+//     work on the other's products.
+//   * OVERLAP (FA3's intra-warpgroup pipeline): the product S of block j is issued before
 //     P V of block j - 1, and the softmax of block j runs while P V of block j - 1 is still
 //     on the tensor cores; O is rescaled only once that product is done.
 // Rows: GQA reads KV head h / (H / Hkv). A tile's rows may run past its batch's rows into the
@@ -28,13 +31,14 @@
 namespace fpat {
 
 /// A flash-attention tile: BM = 128 query rows (two consumers of 64), BN keys a block.
-template <int HD_, int BN_, bool OVERLAP_> struct FlashTile {
+template <int HD_, int BN_, bool OVERLAP_, bool PINGPONG_ = false> struct FlashTile {
   static constexpr int BM = 128, BN = BN_, HD = HD_, STAGES = 2, THREADS = 384;
-  static constexpr bool OVERLAP = OVERLAP_;
+  static constexpr bool OVERLAP = OVERLAP_, PINGPONG = PINGPONG_;
   static constexpr int Q_BYTES = BM * HD * 2, KV_BYTES = BN * HD * 2;
   static constexpr int SMEM_BYTES = Q_BYTES + STAGES * 2 * KV_BYTES + 1024;
   static_assert(HD == 64 || HD == 128, "head dimension 64 or 128");
-  static_assert(BN % 64 == 0 && BN <= 192, "key blocks of 64, 128 or 192");
+  static_assert(BN == 64 || BN == 128 || BN == 176 || BN == 192,
+                "key blocks of 64, 128, 176 or 192 (176: whole 1 KB swizzle atoms of 8 rows)");
   static_assert(SMEM_BYTES <= FPAT_SM90_SMEM_BYTES, "the ring fits shared memory");
 };
 
@@ -254,13 +258,29 @@ template <class D, class T> __device__ __forceinline__ void flashAttention(const
       fenceOperand(o[i]);
   };
 
+  // PINGPONG: wait for this consumer's turn to issue products; hand the turn to the other.
+  // Consumer 0 goes first. Both run the same number of turns (the last hand-off is left
+  // unanswered when the CTA ends).
+  auto myTurn = [&] {
+    if constexpr (T::PINGPONG)
+      namedBarrier(1 + c, 256);
+  };
+  auto yieldTurn = [&] {
+    if constexpr (T::PINGPONG)
+      namedBarrierArrive(2 - c, 256);
+  };
+  if (T::PINGPONG && c == 1)
+    namedBarrierArrive(1, 256);
+
   mbarWait(&qFull, 0);
   int s = 0;
   unsigned phase = 0;
   if constexpr (!T::OVERLAP) {
     for (int j = 0; j < blocks; ++j) {
       mbarWait(&kFull[s], phase);
+      myTurn();
       issueScores(s);
+      yieldTurn();
       wgmmaWait<0>();
       fenceScores();
       if (lane == 0)
@@ -270,7 +290,9 @@ template <class D, class T> __device__ __forceinline__ void flashAttention(const
       rescaleOutput<HD>(o, corr);
       packP<BN>(sc, pa);
       mbarWait(&vFull[s], phase);
+      myTurn();
       issueValues(s);
+      yieldTurn();
       wgmmaWait<0>();
       fenceOut();
       if (lane == 0)
@@ -282,7 +304,9 @@ template <class D, class T> __device__ __forceinline__ void flashAttention(const
     }
   } else if (blocks > 0) {
     mbarWait(&kFull[0], 0);
+    myTurn();
     issueScores(0);
+    yieldTurn();
     wgmmaWait<0>();
     fenceScores();
     if (lane == 0)
@@ -298,9 +322,11 @@ template <class D, class T> __device__ __forceinline__ void flashAttention(const
         phase ^= 1;
       }
       mbarWait(&kFull[s], phase);
-      issueScores(s);
       mbarWait(&vFull[prev], prevPhase);
+      myTurn();
+      issueScores(s);
       issueValues(prev);
+      yieldTurn();
       wgmmaWait<1>(); // the scores are done; P V of the block before may still run
       fenceScores();
       if (lane == 0)
@@ -317,7 +343,9 @@ template <class D, class T> __device__ __forceinline__ void flashAttention(const
       prevPhase = phase;
     }
     mbarWait(&vFull[prev], prevPhase);
+    myTurn();
     issueValues(prev);
+    yieldTurn();
     wgmmaWait<0>();
     fenceOut();
     if (lane == 0)

@@ -73,6 +73,9 @@ KernelUnit generateFlashAttention(const ir::Graph& g, ir::Vertex v, const Codege
   if (smem > 232448)
     bn = 128; // 192-key blocks of head dimension 128 do not fit two stages
   const int smemBytes = static_cast<int>(128 * d * 2 + 2 * 2 * bn * d * 2 + 1024);
+  const ir::Op& scale = g.op(g.operands(v)[4]);
+  const bool positive =
+      scale.kind == ir::OpKind::Constant && std::isfinite(scale.value) && scale.value > 0;
   const int kind = mask == FlashMask::None ? 0 : mask == FlashMask::Causal ? 1 : 2;
   const char* maskName = kind == 0 ? "none" : kind == 1 ? "causal" : "bias";
   KernelUnit u;
@@ -110,6 +113,8 @@ KernelUnit generateFlashAttention(const ir::Graph& g, ir::Vertex v, const Codege
        << ";\n  static constexpr int64_t H = " << s.heads << ", Hkv = " << s.kvHeads
        << ", Hd = " << d << ";\n"
        << "  static constexpr int kMask = " << kind << "; // 0 none, 1 causal, 2 bias\n"
+       << "  static constexpr bool kScalePositive = " << (positive ? "true" : "false")
+       << "; // a constant > 0\n"
        << "  static constexpr int64_t bias0 = " << bias[0] << ", bias1 = " << bias[1]
        << ", bias2 = " << bias[2] << ", bias3 = " << bias[3] << ";\n};\n\n"
        << "using Tile = fpat::FlashTile<" << d << ", " << bn << ", " << (overlap ? "true" : "false")

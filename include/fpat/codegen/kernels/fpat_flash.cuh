@@ -22,7 +22,8 @@
 // their query rows are not stored. Masks (Dims::kMask): 0 none; 1 causal, bottom-right aligned
 // (key j of query row i is kept iff j <= i + Sk - Sq; blocks past a tile's diagonal are
 // skipped, the rest unmasked but for the diagonal and the last block); 2 an additive bias
-// read from in[3] with strides bias0..3 over [B, H, Sq, Sk]. The scale is in[4].
+// read from in[3] with strides bias0..3 over [B, H, Sq, Sk]. The scale is in[4]
+// (Dims::kScalePositive: a constant known to be positive, folded into exp2's FFMA).
 // A row whose scores are all -inf gives 0 / 0 (NaN), as the exact softmax does.
 #pragma once
 
@@ -55,46 +56,66 @@ struct FlashRows {
   float mx[2], sum[2];
 };
 
-/// Scores of one key block in the log2 domain, masked: sc[i * 4 + 2 h + e] is row rows[h],
-/// column n0 + 8 i + 2 (lane % 4) + e.
-template <class D, int BN>
+/// Masks one key block's scores: sc[i * 4 + 2 h + e] is row rows[h], column n0 + 8 i +
+/// 2 (lane % 4) + e. PRESCALE (a bias, or a scale not known to be positive): the scores are
+/// turned into the log2 domain here, scale and bias applied; otherwise they stay as the
+/// product gave them and the softmax folds the scale into exp2's argument. Masked scores are
+/// -inf either way. Only blocks at an edge (`edge`: past Sk or across the causal diagonal)
+/// test columns.
+template <class D, int BN, bool PRESCALE>
 __device__ __forceinline__ void maskScores(const FpatKernelArgs& a, float (&sc)[BN / 2],
                                            float scaleLog2, const int64_t (&rows)[2], int n0,
                                            bool edge, int64_t b, int64_t h, int lane) {
   constexpr float kLog2e = 1.4426950408889634f;
+  if constexpr (PRESCALE) {
+#pragma unroll
+    for (int i = 0; i < BN / 8; ++i)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int idx = i * 4 + hh * 2 + e;
+          float x = sc[idx] * scaleLog2;
+          if constexpr (D::kMask == 2) {
+            const int64_t col = n0 + 8 * i + 2 * (lane % 4) + e;
+            const int64_t r = rows[hh] < D::Sq ? rows[hh] : D::Sq - 1;
+            const int64_t cc = col < D::Sk ? col : D::Sk - 1;
+            x = fmaf(ldh(a.in[3], b * D::bias0 + h * D::bias1 + r * D::bias2 + cc * D::bias3),
+                     kLog2e, x);
+          }
+          sc[idx] = x;
+        }
+  }
+  if (!edge)
+    return;
 #pragma unroll
   for (int i = 0; i < BN / 8; ++i)
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const int idx = i * 4 + hh * 2 + e;
         const int64_t col = n0 + 8 * i + 2 * (lane % 4) + e;
-        float x = sc[idx] * scaleLog2;
-        if constexpr (D::kMask == 2) {
-          const int64_t r = rows[hh] < D::Sq ? rows[hh] : D::Sq - 1;
-          const int64_t cc = col < D::Sk ? col : D::Sk - 1;
-          x = fmaf(ldh(a.in[3], b * D::bias0 + h * D::bias1 + r * D::bias2 + cc * D::bias3), kLog2e,
-                   x);
-        }
-        if (edge && (col >= D::Sk || (D::kMask == 1 && col > rows[hh] + (D::Sk - D::Sq))))
-          x = -INFINITY;
-        sc[idx] = x;
+        if (col >= D::Sk || (D::kMask == 1 && col > rows[hh] + (D::Sk - D::Sq)))
+          sc[i * 4 + hh * 2 + e] = -INFINITY;
       }
 }
 
-/// The online softmax of one block: new row maxima, sc turned into exp2(sc - max), the row
-/// sums (this thread's part) updated; corr gets each row's rescale of the earlier blocks.
+/// The online softmax of one block: new row maxima (kept in the log2 domain), sc turned into
+/// exp2(sc * mult - max) (mult: the scale times log2 e, > 0, or 1 where maskScores applied
+/// it: one FFMA and one MUFU.EX2 a score), the row sums (this thread's part) updated; corr
+/// gets each row's rescale of the earlier blocks.
 template <int BN>
-__device__ __forceinline__ void softmaxBlock(float (&sc)[BN / 2], FlashRows& st, float (&corr)[2]) {
+__device__ __forceinline__ void softmaxBlock(float (&sc)[BN / 2], FlashRows& st, float (&corr)[2],
+                                             float mult) {
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
-    float m = st.mx[hh];
+    float m = -INFINITY;
 #pragma unroll
     for (int i = 0; i < BN / 8; ++i)
       m = fmaxf(m, fmaxf(sc[i * 4 + hh * 2], sc[i * 4 + hh * 2 + 1]));
     m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
     m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+    m = fmaxf(st.mx[hh], m * mult);
     // Every score so far -inf: subtract 0 instead (no inf - inf); they all give 0.
     const float use = m == -INFINITY ? 0.0f : m;
     corr[hh] = exp2Approx(st.mx[hh] - use);
@@ -104,7 +125,7 @@ __device__ __forceinline__ void softmaxBlock(float (&sc)[BN / 2], FlashRows& st,
     for (int i = 0; i < BN / 8; ++i)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const float p = exp2Approx(sc[i * 4 + hh * 2 + e] - use);
+        const float p = exp2Approx(fmaf(sc[i * 4 + hh * 2 + e], mult, -use));
         sc[i * 4 + hh * 2 + e] = p;
         s += p;
       }
@@ -224,15 +245,13 @@ template <class D, class T> __device__ __forceinline__ void flashAttention(const
   auto issueScores = [&](int s) {
     const unsigned char* kt = sKV + s * 2 * T::KV_BYTES;
 #pragma unroll
-    for (int i = 0; i < BN / 2; ++i) {
-      sc[i] = 0.0f;
+    for (int i = 0; i < BN / 2; ++i)
       fenceOperand(sc[i]);
-    }
     wgmmaFence();
 #pragma unroll
     for (int ks = 0; ks < HD / 16; ++ks)
       wgmma<BN, 0>(sc, smemDesc(sQ + (ks / 4) * BM * 128 + c * 64 * 128 + (ks % 4) * 32, 16, 1024),
-                   smemDesc(kt + (ks / 4) * BN * 128 + (ks % 4) * 32, 16, 1024), 1);
+                   smemDesc(kt + (ks / 4) * BN * 128 + (ks % 4) * 32, 16, 1024), ks > 0);
     wgmmaCommit();
   };
   // O += P V of the block in stage s (issued and committed).
@@ -275,6 +294,13 @@ template <class D, class T> __device__ __forceinline__ void flashAttention(const
   mbarWait(&qFull, 0);
   int s = 0;
   unsigned phase = 0;
+  // The scale folds into exp2's argument where it is known to be positive.
+  constexpr bool kPrescale = D::kMask == 2 || !D::kScalePositive;
+  const float mult = kPrescale ? 1.0f : scaleLog2;
+  auto softmax = [&](int j) {
+    maskScores<D, BN, kPrescale>(a, sc, scaleLog2, rows, j * BN, edge(j * BN), b, h, lane);
+    softmaxBlock<BN>(sc, st, corr, mult);
+  };
   if constexpr (!T::OVERLAP) {
     for (int j = 0; j < blocks; ++j) {
       mbarWait(&kFull[s], phase);
@@ -285,8 +311,7 @@ template <class D, class T> __device__ __forceinline__ void flashAttention(const
       fenceScores();
       if (lane == 0)
         mbarArrive(&kEmpty[s]);
-      maskScores<D, BN>(a, sc, scaleLog2, rows, j * BN, edge(j * BN), b, h, lane);
-      softmaxBlock<BN>(sc, st, corr);
+      softmax(j);
       rescaleOutput<HD>(o, corr);
       packP<BN>(sc, pa);
       mbarWait(&vFull[s], phase);
@@ -303,6 +328,9 @@ template <class D, class T> __device__ __forceinline__ void flashAttention(const
       }
     }
   } else if (blocks > 0) {
+    // Block j's scores are issued, then O is rescaled for block j - 1's softmax (the
+    // tensor cores run the scores meanwhile; block j - 2's P V is done), then P V of block
+    // j - 1; block j's softmax runs while that product does.
     mbarWait(&kFull[0], 0);
     myTurn();
     issueScores(0);
@@ -311,8 +339,7 @@ template <class D, class T> __device__ __forceinline__ void flashAttention(const
     fenceScores();
     if (lane == 0)
       mbarArrive(&kEmpty[0]);
-    maskScores<D, BN>(a, sc, scaleLog2, rows, 0, edge(0), b, h, lane);
-    softmaxBlock<BN>(sc, st, corr);
+    softmax(0);
     packP<BN>(sc, pa);
     int prev = 0;
     unsigned prevPhase = 0;
@@ -325,25 +352,25 @@ template <class D, class T> __device__ __forceinline__ void flashAttention(const
       mbarWait(&vFull[prev], prevPhase);
       myTurn();
       issueScores(s);
+      rescaleOutput<HD>(o, corr);
       issueValues(prev);
       yieldTurn();
       wgmmaWait<1>(); // the scores are done; P V of the block before may still run
       fenceScores();
       if (lane == 0)
         mbarArrive(&kEmpty[s]);
-      maskScores<D, BN>(a, sc, scaleLog2, rows, j * BN, edge(j * BN), b, h, lane);
-      softmaxBlock<BN>(sc, st, corr);
+      softmax(j);
       wgmmaWait<0>();
       fenceOut();
       if (lane == 0)
         mbarArrive(&vEmpty[prev]);
-      rescaleOutput<HD>(o, corr);
       packP<BN>(sc, pa);
       prev = s;
       prevPhase = phase;
     }
     mbarWait(&vFull[prev], prevPhase);
     myTurn();
+    rescaleOutput<HD>(o, corr);
     issueValues(prev);
     yieldTurn();
     wgmmaWait<0>();

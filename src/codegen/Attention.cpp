@@ -56,12 +56,12 @@ bool flashAttentionFits(const ir::AttnShape& s, int arch) {
 KernelUnit generateFlashAttention(const ir::Graph& g, ir::Vertex v, const CodegenOptions& o,
                                   const ir::AttnShape& s, const int64_t (&bias)[4],
                                   FlashMask mask) {
-  // Key blocks of 176 (FlashAttention-3's tile for head dimension 128), FA3's
-  // intra-warpgroup overlap and the consumers taking turns: the fastest of the variants on the
-  // H200 (bench/RESULTS.md, session 34). FPAT_FLASH=<BN>[s][p] asks for another (an
-  // experiment's knob: "s" runs the blocks one after the other, "p" makes the consumers take
-  // turns).
-  int bn = 176;
+  // Key blocks of 128, FA3's intra-warpgroup overlap and the consumers taking turns
+  // (bench/RESULTS.md, session 34: blocks of 176, FA3's tile for head dimension 128, ran 3%
+  // faster at S = 8k, but ptxas serializes their wgmma at some sizes: too few registers).
+  // FPAT_FLASH=<BN>[s][p] asks for another (an experiment's knob: "s" runs the blocks one
+  // after the other, "p" makes the consumers take turns).
+  int bn = 128;
   bool overlap = true, pingpong = true;
   if (const char* env = std::getenv("FPAT_FLASH")) {
     const int want = std::atoi(env);

@@ -2,6 +2,7 @@
 // operand means (nothing, a causal mask, a tensor), its tile, its launch.
 #include "fpat/codegen/Lowering.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <sstream>
@@ -53,16 +54,84 @@ bool flashAttentionFits(const ir::AttnShape& s, int arch) {
          s.batch * s.sk < (1ll << 31) && s.heads <= 65535 && s.batch <= 65535;
 }
 
+namespace {
+
+int maskCode(FlashMask mask) {
+  return mask == FlashMask::None ? 0 : mask == FlashMask::Causal ? 1 : 2;
+}
+
+/// The sizes in a kernel's name: b2_h8_kv2_q333_k333_d128_causal.
+std::string sizesName(const ir::AttnShape& s, FlashMask mask) {
+  const int kind = maskCode(mask);
+  return "b" + std::to_string(s.batch) + "_h" + std::to_string(s.heads) + "_kv" +
+         std::to_string(s.kvHeads) + "_q" + std::to_string(s.sq) + "_k" + std::to_string(s.sk) +
+         "_d" + std::to_string(s.headDim) + "_" +
+         (kind == 0   ? "none"
+          : kind == 1 ? "causal"
+                      : "bias");
+}
+
+/// The header lines both kernels' files start with.
+std::vector<std::string> headerLines(const std::string& family, const ir::AttnShape& s,
+                                     FlashMask mask, const std::string& tile) {
+  const int kind = maskCode(mask);
+  return {"family:   attention (" + family + "; fpat_flash.cuh)",
+          "sizes:    B " + std::to_string(s.batch) + ", Sq " + std::to_string(s.sq) + ", Sk " +
+              std::to_string(s.sk) + ", H " + std::to_string(s.heads) + ", Hkv " +
+              std::to_string(s.kvHeads) + ", d " + std::to_string(s.headDim),
+          std::string("mask:     ") +
+              (kind == 0   ? "none (no bias, or one the softmax cannot see)"
+               : kind == 1 ? "causal, bottom-right (recognised from the bias's values)"
+                           : "the bias tensor, read per score"),
+          "tile:     " + tile};
+}
+
+/// The Dims struct the kernel templates read (sizes, mask, scale, bias strides, `extra`).
+std::string dimsStruct(const ir::Graph& g, ir::Vertex v, const ir::AttnShape& s, FlashMask mask,
+                       const int64_t (&bias)[4], const std::string& extra) {
+  const ir::Op& scale = g.op(g.operands(v)[4]);
+  const bool positive =
+      scale.kind == ir::OpKind::Constant && std::isfinite(scale.value) && scale.value > 0;
+  std::ostringstream os;
+  os << "struct Dims {\n"
+     << "  static constexpr int64_t B = " << s.batch << ", Sq = " << s.sq << ", Sk = " << s.sk
+     << ";\n  static constexpr int64_t H = " << s.heads << ", Hkv = " << s.kvHeads
+     << ", Hd = " << s.headDim << ";\n"
+     << "  static constexpr int kMask = " << maskCode(mask) << "; // 0 none, 1 causal, 2 bias\n"
+     << "  static constexpr bool kScalePositive = " << (positive ? "true" : "false")
+     << "; // a constant > 0\n"
+     << "  static constexpr int64_t bias0 = " << bias[0] << ", bias1 = " << bias[1]
+     << ", bias2 = " << bias[2] << ", bias3 = " << bias[3] << ";\n"
+     << extra << "};\n";
+  return os.str();
+}
+
+KernelUnit attentionUnit(const ir::Graph& g, ir::Vertex v, const ir::AttnShape& s) {
+  KernelUnit u;
+  u.family = "attention";
+  u.sm90a = true;
+  u.M = s.batch * s.sq;
+  u.N = s.heads * s.headDim;
+  u.K = s.sk;
+  u.what = ref(g, v) + " = attention";
+  return u;
+}
+
+/// Query rows per KV head the decode kernel computes together (fpat::DecodeTile::RMAX).
+constexpr int64_t kDecodeRows = 8;
+
+} // namespace
+
 KernelUnit generateFlashAttention(const ir::Graph& g, ir::Vertex v, const CodegenOptions& o,
                                   const ir::AttnShape& s, const int64_t (&bias)[4],
                                   FlashMask mask) {
-  // Key blocks of 128, FA3's intra-warpgroup overlap and the consumers taking turns
-  // (bench/RESULTS.md, session 34: blocks of 176, FA3's tile for head dimension 128, ran 3%
-  // faster at S = 8k, but ptxas serializes their wgmma at some sizes: too few registers).
+  // Key blocks of 128 and FA3's intra-warpgroup overlap (bench/RESULTS.md, session 34: blocks
+  // of 176, FA3's tile for head dimension 128, ran up to 3% faster at S >= 8k and slower
+  // below, but ptxas serializes their wgmma at some sizes: too few registers).
   // FPAT_FLASH=<BN>[s][p] asks for another (an experiment's knob: "s" runs the blocks one
   // after the other, "p" makes the consumers take turns).
   int bn = 128;
-  bool overlap = true, pingpong = true;
+  bool overlap = true, pingpong = false;
   if (const char* env = std::getenv("FPAT_FLASH")) {
     const int want = std::atoi(env);
     if (want == 64 || want == 128 || want == 176 || want == 192)
@@ -71,55 +140,26 @@ KernelUnit generateFlashAttention(const ir::Graph& g, ir::Vertex v, const Codege
     pingpong = std::string(env).find('p') != std::string::npos;
   }
   const int64_t d = s.headDim;
-  const int smem = static_cast<int>(128 * d * 2 + 2 * 2 * bn * d * 2 + 1024);
-  if (smem > 232448)
-    bn = 128; // 192-key blocks of head dimension 128 do not fit two stages
+  if (128 * d * 2 + 2 * 2 * bn * d * 2 + 1024 > 232448)
+    bn = 128; // two stages of larger key blocks do not fit shared memory
   const int smemBytes = static_cast<int>(128 * d * 2 + 2 * 2 * bn * d * 2 + 1024);
-  const ir::Op& scale = g.op(g.operands(v)[4]);
-  const bool positive =
-      scale.kind == ir::OpKind::Constant && std::isfinite(scale.value) && scale.value > 0;
-  const int kind = mask == FlashMask::None ? 0 : mask == FlashMask::Causal ? 1 : 2;
-  const char* maskName = kind == 0 ? "none" : kind == 1 ? "causal" : "bias";
-  KernelUnit u;
-  u.family = "attention";
-  u.sm90a = true;
-  u.M = s.batch * s.sq;
-  u.N = s.heads * d;
-  u.K = s.sk;
-  std::string sizes = "b" + std::to_string(s.batch) + "_h" + std::to_string(s.heads) + "_kv" +
-                      std::to_string(s.kvHeads) + "_q" + std::to_string(s.sq) + "_k" +
-                      std::to_string(s.sk) + "_d" + std::to_string(d) + "_" + maskName;
-  if (kind == 2)
+  KernelUnit u = attentionUnit(g, v, s);
+  std::string sizes = sizesName(s, mask);
+  if (mask == FlashMask::Bias)
     for (int64_t b : bias)
       sizes += "_" + std::to_string(b);
   const std::string tile = std::to_string(bn) + (overlap ? "o" : "s") + (pingpong ? "p" : "");
   u.name = "fpat_flash_attention_" + sizes + "_sm90a_" + tile;
-  u.what = ref(g, v) + " = attention";
   std::ostringstream body;
   body << header("attention (flash attention)", o,
-                 {"family:   attention (sm_90a: TMA, wgmma for Q K^T and P V, online softmax in "
-                  "registers; fpat_flash.cuh)",
-                  "sizes:    B " + std::to_string(s.batch) + ", Sq " + std::to_string(s.sq) +
-                      ", Sk " + std::to_string(s.sk) + ", H " + std::to_string(s.heads) + ", Hkv " +
-                      std::to_string(s.kvHeads) + ", d " + std::to_string(d),
-                  std::string("mask:     ") +
-                      (kind == 0   ? "none (no bias, or one the softmax cannot see)"
-                       : kind == 1 ? "causal, bottom-right (recognised from the bias's values)"
-                                   : "the bias tensor, read per score"),
-                  "tile:     128 query rows x " + std::to_string(bn) + " keys, " +
-                      (overlap ? "softmax overlapped with P V" : "blocks in sequence") +
-                      (pingpong ? ", consumers taking turns" : "")})
-       << "#include \"fpat_flash.cuh\"\n\n"
-       << "namespace {\n\nstruct Dims {\n"
-       << "  static constexpr int64_t B = " << s.batch << ", Sq = " << s.sq << ", Sk = " << s.sk
-       << ";\n  static constexpr int64_t H = " << s.heads << ", Hkv = " << s.kvHeads
-       << ", Hd = " << d << ";\n"
-       << "  static constexpr int kMask = " << kind << "; // 0 none, 1 causal, 2 bias\n"
-       << "  static constexpr bool kScalePositive = " << (positive ? "true" : "false")
-       << "; // a constant > 0\n"
-       << "  static constexpr int64_t bias0 = " << bias[0] << ", bias1 = " << bias[1]
-       << ", bias2 = " << bias[2] << ", bias3 = " << bias[3] << ";\n};\n\n"
-       << "using Tile = fpat::FlashTile<" << d << ", " << bn << ", " << (overlap ? "true" : "false")
+                 headerLines("sm_90a: TMA, wgmma for Q K^T and P V, online softmax in registers", s,
+                             mask,
+                             "128 query rows x " + std::to_string(bn) + " keys, " +
+                                 (overlap ? "softmax overlapped with P V" : "blocks in sequence") +
+                                 (pingpong ? ", consumers taking turns" : "")))
+       << "#include \"fpat_flash.cuh\"\n\nnamespace {\n\n"
+       << dimsStruct(g, v, s, mask, bias, "") << "\nusing Tile = fpat::FlashTile<" << d << ", "
+       << bn << ", " << (overlap ? "true" : "false") << ", " << (pingpong ? "true" : "false")
        << ">;\n\n} // namespace\n\n"
        << "extern \"C\" __global__ void __launch_bounds__(384, 1)\n"
        << u.name << "(const __grid_constant__ FpatTmaArgs p) {\n"
@@ -132,6 +172,60 @@ KernelUnit generateFlashAttention(const ir::Graph& g, ir::Vertex v, const Codege
            TmaMap{1, s.kvHeads * d, s.batch * s.sk, 64, bn},
            TmaMap{2, s.kvHeads * d, s.batch * s.sk, 64, bn}};
   u.launches.push_back(l);
+  u.source = body.str();
+  return u;
+}
+
+bool flashDecodeFits(const ir::AttnShape& s, FlashMask mask) {
+  return mask != FlashMask::Bias && s.heads / s.kvHeads * s.sq <= kDecodeRows;
+}
+
+KernelUnit generateFlashDecode(const ir::Graph& g, ir::Vertex v, const CodegenOptions& o,
+                               const ir::AttnShape& s, FlashMask mask) {
+  const int64_t d = s.headDim, rows = s.heads / s.kvHeads * s.sq;
+  // Splits of the keys: about two CTAs per SM (two fit: 3 stages of 64-key K and V tiles),
+  // each split at least one tile, none empty.
+  const int64_t tiles = (s.sk + 63) / 64, units = s.batch * s.kvHeads;
+  int64_t splits = std::clamp<int64_t>((2 * o.sms + units - 1) / units, 1, tiles);
+  const int64_t splitTiles = (tiles + splits - 1) / splits;
+  splits = (tiles + splitTiles - 1) / splitTiles;
+  KernelUnit u = attentionUnit(g, v, s);
+  u.name = "fpat_flash_decode_" + sizesName(s, mask) + "_s" + std::to_string(splits) + "_sm90a";
+  const int64_t zero[4] = {0, 0, 0, 0};
+  std::ostringstream body;
+  body << header("attention (flash decode)", o,
+                 headerLines("sm_90a: split keys, TMA, CUDA cores", s, mask,
+                             std::to_string(rows) + " query rows per KV head, 64-key tiles, " +
+                                 std::to_string(splits) + " splits of " +
+                                 std::to_string(splitTiles) + " tiles" +
+                                 (splits > 1 ? ", merged by a second launch" : "")))
+       << "#include \"fpat_flash.cuh\"\n\nnamespace {\n\n"
+       << dimsStruct(g, v, s, mask, zero,
+                     "  static constexpr int kSplits = " + std::to_string(splits) +
+                         ", kSplitTiles = " + std::to_string(splitTiles) + ";\n")
+       << "\nusing Tile = fpat::DecodeTile<" << d << ">;\n\n} // namespace\n\n"
+       << "extern \"C\" __global__ void __launch_bounds__(160)\n"
+       << u.name << "(const __grid_constant__ FpatTmaArgs p) {\n"
+       << "  fpat::flashDecode<Dims, Tile>(p);\n}\n";
+  const int smemBytes = static_cast<int>(3 * 2 * 64 * d * 2 + kDecodeRows * (d + 8) * 4 + 1024);
+  Launch l{Launch::Fixed, u.name, 160, smemBytes, {}};
+  l.blocks[0] = splits;
+  l.blocks[1] = s.kvHeads;
+  l.blocks[2] = s.batch;
+  l.tma = {TmaMap{1, s.kvHeads * d, s.batch * s.sk, 64, 64},
+           TmaMap{2, s.kvHeads * d, s.batch * s.sk, 64, 64}};
+  u.launches.push_back(l);
+  if (splits > 1) {
+    body << "\nextern \"C\" __global__ void __launch_bounds__(" << d << ")\n"
+         << u.name << "_merge(const FpatKernelArgs a) {\n"
+         << "  fpat::flashDecodeCombine<Dims>(a);\n}\n";
+    Launch m{Launch::Fixed, u.name + "_merge", static_cast<int>(d), 0, {}};
+    m.blocks[0] = rows;
+    m.blocks[1] = s.kvHeads;
+    m.blocks[2] = s.batch;
+    u.launches.push_back(m);
+    u.scratchBytes = static_cast<size_t>(units * splits * rows * (d + 2)) * sizeof(float);
+  }
   u.source = body.str();
   return u;
 }

@@ -298,8 +298,11 @@ KernelUnit generateAttentionOp(const ir::Graph& g, ir::Vertex v, const CodegenOp
       step *= bs[d];
     }
   }
-  if (op.kind == ir::OpKind::Attention && flashAttentionFits(*s, o.arch))
-    return generateFlashAttention(g, v, o, *s, bias, flashMask(g, ins[3], *s));
+  if (op.kind == ir::OpKind::Attention && flashAttentionFits(*s, o.arch)) {
+    const FlashMask mask = flashMask(g, ins[3], *s);
+    return flashDecodeFits(*s, mask) ? generateFlashDecode(g, v, o, *s, mask)
+                                     : generateFlashAttention(g, v, o, *s, bias, mask);
+  }
   const char* kind = op.kind == ir::OpKind::AttnQk   ? "attn_qk"
                      : op.kind == ir::OpKind::AttnPv ? "attn_pv"
                                                      : "attention";

@@ -186,6 +186,10 @@ Executor::Executor(cuda::Driver& drv, const CompiledGraph& cg) : drv_(drv), cg_(
         a.scratch[s] = reinterpret_cast<void*>(scratch_.back());
       }
     }
+    if (u.scratchBytes > 0) {
+      scratch_.push_back(drv_.alloc(u.scratchBytes));
+      a.scratch[0] = reinterpret_cast<void*>(scratch_.back());
+    }
     if (u.normStatsLaunch)
       for (int s = 0; s < 2; ++s) {
         scratch_.push_back(drv_.alloc(static_cast<size_t>(u.M) * sizeof(float)));

@@ -1068,8 +1068,10 @@ ir::Graph attentionGraph(int64_t sq, int64_t sk, int64_t d, int bias) {
 
 BOOST_AUTO_TEST_CASE(attention_takes_the_flash_kernel_on_sm90) {
   // sm_90 with head dimension 64 or 128: the flash kernel, its mask recognised from the bias
-  // (none, causal from a weight's values, a tensor read per score); other head dimensions and
-  // targets: the CUDA-core kernel. The sources compile for sm_90a without serialized wgmma.
+  // (none, causal from a weight's values, a tensor read per score), or with at most 8 query
+  // rows per KV head and no bias tensor the decode kernel (split keys: a merge launch and its
+  // workspace); other head dimensions and targets: the CUDA-core kernel. The sources compile
+  // for sm_90a without serialized wgmma.
   struct Case {
     int64_t sq, sk, d;
     int bias, arch;
@@ -1093,6 +1095,8 @@ BOOST_AUTO_TEST_CASE(attention_takes_the_flash_kernel_on_sm90) {
       codegen::KernelUnit u = codegen::generate(g, g.outputs()[0], builtinLibrary().activations, o);
       BOOST_TEST(u.name.find(c.name) != std::string::npos, u.name);
       BOOST_TEST(u.sm90a == (c.arch == 90 && c.d != 80));
+      const bool decode = u.name.find("flash_decode") != std::string::npos;
+      BOOST_TEST((u.launches.size() == 2) == (decode && u.scratchBytes > 0), u.name);
       if (u.sm90a)
         units.push_back(std::move(u));
     }

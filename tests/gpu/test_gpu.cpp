@@ -820,6 +820,13 @@ BOOST_AUTO_TEST_CASE(attention_matches_the_reference) {
       {3, 129, 129, 2, 2, 64, 0, ir::DType::BF16},
       {1, 200, 520, 4, 2, 128, 3, ir::DType::BF16},
       {2, 64, 777, 8, 2, 64, 1, ir::DType::F16},
+      // The decode kernel (at most 8 query rows per KV head, keys split and merged): Llama-3's
+      // heads at batch 16 and a ragged cache, Qwen2's 7 heads a KV head, a cache shorter than
+      // one tile, two causal query rows of 4 heads each.
+      {16, 1, 5000, 32, 8, 128, 0, ir::DType::BF16},
+      {3, 1, 65, 28, 4, 128, 0, ir::DType::F16},
+      {2, 1, 63, 8, 8, 64, 0, ir::DType::F16},
+      {1, 2, 300, 4, 1, 128, 1, ir::DType::F16},
   };
   uint64_t seed = 40;
   for (const Case& c : cases)

@@ -245,6 +245,9 @@ struct KernelUnit {
   // wgmma cooperative: compiled with the last wave split in k (lastWaveSplit planned one for
   // CodegenOptions::sms); the Executor passes such kernels a partial-sum workspace.
   bool splitLastWave = false;
+  // A private f32 workspace of this many bytes in FpatKernelArgs::scratch[0] (flash decode's
+  // partial results, merged by its second launch).
+  size_t scratchBytes = 0;
 };
 
 /// Columns of a dual GEMM's interleaved weight copy for a result of N columns: blocks of 8 gate

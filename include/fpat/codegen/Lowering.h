@@ -75,6 +75,12 @@ enum class FlashMask { None, Causal, Bias };
 FlashMask flashMask(const ir::Graph& g, ir::Vertex bias, const ir::AttnShape& s);
 /// Whether the flash-attention kernel (sm_90a) computes an attention of these sizes.
 bool flashAttentionFits(const ir::AttnShape& s, int arch);
+/// Whether the decode kernel takes it: at most 8 query rows per KV head (Sq times the query
+/// heads sharing one), no bias tensor.
+bool flashDecodeFits(const ir::AttnShape& s, FlashMask mask);
+/// The split-KV decode kernel and, with more than one split, its merge (fpat_flash.cuh).
+KernelUnit generateFlashDecode(const ir::Graph& g, ir::Vertex v, const CodegenOptions& o,
+                               const ir::AttnShape& s, FlashMask mask);
 /// The flash-attention kernel; `bias` holds the bias's strides over [B, H, Sq, Sk].
 KernelUnit generateFlashAttention(const ir::Graph& g, ir::Vertex v, const CodegenOptions& o,
                                   const ir::AttnShape& s, const int64_t (&bias)[4], FlashMask mask);

@@ -400,4 +400,275 @@ template <class D, class T> __device__ __forceinline__ void flashAttention(const
 #endif
 }
 
+// ---------------------------------------------------------------------------------------------
+// Decode: few query rows against a long KV cache (Flash-Decoding, ../shared/ATTENTION.md §3).
+// The G = H / Hkv query heads that share a KV head and their Sq rows, R = G * Sq <= 8 rows,
+// are computed together, so each KV head is read once (not G times). The keys of each
+// (batch, KV head) are split into Dims::kSplits ranges of kSplitTiles 64-key tiles, one CTA
+// each: a producer warp streams K and V tiles by TMA into a three-stage ring, four consumer
+// warps take 16 keys of each tile apiece and keep their own online-softmax state, combined
+// through shared memory at the end. One split: the CTA writes the output; more: it writes its
+// unnormalised f32 O and (max, sum) per row to the workspace (a.scratch[0]), and
+// flashDecodeCombine merges the splits. CUDA cores only: at R <= 8 the dot products cost less
+// than streaming the cache. Masks: none, or causal (bottom-right: row i keeps keys
+// j <= i + Sk - Sq).
+
+template <int HD_> struct DecodeTile {
+  static constexpr int BN = 64, HD = HD_, STAGES = 3, THREADS = 160, RMAX = 8;
+  static constexpr int KV_BYTES = BN * HD * 2;
+  static constexpr int Q_PITCH = HD + 8; // floats: the two 64-column halves in other banks
+  static constexpr int SMEM_BYTES = STAGES * 2 * KV_BYTES + RMAX * Q_PITCH * 4 + 1024;
+};
+
+/// Rows of the decode kernel: r = hh * Sq + i is query head g * G + hh, query row i.
+template <class D> struct DecodeRows {
+  static constexpr int G = static_cast<int>(D::H / D::Hkv), R = G * static_cast<int>(D::Sq);
+};
+
+template <class D, class T> __device__ __forceinline__ void flashDecode(const FpatTmaArgs& p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using namespace sm90;
+  constexpr int BN = T::BN, HD = T::HD, S = T::STAGES, KB = HD / 64;
+  constexpr int G = DecodeRows<D>::G, R = DecodeRows<D>::R, QP = T::Q_PITCH;
+  static_assert(R <= T::RMAX && (HD == 64 || HD == 128) && D::kMask != 2, "decode's sizes");
+  static_assert(D::B >= 1 && D::bias0 + D::bias1 + D::bias2 + D::bias3 >= 0 &&
+                    (D::kScalePositive || !D::kScalePositive),
+                "sizes of a real attention"); // (and names every member: nvcc warns otherwise)
+  extern __shared__ __align__(1024) unsigned char smemRaw[];
+  __shared__ __align__(8) uint64_t full[S], empty[S];
+  __shared__ float pw[4][R][16];       // each consumer warp's probabilities of its 16 keys
+  __shared__ float mw[4][R], lw[4][R]; // each consumer warp's row maxima and sums
+  unsigned char* const ring = smemRaw + ((1024 - (smemAddr(smemRaw) & 1023)) & 1023);
+  float* const qs = reinterpret_cast<float*>(ring + S * 2 * T::KV_BYTES); // [R][QP]
+  float* const ow = reinterpret_cast<float*>(ring); // after the loop: [4][R][HD] (the ring)
+
+  const FpatKernelArgs& a = p.k;
+  const int split = static_cast<int>(blockIdx.x), g = static_cast<int>(blockIdx.y),
+            b = static_cast<int>(blockIdx.z);
+  constexpr int tiles = static_cast<int>((D::Sk + BN - 1) / BN);
+  const int t0 = split * D::kSplitTiles, t1 = min(t0 + D::kSplitTiles, tiles);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < S; ++s) {
+      mbarInit(&full[s], 1);
+      mbarInit(&empty[s], 4);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  if (warp == 0) {
+    if (lane != 0)
+      return;
+    int s = 0;
+    unsigned phase = 0;
+    for (int t = t0; t < t1; ++t) {
+      unsigned char* const kt = ring + s * 2 * T::KV_BYTES;
+      mbarWait(&empty[s], phase ^ 1);
+      mbarExpectTx(&full[s], 2 * T::KV_BYTES);
+      const int row = static_cast<int>(b * D::Sk) + t * BN;
+#pragma unroll
+      for (int c = 0; c < KB; ++c) {
+        tmaLoad2d(kt + c * BN * 128, &p.a, g * HD + 64 * c, row, &full[s]);
+        tmaLoad2d(kt + T::KV_BYTES + c * BN * 128, &p.b, g * HD + 64 * c, row, &full[s]);
+      }
+      if (++s == S) {
+        s = 0;
+        phase ^= 1;
+      }
+    }
+    return;
+  }
+  const int w = warp - 1, ct = static_cast<int>(threadIdx.x) - 32; // consumer warp, thread
+  // q, in the log2 domain (scale and log2 e applied), as f32.
+  const float scaleLog2 = ldh(a.in[4], 0) * 1.4426950408889634f;
+  for (int e = ct; e < R * HD; e += 128) {
+    const int r = e / HD, c = e % HD, hh = r / static_cast<int>(D::Sq),
+              i = r % static_cast<int>(D::Sq);
+    qs[r * QP + (c / 64) * (QP / 2) + c % 64] =
+        ldh(a.in[0], ((b * D::Sq + i) * D::H + g * G + hh) * HD + c) * scaleLog2;
+  }
+  namedBarrier(1, 128);
+
+  float m[R], l[R], o[R][HD / 32];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    m[r] = -INFINITY;
+    l[r] = 0.0f;
+#pragma unroll
+    for (int e = 0; e < HD / 32; ++e)
+      o[r][e] = 0.0f;
+  }
+  // Scores: lane pair (2k, 2k + 1) holds key 16 w + k, columns 64 (lane % 2) ... + 63 (one
+  // swizzled 128-byte row of box lane % 2; the same row of box 0 where HD is 64, split in
+  // halves of 32 columns). Values: lane owns HD / 32 adjacent columns.
+  const int jj = 16 * w + lane / 2, half = lane % 2;
+  constexpr int kChunks = HD == 128 ? 8 : 4; // 16-byte chunks a lane reads of its key's row
+  int s = 0;
+  unsigned phase = 0;
+  for (int t = t0; t < t1; ++t) {
+    mbarWait(&full[s], phase);
+    const unsigned char* kt = ring + s * 2 * T::KV_BYTES;
+    const unsigned char* vt = kt + T::KV_BYTES;
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+      acc[r] = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kChunks; ++k) {
+      // Chunk k of this lane's part of the key: box `box`, 16-byte chunk `ch` of the row.
+      const int box = HD == 128 ? half : 0, ch = HD == 128 ? k : half * 4 + k;
+      Half8 kv;
+      kv.u =
+          *reinterpret_cast<const uint4*>(kt + box * BN * 128 + jj * 128 + ((ch ^ (jj % 8)) * 16));
+      const int col = box * 64 + ch * 8; // first column of the chunk
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const float* q = qs + r * QP + (col / 64) * (QP / 2) + col % 64;
+        const float4 qa = *reinterpret_cast<const float4*>(q);
+        const float4 qb = *reinterpret_cast<const float4*>(q + 4);
+        acc[r] = fmaf(qa.x, toF(kv.h[0]), acc[r]);
+        acc[r] = fmaf(qa.y, toF(kv.h[1]), acc[r]);
+        acc[r] = fmaf(qa.z, toF(kv.h[2]), acc[r]);
+        acc[r] = fmaf(qa.w, toF(kv.h[3]), acc[r]);
+        acc[r] = fmaf(qb.x, toF(kv.h[4]), acc[r]);
+        acc[r] = fmaf(qb.y, toF(kv.h[5]), acc[r]);
+        acc[r] = fmaf(qb.z, toF(kv.h[6]), acc[r]);
+        acc[r] = fmaf(qb.w, toF(kv.h[7]), acc[r]);
+      }
+    }
+    const int64_t key = static_cast<int64_t>(t) * BN + jj;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      float x = acc[r] + __shfl_xor_sync(0xffffffffu, acc[r], 1);
+      const int64_t i = r % D::Sq;
+      if (key >= D::Sk || (D::kMask == 1 && key > i + (D::Sk - D::Sq)))
+        x = -INFINITY;
+      float mx = x;
+#pragma unroll
+      for (int off = 2; off < 32; off *= 2)
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+      const float mNew = fmaxf(m[r], mx);
+      const float use = mNew == -INFINITY ? 0.0f : mNew;
+      const float corr = exp2Approx(m[r] - use), pr = exp2Approx(x - use);
+      float sum = half == 0 ? pr : 0.0f;
+#pragma unroll
+      for (int off = 2; off < 32; off *= 2)
+        sum += __shfl_xor_sync(0xffffffffu, sum, off);
+      l[r] = l[r] * corr + sum;
+      m[r] = mNew;
+#pragma unroll
+      for (int e = 0; e < HD / 32; ++e)
+        o[r][e] *= corr;
+      if (half == 0)
+        pw[w][r][lane / 2] = pr;
+    }
+    __syncwarp();
+    // O += P V over the warp's 16 keys: this lane's HD / 32 columns of each V row.
+#pragma unroll 4
+    for (int j = 0; j < 16; ++j) {
+      const int vr = 16 * w + j, c0 = lane * (HD / 32);
+      const int box = c0 / 64, ch = c0 % 64 / 8, within = c0 % 8;
+      const unsigned char* vp =
+          vt + box * BN * 128 + vr * 128 + ((ch ^ (vr % 8)) * 16) + within * 2;
+      float v[HD / 32];
+      if constexpr (HD == 128) {
+        const uint2 u = *reinterpret_cast<const uint2*>(vp);
+        const float2 v01 = bitsPair(u.x), v23 = bitsPair(u.y);
+        v[0] = v01.x;
+        v[1] = v01.y;
+        v[2] = v23.x;
+        v[3] = v23.y;
+      } else {
+        const float2 v01 = bitsPair(*reinterpret_cast<const unsigned*>(vp));
+        v[0] = v01.x;
+        v[1] = v01.y;
+      }
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const float pr = pw[w][r][j];
+#pragma unroll
+        for (int e = 0; e < HD / 32; ++e)
+          o[r][e] = fmaf(pr, v[e], o[r][e]);
+      }
+    }
+    __syncwarp();
+    if (lane == 0)
+      mbarArrive(&empty[s]);
+    if (++s == S) {
+      s = 0;
+      phase ^= 1;
+    }
+  }
+  // Combine the four warps' states: every load has landed and been read (the producer issued
+  // only the tiles the consumers waited for), so the ring holds them now.
+  namedBarrier(1, 128);
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    if (lane == 0) {
+      mw[w][r] = m[r];
+      lw[w][r] = l[r];
+    }
+#pragma unroll
+    for (int e = 0; e < HD / 32; ++e)
+      ow[(w * R + r) * HD + lane * (HD / 32) + e] = o[r][e];
+  }
+  namedBarrier(1, 128);
+  if (ct >= HD)
+    return;
+  const int c = ct;
+  for (int r = 0; r < R; ++r) {
+    float mx = -INFINITY;
+    for (int q = 0; q < 4; ++q)
+      mx = fmaxf(mx, mw[q][r]);
+    const float use = mx == -INFINITY ? 0.0f : mx;
+    float sum = 0.0f, acc = 0.0f;
+    for (int q = 0; q < 4; ++q) {
+      const float f = exp2Approx(mw[q][r] - use);
+      sum += lw[q][r] * f;
+      acc += ow[(q * R + r) * HD + c] * f;
+    }
+    const int hh = r / static_cast<int>(D::Sq), i = r % static_cast<int>(D::Sq);
+    if constexpr (D::kSplits == 1) {
+      static_cast<elem*>(a.out)[((b * D::Sq + i) * D::H + g * G + hh) * HD + c] = fromF(acc / sum);
+    } else {
+      const int64_t unit = ((static_cast<int64_t>(b) * D::Hkv + g) * D::kSplits + split) * R + r;
+      float* const part = static_cast<float*>(a.scratch[0]);
+      part[unit * (HD + 2) + c] = acc;
+      if (c == 0) {
+        part[unit * (HD + 2) + HD] = mx;
+        part[unit * (HD + 2) + HD + 1] = sum;
+      }
+    }
+  }
+#else
+  (void)p;
+  __trap(); // compiled without sm_90a: the host never launches this
+#endif
+}
+
+/// Merges the decode kernel's splits: one block of HD threads per (row r, KV head, batch).
+template <class D> __device__ __forceinline__ void flashDecodeCombine(const FpatKernelArgs& a) {
+  constexpr int HD = static_cast<int>(D::Hd), G = DecodeRows<D>::G, R = DecodeRows<D>::R;
+  const int r = static_cast<int>(blockIdx.x), g = static_cast<int>(blockIdx.y),
+            b = static_cast<int>(blockIdx.z), c = static_cast<int>(threadIdx.x);
+  const float* part = static_cast<const float*>(a.scratch[0]);
+  auto at = [&](int split) {
+    return part +
+           (((static_cast<int64_t>(b) * D::Hkv + g) * D::kSplits + split) * R + r) * (HD + 2);
+  };
+  float mx = -INFINITY;
+  for (int sp = 0; sp < D::kSplits; ++sp)
+    mx = fmaxf(mx, at(sp)[HD]);
+  const float use = mx == -INFINITY ? 0.0f : mx;
+  float sum = 0.0f, acc = 0.0f;
+  for (int sp = 0; sp < D::kSplits; ++sp) {
+    const float* u = at(sp);
+    const float f = exp2f(u[HD] - use);
+    sum += u[HD + 1] * f;
+    acc += u[c] * f;
+  }
+  const int hh = r / static_cast<int>(D::Sq), i = r % static_cast<int>(D::Sq);
+  static_cast<elem*>(a.out)[((b * D::Sq + i) * D::H + g * G + hh) * HD + c] = fromF(acc / sum);
+}
+
 } // namespace fpat

@@ -125,13 +125,14 @@ constexpr int64_t kDecodeRows = 8;
 KernelUnit generateFlashAttention(const ir::Graph& g, ir::Vertex v, const CodegenOptions& o,
                                   const ir::AttnShape& s, const int64_t (&bias)[4],
                                   FlashMask mask) {
-  // Key blocks of 128 and FA3's intra-warpgroup overlap (bench/RESULTS.md, session 34: blocks
-  // of 176, FA3's tile for head dimension 128, ran up to 3% faster at S >= 8k and slower
-  // below, but ptxas serializes their wgmma at some sizes: too few registers).
+  // Key blocks of 128, FA3's intra-warpgroup overlap, the two consumers taking turns
+  // (bench/RESULTS.md, session 34: turns +8-17% at S = 1k, equal within the runs' noise at
+  // 8k; blocks of 176, FA3's tile for head dimension 128, up to 3% faster at S >= 8k and
+  // slower below, but ptxas serializes their wgmma at some sizes: too few registers).
   // FPAT_FLASH=<BN>[s][p] asks for another (an experiment's knob: "s" runs the blocks one
   // after the other, "p" makes the consumers take turns).
   int bn = 128;
-  bool overlap = true, pingpong = false;
+  bool overlap = true, pingpong = true;
   if (const char* env = std::getenv("FPAT_FLASH")) {
     const int want = std::atoi(env);
     if (want == 64 || want == 128 || want == 176 || want == 192)
@@ -183,10 +184,22 @@ bool flashDecodeFits(const ir::AttnShape& s, FlashMask mask) {
 KernelUnit generateFlashDecode(const ir::Graph& g, ir::Vertex v, const CodegenOptions& o,
                                const ir::AttnShape& s, FlashMask mask) {
   const int64_t d = s.headDim, rows = s.heads / s.kvHeads * s.sq;
-  // Splits of the keys: about two CTAs per SM (two fit: 3 stages of 64-key K and V tiles),
-  // each split at least one tile, none empty.
+  // Splits of the keys (FlashAttention-3's rule): the fewest whose last wave of CTAs (two fit
+  // an SM: 3 stages of 64-key K and V tiles) is at least 85% as full as the best count's, each
+  // split at least one tile, none empty. Session 34: 3 splits of 128 (batch, KV head) units,
+  // 1.45 waves, read 3.2 TB/s where 2 splits should fill one wave.
   const int64_t tiles = (s.sk + 63) / 64, units = s.batch * s.kvHeads;
-  int64_t splits = std::clamp<int64_t>((2 * o.sms + units - 1) / units, 1, tiles);
+  const int64_t slots = 2 * std::max(1, o.sms), most = std::min<int64_t>(tiles, 256);
+  auto fill = [&](int64_t n) {
+    const int64_t ctas = units * n;
+    return static_cast<double>(ctas) / static_cast<double>((ctas + slots - 1) / slots * slots);
+  };
+  double best = 0;
+  for (int64_t n = 1; n <= most; ++n)
+    best = std::max(best, fill(n));
+  int64_t splits = 1;
+  while (splits < most && fill(splits) < 0.85 * best)
+    ++splits;
   const int64_t splitTiles = (tiles + splits - 1) / splits;
   splits = (tiles + splitTiles - 1) / splitTiles;
   KernelUnit u = attentionUnit(g, v, s);

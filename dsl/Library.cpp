@@ -696,8 +696,9 @@ private:
         Constraint k;
         k.loc = at;
         if (!op->isA("Predicate") ||
-            (op->name != "dtype" && op->name != "divisible" && op->name != "rank")) {
-          fail(at, "'" + op->name + "' is not a predicate (dtype, divisible, rank)");
+            (op->name != "dtype" && op->name != "divisible" && op->name != "rank" &&
+             op->name != "half_slice")) {
+          fail(at, "'" + op->name + "' is not a predicate (dtype, divisible, rank, half_slice)");
           continue;
         }
         const size_t want = op->name == "divisible" ? 4 : 3;
@@ -718,6 +719,14 @@ private:
             continue;
           }
           k.dtype = *dt;
+        } else if (op->name == "half_slice") {
+          k.kind = Constraint::Half;
+          const Value& h = *dag->items[2];
+          if (h.kind != Value::Int || h.i < 0 || h.i > 1) {
+            fail(at, "(half_slice $s, h) needs h 0 (the first half) or 1 (the second)");
+            continue;
+          }
+          k.dim = static_cast<int>(h.i);
         } else if (op->name == "rank") {
           k.kind = Constraint::Rank;
           const Value& d = *dag->items[2];

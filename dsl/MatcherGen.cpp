@@ -25,8 +25,9 @@ const char* opcodeName(uint8_t opc) {
                                 "OPC_CheckDivisible",
                                 "OPC_Complete",
                                 "OPC_CheckConstant",
-                                "OPC_CheckRank"};
-  return opc <= OPC_CheckRank ? names[opc] : "?";
+                                "OPC_CheckRank",
+                                "OPC_CheckHalf"};
+  return opc <= OPC_CheckHalf ? names[opc] : "?";
 }
 
 bool constantMatches(double graphValue, double literal) {
@@ -67,6 +68,10 @@ public:
       if (c.kind == Constraint::Dtype) {
         prog_.push_back({{OPC_CheckDtype, slot, static_cast<uint8_t>(c.dtype)},
                          "$" + c.binding + " is " + ir::dtypeName(c.dtype)});
+      } else if (c.kind == Constraint::Half) {
+        prog_.push_back({{OPC_CheckHalf, slot, static_cast<uint8_t>(c.dim)},
+                         "$" + c.binding + " is the " + (c.dim ? "second" : "first") +
+                             " half of its operand"});
       } else if (c.kind == Constraint::Rank) {
         prog_.push_back({{OPC_CheckRank, slot, static_cast<uint8_t>(c.dim)},
                          "$" + c.binding + " has rank " + std::to_string(c.dim)});
@@ -432,6 +437,9 @@ void listing(const MatcherTable& t, std::ostream& os, bool asCpp) {
       case OPC_CheckRank:
         line(3, "rank " + std::to_string(t.bytes[pos + 2]));
         break;
+      case OPC_CheckHalf:
+        line(3, t.bytes[pos + 2] ? "second half" : "first half");
+        break;
       case OPC_Complete: {
         const PatternMeta& m = t.patterns.at(u16(pos + 1));
         line(3, m.name + ": " + m.file + ":" + std::to_string(m.line) + ", benefit " +
@@ -474,6 +482,7 @@ size_t instructionLength(const std::vector<uint8_t>& b, size_t pos) {
   case OPC_CheckActivation:
   case OPC_CheckDtype:
   case OPC_CheckRank:
+  case OPC_CheckHalf:
   case OPC_Complete:
     return 3;
   case OPC_CheckDivisible:

@@ -179,6 +179,24 @@ private:
                                "; the pattern requires rank " + std::to_string(rank));
         break;
       }
+      case OPC_CheckHalf: {
+        Vertex v = s.slots.at(b[pos + 1]);
+        const int second = b[pos + 2];
+        const ir::Op& op = g_.op(v);
+        const std::vector<Vertex> ins = g_.operands(v);
+        const int64_t n = ins.size() == 1 ? g_.op(ins[0]).type.shape.back() : 0;
+        const bool ok = op.kind == ir::OpKind::Slice && n % 2 == 0 &&
+                        op.begin == (second ? n / 2 : 0) && op.end == (second ? n : n / 2);
+        if (!ok)
+          return fail(why, ref(v) + " is " +
+                               (op.kind == ir::OpKind::Slice
+                                    ? "columns " + std::to_string(op.begin) + " to " +
+                                          std::to_string(op.end) + " of " + std::to_string(n)
+                                    : what(v)) +
+                               "; the pattern needs the " + (second ? "second" : "first") +
+                               " half of its operand's last dimension");
+        break;
+      }
       case OPC_Complete: {
         size_t p = u16(b, pos + 1);
         const PatternMeta& meta = t_.patterns.at(p);

@@ -41,9 +41,16 @@ struct Val {
   // (HeadsT, keys transposed for Q K^T); `shape` is that ONNX shape. H = Hkv * repeat where
   // repeat_kv (Unsqueeze, Expand, Reshape) shared each stored head among `repeat` heads;
   // Repeat5 is its middle, [B, Hkv, repeat, S, d].
-  enum class View : uint8_t { None, Tokens, Heads, HeadsT, Repeat5 };
+  // Dense4: `v` is a rank-4 IR tensor [B, S, H, d] in token order (the `heads` op of the
+  // token-major activation) that the model sees in `order` (Tokens or Heads): what elementwise
+  // ops, slices and concatenations on heads (RoPE) compute on. d is its last dimension.
+  enum class View : uint8_t { None, Tokens, Heads, HeadsT, Repeat5, Dense4 };
   View view = View::None;
+  View order = View::None; // Dense4: the ONNX order of `shape`
   int64_t batch = 0, seq = 0, heads = 0, headDim = 0, repeat = 1;
+  // The other form of a head value, once made: a Tokens or Heads view's Dense4 vertex; a
+  // Dense4 value's token-major vertex (merge_heads).
+  std::optional<ir::Vertex> other;
 };
 
 struct UnsupportedError {
@@ -734,8 +741,8 @@ private:
 
   /// Adds an IR op for node `n` whose result has ONNX shape `shape`.
   Val emit(const NodeProto& n, ir::Op op, const std::vector<ir::Vertex>& operands,
-           std::vector<int64_t> shape, int output = 0) {
-    op.name = uniqueName(n.output(output));
+           std::vector<int64_t> shape, int output = 0, const std::string& name = "") {
+    op.name = uniqueName(name.empty() ? n.output(output) : name);
     op.origin = "node '" + nodeName(n) + "' (" + n.op_type() + ")";
     std::vector<ir::OperandInfo> infos;
     for (ir::Vertex u : operands)
@@ -888,12 +895,12 @@ private:
       // scaled activation.
       Val& x = a.view != Val::View::None ? a : b;
       Val& c = a.view != Val::View::None ? b : a;
-      if (c.view != Val::View::None || numel(c.shape) != 1 || k == ir::OpKind::Pow ||
-          (&x == &b && (k == ir::OpKind::Sub || k == ir::OpKind::Div)))
+      if (k == ir::OpKind::Pow)
         throw UnsupportedError{"of the elementwise ops on an activation split into heads ('" +
-                               x.name + "' " + shapeStr(x.shape) +
-                               "), only adding, subtracting, multiplying or dividing by a "
-                               "scalar is supported"};
+                               x.name + "' " + shapeStr(x.shape) + "), Pow is not supported"};
+      if (c.view != Val::View::None || numel(c.shape) != 1 || x.view == Val::View::Dense4 ||
+          (&x == &b && (k == ir::OpKind::Sub || k == ir::OpKind::Div)))
+        return headsBinary(n, k, a, b, shape);
       Val v = x;
       const ir::Vertex vx = *x.v, vc = tensor(c);
       v.v =
@@ -918,6 +925,12 @@ private:
     ir::Op op;
     op.kind = ir::OpKind::Activation;
     op.fn = fn;
+    if (x.view != Val::View::None) { // on heads (RoPE's Neg): on their Dense4 tensor
+      Val v = dense4(n, x);
+      v.v = emit(n, op, {*v.v}, g_.op(*v.v).type.shape).v;
+      define(n, std::move(v));
+      return;
+    }
     define(n, emit(n, op, {tensor(x)}, x.shape));
   }
 
@@ -1181,12 +1194,13 @@ private:
   }
 
   /// Slice of a constant: starts, ends, axes, steps as inputs (opset 10+) or attributes.
-  void slice(const NodeProto& n) {
-    if (!in(n, 0).isConst)
-      throw UnsupportedError{"only a slice of a constant (a shape, a weight) is supported; '" +
-                             in(n, 0).name + "' is computed at run time"};
-    const Val& d = in(n, 0);
-    const int64_t rank = static_cast<int64_t>(d.shape.size());
+  /// Slice's window over a value of shape `in`: the first index and step of every axis, and
+  /// the result's shape (ONNX's clamping).
+  struct SliceWindow {
+    std::vector<int64_t> first, step, shape;
+  };
+  SliceWindow sliceWindow(const NodeProto& n, const std::vector<int64_t>& in) {
+    const int64_t rank = static_cast<int64_t>(in.size());
     auto list = [&](int input, const char* name) {
       std::vector<double> v;
       if (const AttributeProto* a = attr(n, name))
@@ -1206,14 +1220,14 @@ private:
       steps.assign(starts.size(), 1.0);
     if (axes.size() != starts.size() || steps.size() != starts.size())
       throw UnsupportedError{"its axes or steps differ in length from its starts"};
-    std::vector<int64_t> first(static_cast<size_t>(rank), 0), step(static_cast<size_t>(rank), 1),
-        shape = d.shape;
+    SliceWindow w{std::vector<int64_t>(static_cast<size_t>(rank), 0),
+                  std::vector<int64_t>(static_cast<size_t>(rank), 1), in};
     std::set<int64_t> seen;
     for (size_t i = 0; i < starts.size(); ++i) {
-      const int64_t a = normAxis(static_cast<int64_t>(axes[i]), d.shape.size());
+      const int64_t a = normAxis(static_cast<int64_t>(axes[i]), in.size());
       if (!seen.insert(a).second)
         throw UnsupportedError{"it slices axis " + std::to_string(a) + " twice"};
-      const double dim = static_cast<double>(d.shape[static_cast<size_t>(a)]), st = steps[i];
+      const double dim = static_cast<double>(in[static_cast<size_t>(a)]), st = steps[i];
       if (st == 0)
         throw UnsupportedError{"its step is 0"};
       // ONNX's clamping, in double: the exporters write INT64_MAX for "to the end".
@@ -1222,13 +1236,26 @@ private:
       b = st > 0 ? std::clamp(b, 0.0, dim) : std::clamp(b, 0.0, dim - 1);
       e = st > 0 ? std::clamp(e, 0.0, dim) : std::clamp(e, -1.0, dim - 1);
       const double len = st > 0 ? std::ceil((e - b) / st) : std::ceil((b - e) / -st);
-      first[static_cast<size_t>(a)] = static_cast<int64_t>(b);
-      step[static_cast<size_t>(a)] = static_cast<int64_t>(st);
-      shape[static_cast<size_t>(a)] = std::max<int64_t>(0, static_cast<int64_t>(len));
+      w.first[static_cast<size_t>(a)] = static_cast<int64_t>(b);
+      w.step[static_cast<size_t>(a)] = static_cast<int64_t>(st);
+      w.shape[static_cast<size_t>(a)] = std::max<int64_t>(0, static_cast<int64_t>(len));
     }
+    return w;
+  }
+
+  void slice(const NodeProto& n) {
+    if (in(n, 0).view != Val::View::None)
+      return headsSlice(n);
+    if (!in(n, 0).isConst)
+      throw UnsupportedError{"only a slice of a constant (a shape, a weight) or of heads (RoPE's "
+                             "halves) is supported; '" +
+                             in(n, 0).name + "' is computed at run time"};
+    const Val& d = in(n, 0);
+    const SliceWindow w = sliceWindow(n, d.shape);
+    const std::vector<int64_t>&first = w.first, &step = w.step, &shape = w.shape;
     checkConstSize(shape);
     std::vector<double> out;
-    std::vector<int64_t> idx(static_cast<size_t>(rank), 0);
+    std::vector<int64_t> idx(d.shape.size(), 0);
     const int64_t total = numel(shape);
     for (int64_t t = 0; t < total; ++t) {
       int64_t src = 0;
@@ -1241,12 +1268,76 @@ private:
         else
           idx[k] = 0;
     }
-    define(n, constOf(std::move(shape), std::move(out), d.integer));
+    define(n, constOf(shape, std::move(out), d.integer));
+  }
+
+  /// A slice of heads along their last axis (RoPE's halves, rotate_half): the IR's slice of
+  /// columns, on the Dense4 tensor.
+  void headsSlice(const NodeProto& n) {
+    Val& x = in(n, 0);
+    const SliceWindow w = sliceWindow(n, x.shape);
+    for (size_t k = 0; k + 1 < w.shape.size(); ++k)
+      if (w.shape[k] != x.shape[k])
+        throw UnsupportedError{"of slices of an activation split into heads ('" + x.name + "' " +
+                               shapeStr(x.shape) +
+                               "), only those along the last axis are "
+                               "supported"};
+    if (w.step.back() != 1 || w.shape.back() == 0)
+      throw UnsupportedError{"of slices of an activation split into heads ('" + x.name + "' " +
+                             shapeStr(x.shape) +
+                             "), only contiguous, non-empty ones are "
+                             "supported (step 1)"};
+    Val v = dense4(n, x);
+    ir::Op op;
+    op.kind = ir::OpKind::Slice;
+    op.begin = w.first.back();
+    op.end = w.first.back() + w.shape.back();
+    std::vector<int64_t> t = g_.op(*v.v).type.shape;
+    t.back() = w.shape.back();
+    v.v = emit(n, op, {*v.v}, t).v;
+    v.shape = w.shape;
+    v.headDim = w.shape.back();
+    define(n, std::move(v));
+  }
+
+  /// Two head values joined along their last axis (rotate_half): the IR's concat, on their
+  /// Dense4 tensors.
+  void headsConcat(const NodeProto& n) {
+    if (n.input_size() != 2)
+      throw UnsupportedError{"of concatenations of activations split into heads, only those of "
+                             "two are supported"};
+    Val &a = in(n, 0), &b = in(n, 1);
+    if (a.view == Val::View::None || b.view == Val::View::None)
+      throw UnsupportedError{"it joins heads with '" +
+                             (a.view == Val::View::None ? a.name : b.name) +
+                             "', which is not split into heads"};
+    const size_t rank = a.shape.size();
+    if (normAxis(intAttr(n, "axis", 0), rank) != static_cast<int64_t>(rank) - 1)
+      throw UnsupportedError{"of concatenations of activations split into heads, only those "
+                             "along the last axis are supported"};
+    const Val A = dense4(n, a), B = dense4(n, b);
+    if (A.order != B.order ||
+        !std::equal(a.shape.begin(), a.shape.end() - 1, b.shape.begin(), b.shape.end() - 1))
+      throw UnsupportedError{"its heads " + shapeStr(a.shape) + " and " + shapeStr(b.shape) +
+                             " differ off the last axis"};
+    ir::Op op;
+    op.kind = ir::OpKind::Concat;
+    std::vector<int64_t> t = g_.op(*A.v).type.shape;
+    t.back() += g_.op(*B.v).type.shape.back();
+    Val v = A;
+    v.v = emit(n, op, {*A.v, *B.v}, t).v;
+    v.shape = a.shape;
+    v.shape.back() += b.shape.back();
+    v.headDim = t.back();
+    define(n, std::move(v));
   }
 
   void concat(const NodeProto& n) {
     if (n.input_size() == 0)
       throw UnsupportedError{"it has no inputs"};
+    for (int i = 0; i < n.input_size(); ++i)
+      if (in(n, i).view != Val::View::None)
+        return headsConcat(n);
     std::vector<const Val*> parts;
     for (int i = 0; i < n.input_size(); ++i) {
       if (!in(n, i).isConst)
@@ -1645,7 +1736,8 @@ private:
   }
 
   void reshape(const NodeProto& n) {
-    Val& x = in(n, 0);
+    Val converted;
+    Val& x = asHeadView(n, in(n, 0), converted);
     const std::string& t = n.op_type();
     std::vector<int64_t> shape;
     if (t == "Reshape") {
@@ -1758,7 +1850,8 @@ private:
   }
 
   void transpose(const NodeProto& n) {
-    Val& x = in(n, 0);
+    Val converted;
+    Val& x = asHeadView(n, in(n, 0), converted); // heads computed on (RoPE) go on as a view
     std::vector<int64_t> perm;
     if (const AttributeProto* p = attr(n, "perm"))
       perm.assign(p->ints().begin(), p->ints().end());
@@ -1817,6 +1910,134 @@ private:
     define(n, std::move(v));
   }
 
+  /// A head view as a rank-4 tensor in token order (the `heads` op, made once per value), for
+  /// elementwise ops, slices and concatenations on heads.
+  Val dense4(const NodeProto& n, Val& x) {
+    using View = Val::View;
+    if (x.view == View::Dense4)
+      return x;
+    if ((x.view != View::Tokens && x.view != View::Heads) || x.repeat != 1)
+      throw UnsupportedError{"'" + x.name + "' " + shapeStr(x.shape) +
+                             " is an activation split into heads in a layout fpat computes on "
+                             "only in attention's products (Q K^T, P V)"};
+    if (!x.other) {
+      ir::Op op;
+      op.kind = ir::OpKind::Heads;
+      op.batch = x.batch;
+      op.headDim = x.headDim;
+      x.other = emit(n, op, {*x.v}, {x.batch, x.seq, x.heads, x.headDim}, 0, x.name + ".heads").v;
+    }
+    Val v = x;
+    v.view = View::Dense4;
+    v.order = x.view;
+    v.v = x.other;
+    v.other.reset();
+    return v;
+  }
+
+  /// A Dense4 value as the head view of a token-major activation (merge_heads, made once per
+  /// value); any other value as it is.
+  Val headView(const NodeProto& n, Val& x) {
+    using View = Val::View;
+    if (x.view != View::Dense4)
+      return x;
+    if (!x.other) {
+      ir::Op op;
+      op.kind = ir::OpKind::MergeHeads;
+      x.other =
+          emit(n, op, {*x.v}, {x.batch * x.seq, x.heads * x.headDim}, 0, x.name + ".merged").v;
+    }
+    Val v = x;
+    v.view = x.order;
+    v.order = View::None;
+    v.v = x.other;
+    v.other.reset();
+    return v;
+  }
+
+  /// `x` itself, or where it is Dense4 its head view, made in `scratch` (the value in vals_
+  /// stays the one later uses find: a weight's vertex is made once).
+  Val& asHeadView(const NodeProto& n, Val& x, Val& scratch) {
+    if (x.view != Val::View::Dense4)
+      return x;
+    scratch = headView(n, x);
+    return scratch;
+  }
+
+  /// A constant (RoPE's cos and sin tables) as an operand of an elementwise op on Dense4 `x`:
+  /// its ONNX shape broadcast against x's, put in token order (axes 1 and 2 swapped where x
+  /// is seen as [B, H, S, d]).
+  ir::Vertex tokenOrderConst(const Val& c, const Val& x) {
+    const std::string key = c.name + (x.order == Val::View::Heads ? "@heads" : "@tokens");
+    if (auto it = tokenConsts_.find(key); it != tokenConsts_.end())
+      return it->second; // q and k share RoPE's tables
+    return tokenConsts_[key] = makeTokenOrderConst(c, x);
+  }
+  ir::Vertex makeTokenOrderConst(const Val& c, const Val& x) {
+    std::vector<int64_t> s4(4, 1);
+    if (c.shape.size() > 4)
+      throw UnsupportedError{"'" + c.name + "' " + shapeStr(c.shape) +
+                             " has more than 4 dimensions"};
+    std::copy(c.shape.begin(), c.shape.end(),
+              s4.end() - static_cast<std::ptrdiff_t>(c.shape.size()));
+    broadcast(s4, x.shape); // the ONNX shapes agree
+    if (numel(c.shape) == 1 || x.order == Val::View::Tokens) {
+      Val v = constOf(numel(c.shape) == 1 ? std::vector<int64_t>{} : s4, valuesOf(c), false);
+      v.name = c.name;
+      return tensor(v);
+    }
+    const std::vector<int64_t> t = {s4[0], s4[2], s4[1], s4[3]};
+    std::vector<double> out(static_cast<size_t>(numel(s4)));
+    for (int64_t a = 0; a < s4[0]; ++a)
+      for (int64_t h = 0; h < s4[1]; ++h)
+        for (int64_t q = 0; q < s4[2]; ++q)
+          for (int64_t e = 0; e < s4[3]; ++e)
+            out[static_cast<size_t>(((a * t[1] + q) * t[2] + h) * t[3] + e)] =
+                at(c, static_cast<size_t>(((a * s4[1] + h) * s4[2] + q) * s4[3] + e));
+    Val v = constOf(t, std::move(out), false);
+    v.name = c.name + ".tokens";
+    return tensor(v);
+  }
+
+  /// An elementwise op with a head value among its operands (RoPE: x * cos, rotate_half(x) *
+  /// sin, their sum): computed on Dense4 tensors, the other operand a head value of the same
+  /// heads or a constant.
+  void headsBinary(const NodeProto& n, ir::OpKind k, Val& a, Val& b,
+                   const std::vector<int64_t>& shape) {
+    using View = Val::View;
+    Val& x = a.view != View::None ? a : b;
+    const Val X = dense4(n, x);
+    std::vector<ir::Vertex> ops(2);
+    for (int i = 0; i < 2; ++i) {
+      Val& o = i == 0 ? a : b;
+      if (&o == &x) {
+        ops[static_cast<size_t>(i)] = *X.v;
+      } else if (o.view != View::None) {
+        const Val O = dense4(n, o);
+        if (O.order != X.order || g_.op(*O.v).type.shape != g_.op(*X.v).type.shape)
+          throw UnsupportedError{"its operands '" + a.name + "' " + shapeStr(a.shape) + " and '" +
+                                 b.name + "' " + shapeStr(b.shape) +
+                                 " are heads of different layouts"};
+        ops[static_cast<size_t>(i)] = *O.v;
+      } else if (o.isConst) {
+        ops[static_cast<size_t>(i)] = tokenOrderConst(o, X);
+      } else {
+        throw UnsupportedError{"of the elementwise ops on an activation split into heads ('" +
+                               x.name + "' " + shapeStr(x.shape) +
+                               "), only those with constants or other heads are supported; '" +
+                               o.name + "' is computed at run time"};
+      }
+    }
+    if (shape != X.shape)
+      throw UnsupportedError{"its result " + shapeStr(shape) + " is larger than the heads '" +
+                             x.name + "' " + shapeStr(X.shape)};
+    ir::Op op;
+    op.kind = k;
+    Val v = X;
+    v.v = emit(n, op, ops, g_.op(*X.v).type.shape).v;
+    define(n, std::move(v));
+  }
+
   /// MatMul of heads: Q K^T ([B, H, Sq, d] x [B, H, d, Sk]) is attn_qk, P V ([B, H, Sq, Sk] x
   /// [B, H, Sk, d]) attn_pv, whose result is the heads of a token-major activation.
   void headMatmul(const NodeProto& n, Val& a, Val& b) {
@@ -1857,8 +2078,9 @@ private:
 
   void matmul(const NodeProto& n) {
     const bool gemm = n.op_type() == "Gemm";
-    Val& a = in(n, 0);
-    Val& b = in(n, 1);
+    Val ca, cb;
+    Val& a = asHeadView(n, in(n, 0), ca);
+    Val& b = asHeadView(n, in(n, 1), cb);
     if (!gemm && (a.view != Val::View::None || b.view != Val::View::None))
       return headMatmul(n, a, b);
     if (gemm && intAttr(n, "transA", 0))
@@ -1940,6 +2162,7 @@ private:
   ir::Graph g_;
   std::optional<ir::DType> dtype_;
   std::map<std::string, Val> vals_;
+  std::map<std::string, ir::Vertex> tokenConsts_; // constants in token order, by use
   std::set<std::string> used_;
 };
 

@@ -78,7 +78,7 @@ struct MatchNode {
 };
 
 struct Constraint {
-  enum Kind { Dtype, Divisible, Rank } kind;
+  enum Kind { Dtype, Divisible, Rank, Half } kind;
   std::string binding;
   ir::DType dtype = ir::DType::F16;
   int dim = 0;

@@ -42,6 +42,7 @@ enum MatcherOpcode : uint8_t {
   OPC_Complete,
   OPC_CheckConstant,
   OPC_CheckRank,
+  OPC_CheckHalf,
 };
 
 /// How close a constant of the graph must be to a pattern's literal: relative 1e-6 (exporters

@@ -39,6 +39,12 @@ const Calibration kH200{
     // 0.0223 ms (session 30's fpatc --time, examples/transformer_mlp: 16 k-tiles of 32 one
     // after another), where a wgmma GEMM as large took 0.008
     0.95,
+    // flashTflops: fpat-bench-attn, d 128, S 2048-16384: 544-633 TFLOP/s non-causal, 431-622
+    // causal; d 64 367-405 (session 34); the lower figures, as graphs are short
+    430.0,
+    // attnCudaTflops: not measured (a guess): the CUDA-core kernels compute a dot product per
+    // thread or per warp from global memory, about 5% of the SMs' 67 TFLOP/s of f32 FMA
+    3.0,
     true,
 };
 
@@ -57,6 +63,8 @@ const Calibration kAmpereGuess{
     0.5,
     4.0,
     0.95,
+    0.0, // no flash kernel below sm_90
+    1.5,
     false,
 };
 
@@ -64,6 +72,34 @@ const Calibration kAmpereGuess{
 bool rowwiseKernel(const ir::Op& op) {
   return op.kind == ir::OpKind::LayerNorm || op.kind == ir::OpKind::RmsNorm ||
          op.kind == ir::OpKind::ReduceMean || op.kind == ir::OpKind::Softmax;
+}
+
+/// Attention's ops: their products' FLOPs at the kernels' rate, or their bytes at the
+/// streaming rate where those bound them (decode reads its KV cache); nullopt for other ops.
+std::optional<double> attentionMs(const ir::Graph& g, ir::Vertex v, const Calibration& c) {
+  const ir::Op& op = g.op(v);
+  if (op.kind != ir::OpKind::Attention && op.kind != ir::OpKind::AttnQk &&
+      op.kind != ir::OpKind::AttnPv)
+    return std::nullopt;
+  std::vector<ir::OperandInfo> infos;
+  for (ir::Vertex u : g.operands(v))
+    infos.push_back({g.op(u).name, g.op(u).type});
+  std::string why;
+  int bad = -1;
+  const std::optional<ir::AttnShape> s = ir::attnShape(op, infos, why, bad);
+  if (!s)
+    return std::nullopt;
+  const double products = op.kind == ir::OpKind::Attention ? 2.0 : 1.0;
+  const double flops = 2.0 * products * static_cast<double>(s->batch * s->heads * s->sq) *
+                       static_cast<double>(s->sk * s->headDim);
+  const bool flash = op.kind == ir::OpKind::Attention && c.flashTflops > 0 &&
+                     (s->headDim == 64 || s->headDim == 128);
+  double bytes = tensorBytes(op.type);
+  for (ir::Vertex u : g.operands(v))
+    bytes += tensorBytes(g.op(u).type);
+  return c.launchUs * 1e-3 + std::max(flops / ((flash ? c.flashTflops : c.attnCudaTflops) * 1e12),
+                                      bytes / (c.streamTBs * 1e12)) *
+                                 1e3;
 }
 
 } // namespace
@@ -78,6 +114,8 @@ double opMs(const ir::Graph& g, ir::Vertex v, const Calibration& c) {
     return 0;
   if (const ir::KernelFamily* family = ir::familyOf(op))
     return familyCost(family->family).ms(g, v, c);
+  if (const std::optional<double> t = attentionMs(g, v, c))
+    return *t;
   // Elementwise and row-wise kernels stream their operands and their result; a row-wise one
   // reads a whole row before it writes any of it.
   double bytes = tensorBytes(op.type);
@@ -91,6 +129,11 @@ std::string kernelNote(const ir::Graph& g, ir::Vertex v, int arch) {
   const ir::Op& op = g.op(v);
   if (const ir::KernelFamily* family = ir::familyOf(op))
     return familyCost(family->family).note(g, v, arch);
+  if (op.kind == ir::OpKind::Attention || op.kind == ir::OpKind::AttnQk ||
+      op.kind == ir::OpKind::AttnPv)
+    return arch >= 90 && op.kind == ir::OpKind::Attention && (op.headDim == 64 || op.headDim == 128)
+               ? "flash attention kernel"
+               : "attention's CUDA-core kernel";
   return rowwiseKernel(op) ? "row-wise kernel" : "elementwise kernel";
 }
 

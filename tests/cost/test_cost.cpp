@@ -99,6 +99,35 @@ BOOST_AUTO_TEST_CASE(estimates_match_the_h200_measurements_they_come_from) {
   BOOST_TEST(!cost::calibrationFor(80).measured);
 }
 
+BOOST_AUTO_TEST_CASE(attention_is_priced_by_its_products_or_its_cache) {
+  // Session 34's fpat-bench-attn on the H200: d 128, S 4096, B 4, H 16, non-causal, 0.93 ms
+  // (589 TFLOP/s; the model takes 430, the low end of S >= 2048); decode, B 1, 32 query
+  // heads, 8 KV heads, a 65536-key cache: 0.082 ms (3.3 TB/s of K and V).
+  const ir::Graph g = parse(R"(graph a {
+  %q  = input : f16[16384, 2048]
+  %k  = input : f16[16384, 2048]
+  %v  = input : f16[16384, 2048]
+  %z  = constant {value = 0.0} : f16[]
+  %s  = constant {value = 0.088} : f16[]
+  %o  = attention %q, %k, %v, %z, %s {batch = 4, head_dim = 128}
+  %qd = input : f16[1, 4096]
+  %kd = input : f16[65536, 1024]
+  %vd = input : f16[65536, 1024]
+  %od = attention %qd, %kd, %vd, %z, %s {batch = 1, head_dim = 128}
+  output %o
+  output %od
+})");
+  const cost::Calibration& h200 = cost::calibrationFor(90);
+  const double prefill = cost::opMs(g, *g.find("o"), h200);
+  BOOST_TEST(prefill > 0.93);
+  BOOST_TEST(prefill < 1.4);
+  const double decode = cost::opMs(g, *g.find("od"), h200);
+  BOOST_TEST(decode > 0.07);
+  BOOST_TEST(decode < 0.1);
+  BOOST_TEST(cost::kernelNote(g, *g.find("o"), 90) == "flash attention kernel");
+  BOOST_TEST(cost::kernelNote(g, *g.find("o"), 80) == "attention's CUDA-core kernel");
+}
+
 // Session 30's fpatc --time on the H200, the cost model's choice against --fuse=always: the
 // faster of the two measured is what the model must choose (where they differ by more than
 // the runs' spread, ~1%).

@@ -28,6 +28,8 @@ struct Calibration {
   double lnColumnPs;      // a deferred LayerNorm's column terms: ps per output element
   double rowLatencyUs;    // a row-wise kernel's own chain: read the row, reduce, then write
   double normSmemStepUs;  // norm_gemm in shared memory: each k-tile's latency (small shapes)
+  double flashTflops;     // the flash-attention kernel (sm_90, head dimension 64 or 128)
+  double attnCudaTflops;  // attention's CUDA-core kernels (attn_qk, attn_pv, other attention)
   bool measured;          // false: a guess scaled from another GPU (said in --explain)
 };
 

@@ -11,10 +11,11 @@ with batch and seq symbolic (dynamic axes: fpatc --dim batch=B --dim seq=T); and
 sub-blocks of GPT-2 (Hugging Face's eager attention: one c_attn GEMM split in three, heads as
 views, a bool causal buffer and torch.where) and a Llama decoder layer (RMSNorm, rotate_half
 RoPE, GQA by repeat_kv, an additive causal mask, then its SwiGLU MLP), gpt2_attn_opset{13,17}
-and llama_layer_opset{13,17} (issue 41: fpat does not import them yet; tests/CMakeLists.txt
-says what it reports). Needs Debian's python3-torch (1.13, which has no
-scaled_dot_product_attention) and python3-onnx; the files in tests/onnx/models were made with
-it. Small sizes keep them small: d = 64.
+and llama_layer_opset{13,17}; and for any sequence length (batch and seq symbolic), those two
+and GPT-2 with attention as the exporter decomposes scaled_dot_product_attention (width 128,
+heads of 64): gpt2_attn_dyn_opset17, llama_layer_dyn_opset17, gpt2_sdpa_dyn_opset17. Needs
+Debian's python3-torch (1.13, which has no scaled_dot_product_attention) and python3-onnx;
+the files in tests/onnx/models were made with it. Small sizes keep them small: d = 64.
 """
 import math
 import os
@@ -164,6 +165,34 @@ class Gpt2Attn(nn.Module):
         return x + self.c_proj(o.view(o.size()[:-2] + (D,)))
 
 
+class Gpt2AttnSdpa(nn.Module):
+    """GPT-2's attention sub-block with its attention as torch's TorchScript exporter decomposes
+    F.scaled_dot_product_attention (torch/onnx/symbolic_opset14.py; torch 1.13 has no SDPA, so
+    the decomposition is written out): q and k^T each multiplied by sqrt(scale), their product,
+    the bool causal mask added as Where(mask, 0, -inf), softmax, P V. Width 128 in 2 heads of
+    64 (a head dimension of the sm_90 flash kernel); the causal mask computed from the sequence
+    length (tril of ones), so that any length exports."""
+
+    def __init__(self, d=128, heads=2):
+        super().__init__()
+        self.d, self.heads = d, heads
+        self.ln_1 = nn.LayerNorm(d, eps=1e-5)
+        self.c_attn = Conv1D(3 * d, d)
+        self.c_proj = Conv1D(d, d)
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        dh = self.d // self.heads
+        q, k, v = self.c_attn(self.ln_1(x)).split(self.d, dim=2)
+        q, k, v = (t.view(b, s, self.heads, dh).transpose(1, 2) for t in (q, k, v))
+        root = math.sqrt(1.0 / math.sqrt(dh))
+        w = torch.matmul(q * root, k.transpose(-2, -1) * root)
+        causal = torch.tril(torch.ones(s, s, dtype=torch.bool))
+        w = w + torch.where(causal, torch.zeros(()), torch.full((), float("-inf")))
+        o = torch.matmul(nn.functional.softmax(w, dim=-1), v).transpose(1, 2).reshape(b, s, self.d)
+        return x + self.c_proj(o)
+
+
 def rotate_half(t):
     h = t.shape[-1] // 2
     return torch.cat((-t[..., h:], t[..., :h]), dim=-1)
@@ -279,6 +308,23 @@ def main():
                     p.copy_(torch.rand_like(p) + 0.5)
         m.eval()
         export_opsets(m, out, name)
+    # Any sequence length (issue 41): the GPT-2 and Llama attention blocks and GPT-2 with
+    # SDPA's decomposition, batch and seq symbolic (fpatc --dim batch=B --dim seq=S); made
+    # last, so that the files above come out as before. The eager GPT-2's causal buffer
+    # ([1, 1, 128, 128]) bounds its length to 128.
+    for name, m in {"gpt2_attn_dyn_opset17": Gpt2Attn(), "llama_layer_dyn_opset17": LlamaLayer(),
+                    "gpt2_sdpa_dyn_opset17": Gpt2AttnSdpa()}.items():
+        with torch.no_grad():
+            for p in m.parameters():
+                if p.dim() == 1:
+                    p.copy_(torch.rand_like(p) + 0.5)
+        m.eval()
+        x = torch.randn(BATCH, SEQ, m.d if hasattr(m, "d") else D)
+        path = os.path.join(out, f"{name}.onnx")
+        torch.onnx.export(m, (x,), path, opset_version=17, input_names=["x"],
+                          output_names=["y"], do_constant_folding=True,
+                          dynamic_axes={"x": axes, "y": axes})
+        print(path)
 
 
 if __name__ == "__main__":

@@ -398,8 +398,8 @@ KernelUnit generate(const ir::Graph& g, ir::Vertex v, dsl::Activations defs,
                     const CodegenOptions& o) {
   using namespace detail;
   const ir::Op& op = g.op(v);
-  if (op.kind == ir::OpKind::Input || op.kind == ir::OpKind::Constant)
-    return {}; // uploaded, not computed
+  if (op.kind == ir::OpKind::Input || op.kind == ir::OpKind::Constant || ir::isView(op.kind))
+    return {}; // uploaded, not computed, or a view of its operand's buffer (no kernel)
   requireHalfPrecision(g, v, o.arch);
   KernelUnit u;
   if (const FamilyGenerator* family = generatorOf(op))
@@ -412,7 +412,6 @@ KernelUnit generate(const ir::Graph& g, ir::Vertex v, dsl::Activations defs,
     u = generateRowwise(g, v, o);
   else if (op.kind == ir::OpKind::Slice || op.kind == ir::OpKind::AttnQk ||
            op.kind == ir::OpKind::AttnPv || op.kind == ir::OpKind::Attention ||
-           op.kind == ir::OpKind::Heads || op.kind == ir::OpKind::MergeHeads ||
            op.kind == ir::OpKind::Concat || op.kind == ir::OpKind::Rope)
     u = generateAttentionOp(g, v, o);
   else

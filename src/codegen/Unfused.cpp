@@ -246,8 +246,7 @@ KernelUnit generateAttentionOp(const ir::Graph& g, ir::Vertex v, const CodegenOp
     u.source = body.str();
     return u;
   }
-  if (op.kind == ir::OpKind::Heads || op.kind == ir::OpKind::MergeHeads ||
-      op.kind == ir::OpKind::Concat || op.kind == ir::OpKind::Rope) {
+  if (op.kind == ir::OpKind::Concat || op.kind == ir::OpKind::Rope) {
     u.family = "elementwise";
     u.N = op.type.shape.back();
     u.M = op.type.numel() / u.N;
@@ -257,7 +256,7 @@ KernelUnit generateAttentionOp(const ir::Graph& g, ir::Vertex v, const CodegenOp
       u.name = "fpat_concat_" + std::to_string(wa) + "_" + std::to_string(wb) + "_" + arch;
       call = "concatColumns<" + std::to_string(wa) + ", " + std::to_string(wb) + ">(a)";
       what = "concat (rows of " + std::to_string(wa) + " and " + std::to_string(wb) + ")";
-    } else if (op.kind == ir::OpKind::Rope) {
+    } else {
       std::vector<ir::TensorDesc> types;
       for (ir::Vertex w : ins)
         types.push_back(g.op(w).type);
@@ -266,10 +265,6 @@ KernelUnit generateAttentionOp(const ir::Graph& g, ir::Vertex v, const CodegenOp
           "fpat_rope_" + std::to_string(u.N) + "_" + sha256Hex(extra).substr(0, 12) + "_" + arch;
       call = "ropeHalves<" + std::to_string(u.N) + ", Bcast>(a)";
       what = "rope (rotate_half form, rows of " + std::to_string(u.N) + ")";
-    } else {
-      u.name = "fpat_copy_" + arch; // the same elements in the same order
-      call = "copyElements(a)";
-      what = "heads / merge_heads (a copy)"; // one kernel, one text, for both
     }
     body << header(what, o, {"family:   elementwise (one element per thread)"})
          << "#include \"fpat_attention.cuh\"\n\n"

@@ -110,8 +110,8 @@ const Calibration& calibrationFor(int arch) {
 
 double opMs(const ir::Graph& g, ir::Vertex v, const Calibration& c) {
   const ir::Op& op = g.op(v);
-  if (op.kind == ir::OpKind::Input)
-    return 0;
+  if (op.kind == ir::OpKind::Input || ir::isView(op.kind))
+    return 0; // uploaded, or its operand's buffer seen with another shape
   if (const ir::KernelFamily* family = ir::familyOf(op))
     return familyCost(family->family).ms(g, v, c);
   if (const std::optional<double> t = attentionMs(g, v, c))
@@ -129,6 +129,8 @@ std::string kernelNote(const ir::Graph& g, ir::Vertex v, int arch) {
   const ir::Op& op = g.op(v);
   if (const ir::KernelFamily* family = ir::familyOf(op))
     return familyCost(family->family).note(g, v, arch);
+  if (ir::isView(op.kind))
+    return "no kernel (its operand's buffer)";
   if (op.kind == ir::OpKind::Attention || op.kind == ir::OpKind::AttnQk ||
       op.kind == ir::OpKind::AttnPv)
     return arch >= 90 && op.kind == ir::OpKind::Attention && (op.headDim == 64 || op.headDim == 128)

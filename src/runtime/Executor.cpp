@@ -29,35 +29,50 @@ BufferPlan planBuffers(const ir::Graph& g) {
   std::vector<size_t> pos(g.size());
   for (size_t i = 0; i < order->size(); ++i)
     pos[(*order)[i]] = i;
-  std::vector<size_t> lastUse(g.size(), 0);
-  for (ir::Vertex v : g.vertices())
-    for (ir::Vertex u : g.users(v))
-      lastUse[v] = std::max(lastUse[v], pos[u]);
   auto pinned = [&](ir::Vertex v) {
     return g.op(v).kind == ir::OpKind::Input || g.op(v).kind == ir::OpKind::Constant ||
            g.isOutput(v);
   };
+  // Views (ir::isView: heads, merge_heads) take their operand's buffer: a group of values over
+  // one buffer, named by the value that owns it, lives until the last use of any of them and
+  // is pinned if any of them is.
+  std::vector<ir::Vertex> owner(g.size());
+  std::vector<size_t> groupLast(g.size(), 0);
+  std::vector<bool> groupPinned(g.size(), false);
+  for (ir::Vertex v : *order) {
+    owner[v] = ir::isView(g.op(v).kind) ? owner[g.operands(v).at(0)] : v;
+    size_t last = pos[v];
+    for (ir::Vertex u : g.users(v))
+      last = std::max(last, pos[u]);
+    groupLast[owner[v]] = std::max(groupLast[owner[v]], last);
+    groupPinned[owner[v]] = groupPinned[owner[v]] || pinned(v);
+  }
   std::multiset<std::pair<size_t, int>> free; // (bytes, slot), best fit by size
   for (size_t i = 0; i < order->size(); ++i) {
     const ir::Vertex v = (*order)[i];
-    const size_t need = roundUp(bytesOf(g.op(v)));
-    p.naiveBytes += need;
-    auto it = pinned(v) ? free.end() : free.lower_bound({need, -1});
-    if (it != free.end()) {
-      p.slotOf[v] = it->second;
-      free.erase(it);
+    if (owner[v] != v) {
+      p.slotOf[v] = p.slotOf[owner[v]];
     } else {
-      p.slotOf[v] = static_cast<int>(p.slotBytes.size());
-      p.slotBytes.push_back(need);
+      const size_t need = roundUp(bytesOf(g.op(v)));
+      p.naiveBytes += need;
+      auto it = groupPinned[v] ? free.end() : free.lower_bound({need, -1});
+      if (it != free.end()) {
+        p.slotOf[v] = it->second;
+        free.erase(it);
+      } else {
+        p.slotOf[v] = static_cast<int>(p.slotBytes.size());
+        p.slotBytes.push_back(need);
+      }
     }
-    // Operands whose last user is this op give their buffer back.
-    std::set<ir::Vertex> seen;
+    // Buffers whose last use is this op go back (after its own was chosen: an op never writes
+    // the buffer it reads); so does one nobody reads, at once.
+    std::set<ir::Vertex> groups;
     for (ir::Vertex u : g.operands(v))
-      if (seen.insert(u).second && lastUse[u] == i && !pinned(u))
-        free.insert({p.slotBytes[static_cast<size_t>(p.slotOf[u])], p.slotOf[u]});
-    // A value nobody reads (and not an output) is released at once.
-    if (g.users(v).empty() && !pinned(v))
-      free.insert({p.slotBytes[static_cast<size_t>(p.slotOf[v])], p.slotOf[v]});
+      groups.insert(owner[u]);
+    groups.insert(owner[v]);
+    for (ir::Vertex o : groups)
+      if (groupLast[o] == i && !groupPinned[o])
+        free.insert({p.slotBytes[static_cast<size_t>(p.slotOf[o])], p.slotOf[o]});
   }
   for (size_t b : p.slotBytes)
     p.plannedBytes += b;

@@ -337,6 +337,35 @@ BOOST_AUTO_TEST_CASE(buffer_plan_reuses_dead_values_only) {
   BOOST_TEST(p.slotOf[*g.find("x")] != p.slotOf[*g.find("t5")]);
 }
 
+BOOST_AUTO_TEST_CASE(views_share_their_operands_buffer_while_any_of_them_lives) {
+  // RoPE as the importer writes it: heads of a GEMM's result, rope, merge_heads into
+  // attention; heads and merge_heads are views (no kernel, their operand's buffer), and the
+  // buffer they share is not reused while any of them is read.
+  ir::GraphBuilder b("views");
+  auto x = b.input("x", {2 * 7, 4 * 16});
+  auto w = b.input("w", {64, 64});
+  auto q = b.gemm(x, w, false, "q");
+  auto h = b.heads(q, 2, 16, "h");
+  auto c = b.input("cos", {1, 7, 1, 16});
+  auto s = b.input("sin", {1, 7, 1, 16});
+  auto r = b.rope(h, c, s, "r");
+  auto m = b.mergeHeads(r, "m");
+  auto y = b.add(m, b.gemm(m, w, false, "p"), "y");
+  b.output(y);
+  ir::Graph g = b.build();
+  runtime::BufferPlan p = runtime::planBuffers(g);
+  BOOST_TEST(p.slotOf[*g.find("h")] == p.slotOf[*g.find("q")]);
+  BOOST_TEST(p.slotOf[*g.find("m")] == p.slotOf[*g.find("r")]);
+  // m is read by p and y: r's buffer lives until y; nothing written before then reuses it.
+  BOOST_TEST(p.slotOf[*g.find("p")] != p.slotOf[*g.find("r")]);
+  BOOST_TEST(p.slotOf[*g.find("r")] != p.slotOf[*g.find("q")]); // rope reads q's while writing
+  codegen::CodegenOptions o;
+  o.arch = 90;
+  for (const char* name : {"h", "m"})
+    BOOST_TEST(
+        codegen::generate(g, *g.find(name), builtinLibrary().activations, o).launches.empty());
+}
+
 BOOST_AUTO_TEST_CASE(mma_backend_compiles_for_sm80_sm90,
                      *boost::unit_test::precondition(nvccPresent)) {
   TempDir cache;

@@ -69,6 +69,11 @@ struct OpKindInfo {
 const std::vector<OpKindInfo>& opKinds();
 const OpKindInfo& opKindInfo(OpKind k);
 const char* opKindName(OpKind k);
+/// Ops whose result is their operand's bytes seen with another shape (heads, merge_heads): no
+/// kernel computes them; the runtime gives them their operand's buffer.
+inline bool isView(OpKind k) {
+  return k == OpKind::Heads || k == OpKind::MergeHeads;
+}
 std::optional<OpKind> parseOpKind(std::string_view name);
 inline std::ostream& operator<<(std::ostream& os, OpKind k) {
   return os << opKindName(k);

@@ -27,18 +27,6 @@ __device__ __forceinline__ void sliceColumns(const FpatKernelArgs& a) {
     o[i] = x[i / WIDTH * N + BEGIN + i % WIDTH];
 }
 
-/// out = in, element for element (heads / merge_heads: the same elements seen as [B, S, H, d]
-/// or [B*S, H*d]).
-__device__ __forceinline__ void copyElements(const FpatKernelArgs& a) {
-  const int64_t total = a.M * a.N;
-  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  elem* o = static_cast<elem*>(a.out);
-  const elem* x = static_cast<const elem*>(a.in[0]);
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
-       i += step)
-    o[i] = x[i];
-}
-
 /// Row r of the result is row r of in[0] (WA elements) then row r of in[1] (WB).
 template <int64_t WA, int64_t WB>
 __device__ __forceinline__ void concatColumns(const FpatKernelArgs& a) {

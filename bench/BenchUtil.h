@@ -62,4 +62,17 @@ inline Provenance provenance(const cuda::Driver& drv) {
   return p;
 }
 
+/// The GPU the benchmark runs on, made current; nullptr (after saying why: the caller exits
+/// 77, which ctest counts as skipped) without one.
+inline cuda::Driver* benchDriver() {
+  std::string why;
+  cuda::Driver* drv = cuda::Driver::get(&why);
+  if (!drv) {
+    std::printf("benchmark skipped: %s\n", why.c_str());
+    return nullptr;
+  }
+  CK(cudaSetDevice(0));
+  return drv;
+}
+
 } // namespace fpat::bench

@@ -204,13 +204,9 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return fpat::reportCliError(app, e, argc, argv, "fpat-bench-attn");
   }
-  std::string why;
-  cuda::Driver* drv = cuda::Driver::get(&why);
-  if (!drv) {
-    std::cout << "benchmark skipped: " << why << "\n";
+  cuda::Driver* drv = benchDriver();
+  if (!drv)
     return 77;
-  }
-  CK(cudaSetDevice(0));
   const Provenance prov = provenance(*drv);
   std::cout << "# fpat attention benchmark on " << prov.gpu << ", driver " << prov.driver << "; "
             << prov.nvcc << "; fpat commit " << prov.commit << "\n"

@@ -837,13 +837,9 @@ int main(int argc, char** argv) {
       for (Shape s : shapes)
         runs.emplace_back(p, s);
   }
-  std::string why;
-  cuda::Driver* drv = cuda::Driver::get(&why);
-  if (!drv) {
-    std::cout << "benchmark skipped: " << why << "\n";
+  cuda::Driver* drv = benchDriver();
+  if (!drv)
     return 77;
-  }
-  CK(cudaSetDevice(0));
   Env env;
   env.drv = drv;
   CK(cublasCreate(&env.blas));

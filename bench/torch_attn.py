@@ -12,23 +12,12 @@ usage: python3 bench/torch_attn.py [--quick] [--dtype f16|bf16]
 Writes a markdown table. Needs torch >= 2.5 with CUDA (the GPU machine has it).
 """
 import argparse
-import statistics
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-
-def time_ms(fn, sets, warmup=3, reps=20):
-    for i in range(warmup):
-        fn(*sets[i % len(sets)])
-    ev = [torch.cuda.Event(enable_timing=True) for _ in range(reps + 1)]
-    ev[0].record()
-    for i in range(reps):
-        fn(*sets[i % len(sets)])
-        ev[i + 1].record()
-    ev[-1].synchronize()
-    return statistics.median(ev[i].elapsed_time(ev[i + 1]) for i in range(reps))
+from torch_ffn import time_ms  # the same timing (here one round of 20 runs)
 
 
 def make_sets(b, h, hkv, sq, sk, d, dt, l2):
@@ -42,6 +31,20 @@ def make_sets(b, h, hkv, sq, sk, d, dt, l2):
         v = torch.randn(b, sk, hkv, d, device="cuda", dtype=dt).transpose(1, 2)
         sets.append((q, k, v))
     return sets
+
+
+def per_backend(backends, sets, work, fmt, fn):
+    """`work` per millisecond of `fn` under each SDPA backend, formatted; n/a where a backend
+    refuses the case."""
+    row = []
+    for _, be in backends:
+        try:
+            with sdpa_kernel(be):
+                ms = time_ms(fn, sets, rounds=1)
+            row.append(format(work / ms, fmt))
+        except RuntimeError as e:
+            row.append("n/a (" + str(e).splitlines()[0][:40] + ")")
+    return row
 
 
 def main():
@@ -65,15 +68,9 @@ def main():
             sets = make_sets(b, h, h, s, s, d, dt, l2)
             for causal in (False, True):
                 flops = 4 * b * h * s * s * d * (0.5 if causal else 1.0)
-                row = []
-                for _, be in backends:
-                    try:
-                        with sdpa_kernel(be):
-                            ms = time_ms(lambda q, k, v: F.scaled_dot_product_attention(
-                                q, k, v, is_causal=causal), sets)
-                        row.append(f"{flops / ms / 1e9:.1f}")
-                    except RuntimeError as e:
-                        row.append("n/a (" + str(e).splitlines()[0][:40] + ")")
+                row = per_backend(backends, sets, flops / 1e9, ".1f",
+                                  lambda q, k, v: F.scaled_dot_product_attention(
+                                      q, k, v, is_causal=causal))
                 print(f"| {d} | {s} | {b} | {h} | {'yes' if causal else 'no'} | "
                       + " | ".join(row) + " |", flush=True)
             del sets
@@ -86,15 +83,9 @@ def main():
                 continue
             sets = make_sets(b, 32, 8, 1, kv, 128, dt, l2)
             nbytes = 2 * b * kv * 8 * 128 * 2
-            row = []
-            for _, be in backends:
-                try:
-                    with sdpa_kernel(be):
-                        ms = time_ms(lambda q, k, v: F.scaled_dot_product_attention(
-                            q, k, v, enable_gqa=True), sets)
-                    row.append(f"{nbytes / ms / 1e6:.0f}")
-                except RuntimeError as e:
-                    row.append("n/a (" + str(e).splitlines()[0][:40] + ")")
+            row = per_backend(backends, sets, nbytes / 1e6, ".0f",
+                              lambda q, k, v: F.scaled_dot_product_attention(
+                                  q, k, v, enable_gqa=True))
             print(f"| {b} | {kv} | " + " | ".join(row) + " |", flush=True)
             del sets
             torch.cuda.empty_cache()

@@ -928,6 +928,14 @@ bool checkEnvironment(std::ostream& err) {
     bad("FPAT_NVCC", v, "no such program (unset it to use nvcc on PATH)");
   if (std::string v = value("FPAT_NORM_STATS"); !v.empty() && v != "loop" && v != "launch")
     bad("FPAT_NORM_STATS", v, "expected loop or launch");
+  if (std::string v = value("FPAT_FLASH"); !v.empty()) {
+    const size_t digits = v.find_first_not_of("0123456789");
+    const std::string bn = v.substr(0, digits),
+                      rest = digits == std::string::npos ? "" : v.substr(digits);
+    if ((bn != "64" && bn != "128" && bn != "176" && bn != "192") ||
+        rest.find_first_not_of("sp") != std::string::npos)
+      bad("FPAT_FLASH", v, "expected a key block of 64, 128, 176 or 192, then s and/or p");
+  }
   for (const char* flag : {"FPAT_RETUNE", "FPAT_SPLIT_LAST_WAVE"})
     if (std::string v = value(flag); !v.empty() && v != "0" && v != "1")
       bad(flag, v, "expected 0 or 1");

@@ -30,6 +30,8 @@ int main(int argc, char** argv) {
              "                       of the copies embedded in fpatc\n"
              "  FPAT_KERNEL_HEADERS  replace the embedded kernel headers with this directory's\n"
              "  FPAT_SPLIT_LAST_WAVE=0  keep every GEMM tile whole (no k-split of the last wave)\n"
+             "  FPAT_FLASH           a variant of the sm_90 flash-attention kernel, e.g. 128s\n"
+             "                       (experiments; DEVELOPERS.md)\n"
              "  FPAT_MEMORY_LIMIT    bytes of host memory the CPU reference may use\n"
              "                       (default: MemAvailable)\n"
              "  FPAT_DOT_TIMEOUT     seconds Graphviz may take for each .svg (default 20; graphs\n"

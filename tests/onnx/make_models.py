@@ -340,3 +340,48 @@ save("wrong_shape",
 
 save("no_outputs", [helper.make_node("Relu", ["x"], ["y"], name="act")], [f32("x", [4, 8])], [],
      [])
+
+# RoPE on heads, as issue 41's importer takes it and where it stops. x [6, 8] (B 2, S 3) through
+# W into heads [2, 3, 2, 4]: rotate_half applied in token order (before the transpose some
+# models write), with [1, 3, 1, 4] tables, merged back: imports, raises to rope, and matches
+# the f32 model. Then what is refused, with the node: a table computed at run time, a strided
+# slice of the heads (the interleaved form's), a slice across heads.
+def i64(name, v):
+    return numpy_helper.from_array(np.array(v, np.int64), name)
+
+
+heads_nodes = [helper.make_node("MatMul", ["x", "W"], ["h"], name="mm"),
+               helper.make_node("Reshape", ["h", "split"], ["t"], name="rope/Reshape")]
+heads_inits = [weight("W", 8, 8), i64("split", [2, 3, 2, 4])]
+ang = np.arange(3, dtype=np.float32)[:, None] * np.array([1.0, 0.1], np.float32)[None, :]
+ang = np.concatenate([ang, ang], axis=1).reshape(1, 3, 1, 4)
+save("rope_tokens",
+     heads_nodes + [
+         helper.make_node("Mul", ["t", "cos"], ["a"], name="rope/Mul"),
+         helper.make_node("Slice", ["t", "s2", "e4", "ax"], ["hi"], name="rope/Slice_hi"),
+         helper.make_node("Slice", ["t", "s0", "e2", "ax"], ["lo"], name="rope/Slice_lo"),
+         helper.make_node("Neg", ["hi"], ["nhi"], name="rope/Neg"),
+         helper.make_node("Concat", ["nhi", "lo"], ["rot"], name="rope/Concat", axis=-1),
+         helper.make_node("Mul", ["rot", "sin"], ["b"], name="rope/Mul_1"),
+         helper.make_node("Add", ["a", "b"], ["r"], name="rope/Add"),
+         helper.make_node("Reshape", ["r", "merge"], ["y"], name="rope/merge")],
+     [f32("x", [6, 8])], [f32("y", [6, 8])],
+     heads_inits + [numpy_helper.from_array(np.cos(ang), "cos"),
+                    numpy_helper.from_array(np.sin(ang), "sin"),
+                    i64("s0", [0]), i64("s2", [2]), i64("e2", [2]), i64("e4", [4]), i64("ax", [3]),
+                    i64("merge", [6, 8])])
+save("rope_runtime_table",
+     heads_nodes + [helper.make_node("Mul", ["t", "c"], ["a"], name="rope/Mul"),
+                    helper.make_node("Reshape", ["a", "merge"], ["y"], name="rope/merge")],
+     [f32("x", [6, 8]), f32("c", [1, 3, 1, 4])], [f32("y", [6, 8])],
+     heads_inits + [i64("merge", [6, 8])])
+save("rope_strided_slice",
+     heads_nodes + [helper.make_node("Slice", ["t", "s0", "e4", "ax", "st"], ["y"],
+                                     name="rope/Slice_even")],
+     [f32("x", [6, 8])], [f32("y", [2, 3, 2, 2])],
+     heads_inits + [i64("s0", [0]), i64("e4", [4]), i64("ax", [3]), i64("st", [2])])
+save("rope_slice_heads",
+     heads_nodes + [helper.make_node("Slice", ["t", "s0", "e1", "ax"], ["y"],
+                                     name="rope/Slice_head")],
+     [f32("x", [6, 8])], [f32("y", [2, 3, 1, 4])],
+     heads_inits + [i64("s0", [0]), i64("e1", [1]), i64("ax", [2])])

@@ -568,11 +568,14 @@ private:
   /// The IR vertex of a value, materialising a constant: one element becomes a `constant`,
   /// anything larger a weight holding the values.
   ir::Vertex tensor(Val& v) {
+    if (v.view == Val::View::Dense4 && v.order == Val::View::Tokens)
+      return *v.v; // heads computed on in token order: the tensor [B, S, H, d] itself
     if (v.view != Val::View::None)
       throw UnsupportedError{"'" + v.name + "' " + shapeStr(v.shape) +
                              " is an activation split into heads, which fpat supports in "
-                             "attention's products (MatMul), Transpose, Reshape, Cast, and "
-                             "multiplications by a scalar"};
+                             "attention's products (MatMul), Transpose, Reshape, Cast, "
+                             "elementwise ops with constants or other heads, and Slice and "
+                             "Concat along the last axis"};
     if (!v.transposedOf.empty())
       throw UnsupportedError{"'" + v.name +
                              "' is a transposed activation, supported only as MatMul's B"};

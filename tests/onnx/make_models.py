@@ -385,3 +385,12 @@ save("rope_slice_heads",
                                      name="rope/Slice_head")],
      [f32("x", [6, 8])], [f32("y", [2, 3, 1, 4])],
      heads_inits + [i64("s0", [0]), i64("e1", [1]), i64("ax", [2])])
+# Heads computed on as the output: in token order ([B, S, H, d]) they are the output's own
+# layout; transposed to [B, H, S, d] they are refused where the output is.
+save("heads_output", heads_nodes + [helper.make_node("Sigmoid", ["t"], ["y"], name="rope/Sigmoid")],
+     [f32("x", [6, 8])], [f32("y", [2, 3, 2, 4])], heads_inits)
+save("heads_output_transposed",
+     heads_nodes + [helper.make_node("Transpose", ["t"], ["tt"], name="rope/Transpose",
+                                     perm=[0, 2, 1, 3]),
+                    helper.make_node("Sigmoid", ["tt"], ["y"], name="rope/Sigmoid")],
+     [f32("x", [6, 8])], [f32("y", [2, 2, 3, 4])], heads_inits)

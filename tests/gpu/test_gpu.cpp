@@ -874,6 +874,38 @@ BOOST_AUTO_TEST_CASE(attention_matches_the_reference) {
     }
 }
 
+/// Attention whose scale is an input (its value and sign known only at run time): the flash
+/// kernel applies it to the scores before the softmax (no FFMA folding, which needs a positive
+/// scale), the decode kernel to q; both against the reference in double.
+BOOST_AUTO_TEST_CASE(attention_with_a_scale_given_at_run_time) {
+  struct Case {
+    int64_t b, sq, sk, h, hkv, d;
+  };
+  for (const Case& c : {Case{2, 300, 300, 4, 2, 128}, Case{1, 1, 700, 8, 2, 64}})
+    BOOST_TEST_CONTEXT("Sq " << c.sq << ", Sk " << c.sk << ", d " << c.d) {
+      ir::GraphBuilder b("attention_scale");
+      auto q = b.input("q", {c.b * c.sq, c.h * c.d});
+      auto k = b.input("k", {c.b * c.sk, c.hkv * c.d});
+      auto v = b.input("v", {c.b * c.sk, c.hkv * c.d});
+      auto scale = b.input("scale", {1});
+      b.output(b.attention(q, k, v, b.constant(0.0, {}), scale, c.b, c.d, "o"));
+      ir::Graph g = b.build();
+      runtime::BuildResult r =
+          runtime::buildKernels(g, builtinLibrary().activations, buildOptions());
+      BOOST_TEST_REQUIRE(r.error.empty(), r.error);
+      for (double value : {0.125, -0.3}) {
+        auto inputs = ir::randomInputs(g, 7);
+        inputs.at("scale").data[0] = static_cast<float>(value);
+        auto want = ir::evaluate(g, inputs, builtinLibrary().referenceActivations());
+        runtime::Executor ex(*gpu(), r.graph);
+        runtime::Agreement a =
+            runtime::compareToReference(ex.run(inputs, true).outputs[0], want[g.outputs()[0]]);
+        BOOST_TEST(a.pass, "scale " << value << ": max abs err " << a.maxAbs << ", max rel err "
+                                    << a.maxRel);
+      }
+    }
+}
+
 /// RoPE as Llama's export computes it once its heads are views: heads, the rotary op with
 /// [1, S, 1, d] tables, and the unfused decomposition (slices, neg, concat, a general
 /// broadcast multiply), merged back; ragged S and two batches.

@@ -1,6 +1,7 @@
 // The flash-attention kernel for the `attention` op on sm_90 (fpat_flash.cuh): what its bias
 // operand means (nothing, a causal mask, a tensor), its tile, its launch.
 #include "fpat/codegen/Lowering.h"
+#include "fpat/codegen/kernels/fpat_abi.h"
 
 #include <algorithm>
 #include <cmath>
@@ -141,9 +142,11 @@ KernelUnit generateFlashAttention(const ir::Graph& g, ir::Vertex v, const Codege
     pingpong = std::string(env).find('p') != std::string::npos;
   }
   const int64_t d = s.headDim;
-  if (128 * d * 2 + 2 * 2 * bn * d * 2 + 1024 > 232448)
+  // fpat::FlashTile::SMEM_BYTES: the Q tile, two stages of K and V, 1 KB for alignment.
+  auto smem = [&](int64_t keys) { return 128 * d * 2 + 2 * 2 * keys * d * 2 + 1024; };
+  if (smem(bn) > FPAT_SM90_SMEM_BYTES)
     bn = 128; // two stages of larger key blocks do not fit shared memory
-  const int smemBytes = static_cast<int>(128 * d * 2 + 2 * 2 * bn * d * 2 + 1024);
+  const int smemBytes = static_cast<int>(smem(bn));
   KernelUnit u = attentionUnit(g, v, s);
   std::string sizes = sizesName(s, mask);
   if (mask == FlashMask::Bias)
@@ -220,6 +223,7 @@ KernelUnit generateFlashDecode(const ir::Graph& g, ir::Vertex v, const CodegenOp
        << "extern \"C\" __global__ void __launch_bounds__(160)\n"
        << u.name << "(const __grid_constant__ FpatTmaArgs p) {\n"
        << "  fpat::flashDecode<Dims, Tile>(p);\n}\n";
+  // fpat::DecodeTile::SMEM_BYTES: three stages of 64-key K and V tiles, q in f32, alignment.
   const int smemBytes = static_cast<int>(3 * 2 * 64 * d * 2 + kDecodeRows * (d + 8) * 4 + 1024);
   Launch l{Launch::Fixed, u.name, 160, smemBytes, {}};
   l.blocks[0] = splits;

@@ -3,6 +3,8 @@
 #include "fpat/codegen/Lowering.h"
 #include "fpat/support/Hash.h"
 
+#include <algorithm>
+#include <array>
 #include <cctype>
 #include <map>
 #include <sstream>
@@ -60,6 +62,19 @@ KernelUnit generateRowwise(const ir::Graph& g, ir::Vertex v, const CodegenOption
 
 namespace {
 
+/// The element strides of an operand of shape `s` over a rank-4 result it broadcasts to
+/// (NumPy: trailing dimensions aligned; 0 where it repeats).
+std::array<int64_t, 4> broadcastStrides(const std::vector<int64_t>& s) {
+  std::array<int64_t, 4> strides = {0, 0, 0, 0};
+  int64_t step = 1;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const size_t d = s.size() - 1 - i;
+    strides[3 - i] = s[d] == 1 ? 0 : step;
+    step *= s[d];
+  }
+  return strides;
+}
+
 /// `struct Bcast` of a generated kernel: the result's shape padded to rank 4 and, in
 /// `at(k, i)`, operand k's element index for element i of the result (NumPy broadcasting).
 std::string broadcastStruct(const ir::TensorDesc& out, const std::vector<ir::TensorDesc>& ins) {
@@ -74,13 +89,7 @@ std::string broadcastStruct(const ir::TensorDesc& out, const std::vector<ir::Ten
      << ", i1 = i / " << shape[3] * shape[2] << " % " << shape[1] << ", i0 = i / "
      << shape[3] * shape[2] * shape[1] << ";\n";
   for (size_t k = 0; k < ins.size(); ++k) {
-    const std::vector<int64_t>& os = ins[k].shape;
-    int64_t strides[4] = {0, 0, 0, 0}, step = 1;
-    for (size_t i = 0; i < os.size(); ++i) {
-      const size_t d = os.size() - 1 - i;
-      strides[3 - i] = os[d] == 1 ? 0 : step;
-      step *= os[d];
-    }
+    const std::array<int64_t, 4> strides = broadcastStrides(ins[k].shape);
     st << "    " << (k + 1 < ins.size() ? "if (k == " + std::to_string(k) + ") " : "")
        << "return i0 * " << strides[0] << " + i1 * " << strides[1] << " + i2 * " << strides[2]
        << " + i3 * " << strides[3] << ";\n";
@@ -285,13 +294,8 @@ KernelUnit generateAttentionOp(const ir::Graph& g, ir::Vertex v, const CodegenOp
   // The bias's strides over the scores [B, H, Sq, Sk] (0 where it broadcasts).
   int64_t bias[4] = {0, 0, 0, 0};
   if (op.kind == ir::OpKind::Attention) {
-    const std::vector<int64_t>& bs = g.op(ins[3]).type.shape;
-    int64_t step = 1;
-    for (size_t i = 0; i < bs.size(); ++i) {
-      const size_t d = bs.size() - 1 - i;
-      bias[3 - i] = bs[d] == 1 ? 0 : step;
-      step *= bs[d];
-    }
+    const std::array<int64_t, 4> st = broadcastStrides(g.op(ins[3]).type.shape);
+    std::copy(st.begin(), st.end(), bias);
   }
   if (op.kind == ir::OpKind::Attention && flashAttentionFits(*s, o.arch)) {
     const FlashMask mask = flashMask(g, ins[3], *s);

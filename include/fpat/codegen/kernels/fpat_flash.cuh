@@ -409,15 +409,15 @@ template <class D, class T> __device__ __forceinline__ void flashAttention(const
 // warps take 16 keys of each tile apiece and keep their own online-softmax state, combined
 // through shared memory at the end. One split: the CTA writes the output; more: it writes its
 // unnormalised f32 O and (max, sum) per row to the workspace (a.scratch[0]), and
-// flashDecodeCombine merges the splits. CUDA cores only: at R <= 8 the dot products cost less
-// than streaming the cache. Masks: none, or causal (bottom-right: row i keeps keys
-// j <= i + Sk - Sq).
+// flashDecodeCombine merges the splits. The products run on mma.sync with the R rows padded
+// to 16: the MMAs are cheap next to streaming the cache, where CUDA-core dot products (q read
+// from shared memory for every key) held session 34's kernel to 3.3-3.9 TB/s. Masks: none, or
+// causal (bottom-right: row i keeps keys j <= i + Sk - Sq).
 
 template <int HD_> struct DecodeTile {
   static constexpr int BN = 64, HD = HD_, STAGES = 3, THREADS = 160, RMAX = 8;
   static constexpr int KV_BYTES = BN * HD * 2;
-  static constexpr int Q_PITCH = HD + 8; // floats: the two 64-column halves in other banks
-  static constexpr int SMEM_BYTES = STAGES * 2 * KV_BYTES + RMAX * Q_PITCH * 4 + 1024;
+  static constexpr int SMEM_BYTES = STAGES * 2 * KV_BYTES + 1024;
 };
 
 /// Rows of the decode kernel: r = hh * Sq + i is query head g * G + hh, query row i.
@@ -429,17 +429,15 @@ template <class D, class T> __device__ __forceinline__ void flashDecode(const Fp
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace sm90;
   constexpr int BN = T::BN, HD = T::HD, S = T::STAGES, KB = HD / 64;
-  constexpr int G = DecodeRows<D>::G, R = DecodeRows<D>::R, QP = T::Q_PITCH;
+  constexpr int G = DecodeRows<D>::G, R = DecodeRows<D>::R;
   static_assert(R <= T::RMAX && (HD == 64 || HD == 128) && D::kMask != 2, "decode's sizes");
   static_assert(D::B >= 1 && D::bias0 + D::bias1 + D::bias2 + D::bias3 >= 0 &&
                     (D::kScalePositive || !D::kScalePositive),
                 "sizes of a real attention"); // (and names every member: nvcc warns otherwise)
   extern __shared__ __align__(1024) unsigned char smemRaw[];
   __shared__ __align__(8) uint64_t full[S], empty[S];
-  __shared__ float pw[4][R][16];       // each consumer warp's probabilities of its 16 keys
   __shared__ float mw[4][R], lw[4][R]; // each consumer warp's row maxima and sums
   unsigned char* const ring = smemRaw + ((1024 - (smemAddr(smemRaw) & 1023)) & 1023);
-  float* const qs = reinterpret_cast<float*>(ring + S * 2 * T::KV_BYTES); // [R][QP]
   float* const ow = reinterpret_cast<float*>(ring); // after the loop: [4][R][HD] (the ring)
 
   const FpatKernelArgs& a = p.k;
@@ -479,116 +477,85 @@ template <class D, class T> __device__ __forceinline__ void flashDecode(const Fp
     return;
   }
   const int w = warp - 1, ct = static_cast<int>(threadIdx.x) - 32; // consumer warp, thread
-  // q, in the log2 domain (scale and log2 e applied), as f32.
+  // Tensor cores (mma.sync m16n8k16), FlashAttention-2's register layouts. Row r = lane / 4 of
+  // the 16-row A operand is query row r (rows R...15 are zero); a warp takes 16 keys of each
+  // tile. S = Q K^T: K [keys][d] in shared memory is the column-major B operand as it stands
+  // (ldmatrix); P goes from S's accumulators into the A operand of P V in registers, and V
+  // [keys][d] is B through a transposing ldmatrix. The scale is applied to S in f32.
+  constexpr int KS = HD / 16;
+  const int qr = lane / 4, qc = 2 * (lane % 4);
+  unsigned qa[KS][2];
+  {
+    const int hh = qr / static_cast<int>(D::Sq), i = qr % static_cast<int>(D::Sq);
+    const unsigned* q = reinterpret_cast<const unsigned*>(
+        static_cast<const elem*>(a.in[0]) + ((b * D::Sq + i) * D::H + g * G + hh) * HD + qc);
+#pragma unroll
+    for (int k = 0; k < KS; ++k) {
+      qa[k][0] = qr < R ? q[8 * k] : 0u; // columns 16 k + qc, + 1
+      qa[k][1] = qr < R ? q[8 * k + 4] : 0u; // columns 16 k + 8 + qc, + 1
+    }
+  }
   const float scaleLog2 = ldh(a.in[4], 0) * 1.4426950408889634f;
-  for (int e = ct; e < R * HD; e += 128) {
-    const int r = e / HD, c = e % HD, hh = r / static_cast<int>(D::Sq),
-              i = r % static_cast<int>(D::Sq);
-    qs[r * QP + (c / 64) * (QP / 2) + c % 64] =
-        ldh(a.in[0], ((b * D::Sq + i) * D::H + g * G + hh) * HD + c) * scaleLog2;
-  }
-  namedBarrier(1, 128);
-
-  float m[R], l[R], o[R][HD / 32];
+  const int64_t row = qr % D::Sq; // the query row of this lane's scores (where qr < R)
+  // Byte offset of (key, 8 columns from col) in a tile: boxes of 64 columns, 128-byte rows,
+  // 16-byte chunks swizzled by the row (TMA's 128-byte swizzle).
+  auto at = [](int key, int col) {
+    return (col / 64) * BN * 128 + key * 128 + (((col % 64 / 8) ^ (key % 8)) * 16);
+  };
+  float m = -INFINITY, l = 0.0f, o[HD / 8][4];
 #pragma unroll
-  for (int r = 0; r < R; ++r) {
-    m[r] = -INFINITY;
-    l[r] = 0.0f;
-#pragma unroll
-    for (int e = 0; e < HD / 32; ++e)
-      o[r][e] = 0.0f;
-  }
-  // Scores: lane pair (2k, 2k + 1) holds key 16 w + k, columns 64 (lane % 2) ... + 63 (one
-  // swizzled 128-byte row of box lane % 2; the same row of box 0 where HD is 64, split in
-  // halves of 32 columns). Values: lane owns HD / 32 adjacent columns.
-  const int jj = 16 * w + lane / 2, half = lane % 2;
-  constexpr int kChunks = HD == 128 ? 8 : 4; // 16-byte chunks a lane reads of its key's row
+  for (int e = 0; e < HD / 8; ++e)
+    o[e][0] = o[e][1] = o[e][2] = o[e][3] = 0.0f;
   int s = 0;
   unsigned phase = 0;
   for (int t = t0; t < t1; ++t) {
     mbarWait(&full[s], phase);
     const unsigned char* kt = ring + s * 2 * T::KV_BYTES;
     const unsigned char* vt = kt + T::KV_BYTES;
-    float acc[R];
+    float sc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
 #pragma unroll
-    for (int r = 0; r < R; ++r)
-      acc[r] = 0.0f;
-#pragma unroll
-    for (int k = 0; k < kChunks; ++k) {
-      // Chunk k of this lane's part of the key: box `box`, 16-byte chunk `ch` of the row.
-      const int box = HD == 128 ? half : 0, ch = HD == 128 ? k : half * 4 + k;
-      Half8 kv;
-      kv.u =
-          *reinterpret_cast<const uint4*>(kt + box * BN * 128 + jj * 128 + ((ch ^ (jj % 8)) * 16));
-      const int col = box * 64 + ch * 8; // first column of the chunk
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        const float* q = qs + r * QP + (col / 64) * (QP / 2) + col % 64;
-        const float4 qa = *reinterpret_cast<const float4*>(q);
-        const float4 qb = *reinterpret_cast<const float4*>(q + 4);
-        acc[r] = fmaf(qa.x, toF(kv.h[0]), acc[r]);
-        acc[r] = fmaf(qa.y, toF(kv.h[1]), acc[r]);
-        acc[r] = fmaf(qa.z, toF(kv.h[2]), acc[r]);
-        acc[r] = fmaf(qa.w, toF(kv.h[3]), acc[r]);
-        acc[r] = fmaf(qb.x, toF(kv.h[4]), acc[r]);
-        acc[r] = fmaf(qb.y, toF(kv.h[5]), acc[r]);
-        acc[r] = fmaf(qb.z, toF(kv.h[6]), acc[r]);
-        acc[r] = fmaf(qb.w, toF(kv.h[7]), acc[r]);
-      }
+    for (int k = 0; k < KS; ++k) {
+      unsigned kf[4];
+      ldmatrixX4(kf, kt + at(16 * w + (lane / 16) * 8 + lane % 8, 16 * k + (lane / 8) % 2 * 8));
+      const unsigned qk[4] = {qa[k][0], 0u, qa[k][1], 0u};
+      mma16816(sc[0], qk, kf[0], kf[1]);
+      mma16816(sc[1], qk, kf[2], kf[3]);
     }
-    const int64_t key = static_cast<int64_t>(t) * BN + jj;
+    // This lane's scores: row qr, keys 16 w + 8 j + qc (+ 1); a row's 16 are in its lane quad.
+    float x[4], mx = -INFINITY;
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-      float x = acc[r] + __shfl_xor_sync(0xffffffffu, acc[r], 1);
-      const int64_t i = r % D::Sq;
-      if (key >= D::Sk || (D::kMask == 1 && key > i + (D::Sk - D::Sq)))
-        x = -INFINITY;
-      float mx = x;
-#pragma unroll
-      for (int off = 2; off < 32; off *= 2)
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-      const float mNew = fmaxf(m[r], mx);
-      const float use = mNew == -INFINITY ? 0.0f : mNew;
-      const float corr = exp2Approx(m[r] - use), pr = exp2Approx(x - use);
-      float sum = half == 0 ? pr : 0.0f;
-#pragma unroll
-      for (int off = 2; off < 32; off *= 2)
-        sum += __shfl_xor_sync(0xffffffffu, sum, off);
-      l[r] = l[r] * corr + sum;
-      m[r] = mNew;
-#pragma unroll
-      for (int e = 0; e < HD / 32; ++e)
-        o[r][e] *= corr;
-      if (half == 0)
-        pw[w][r][lane / 2] = pr;
+    for (int e = 0; e < 4; ++e) {
+      const int64_t key = static_cast<int64_t>(t) * BN + 16 * w + 8 * (e / 2) + qc + e % 2;
+      x[e] = sc[e / 2][e % 2] * scaleLog2;
+      if (key >= D::Sk || (D::kMask == 1 && key > row + (D::Sk - D::Sq)))
+        x[e] = -INFINITY;
+      mx = fmaxf(mx, x[e]);
     }
-    __syncwarp();
-    // O += P V over the warp's 16 keys: this lane's HD / 32 columns of each V row.
-#pragma unroll 4
-    for (int j = 0; j < 16; ++j) {
-      const int vr = 16 * w + j, c0 = lane * (HD / 32);
-      const int box = c0 / 64, ch = c0 % 64 / 8, within = c0 % 8;
-      const unsigned char* vp =
-          vt + box * BN * 128 + vr * 128 + ((ch ^ (vr % 8)) * 16) + within * 2;
-      float v[HD / 32];
-      if constexpr (HD == 128) {
-        const uint2 u = *reinterpret_cast<const uint2*>(vp);
-        const float2 v01 = bitsPair(u.x), v23 = bitsPair(u.y);
-        v[0] = v01.x;
-        v[1] = v01.y;
-        v[2] = v23.x;
-        v[3] = v23.y;
-      } else {
-        const float2 v01 = bitsPair(*reinterpret_cast<const unsigned*>(vp));
-        v[0] = v01.x;
-        v[1] = v01.y;
-      }
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float mNew = fmaxf(m, mx);
+    const float use = mNew == -INFINITY ? 0.0f : mNew;
+    const float corr = exp2Approx(m - use);
+    float sum = 0.0f;
 #pragma unroll
-      for (int r = 0; r < R; ++r) {
-        const float pr = pw[w][r][j];
+    for (int e = 0; e < 4; ++e) {
+      x[e] = exp2Approx(x[e] - use);
+      sum += x[e];
+    }
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    l = l * corr + sum;
+    m = mNew;
+    const unsigned pa[4] = {pairBits(x[0], x[1]), 0u, pairBits(x[2], x[3]), 0u};
 #pragma unroll
-        for (int e = 0; e < HD / 32; ++e)
-          o[r][e] = fmaf(pr, v[e], o[r][e]);
+    for (int e = 0; e < HD / 16; ++e) {
+      unsigned vf[4];
+      ldmatrixX4Trans(vf, vt + at(16 * w + (lane / 8) % 2 * 8 + lane % 8, 16 * e + (lane / 16) * 8));
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        o[2 * e + h][0] *= corr;
+        o[2 * e + h][1] *= corr;
+        mma16816(o[2 * e + h], pa, vf[2 * h], vf[2 * h + 1]);
       }
     }
     __syncwarp();
@@ -602,15 +569,16 @@ template <class D, class T> __device__ __forceinline__ void flashDecode(const Fp
   // Combine the four warps' states: every load has landed and been read (the producer issued
   // only the tiles the consumers waited for), so the ring holds them now.
   namedBarrier(1, 128);
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    if (lane == 0) {
-      mw[w][r] = m[r];
-      lw[w][r] = l[r];
+  if (qr < R) {
+    if (lane % 4 == 0) {
+      mw[w][qr] = m;
+      lw[w][qr] = l;
     }
 #pragma unroll
-    for (int e = 0; e < HD / 32; ++e)
-      ow[(w * R + r) * HD + lane * (HD / 32) + e] = o[r][e];
+    for (int e = 0; e < HD / 8; ++e) {
+      ow[(w * R + qr) * HD + 8 * e + qc] = o[e][0];
+      ow[(w * R + qr) * HD + 8 * e + qc + 1] = o[e][1];
+    }
   }
   namedBarrier(1, 128);
   if (ct >= HD)

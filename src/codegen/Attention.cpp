@@ -214,7 +214,7 @@ KernelUnit generateFlashDecode(const ir::Graph& g, ir::Vertex v, const CodegenOp
                              std::to_string(rows) + " query rows per KV head, 64-key tiles, " +
                                  std::to_string(splits) + " splits of " +
                                  std::to_string(splitTiles) + " tiles" +
-                                 (splits > 1 ? ", merged by a second launch" : "")))
+                                 (splits > 1 ? ", merged by each KV head's last CTA" : "")))
        << "#include \"fpat_flash.cuh\"\n\nnamespace {\n\n"
        << dimsStruct(g, v, s, mask, zero,
                      "  static constexpr int kSplits = " + std::to_string(splits) +
@@ -223,8 +223,8 @@ KernelUnit generateFlashDecode(const ir::Graph& g, ir::Vertex v, const CodegenOp
        << "extern \"C\" __global__ void __launch_bounds__(160)\n"
        << u.name << "(const __grid_constant__ FpatTmaArgs p) {\n"
        << "  fpat::flashDecode<Dims, Tile>(p);\n}\n";
-  // fpat::DecodeTile::SMEM_BYTES: three stages of 64-key K and V tiles, q in f32, alignment.
-  const int smemBytes = static_cast<int>(3 * 2 * 64 * d * 2 + kDecodeRows * (d + 8) * 4 + 1024);
+  // fpat::DecodeTile::SMEM_BYTES: three stages of 64-key K and V tiles, and alignment.
+  const int smemBytes = static_cast<int>(3 * 2 * 64 * d * 2 + 1024);
   Launch l{Launch::Fixed, u.name, 160, smemBytes, {}};
   l.blocks[0] = splits;
   l.blocks[1] = s.kvHeads;
@@ -232,17 +232,8 @@ KernelUnit generateFlashDecode(const ir::Graph& g, ir::Vertex v, const CodegenOp
   l.tma = {TmaMap{1, s.kvHeads * d, s.batch * s.sk, 64, 64},
            TmaMap{2, s.kvHeads * d, s.batch * s.sk, 64, 64}};
   u.launches.push_back(l);
-  if (splits > 1) {
-    body << "\nextern \"C\" __global__ void __launch_bounds__(" << d << ")\n"
-         << u.name << "_merge(const FpatKernelArgs a) {\n"
-         << "  fpat::flashDecodeCombine<Dims>(a);\n}\n";
-    Launch m{Launch::Fixed, u.name + "_merge", static_cast<int>(d), 0, {}};
-    m.blocks[0] = rows;
-    m.blocks[1] = s.kvHeads;
-    m.blocks[2] = s.batch;
-    u.launches.push_back(m);
-    u.scratchBytes = static_cast<size_t>(units * splits * rows * (d + 2)) * sizeof(float);
-  }
+  if (splits > 1) // partial results (fpat::decodeUnit), then a counter per (batch, KV head)
+    u.scratchBytes = static_cast<size_t>(units * splits * rows * (d + 2) + units) * sizeof(float);
   u.source = body.str();
   return u;
 }

@@ -202,7 +202,9 @@ Executor::Executor(cuda::Driver& drv, const CompiledGraph& cg) : drv_(drv), cg_(
       }
     }
     if (u.scratchBytes > 0) {
-      scratch_.push_back(drv_.alloc(u.scratchBytes));
+      const size_t halves = (u.scratchBytes + 1) / 2;
+      scratch_.push_back(drv_.alloc(2 * halves));
+      drv_.fill16(scratch_.back(), 0, halves);
       a.scratch[0] = reinterpret_cast<void*>(scratch_.back());
     }
     if (u.normStatsLaunch)

@@ -125,6 +125,50 @@ __device__ __forceinline__ unsigned addPairBits(unsigned a, unsigned b) {
   return r;
 }
 
+// mma.sync (sm_80+): ldmatrix fragments and m16n8k16 MMAs (the sm_80 GEMM, flash decode).
+__device__ __forceinline__ void ldmatrixX4(unsigned* r, const void* p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+#else
+  (void)r;
+  (void)p;
+  __trap();
+#endif
+}
+
+__device__ __forceinline__ void ldmatrixX4Trans(unsigned* r, const void* p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+#else
+  (void)r;
+  (void)p;
+  __trap();
+#endif
+}
+
+/// c (16x8, f32) += a (16x16, f16, row) * b (16x8, f16, col).
+__device__ __forceinline__ void mma16816(float* c, const unsigned* a, unsigned b0, unsigned b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." FPAT_MMA_AB "." FPAT_MMA_AB
+               ".f32 {%0, %1, %2, %3}, "
+               "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+  (void)c;
+  (void)a;
+  (void)b0;
+  (void)b1;
+  __trap();
+#endif
+}
+
 } // namespace fpat
 
 // Arithmetic of the lowered .fpat bodies (activations, epilogues). Every result is stored as
@@ -199,50 +243,6 @@ __device__ __forceinline__ float rcpGe1Fma(float b) {
   for (int i = 0; i < FPAT_RCP_STEPS; ++i)
     r = __fmaf_rn(r, __fmaf_rn(-b, r, 1.0f), r);
   return b > 0x1p125f ? 0.0f : r;
-}
-
-// mma.sync (sm_80+): ldmatrix fragments and m16n8k16 MMAs (the sm_80 GEMM, flash decode).
-__device__ __forceinline__ void ldmatrixX4(unsigned* r, const void* p) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(a));
-#else
-  (void)r;
-  (void)p;
-  __trap();
-#endif
-}
-
-__device__ __forceinline__ void ldmatrixX4Trans(unsigned* r, const void* p) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(a));
-#else
-  (void)r;
-  (void)p;
-  __trap();
-#endif
-}
-
-/// c (16x8, f32) += a (16x16, f16, row) * b (16x8, f16, col).
-__device__ __forceinline__ void mma16816(float* c, const unsigned* a, unsigned b0, unsigned b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." FPAT_MMA_AB "." FPAT_MMA_AB
-               ".f32 {%0, %1, %2, %3}, "
-               "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#else
-  (void)c;
-  (void)a;
-  (void)b0;
-  (void)b1;
-  __trap();
-#endif
 }
 
 } // namespace fpat

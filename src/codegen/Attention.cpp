@@ -210,11 +210,11 @@ KernelUnit generateFlashDecode(const ir::Graph& g, ir::Vertex v, const CodegenOp
   const int64_t zero[4] = {0, 0, 0, 0};
   std::ostringstream body;
   body << header("attention (flash decode)", o,
-                 headerLines("sm_90a: split keys, TMA, CUDA cores", s, mask,
+                 headerLines("sm_90a: split keys, TMA, mma.sync", s, mask,
                              std::to_string(rows) + " query rows per KV head, 64-key tiles, " +
                                  std::to_string(splits) + " splits of " +
                                  std::to_string(splitTiles) + " tiles" +
-                                 (splits > 1 ? ", merged by each KV head's last CTA" : "")))
+                                 (splits > 1 ? ", merged by a second launch" : "")))
        << "#include \"fpat_flash.cuh\"\n\nnamespace {\n\n"
        << dimsStruct(g, v, s, mask, zero,
                      "  static constexpr int kSplits = " + std::to_string(splits) +
@@ -232,8 +232,20 @@ KernelUnit generateFlashDecode(const ir::Graph& g, ir::Vertex v, const CodegenOp
   l.tma = {TmaMap{1, s.kvHeads * d, s.batch * s.sk, 64, 64},
            TmaMap{2, s.kvHeads * d, s.batch * s.sk, 64, 64}};
   u.launches.push_back(l);
-  if (splits > 1) // partial results (fpat::decodeUnit), then a counter per (batch, KV head)
-    u.scratchBytes = static_cast<size_t>(units * splits * rows * (d + 2) + units) * sizeof(float);
+  if (splits > 1) {
+    body << "\nextern \"C\" __global__ void __launch_bounds__(" << d << ")\n"
+         << u.name << "_merge(const FpatKernelArgs a) {\n"
+         << "  fpat::flashDecodeCombine<Dims>(a);\n}\n";
+    // Launched to overlap the splits' tail (programmatic dependent launch): its CTAs wait in
+    // fpat::waitPriorGrid for the partial results.
+    Launch m{Launch::Fixed, u.name + "_merge", static_cast<int>(d), 0, {}};
+    m.overlapsPrevious = true;
+    m.blocks[0] = rows;
+    m.blocks[1] = s.kvHeads;
+    m.blocks[2] = s.batch;
+    u.launches.push_back(m);
+    u.scratchBytes = static_cast<size_t>(units * splits * rows * (d + 2)) * sizeof(float);
+  }
   u.source = body.str();
   return u;
 }

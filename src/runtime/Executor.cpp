@@ -202,9 +202,7 @@ Executor::Executor(cuda::Driver& drv, const CompiledGraph& cg) : drv_(drv), cg_(
       }
     }
     if (u.scratchBytes > 0) {
-      const size_t halves = (u.scratchBytes + 1) / 2;
-      scratch_.push_back(drv_.alloc(2 * halves));
-      drv_.fill16(scratch_.back(), 0, halves);
+      scratch_.push_back(drv_.alloc(u.scratchBytes));
       a.scratch[0] = reinterpret_cast<void*>(scratch_.back());
     }
     if (u.normStatsLaunch)
@@ -391,8 +389,12 @@ void Executor::launch(bool weights, bool poison, size_t set) {
                     b.tmaArgs[set].get(), sizeof(FpatTmaArgs));
       continue;
     }
-    drv_.launch(b.fn, gx, gy, gz, static_cast<unsigned>(b.launch.threads), b.launch.smemBytes,
-                &args, sizeof args);
+    if (b.launch.overlapsPrevious)
+      drv_.launchOverlapping(b.fn, gx, gy, gz, static_cast<unsigned>(b.launch.threads),
+                             b.launch.smemBytes, &args);
+    else
+      drv_.launch(b.fn, gx, gy, gz, static_cast<unsigned>(b.launch.threads), b.launch.smemBytes,
+                  &args, sizeof args);
   }
 }
 

@@ -245,9 +245,8 @@ struct KernelUnit {
   // wgmma cooperative: compiled with the last wave split in k (lastWaveSplit planned one for
   // CodegenOptions::sms); the Executor passes such kernels a partial-sum workspace.
   bool splitLastWave = false;
-  // A private workspace of this many bytes in FpatKernelArgs::scratch[0], zeroed once when it
-  // is allocated: a kernel that keeps counters there leaves them zero (flash decode's partial
-  // results and the counters that find each KV head's last CTA).
+  // A private f32 workspace of this many bytes in FpatKernelArgs::scratch[0] (flash decode's
+  // partial results, merged by its second launch).
   size_t scratchBytes = 0;
 };
 

@@ -408,11 +408,12 @@ template <class D, class T> __device__ __forceinline__ void flashAttention(const
 // each: a producer warp streams K and V tiles by TMA into a three-stage ring, four consumer
 // warps take 16 keys of each tile apiece and keep their own online-softmax state, combined
 // through shared memory at the end. One split: the CTA writes the output; more: it writes its
-// unnormalised f32 O and (max, sum) per row to the workspace (a.scratch[0]), and the last CTA
-// of its (batch, KV head) merges them (no second launch). The products run on mma.sync with the R
-// rows padded to 16: the MMAs are cheap next to streaming the cache, where CUDA-core dot products
-// (q read from shared memory for every key) held session 34's kernel to 3.3-3.9 TB/s. Masks: none,
-// or causal (bottom-right: row i keeps keys j <= i + Sk - Sq).
+// unnormalised f32 O and (max, sum) per row to the workspace (a.scratch[0]), and
+// flashDecodeCombine merges the splits (a second launch: merging in the last CTA of each KV
+// head, serially, measured 10% slower at batch 1, session 35). The products run on mma.sync with
+// the R rows padded to 16: the MMAs are cheap next to streaming the cache, where CUDA-core dot
+// products (q read from shared memory for every key) held session 34's kernel to 3.3-3.9 TB/s.
+// Masks: none, or causal (bottom-right: row i keeps keys j <= i + Sk - Sq).
 
 template <int HD_> struct DecodeTile {
   static constexpr int BN = 64, HD = HD_, STAGES = 3, THREADS = 160, RMAX = 8;
@@ -424,42 +425,6 @@ template <int HD_> struct DecodeTile {
 template <class D> struct DecodeRows {
   static constexpr int G = static_cast<int>(D::H / D::Hkv), R = G * static_cast<int>(D::Sq);
 };
-
-/// The workspace row of split `split`'s partial result for row r of (batch b, KV head g); rows
-/// of HD + 2 floats (O unnormalised, then max and sum), followed by a counter per (b, g).
-template <class D> __device__ __forceinline__ int64_t decodeUnit(int b, int g, int split, int r) {
-  return ((static_cast<int64_t>(b) * D::Hkv + g) * D::kSplits + split) * DecodeRows<D>::R + r;
-}
-
-/// Writes column c of row r (query head g G + r / Sq, query row r % Sq) of batch b.
-template <class D>
-__device__ __forceinline__ void decodeStore(const FpatKernelArgs& a, int b, int g, int r, int c,
-                                            float x) {
-  constexpr int HD = static_cast<int>(D::Hd), G = DecodeRows<D>::G;
-  const int hh = r / static_cast<int>(D::Sq), i = r % static_cast<int>(D::Sq);
-  static_cast<elem*>(a.out)[((b * D::Sq + i) * D::H + g * G + hh) * HD + c] = fromF(x);
-}
-
-/// Merges the splits' partial results for row r of (b, g), column c. The partials come from
-/// other SMs: read through L2 (ld.global.cg), never from this SM's L1.
-template <class D>
-__device__ __forceinline__ void decodeMerge(const FpatKernelArgs& a, const float* part, int b,
-                                            int g, int r, int c) {
-  constexpr int HD = static_cast<int>(D::Hd);
-  float mx = -INFINITY;
-  for (int sp = 0; sp < D::kSplits; ++sp)
-    mx = fmaxf(mx, __ldcg(part + decodeUnit<D>(b, g, sp, r) * (HD + 2) + HD));
-  const float use = mx == -INFINITY ? 0.0f : mx;
-  float sum = 0.0f, acc = 0.0f;
-#pragma unroll 4
-  for (int sp = 0; sp < D::kSplits; ++sp) {
-    const float* u = part + decodeUnit<D>(b, g, sp, r) * (HD + 2);
-    const float f = exp2f(__ldcg(u + HD) - use);
-    sum += __ldcg(u + HD + 1) * f;
-    acc += __ldcg(u + c) * f;
-  }
-  decodeStore<D>(a, b, g, r, c, acc / sum);
-}
 
 template <class D, class T> __device__ __forceinline__ void flashDecode(const FpatTmaArgs& p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -479,6 +444,8 @@ template <class D, class T> __device__ __forceinline__ void flashDecode(const Fp
   const FpatKernelArgs& a = p.k;
   const int split = static_cast<int>(blockIdx.x), g = static_cast<int>(blockIdx.y),
             b = static_cast<int>(blockIdx.z);
+  if constexpr (D::kSplits > 1)
+    allowDependentGrid(); // the merge launch may start; it waits for this grid's results
   constexpr int tiles = static_cast<int>((D::Sk + BN - 1) / BN);
   const int t0 = split * D::kSplitTiles, t1 = min(t0 + D::kSplitTiles, tiles);
   if (threadIdx.x == 0) {
@@ -621,7 +588,6 @@ template <class D, class T> __device__ __forceinline__ void flashDecode(const Fp
   if (ct >= HD)
     return;
   const int c = ct;
-  float* const part = static_cast<float*>(a.scratch[0]);
   for (int r = 0; r < R; ++r) {
     float mx = -INFINITY;
     for (int q = 0; q < 4; ++q)
@@ -633,43 +599,49 @@ template <class D, class T> __device__ __forceinline__ void flashDecode(const Fp
       sum += lw[q][r] * f;
       acc += ow[(q * R + r) * HD + c] * f;
     }
+    const int hh = r / static_cast<int>(D::Sq), i = r % static_cast<int>(D::Sq);
     if constexpr (D::kSplits == 1) {
-      decodeStore<D>(a, b, g, r, c, acc / sum);
+      static_cast<elem*>(a.out)[((b * D::Sq + i) * D::H + g * G + hh) * HD + c] = fromF(acc / sum);
     } else {
-      float* const u = part + decodeUnit<D>(b, g, split, r) * (HD + 2);
-      u[c] = acc;
+      const int64_t unit = ((static_cast<int64_t>(b) * D::Hkv + g) * D::kSplits + split) * R + r;
+      float* const part = static_cast<float*>(a.scratch[0]);
+      part[unit * (HD + 2) + c] = acc;
       if (c == 0) {
-        u[HD] = mx;
-        u[HD + 1] = sum;
+        part[unit * (HD + 2) + HD] = mx;
+        part[unit * (HD + 2) + HD + 1] = sum;
       }
     }
-  }
-  if constexpr (D::kSplits > 1) {
-    // The last CTA of this (batch, KV head) to finish merges the splits (the pattern of CUDA's
-    // threadFenceReduction sample): each CTA makes its partials visible, then counts itself in
-    // the workspace's counter, which the last resets for the next run.
-    __shared__ bool lastOne;
-    __threadfence();
-    namedBarrier(2, HD);
-    if (c == 0) {
-      unsigned* const count =
-          reinterpret_cast<unsigned*>(part + decodeUnit<D>(D::B, 0, 0, 0) * (HD + 2)) + b * D::Hkv +
-          g;
-      lastOne = atomicAdd(count, 1u) == D::kSplits - 1;
-      if (lastOne)
-        *count = 0;
-    }
-    namedBarrier(2, HD);
-    if (!lastOne)
-      return;
-    __threadfence();
-    for (int r = 0; r < R; ++r)
-      decodeMerge<D>(a, part, b, g, r, c);
   }
 #else
   (void)p;
   __trap(); // compiled without sm_90a: the host never launches this
 #endif
+}
+
+/// Merges the decode kernel's splits: one block of HD threads per (row r, KV head, batch).
+template <class D> __device__ __forceinline__ void flashDecodeCombine(const FpatKernelArgs& a) {
+  constexpr int HD = static_cast<int>(D::Hd), G = DecodeRows<D>::G, R = DecodeRows<D>::R;
+  const int r = static_cast<int>(blockIdx.x), g = static_cast<int>(blockIdx.y),
+            b = static_cast<int>(blockIdx.z), c = static_cast<int>(threadIdx.x);
+  waitPriorGrid(); // launched to overlap the splits (codegen::Launch::overlapsPrevious)
+  const float* part = static_cast<const float*>(a.scratch[0]);
+  auto at = [&](int split) {
+    return part +
+           (((static_cast<int64_t>(b) * D::Hkv + g) * D::kSplits + split) * R + r) * (HD + 2);
+  };
+  float mx = -INFINITY;
+  for (int sp = 0; sp < D::kSplits; ++sp)
+    mx = fmaxf(mx, at(sp)[HD]);
+  const float use = mx == -INFINITY ? 0.0f : mx;
+  float sum = 0.0f, acc = 0.0f;
+  for (int sp = 0; sp < D::kSplits; ++sp) {
+    const float* u = at(sp);
+    const float f = exp2f(u[HD] - use);
+    sum += u[HD + 1] * f;
+    acc += u[c] * f;
+  }
+  const int hh = r / static_cast<int>(D::Sq), i = r % static_cast<int>(D::Sq);
+  static_cast<elem*>(a.out)[((b * D::Sq + i) * D::H + g * G + hh) * HD + c] = fromF(acc / sum);
 }
 
 } // namespace fpat

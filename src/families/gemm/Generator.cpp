@@ -258,8 +258,9 @@ GemmPlan planGemm(const ir::Graph& g, ir::Vertex v, const CodegenOptions& o) {
                           (u.K + t.bk - 1) / t.bk)
           : LastWaveSplit{};
   // The deferred norm's statistics: from a launch before the GEMM, which the GEMM overlaps, or
-  // (FPAT_NORM_STATS=loop) summed by the consumers from the A tiles of the main loop, which
-  // measured slower: the shared-memory reads beside the MMAs cost more than reading x once
+  // (FPAT_NORM_STATS=loop) summed from the A tiles of the main loop by the producer warpgroup's
+  // idle warps (by the consumers where those apply deferred epilogues). Summed by the consumers
+  // it measured slower: their shared-memory reads beside the MMAs cost more than reading x once
   // more (+18-29% over the plain GEMM against +5-10% at M >= 1024; bench/RESULTS.md, session 26).
   const char* statsEnv = std::getenv("FPAT_NORM_STATS");
   u.normStatsLaunch = deferNorm && !(statsEnv && std::string(statsEnv) == "loop");

@@ -89,7 +89,8 @@ struct WgmmaTile {
 /// epilogue goes through one (TILE), one BM x 64 box of a deferred epilogue's [M, N] operand
 /// (SIDE), plus 1 KB to align them to the 1024-byte swizzle atom. Mirrors
 /// codegen::gemmSmemBytes, codegen::wgmmaEpilogueTile and codegen::wgmmaSideBox.
-template <class T, bool TILE = false, bool SIDE = false> constexpr int wgmmaSmemBytes() {
+template <class T, bool TILE = false, bool SIDE = false>
+__host__ __device__ constexpr int wgmmaSmemBytes() {
   return T::STAGES * T::STAGE_BYTES + (TILE ? T::BM * T::BN * 2 : 0) + (SIDE ? T::BM * 128 : 0) +
          1024;
 }
@@ -116,17 +117,24 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
   //   allows 227 KB per block; 1 KB each for alignment and barriers);
   //   kDual: the dual GEMM, over the interleaved copy of its two weights (prepareWeightB with
   //   DUAL): N is that copy's columns here, a.N the result's;
-  //   kStats: the deferred norm's row sums taken in the main loop (else: a launch before).
+  //   kStats: the deferred norm's row sums taken from the main loop's A boxes (else: a launch
+  //   before), by the producer's idle warps (kProducerStats) unless they apply deferred
+  //   epilogues; then by the consumers.
   constexpr bool kTile = Epilogue::kTile;
   constexpr bool kPre = kTile && Epilogue::kStaged >= 0;
   constexpr bool kDefer = kTile && Epilogue::kDefer;
   constexpr bool kSide = kDefer && kPre;
-  constexpr int kSlabs = T::CONSUMERS * 4;
-  constexpr bool kStagedStore =
-      !kTile && T::STAGES * T::STAGE_BYTES + 1024 + kSlabs * kSlabRows * kSlabPitch * 2 + 1024 <=
-                    FPAT_SM90_SMEM_BYTES;
-  constexpr bool kDual = DualEpilogue<Epilogue>::value;
   constexpr bool kStats = Epilogue::kNorm != 0 && Epilogue::kNormStats;
+  constexpr bool kProducerStats =
+      kStats && !kDefer &&
+      wgmmaSmemBytes<T, kTile, kSide>() + sizeof(WgmmaStats<BM>) + 1024 <= FPAT_SM90_SMEM_BYTES;
+  constexpr int kStatsBytes = kProducerStats ? sizeof(WgmmaStats<BM>) : 0;
+  constexpr int kSlabs = T::CONSUMERS * 4;
+  constexpr bool kStagedStore = !kTile && T::STAGES * T::STAGE_BYTES + 1024 +
+                                                  kSlabs * kSlabRows * kSlabPitch * 2 + 1024 +
+                                                  kStatsBytes <=
+                                              FPAT_SM90_SMEM_BYTES;
+  constexpr bool kDual = DualEpilogue<Epilogue>::value;
   // The last wave split in k: cooperative tiles without clusters, where the code generator
   // planned it.
   constexpr bool kSplitLast = !T::PINGPONG && CL == 1 && Epilogue::kSplit;
@@ -141,6 +149,7 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
   extern __shared__ __align__(1024) unsigned char smemRaw[];
   __shared__ __align__(8) uint64_t full[S], empty[S], order[2], tileFull, tileEmpty, sideFull;
   __shared__ __align__(16) elem epiSlab[kStagedStore ? kSlabs : 1][kSlabRows * kSlabPitch];
+  __shared__ __align__(16) WgmmaStats<kProducerStats ? BM : 1> stats;
   const WgmmaSmem<T> sm{smemRaw + ((1024 - (smemAddr(smemRaw) & 1023)) & 1023),
                         full,
                         empty,
@@ -167,7 +176,14 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
       // Every consumer warp that reads a stage releases it: all consumers (cooperative) or the
       // one that owns the tile (ping-pong). In clusters one thread per consumer warpgroup
       // releases it, in every CTA of the cluster (remote arrivals are costly).
-      mbarInit(&empty[s], (T::PINGPONG ? 1 : T::CONSUMERS) * (CL == 1 ? 4 : CL));
+      mbarInit(&empty[s], (T::PINGPONG ? 1 : T::CONSUMERS) * (CL == 1 ? 4 : CL) +
+                              (kProducerStats ? 3 : 0)); // the statistics warps, this CTA's
+    }
+    if constexpr (kProducerStats) {
+      for (int b = 0; b < 2; ++b) {
+        mbarInit(&stats.full[b], 96);
+        mbarInit(&stats.empty[b], 128 * (T::PINGPONG ? 1 : T::CONSUMERS));
+      }
     }
     mbarInit(&order[0], 1);
     mbarInit(&order[1], 1);
@@ -184,13 +200,18 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
 
   if (wg == 0) {
     // Producer: one thread issues every copy; the other 127 only give their registers away,
-    // or, with kDefer, three of their warps apply the deferred epilogues.
+    // or, with kDefer, three of their warps apply the deferred epilogues, or with
+    // kProducerStats sum the deferred norm's row statistics.
     if constexpr (T::CONSUMERS == 2)
       asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
     if (threadIdx.x == 0)
       produceStages<T, TRANS_B, kPre, kSide>(p, sm, sched);
     else if (kDefer && threadIdx.x >= 32)
       helperEpilogues<T, Epilogue, kSide>(p, sm, sched);
+    else if constexpr (kProducerStats) {
+      if (threadIdx.x >= 32)
+        producerRowStats<T, Epilogue::kNorm>(sm, sched, stats, a.eps);
+    }
   } else {
     if constexpr (T::CONSUMERS == 2)
       asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
@@ -226,12 +247,13 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
       sched.coords(t, tm, tn);
       // Rows of the tile this consumer computes: its 64 (cooperative) or all BM (ping-pong).
       const int row0 = T::PINGPONG ? 0 : c * 64 * MI;
-      consumeStages<T, TRANS_B, kPre, kStats, Epilogue::kNorm>(sm, sched, d, sums, t, k0, k1, first,
-                                                               c, tiled);
+      consumeStages<T, TRANS_B, kPre, kStats && !kProducerStats, Epilogue::kNorm>(
+          sm, sched, d, sums, t, k0, k1, first, c, tiled);
       if (sched.sk && t >= sched.dpTiles && exchangePartials<T>(a, sched, d, t, w, k1, c))
         continue;
       if constexpr (Epilogue::kNorm != 0)
-        applyDeferredNorm<T, Epilogue::kNorm, kStats>(a, sched, sums, d, tm, tn, row0);
+        applyDeferredNorm<T, Epilogue::kNorm, kStats ? (kProducerStats ? 2 : 1) : 0>(
+            a, sched, sums, stats, local, d, tm, tn, row0);
       if constexpr (kDual)
         storeDual<T>(a, epi, d, slab, M, tm, tn, row0);
       else if constexpr (kTile)

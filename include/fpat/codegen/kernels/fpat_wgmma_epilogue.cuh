@@ -149,18 +149,31 @@ __device__ __forceinline__ bool exchangePartials(const FpatKernelArgs& a, const 
 /// rows of x with gamma folded into B, so each accumulator becomes rstd[row] * (acc -
 /// mean[row] colsum[col]) + (beta W)[col], or rstd[row] * acc, before any epilogue (the helpers
 /// of a deferred tile then see the normalised GEMM, as rounded as the unfused one's). The
-/// statistics come from the main loop's row sums (STATS) or from the launch before, which this
-/// kernel overlaps.
-template <class T, int NORM, bool STATS, class Sched>
-__device__ __forceinline__ void applyDeferredNorm(const FpatKernelArgs& a, const Sched& sched,
-                                                  const WgmmaRowSums<T::MI, NORM>& sums,
-                                                  float (&d)[T::MI][T::BN / 2], int tm, int tn,
-                                                  int row0) {
+/// statistics come from the launch before, which this kernel overlaps (FROM 0), from the
+/// consumer's own row sums (1) or from the producer's statistics warps (2: `stats`, item
+/// `local`'s buffer).
+template <class T, int NORM, int FROM, class Sched, class Stats>
+__device__ __forceinline__ void
+applyDeferredNorm(const FpatKernelArgs& a, const Sched& sched,
+                  const WgmmaRowSums<T::MI, NORM>& sums, Stats& stats, int local,
+                  float (&d)[T::MI][T::BN / 2], int tm, int tn, int row0) {
   constexpr int MI = T::MI, BN = T::BN;
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, M = sched.M;
   float rs[MI][2], mr[MI][2];
-  if constexpr (STATS) {
+  if constexpr (FROM == 1) {
     sums.finish(sched.K, sched.KT, T::BK, a.eps, rs, mr);
+  } else if constexpr (FROM == 2) {
+    const int b = local & 1;
+    sm90::mbarWait(&stats.full[b], (local >> 1) & 1);
+#pragma unroll
+    for (int m = 0; m < MI; ++m)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float2 s = stats.out[b][row0 + m * 64 + warp * 16 + lane / 4 + 8 * h];
+        rs[m][h] = s.x;
+        mr[m][h] = s.y;
+      }
+    sm90::mbarArrive(&stats.empty[b]);
   } else {
     waitPriorGrid();
 #pragma unroll

@@ -316,7 +316,9 @@ public:
     for (const Record* r : rk.defsOf("Pattern"))
       pattern(*r);
     for (const Record* r : rk.defsOf("Raise"))
-      raise(*r);
+      raise(*r, false);
+    for (const Record* r : rk.defsOf("Rewrite"))
+      raise(*r, true);
     return ok;
   }
 
@@ -468,8 +470,8 @@ private:
              std::string("operands in a match are $bindings or (op ...) trees") +
                  (literals ? " or numbers" : "") + ", not " + arg.str());
         if (arg.kind == Value::Float || arg.kind == Value::Int)
-          diags.note(p.loc, "numbers match constants of the graph in Raise patterns only; a fused "
-                            "kernel's epilogue reads tensors");
+          diags.note(p.loc, "numbers match constants of the graph in Raise and Rewrite patterns "
+                            "only; a fused kernel's epilogue reads tensors");
         good = false;
       }
       node.operands.push_back(std::move(child));
@@ -573,29 +575,33 @@ private:
     lib.patterns.push_back(std::move(p));
   }
 
-  /// A Raise pattern: a match tree (numbers in it match constants of the graph) and the tree
-  /// of IR ops it becomes, run before fusion to turn an exporter's decompositions into IR ops.
-  void raise(const Record& r) {
+  /// A Raise pattern (or, with `rewrite`, a Rewrite): a match tree (numbers in it match
+  /// constants of the graph) and the tree of IR ops it becomes. Raises turn an exporter's
+  /// decompositions into IR ops before fusion; rewrites run after them, and where their
+  /// constraints ask for weights, the ops of their results that read weights alone are
+  /// computed once per set of weights (ir::weightOnly).
+  void raise(const Record& r, bool rewrite) {
+    const std::string what = rewrite ? "rewrite" : "raise";
     PatternDef p;
     p.name = r.name;
     p.loc = r.loc;
     p.order = r.order;
     const Field* m = r.field("match");
     if (!m || m->value->kind != Value::Dag) {
-      fail(r.loc, "raise '" + r.name + "' has no match tree");
+      fail(r.loc, what + " '" + r.name + "' has no match tree");
       return;
     }
-    if (!smallEnough(*m->value, "the match of raise '" + r.name + "'"))
+    if (!smallEnough(*m->value, "the match of " + what + " '" + r.name + "'"))
       return;
     std::map<std::string, std::string> bound;
     if (!matchTree(*m->value, p.root, p, bound, /*literals=*/true) || !constraints(r, bound, p))
       return;
     const Field* res = r.field("result");
     if (!res || res->value->kind != Value::Dag) {
-      fail(r.loc, "raise '" + r.name + "' has no result tree");
+      fail(r.loc, what + " '" + r.name + "' has no result tree");
       return;
     }
-    if (!smallEnough(*res->value, "the result of raise '" + r.name + "'") ||
+    if (!smallEnough(*res->value, "the result of " + what + " '" + r.name + "'") ||
         !resultTree(*res->value, p.result, p, bound))
       return;
     const int64_t benefit = intField(r, "benefit", -1);
@@ -605,7 +611,7 @@ private:
     }
     p.benefit = benefit == -1 ? p.numOps : static_cast<int>(benefit);
     p.singleUse = intField(r, "single_use", 1) != 0;
-    lib.raises.push_back(std::move(p));
+    (rewrite ? lib.rewrites : lib.raises).push_back(std::move(p));
   }
 
   /// A raise's result: IR ops over the match's bindings; after an op's operands come its
@@ -624,6 +630,8 @@ private:
       arity = o->operands;
       if (isNorm(o->kind))
         attrNames = {"eps"};
+      else if (o->kind == ir::OpKind::Gemm)
+        attrNames = {"transpose_b"}; // 1: B is stored [N, K]
     } else if (opRec->isA("Activation")) {
       node.kind = ir::OpKind::Activation;
       node.fn = opRec->name;
@@ -697,19 +705,40 @@ private:
         k.loc = at;
         if (!op->isA("Predicate") ||
             (op->name != "dtype" && op->name != "divisible" && op->name != "rank" &&
-             op->name != "half_slice")) {
-          fail(at, "'" + op->name + "' is not a predicate (dtype, divisible, rank, half_slice)");
+             op->name != "half_slice" && op->name != "weight" && op->name != "b_layout")) {
+          fail(at, "'" + op->name +
+                       "' is not a predicate (dtype, divisible, rank, half_slice, weight, "
+                       "b_layout)");
           continue;
         }
-        const size_t want = op->name == "divisible" ? 4 : 3;
+        const size_t want = op->name == "divisible" ? 4 : op->name == "weight" ? 2 : 3;
         if (dag->items.size() != want) {
-          fail(at, "'" + op->name + "' takes " + std::to_string(want - 1) + " arguments");
+          fail(at, "'" + op->name + "' takes " + std::to_string(want - 1) + " argument" +
+                       (want == 2 ? "" : "s"));
           continue;
         }
         if (!requireLeafOrNode(*dag->items[1], bound, "(" + op->name + " ...)", r))
           continue;
         k.binding = dag->items[1]->s;
-        if (op->name == "dtype") {
+        if (op->name == "weight") {
+          k.kind = Constraint::Weight;
+        } else if (op->name == "b_layout") {
+          k.kind = Constraint::Layout;
+          const MatchNode* n = findNode(p.root, k.binding);
+          if (!n || n->leaf || n->kind != ir::OpKind::Gemm) {
+            fail(dag->items[1]->loc.valid() ? dag->items[1]->loc : at,
+                 "(b_layout $g, ...) needs a gemm of the match, named as (gemm ...):$" + k.binding);
+            continue;
+          }
+          const Value& l = *dag->items[2];
+          if (l.kind != Value::String || (l.s != "kn" && l.s != "nk")) {
+            fail(l.loc.valid() ? l.loc : at,
+                 "b_layout must be \"kn\" (B stored [K, N]) or \"nk\" (B stored [N, K]), not " +
+                     l.str());
+            continue;
+          }
+          k.dim = l.s == "nk";
+        } else if (op->name == "dtype") {
           k.kind = Constraint::Dtype;
           auto dt = dag->items[2]->kind == Value::String ? ir::parseDType(dag->items[2]->s)
                                                          : std::nullopt;
@@ -833,6 +862,16 @@ private:
                  ", but the match computes " + join(derived));
     diags.note(p.root.loc, "the epilogue is derived from this match; the list can be left out");
     return false;
+  }
+
+  /// The node of `n`'s tree bound to `binding`, or null.
+  static const MatchNode* findNode(const MatchNode& n, const std::string& binding) {
+    if (n.binding == binding)
+      return &n;
+    for (const MatchNode& c : n.operands)
+      if (const MatchNode* f = findNode(c, binding))
+        return f;
+    return nullptr;
   }
 
   bool requireLeafOrNode(const Value& v, const std::map<std::string, std::string>& bound,

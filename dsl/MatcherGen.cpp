@@ -26,8 +26,10 @@ const char* opcodeName(uint8_t opc) {
                                 "OPC_Complete",
                                 "OPC_CheckConstant",
                                 "OPC_CheckRank",
-                                "OPC_CheckHalf"};
-  return opc <= OPC_CheckHalf ? names[opc] : "?";
+                                "OPC_CheckHalf",
+                                "OPC_CheckWeight",
+                                "OPC_CheckLayout"};
+  return opc <= OPC_CheckLayout ? names[opc] : "?";
 }
 
 bool constantMatches(double graphValue, double literal) {
@@ -69,9 +71,14 @@ public:
         prog_.push_back({{OPC_CheckDtype, slot, static_cast<uint8_t>(c.dtype)},
                          "$" + c.binding + " is " + ir::dtypeName(c.dtype)});
       } else if (c.kind == Constraint::Half) {
-        prog_.push_back({{OPC_CheckHalf, slot, static_cast<uint8_t>(c.dim)},
-                         "$" + c.binding + " is the " + (c.dim ? "second" : "first") +
-                             " half of its operand"});
+        prog_.push_back(
+            {{OPC_CheckHalf, slot, static_cast<uint8_t>(c.dim)},
+             "$" + c.binding + " is the " + (c.dim ? "second" : "first") + " half of its operand"});
+      } else if (c.kind == Constraint::Weight) {
+        prog_.push_back({{OPC_CheckWeight, slot}, "$" + c.binding + " is computed from weights"});
+      } else if (c.kind == Constraint::Layout) {
+        prog_.push_back({{OPC_CheckLayout, slot, static_cast<uint8_t>(c.dim)},
+                         "$" + c.binding + " reads B as " + (c.dim ? "[N, K]" : "[K, N]")});
       } else if (c.kind == Constraint::Rank) {
         prog_.push_back({{OPC_CheckRank, slot, static_cast<uint8_t>(c.dim)},
                          "$" + c.binding + " has rank " + std::to_string(c.dim)});
@@ -440,6 +447,12 @@ void listing(const MatcherTable& t, std::ostream& os, bool asCpp) {
       case OPC_CheckHalf:
         line(3, t.bytes[pos + 2] ? "second half" : "first half");
         break;
+      case OPC_CheckWeight:
+        line(2, "weight");
+        break;
+      case OPC_CheckLayout:
+        line(3, t.bytes[pos + 2] ? "B [N, K]" : "B [K, N]");
+        break;
       case OPC_Complete: {
         const PatternMeta& m = t.patterns.at(u16(pos + 1));
         line(3, m.name + ": " + m.file + ":" + std::to_string(m.line) + ", benefit " +
@@ -478,11 +491,13 @@ size_t instructionLength(const std::vector<uint8_t>& b, size_t pos) {
   case OPC_CheckKind:
   case OPC_MoveChild:
   case OPC_CheckSame:
+  case OPC_CheckWeight:
     return 2;
   case OPC_CheckActivation:
   case OPC_CheckDtype:
   case OPC_CheckRank:
   case OPC_CheckHalf:
+  case OPC_CheckLayout:
   case OPC_Complete:
     return 3;
   case OPC_CheckDivisible:

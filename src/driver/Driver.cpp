@@ -227,8 +227,9 @@ std::optional<dsl::Compilation> compilePatterns(const std::string& path, SourceM
 /// Everything the pattern side contributes to a run.
 struct Patterns {
   dsl::MatcherTable table;
-  dsl::MatcherTable raiseTable; // Raise patterns, run before fusion
-  dsl::PatternLibrary library;  // activation bodies, for codegen
+  dsl::MatcherTable raiseTable;   // Raise patterns, run before fusion
+  dsl::MatcherTable rewriteTable; // Rewrite patterns, run after raising
+  dsl::PatternLibrary library;    // activation bodies, for codegen
   ir::ActivationSet activations;
   ir::ActivationLibrary reference;
   size_t userPatterns = 0;
@@ -289,19 +290,27 @@ bool loadPatterns(const FpatcOptions& opts, SourceManager& sm, DiagEngine& diags
       }
       lib.activations.push_back(a);
     }
-    for (const dsl::PatternDef& r : user->library.raises) {
+    // Raise and Rewrite rules share one namespace: --explain names them alike.
+    auto addRule = [&](const dsl::PatternDef& r, std::vector<dsl::PatternDef>& into,
+                       const char* what) {
       if (isBuiltin(r.loc))
-        continue;
-      auto prev = std::find_if(lib.raises.begin(), lib.raises.end(),
-                               [&](const dsl::PatternDef& d) { return d.name == r.name; });
-      if (prev != lib.raises.end()) {
-        diags.error(r.loc, "raise '" + r.name + "' is already defined");
-        diags.note(prev->loc, "previous definition is here");
-        clashed = true;
-        continue;
+        return;
+      for (const std::vector<dsl::PatternDef>* rules : {&lib.raises, &lib.rewrites}) {
+        auto prev = std::find_if(rules->begin(), rules->end(),
+                                 [&](const dsl::PatternDef& d) { return d.name == r.name; });
+        if (prev != rules->end()) {
+          diags.error(r.loc, std::string(what) + " '" + r.name + "' is already defined");
+          diags.note(prev->loc, "previous definition is here");
+          clashed = true;
+          return;
+        }
       }
-      lib.raises.push_back(r);
-    }
+      into.push_back(r);
+    };
+    for (const dsl::PatternDef& r : user->library.raises)
+      addRule(r, lib.raises, "raise");
+    for (const dsl::PatternDef& r : user->library.rewrites)
+      addRule(r, lib.rewrites, "rewrite");
     if (clashed)
       return false;
     dsl::MatcherTable userTable = dsl::compileMatcherTable(mine, sm, diags);
@@ -323,6 +332,9 @@ bool loadPatterns(const FpatcOptions& opts, SourceManager& sm, DiagEngine& diags
   dsl::PatternLibrary raises;
   raises.patterns = lib.raises;
   p.raiseTable = dsl::compileMatcherTable(raises, sm, diags);
+  dsl::PatternLibrary rewrites;
+  rewrites.patterns = lib.rewrites;
+  p.rewriteTable = dsl::compileMatcherTable(rewrites, sm, diags);
   p.activations = lib.activationSet();
   p.reference = lib.referenceActivations();
   p.library = std::move(lib);
@@ -1035,6 +1047,53 @@ bool fuseStage(const FpatcOptions& opts, const Patterns& pats, const ir::Graph& 
   return after.empty();
 }
 
+/// Applies the weight rewrites to `g` (steps in `rewrites`) and says what they did; 0, or the
+/// exit code of a failure.
+int rewriteWeights(const FpatcOptions& opts, const Patterns& pats, ir::Graph& g,
+                   std::vector<match::RaiseStep>& rewrites, std::ostream& out, std::ostream& err) {
+  if (!opts.fuse || opts.noRewrite || pats.library.rewrites.empty())
+    return 0;
+  try {
+    g = match::applyRewrites(g, pats.rewriteTable, pats.library, &rewrites);
+  } catch (const match::RaiseError& e) {
+    err << "fpatc: error: " << e.what() << "\n";
+    return 1;
+  }
+  auto after = ir::validate(g, pats.activations);
+  for (const std::string& p : after)
+    err << "fpatc: internal error: the rewritten graph is invalid: " << p << '\n';
+  if (!after.empty())
+    return 70;
+  if (!opts.emit.empty() || (rewrites.empty() && !opts.explain))
+    return 0;
+  const std::vector<bool> fixed = ir::weightOnly(g);
+  std::vector<ir::Vertex> folded;
+  for (ir::Vertex v : g.vertices())
+    if (fixed[v] && g.op(v).kind != ir::OpKind::Input && g.op(v).kind != ir::OpKind::Constant)
+      folded.push_back(v);
+  out << "== rewrite: " << rewrites.size() << " weight rewrite" << (rewrites.size() == 1 ? "" : "s")
+      << ", " << folded.size() << " op" << (folded.size() == 1 ? "" : "s")
+      << " computed once per set of weights\n";
+  for (const match::RaiseStep& st : rewrites)
+    out << "  %" << st.root << " = " << st.pattern << " (" << st.ops << " ops)\n";
+  for (ir::Vertex v : folded)
+    out << "  weights only: %" << g.op(v).name << " = " << g.op(v).kind << "\n";
+  if (!opts.explain)
+    return 0;
+  // Where a rule came close: a value that is given at run time, a B in the other layout.
+  std::vector<match::Attempt> near = match::raiseNearMisses(g, pats.rewriteTable);
+  out << "  rewrite rules not applied, each at its closest attempt"
+      << (near.empty() ? ": none came past an op's kind" : ", closest first:") << "\n";
+  for (const match::Attempt& a : near) {
+    auto meta = std::find_if(pats.rewriteTable.patterns.begin(), pats.rewriteTable.patterns.end(),
+                             [&](const dsl::PatternMeta& m) { return m.name == a.pattern; });
+    out << "    at %" << g.op(a.root).name << ": " << a.pattern << " (" << meta->file << ":"
+        << meta->line << ", " << static_cast<int>(a.progress * 100)
+        << "% of its checks): " << a.failure << "\n";
+  }
+  return 0;
+}
+
 /// The CPU reference (sampled rows where exact) and the checks after it: the raised graph vs
 /// the graph as given, the f16 graph vs the f32 model, the fused graph vs the unfused one.
 /// Returns 1 when a check fails, else 0.
@@ -1289,6 +1348,7 @@ int runFpatc(const FpatcOptions& opts, std::ostream& out, std::ostream& err) {
     }
     if (opts.explain && opts.emit.empty()) {
       // What raising left, where a rule came close: the decomposition a user expected raised.
+      // (After rewriting, below: a rewrite's result is no decomposition.)
       std::vector<match::Attempt> near = match::raiseNearMisses(*g, pats.raiseTable);
       out << (steps.empty() ? "== raise: nothing raised\n" : "")
           << "  raise rules not applied, each at its closest attempt"
@@ -1302,6 +1362,12 @@ int runFpatc(const FpatcOptions& opts, std::ostream& out, std::ostream& err) {
       }
     }
   }
+
+  // Weight rewrites (Rewrite patterns): algebra that moves work onto weights, whose ops of
+  // weights alone then run once per set of weights. Checked against the graph as given too.
+  std::vector<match::RaiseStep> rewrites;
+  if (int rc = rewriteWeights(opts, pats, *g, rewrites, out, err); rc != 0)
+    return rc;
 
   // What cannot work is said before any work is done. The GPU kernels take f16 or bf16 only:
   // f32 graphs can be fused and checked on the CPU (--no-compile), not compiled.
@@ -1389,7 +1455,7 @@ int runFpatc(const FpatcOptions& opts, std::ostream& out, std::ostream& err) {
   std::vector<ir::Tensor> vals;
   std::vector<ir::Tensor> modelOutputs; // the f32 model's, per output (sampled like vals)
   if (opts.reference)
-    rc = referenceStage(opts, pats, *g, given, !steps.empty(), model, fused,
+    rc = referenceStage(opts, pats, *g, given, !steps.empty() || !rewrites.empty(), model, fused,
                         opts.fuse && !mr.matches.empty(), sample, notSampled, inputs, inputsSaid,
                         vals, modelOutputs, out);
   if (opts.compile) {

@@ -564,6 +564,34 @@ std::optional<std::vector<Vertex>> topologicalOrder(const Graph& g, std::vector<
   return rev;
 }
 
+std::vector<bool> weightOnly(const Graph& g) {
+  std::vector<bool> w(g.size(), false);
+  auto order = stableOrder(g);
+  if (!order)
+    return w;
+  for (Vertex v : *order) {
+    const Op& op = g.op(v);
+    const std::vector<Vertex> ins = g.operands(v);
+    w[v] = op.kind == OpKind::Input
+               ? op.weight
+               : op.kind == OpKind::Constant ||
+                     (!ins.empty() &&
+                      std::all_of(ins.begin(), ins.end(), [&](Vertex u) { return bool(w[u]); }));
+  }
+  return w;
+}
+
+bool isWeightOnly(const Graph& g, Vertex v) {
+  const Op& op = g.op(v);
+  if (op.kind == OpKind::Input)
+    return op.weight;
+  if (op.kind == OpKind::Constant)
+    return true;
+  const std::vector<Vertex> ins = g.operands(v);
+  return !ins.empty() &&
+         std::all_of(ins.begin(), ins.end(), [&](Vertex u) { return isWeightOnly(g, u); });
+}
+
 std::optional<std::vector<Vertex>> stableOrder(const Graph& g) {
   std::vector<Vertex> order = g.vertices();
   for (Vertex v : order)

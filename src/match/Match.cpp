@@ -179,6 +179,31 @@ private:
                                "; the pattern requires rank " + std::to_string(rank));
         break;
       }
+      case OPC_CheckWeight: {
+        Vertex v = s.slots.at(b[pos + 1]);
+        if (weights_.empty())
+          weights_ = ir::weightOnly(g_);
+        if (!weights_[v])
+          return fail(why, ref(v) + " is " +
+                               (g_.op(v).kind == ir::OpKind::Input
+                                    ? std::string("an input given at run time")
+                                    : "computed from values given at run time") +
+                               "; the pattern needs a weight, or a value of weights alone");
+        break;
+      }
+      case OPC_CheckLayout: {
+        Vertex v = s.slots.at(b[pos + 1]);
+        const bool nk = b[pos + 2] != 0;
+        const ir::Op& op = g_.op(v);
+        if (op.kind != ir::OpKind::Gemm || op.transposeB != nk)
+          return fail(
+              why, ref(v) +
+                       (op.kind != ir::OpKind::Gemm
+                            ? " is " + what(v) + ", not a gemm"
+                            : std::string(" reads B as ") + (op.transposeB ? "[N, K]" : "[K, N]")) +
+                       "; the pattern needs a gemm reading B as " + (nk ? "[N, K]" : "[K, N]"));
+        break;
+      }
       case OPC_CheckHalf: {
         Vertex v = s.slots.at(b[pos + 1]);
         const int second = b[pos + 2];
@@ -247,8 +272,9 @@ private:
   const MatcherTable& t_;
   const MatchOptions& opts_;
   const std::vector<int>& claimedBy_;
-  size_t pos_ = 0;     // the check being run (for failPos)
-  size_t failPos_ = 0; // where the first described failure stood
+  std::vector<bool> weights_; // ir::weightOnly, once a pattern asks
+  size_t pos_ = 0;            // the check being run (for failPos)
+  size_t failPos_ = 0;        // where the first described failure stood
   bool specific_ = false, failSpecific_ = false;
 };
 
@@ -815,6 +841,8 @@ std::optional<Vertex> buildResult(const Graph& g, Graph& out, const std::vector<
   std::vector<std::string> attrNames;
   if (n.kind == ir::OpKind::LayerNorm || n.kind == ir::OpKind::RmsNorm)
     attrNames = {"eps"};
+  else if (n.kind == ir::OpKind::Gemm)
+    attrNames = {"transpose_b"};
   else if (const ActivationDef* a = lib.findActivation(n.fn))
     attrNames = a->paramNames;
   for (size_t i = 0; i < n.attrs.size() && i < attrNames.size(); ++i) {
@@ -827,6 +855,8 @@ std::optional<Vertex> buildResult(const Graph& g, Graph& out, const std::vector<
     }
     if (n.kind == ir::OpKind::Activation)
       op.params[attrNames[i]] = *v;
+    else if (n.kind == ir::OpKind::Gemm)
+      op.transposeB = *v != 0;
     else
       op.eps = *v;
   }
@@ -868,9 +898,10 @@ std::optional<Vertex> buildResult(const Graph& g, Graph& out, const std::vector<
   return out.addOp(std::move(op), ins);
 }
 
-/// One pass of raising; false when nothing was rewritten.
-bool raiseOnce(Graph& g, const MatcherTable& table, const PatternLibrary& lib,
-               std::vector<RaiseStep>* steps) {
+/// One pass of raising (or of rewriting: `rules` are the library's raises or its rewrites);
+/// false when nothing was rewritten.
+bool raiseOnce(Graph& g, const MatcherTable& table, const std::vector<PatternDef>& rules,
+               const PatternLibrary& lib, std::vector<RaiseStep>* steps) {
   MatchResult mr = findMatches(g, table);
   if (mr.matches.empty())
     return false;
@@ -879,9 +910,9 @@ bool raiseOnce(Graph& g, const MatcherTable& table, const PatternLibrary& lib,
   std::vector<RaisePlan> plans;
   for (const Match& m : mr.matches) {
     const PatternMeta& meta = table.patterns[m.pattern];
-    auto def = std::find_if(lib.raises.begin(), lib.raises.end(),
+    auto def = std::find_if(rules.begin(), rules.end(),
                             [&](const PatternDef& d) { return d.name == meta.name; });
-    if (def == lib.raises.end())
+    if (def == rules.end())
       throw std::logic_error("raise table names '" + meta.name + "', which the library lacks");
     RaisePlan p{&m, &*def, {}};
     for (size_t k = 0; k < m.slots.size(); ++k)
@@ -954,8 +985,10 @@ bool raiseOnce(Graph& g, const MatcherTable& table, const PatternLibrary& lib,
 
 } // namespace
 
-Graph raise(const Graph& g, const MatcherTable& table, const PatternLibrary& lib,
-            std::vector<RaiseStep>* steps) {
+namespace {
+
+Graph raiseWith(const Graph& g, const MatcherTable& table, const std::vector<PatternDef>& rules,
+                const PatternLibrary& lib, std::vector<RaiseStep>* steps, const char* kind) {
   Graph cur = g;
   // Each pass rewrites every match it selects; a result may complete a larger decomposition
   // above it, hence the passes. Rules that shrink what they match end in a few; rules that
@@ -963,17 +996,17 @@ Graph raise(const Graph& g, const MatcherTable& table, const PatternLibrary& lib
   // with a graph half raised: that is an error naming the rules still rewriting.
   constexpr int kPasses = 16;
   for (int pass = 0; pass < kPasses; ++pass)
-    if (!raiseOnce(cur, table, lib, steps))
+    if (!raiseOnce(cur, table, rules, lib, steps))
       return cur;
   std::vector<RaiseStep> more;
   Graph probe = cur;
-  if (!raiseOnce(probe, table, lib, &more))
+  if (!raiseOnce(probe, table, rules, lib, &more))
     return cur;
   std::map<std::string, std::string> still; // rule -> where it rewrote
   for (const RaiseStep& st : more)
     still.emplace(st.pattern, st.root);
-  std::string msg =
-      "raising did not finish in " + std::to_string(kPasses) + " passes; still rewriting:";
+  std::string msg = std::string(kind[1] == 'a' ? "raising" : "rewriting") + " did not finish in " +
+                    std::to_string(kPasses) + " passes; still rewriting:";
   for (const auto& rule : still) {
     const std::string& name = rule.first; // (clang: no structured binding in the lambda)
     auto meta = std::find_if(table.patterns.begin(), table.patterns.end(),
@@ -981,8 +1014,20 @@ Graph raise(const Graph& g, const MatcherTable& table, const PatternLibrary& lib
     msg += " '" + name + "' (" + meta->file + ":" + std::to_string(meta->line) + ", at %" +
            rule.second + ")";
   }
-  throw RaiseError(msg + "; a Raise rule's result must not be matched again by it, or by rules "
-                         "that lead back to it");
+  throw RaiseError(msg + "; a " + kind + " rule's result must not be matched again by it, or by " +
+                   "rules that lead back to it");
+}
+
+} // namespace
+
+Graph raise(const Graph& g, const MatcherTable& table, const PatternLibrary& lib,
+            std::vector<RaiseStep>* steps) {
+  return raiseWith(g, table, lib.raises, lib, steps, "Raise");
+}
+
+Graph applyRewrites(const Graph& g, const MatcherTable& table, const PatternLibrary& lib,
+                    std::vector<RaiseStep>* steps) {
+  return raiseWith(g, table, lib.rewrites, lib, steps, "Rewrite");
 }
 
 std::vector<Attempt> raiseNearMisses(const Graph& raised, const MatcherTable& table) {

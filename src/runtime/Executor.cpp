@@ -29,9 +29,12 @@ BufferPlan planBuffers(const ir::Graph& g) {
   std::vector<size_t> pos(g.size());
   for (size_t i = 0; i < order->size(); ++i)
     pos[(*order)[i]] = i;
+  // Values computed from weights alone are computed when the weights are prepared and read
+  // by every run after: they keep their buffers, as inputs do.
+  const std::vector<bool> fixed = ir::weightOnly(g);
   auto pinned = [&](ir::Vertex v) {
     return g.op(v).kind == ir::OpKind::Input || g.op(v).kind == ir::OpKind::Constant ||
-           g.isOutput(v);
+           g.isOutput(v) || fixed[v];
   };
   // Views (ir::isView: heads, merge_heads) take their operand's buffer: a group of values over
   // one buffer, named by the value that owns it, lives until the last use of any of them and
@@ -82,6 +85,7 @@ BufferPlan planBuffers(const ir::Graph& g) {
 Executor::Executor(cuda::Driver& drv, const CompiledGraph& cg) : drv_(drv), cg_(cg) {
   const ir::Graph& g = cg_.graph;
   plan_ = planBuffers(g);
+  computedWeights_ = ir::weightOnly(g);
   // Say so before allocating: a graph larger than the GPU fails clearly, not halfway through.
   if (const size_t free = drv_.freeMemory(); free > 0 && plan_.plannedBytes > free)
     throw cuda::CudaError("the graph needs " + std::to_string(plan_.plannedBytes >> 20) +
@@ -276,7 +280,7 @@ void Executor::launch(bool weights, bool poison, size_t set) {
   ir::Vertex poisoned = static_cast<ir::Vertex>(-1);
   ir::Vertex external = static_cast<ir::Vertex>(-1);
   for (Bound& b : launches_) {
-    if (b.launch.preparesWeights() != weights)
+    if ((b.launch.preparesWeights() || computedWeights_[b.v]) != weights)
       continue;
     if (marks_ && (marks_->empty() || marks_->back().first != b.v)) {
       marks_->emplace_back(b.v, drv_.createEvent());
@@ -441,7 +445,8 @@ RunResult Executor::runBits(const std::map<std::string, std::vector<uint16_t>>& 
     drv_.copyToDevice(slotSets_[0][static_cast<size_t>(plan_.slotOf[v])], fill.data(),
                       fill.size() * 2);
   }
-  // Weights read from prepared copies: copied now, as the new values arrive (not timed).
+  // Values computed from weights alone, and weights read from prepared copies: made now, as
+  // the new values arrive (not timed).
   prepareWeights(0);
   std::vector<uint16_t> bits;
   cuda::CUevent start = drv_.createEvent(), stop = drv_.createEvent();

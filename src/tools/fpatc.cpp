@@ -63,6 +63,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_flag("--no-raise", opts.noRaise,
                "skip the raising patterns (exporters' decompositions stay as they are)");
+  app.add_flag("--no-rewrite", opts.noRewrite,
+               "skip the weight rewrites (Rewrite patterns: algebra over weights computed once, "
+               "when the weights are prepared)");
   app.add_option("--precision", opts.precision,
                  "ONNX models: the element type to run in: f16 (default) or bf16 on the tensor "
                  "cores, f32 as the model is (the CPU only)")

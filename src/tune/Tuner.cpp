@@ -85,7 +85,8 @@ ir::Graph isolate(const ir::Graph& g, ir::Vertex v, int64_t rows = 0) {
     in.kind = ir::OpKind::Input;
     in.name = "in" + std::to_string(i);
     in.type = g.op(operands[i]).type;
-    in.weight = g.op(operands[i]).weight; // its values are given: a weight B may be prepared
+    // Its values are the same on every run: a weight B may be prepared.
+    in.weight = ir::isWeightOnly(g, operands[i]);
     if (rows && rowWise.count(static_cast<int>(i)))
       in.type.shape[0] = rows;
     ins.push_back(sub.addOp(in, {}));

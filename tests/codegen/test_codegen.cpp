@@ -337,6 +337,29 @@ BOOST_AUTO_TEST_CASE(buffer_plan_reuses_dead_values_only) {
   BOOST_TEST(p.slotOf[*g.find("x")] != p.slotOf[*g.find("t5")]);
 }
 
+BOOST_AUTO_TEST_CASE(values_of_weights_alone_keep_their_buffers) {
+  // %ws and %wt are computed once per set of weights (Executor::prepareWeights) and read by
+  // every run after: no value computed on a run may take their buffers, even after their
+  // last reader in the graph's order.
+  ir::GraphBuilder b("fixed");
+  auto x = b.input("x", {64, 64});
+  auto w = b.weight("w", {64, 64});
+  auto ws = b.add(w, w, "ws");
+  auto wt = b.add(ws, w, "wt");
+  auto h = b.gemm(x, wt, false, "h");
+  auto t = h;
+  for (int i = 0; i < 4; ++i)
+    t = b.add(t, x, "t" + std::to_string(i));
+  b.output(t);
+  ir::Graph g = b.build();
+  runtime::BufferPlan p = runtime::planBuffers(g);
+  for (const char* fixed : {"ws", "wt"})
+    for (ir::Vertex v : g.vertices())
+      if (g.op(v).name != fixed)
+        BOOST_TEST(p.slotOf[v] != p.slotOf[*g.find(fixed)],
+                   g.op(v).name << " shares %" << fixed << "'s buffer");
+}
+
 BOOST_AUTO_TEST_CASE(views_share_their_operands_buffer_while_any_of_them_lives) {
   // RoPE as the importer writes it: heads of a GEMM's result, rope, merge_heads into
   // attention; heads and merge_heads are views (no kernel, their operand's buffer), and the

@@ -524,3 +524,135 @@ BOOST_AUTO_TEST_CASE(cost_choice_on_a_graph_differs_from_greedy) {
   BOOST_TEST(alone.size() == 4u); // %n (an input here), %w, %b and the fused op
   BOOST_TEST(replacedNodes(g, builtinTable(), r.matches[0]).size() == 3u);
 }
+
+namespace {
+
+/// The built-in weight rewrites, compiled as fpatc compiles them.
+struct Rewrites {
+  std::unique_ptr<Patterns> p = compilePatterns(kPatterns + "/all.fpat");
+  dsl::MatcherTable table;
+  Rewrites() {
+    dsl::PatternLibrary rules;
+    rules.patterns = p->c->library.rewrites;
+    table = dsl::compileMatcherTable(rules, p->sm, *p->diags);
+  }
+  Graph apply(const Graph& g, std::vector<RaiseStep>* steps = nullptr) const {
+    return applyRewrites(g, table, p->c->library, steps);
+  }
+};
+
+// nn.Linear's layout, K = N: a rewrite that took the wrong layout would type-check.
+const char* kLora = R"(graph lora {
+  %x  = input : f16[37, 96]
+  %w  = weight : f16[96, 96]
+  %a  = weight : f16[8, 96]
+  %b  = weight : f16[96, 8]
+  %s  = constant {value = 0.5} : f16[]
+  %xa = gemm %x, %a {transpose_b}
+  %l  = gemm %xa, %b {transpose_b}
+  %ls = mul %l, %s
+  %h  = gemm %x, %w {transpose_b}
+  %y  = add %h, %ls
+  output %y
+})";
+
+} // namespace
+
+BOOST_AUTO_TEST_CASE(weight_only_values_are_those_of_weights_and_constants) {
+  Graph g = parse(R"(graph g {
+  %x = input : f16[4, 8]
+  %w = weight : f16[8, 8]
+  %c = constant {value = 2} : f16[]
+  %ws = mul %w, %c
+  %wt = add %ws, %w
+  %h = gemm %x, %wt
+  %hw = mul %h, %c
+  output %hw
+})");
+  const std::vector<bool> w = ir::weightOnly(g);
+  for (const char* n : {"w", "c", "ws", "wt"}) {
+    BOOST_TEST(w[*g.find(n)], n);
+    BOOST_TEST(ir::isWeightOnly(g, *g.find(n)), n);
+  }
+  for (const char* n : {"x", "h", "hw"}) {
+    BOOST_TEST(!w[*g.find(n)], n);
+    BOOST_TEST(!ir::isWeightOnly(g, *g.find(n)), n);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(lora_adapters_merge_into_the_weight) {
+  const Rewrites rw;
+  BOOST_TEST_REQUIRE(rw.p->c->library.rewrites.size() >= 4u);
+  Graph g = parse(kLora);
+  std::vector<RaiseStep> steps;
+  Graph r = rw.apply(g, &steps);
+  BOOST_TEST_REQUIRE(ir::validate(r).empty());
+  BOOST_TEST_REQUIRE(!steps.empty());
+  BOOST_TEST(steps[0].pattern == "merge_lora_scaled_nk");
+  BOOST_TEST(steps[0].root == "y");
+  // One GEMM reads %x per run, B stored [N, K] as W is; everything it reads besides is fixed.
+  const ir::Vertex y = *r.find("y");
+  BOOST_TEST(r.op(y).kind == ir::OpKind::Gemm);
+  BOOST_TEST(r.op(y).transposeB);
+  BOOST_TEST(r.op(r.operands(y)[0]).name == "x");
+  BOOST_TEST(ir::isWeightOnly(r, r.operands(y)[1]));
+  size_t perRun = 0;
+  const std::vector<bool> fixed = ir::weightOnly(r);
+  for (ir::Vertex v : r.vertices())
+    perRun += !fixed[v] && r.op(v).kind != ir::OpKind::Input;
+  BOOST_TEST(perRun == 1u);
+  // The same values as the graph as given (f16 roundings of the merged weight apart).
+  auto in = ir::randomInputs(g, 5);
+  auto want = ir::evaluate(g, in);
+  auto got = ir::evaluate(r, in);
+  const ir::Tensor &a = want[g.outputs()[0]], &b = got[r.outputs()[0]];
+  double worst = 0, scale = 0;
+  for (size_t i = 0; i < a.data.size(); ++i) {
+    worst = std::max(worst, std::fabs(double(a.data[i]) - b.data[i]));
+    scale = std::max(scale, std::fabs(double(a.data[i])));
+  }
+  BOOST_TEST(worst <= 1e-2 * scale, "max abs err " << worst << " of max " << scale);
+}
+
+BOOST_AUTO_TEST_CASE(rewrites_need_weights_and_the_layout_they_are_written_for) {
+  const Rewrites rw;
+  // A given at run time: no merge (the scale alone folds into B, a weight).
+  std::string text = kLora;
+  text.replace(text.find("%a  = weight"), 12, "%a  = input ");
+  Graph g = parse(text);
+  std::vector<RaiseStep> steps;
+  Graph r = rw.apply(g, &steps);
+  BOOST_TEST_REQUIRE(steps.size() == 1u);
+  BOOST_TEST(steps[0].pattern == "fold_scalar_scale_nk");
+  BOOST_TEST(r.op(*r.find("y")).kind == ir::OpKind::Add);
+  // A per-column scale folds into B [K, N] only: B [N, K] of N = K stays as it is.
+  Graph c = parse(R"(graph c {
+  %x  = input : f16[20, 64]
+  %w  = weight : f16[64, 64]
+  %s  = weight : f16[64]
+  %h  = gemm %x, %w {transpose_b}
+  %y  = mul %h, %s
+  %h2 = gemm %x, %w
+  %y2 = mul %h2, %s
+  output %y, %y2
+})");
+  steps.clear();
+  Graph rc = rw.apply(c, &steps);
+  BOOST_TEST_REQUIRE(steps.size() == 1u);
+  BOOST_TEST(steps[0].pattern == "fold_column_scale");
+  BOOST_TEST(steps[0].root == "y2");
+  BOOST_TEST(rc.op(*rc.find("y")).kind == ir::OpKind::Mul);
+  BOOST_TEST(rc.op(*rc.find("y2")).kind == ir::OpKind::Gemm);
+  // An input scale: nothing to fold.
+  Graph d = parse(R"(graph d {
+  %x  = input : f16[20, 64]
+  %w  = weight : f16[64, 64]
+  %s  = input : f16[64]
+  %h  = gemm %x, %w
+  %y  = mul %h, %s
+  output %y
+})");
+  steps.clear();
+  rw.apply(d, &steps);
+  BOOST_TEST(steps.empty());
+}

@@ -43,6 +43,7 @@ struct FpatcOptions {
   bool verifyDiagnostics = false;        // golden mode: check expected-* comments
   int errorLimit = 50;                   // 0 = unlimited
   bool noRaise = false;                  // skip the raising patterns
+  bool noRewrite = false;                // skip the weight rewrites
   std::string precision;                 // ONNX models: f32, f16 ("" : f16)
   std::map<std::string, int64_t> dims;   // ONNX models: sizes of symbolic dimensions
 };

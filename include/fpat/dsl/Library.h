@@ -78,10 +78,10 @@ struct MatchNode {
 };
 
 struct Constraint {
-  enum Kind { Dtype, Divisible, Rank, Half } kind;
+  enum Kind { Dtype, Divisible, Rank, Half, Weight, Layout } kind;
   std::string binding;
   ir::DType dtype = ir::DType::F16;
-  int dim = 0;
+  int dim = 0; // Rank: the rank; Half: which half; Layout: 1 when B is [N, K]
   int64_t divisor = 1;
   SourceLoc loc;
   bool operator==(const Constraint& o) const {
@@ -109,7 +109,7 @@ struct PatternDef {
   int numOps = 0;
   int order = 0; // source order
   SourceLoc loc;
-  MatchNode result; // Raise patterns: the IR ops the match becomes
+  MatchNode result; // Raise and Rewrite patterns: the IR ops the match becomes
 };
 
 struct OpDef {
@@ -125,6 +125,7 @@ struct PatternLibrary {
   std::vector<ActivationDef> activations;
   std::vector<PatternDef> patterns; // source order
   std::vector<PatternDef> raises;   // Raise patterns, source order: run before fusion
+  std::vector<PatternDef> rewrites; // Rewrite patterns, source order: run after raising
   const ActivationDef* findActivation(const std::string& n) const;
   /// Names the IR accepts in `activation {fn = ...}`: the built-ins plus these.
   ir::ActivationSet activationSet() const;

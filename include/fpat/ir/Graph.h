@@ -212,6 +212,13 @@ std::optional<TensorDesc> inferType(const Op& op, const std::vector<OperandInfo>
 std::optional<AttnShape> attnShape(const Op& op, const std::vector<OperandInfo>& operands,
                                    std::string& why, int& operand);
 
+/// Values that stay the same from run to run: weights, constants, and ops all of whose operands
+/// are such values. fpat computes the ops among them once per set of weights, when the weights
+/// are prepared (constant folding over weights), not on every run. By vertex.
+std::vector<bool> weightOnly(const Graph& g);
+/// The same for one value.
+bool isWeightOnly(const Graph& g, Vertex v);
+
 /// Topological order of all ops (operands before users). On a cycle, returns nullopt and
 /// fills `cycle` with the ops that lie on one.
 std::optional<std::vector<Vertex>> topologicalOrder(const Graph& g,

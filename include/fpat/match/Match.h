@@ -125,6 +125,12 @@ public:
 ir::Graph raise(const ir::Graph& g, const dsl::MatcherTable& table, const dsl::PatternLibrary& lib,
                 std::vector<RaiseStep>* steps = nullptr);
 
+/// Weight rewrites: the same as raising with `table` compiled from `lib.rewrites`, run on the
+/// raised graph. Their results' ops that read weights alone (ir::weightOnly) are computed once
+/// per set of weights, when the weights are prepared.
+ir::Graph applyRewrites(const ir::Graph& g, const dsl::MatcherTable& table,
+                        const dsl::PatternLibrary& lib, std::vector<RaiseStep>* steps = nullptr);
+
 /// For --explain: each raise rule's closest attempt on the raised graph (where it got past the
 /// root's kind), closest first, and why it failed: the decompositions a user expected raised.
 std::vector<Attempt> raiseNearMisses(const ir::Graph& raised, const dsl::MatcherTable& table);

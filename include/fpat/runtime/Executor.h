@@ -77,9 +77,10 @@ public:
 
   /// Launches every kernel once on rotation `set` without synchronising.
   void launchAll(bool poison, size_t set = 0);
-  /// Writes the prepared copies of weights (codegen::preparesWeightB) on rotation `set` from
-  /// their buffers. run() does it after uploading the inputs; code that writes a weight through
-  /// devicePointer() calls it before launchAll().
+  /// Computes the values computed from weights alone (ir::weightOnly) and writes the prepared
+  /// copies of weights (codegen::preparesWeightB) on rotation `set` from their buffers. run() does
+  /// it after uploading the inputs; code that writes a weight through devicePointer() calls it
+  /// before launchAll().
   void prepareWeights(size_t set = 0);
 
   /// Ops in `ops` are computed by `run(v, set)` instead of their kernels, in their place in the
@@ -119,6 +120,7 @@ private:
   std::vector<size_t> preparedBytes_;                    // by prepared weight
   std::vector<std::vector<cuda::CUdeviceptr>> prepared_; // [rotation][prepared weight]
   std::vector<Bound> launches_;
+  std::vector<bool> computedWeights_; // by vertex: launched by prepareWeights, not every run
   std::set<ir::Vertex> replaced_;
   // timeOps: launch() records an event where the op being launched changes, and at the end.
   std::vector<std::pair<ir::Vertex, cuda::CUevent>>* marks_ = nullptr;

@@ -601,7 +601,7 @@ bool defersNorm(const ir::Graph& g, ir::Vertex v) {
   // gamma (and beta) and W: weights, the first two vectors, W a matrix.
   for (size_t i = 1; i <= bIdx; ++i) {
     const ir::Op& w = g.op(ins[i]);
-    if (w.kind != ir::OpKind::Input || !w.weight || w.type.rank() != (i == bIdx ? 2 : 1))
+    if (!ir::isWeightOnly(g, ins[i]) || w.type.rank() != (i == bIdx ? 2 : 1))
       return false;
   }
   return true;
@@ -622,8 +622,7 @@ bool preparesWeightB(const ir::Graph& g, ir::Vertex v) {
     if (ins.size() < bIdx + 2 || (kind->normalisesA && !defersNorm(g, v)))
       return false;
     for (size_t i = bIdx; i < bIdx + 2; ++i) {
-      const ir::Op& b = g.op(ins[i]);
-      if (b.kind != ir::OpKind::Input || !b.weight || b.type.rank() != 2)
+      if (!ir::isWeightOnly(g, ins[i]) || g.op(ins[i]).type.rank() != 2)
         return false;
     }
     return true;
@@ -636,8 +635,7 @@ bool preparesWeightB(const ir::Graph& g, ir::Vertex v) {
   const size_t bIdx = ir::gemmBIndex(op);
   if (ins.size() <= bIdx)
     return false;
-  const ir::Op& b = g.op(ins[bIdx]);
-  if (b.kind != ir::OpKind::Input || !b.weight || b.type.rank() != 2)
+  if (!ir::isWeightOnly(g, ins[bIdx]) || g.op(ins[bIdx]).type.rank() != 2)
     return false;
   const int64_t n = op.type.shape[1], k = g.op(ins[0]).type.shape[1];
   return op.transposeB ? wgmmaPadsK(k) : n % 64 != 0;

@@ -87,7 +87,7 @@ private:
              " needs one layout";
     for (Vertex gemm : gemms) {
       const ir::Op& b = g.op(g.operands(gemm)[1]);
-      if (b.kind != ir::OpKind::Input || !b.weight)
+      if (!ir::isWeightOnly(g, g.operands(gemm)[1]))
         return "%" + b.name + " is not a weight; family " + family +
                " interleaves both B once, when weights are uploaded";
     }
@@ -103,7 +103,7 @@ private:
                "terms over two interleaved weights are not implemented)";
       if (n.kind == ir::OpKind::RmsNorm) {
         const ir::Op& gamma = g.op(g.operands(a0)[1]);
-        if (gamma.kind != ir::OpKind::Input || !gamma.weight)
+        if (!ir::isWeightOnly(g, g.operands(a0)[1]))
           return "%" + gamma.name + " is not a weight; family " + family +
                  " folds gamma into the weights when they are uploaded";
       }

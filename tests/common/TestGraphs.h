@@ -140,4 +140,16 @@ inline ir::Graph fuse(const ir::Graph& g) {
                         match::findMatches(g, match::builtinTable()).matches);
 }
 
+/// The built-in weight rewrites applied to `g`, as fpatc applies them after raising.
+inline ir::Graph applyBuiltinRewrites(const ir::Graph& g) {
+  static SourceManager sm;
+  static DiagEngine diags(sm);
+  static const dsl::MatcherTable table = [] {
+    dsl::PatternLibrary rules;
+    rules.patterns = builtinLibrary().rewrites;
+    return dsl::compileMatcherTable(rules, sm, diags);
+  }();
+  return match::applyRewrites(g, table, builtinLibrary());
+}
+
 } // namespace fpat::testing

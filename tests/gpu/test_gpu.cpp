@@ -966,6 +966,34 @@ BOOST_AUTO_TEST_CASE(whole_graphs_run) {
   }
 }
 
+BOOST_AUTO_TEST_CASE(values_of_weights_alone_follow_new_weights) {
+  // A LoRA adapter merged into its weight by the built-in rewrites: W + (B A) s is computed
+  // when the weights are uploaded (Executor::prepareWeights), then each run is one GEMM. Run
+  // with two sets of weights: the merged weight must follow each upload.
+  const std::string file = "/tests/cli/inputs/lora_merge.fgraph";
+  SourceManager sm;
+  std::string text;
+  BOOST_TEST_REQUIRE(readFile(std::string(FPAT_SOURCE_DIR) + file, text));
+  DiagEngine d(sm);
+  auto g = ir::parseGraph(sm.addBuffer(file, text), d, builtinLibrary().activationSet());
+  BOOST_TEST_REQUIRE(g.has_value());
+  ir::Graph r = applyBuiltinRewrites(*g);
+  BOOST_TEST_REQUIRE(r.op(*r.find("y")).kind == ir::OpKind::Gemm);
+  ir::Graph f = fuse(r);
+  runtime::BuildResult b = runtime::buildKernels(f, builtinLibrary().activations, buildOptions());
+  BOOST_TEST_REQUIRE(b.error.empty(), b.error);
+  runtime::Executor ex(*gpu(), b.graph);
+  for (unsigned seed : {7u, 8u}) {
+    BOOST_TEST_CONTEXT("weights of seed " << seed) {
+      auto inputs = ir::randomInputs(*g, seed);
+      auto want = ir::evaluate(*g, inputs, builtinLibrary().referenceActivations());
+      runtime::RunResult res = ex.run(inputs);
+      runtime::Agreement a = runtime::compareToReference(res.outputs[0], want[g->outputs()[0]]);
+      BOOST_TEST(a.pass, "max rel err " << a.maxRel << ", non-finite " << a.nonFinite);
+    }
+  }
+}
+
 BOOST_AUTO_TEST_CASE(tuning_smoke_test) {
   // A few candidates for one ragged fused GEMM: measured, checked, stored, then read back.
   const std::string path = (std::filesystem::temp_directory_path() /

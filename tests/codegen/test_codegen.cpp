@@ -978,18 +978,28 @@ BOOST_AUTO_TEST_CASE(wgmma_backend_compiles_for_sm90a_without_serialization,
         units.push_back(std::move(u));
       }
     }
-  // The deferred norm's statistics summed in the main loop (FPAT_NORM_STATS=loop), on the
-  // cooperative, two-m64 and ping-pong schedules.
+  // The deferred norm's statistics summed in the main loop (FPAT_NORM_STATS=loop): by the
+  // producer's idle warps (rmsnorm_gemm, layernorm_gemm) or by the consumers (where those warps
+  // apply the deferred GeLU), on the cooperative, two-m64, ping-pong, cluster, 256-row and
+  // short-A-box configurations (test_gpu's normConfigs).
   setenv("FPAT_NORM_STATS", "loop", 1);
-  for (const char* name : {"rmsnorm_gemm", "layernorm_gemm_bias_gelu"})
-    for (const char* cfg : {"128x256x64_w2x1_s3_wgmma", "128x128x64_w1x1_s6_pingpong"}) {
-      const codegen::TileConfig tile = *codegen::TileConfig::parse(cfg);
-      ir::Graph f = fuse(caseGraph(name, {2047, 5120, 2048}, true));
+  std::vector<codegen::TileConfig> statsTiles;
+  for (const char* cfg : {"128x256x64_w2x1_s3_wgmma", "128x128x64_w1x1_s6_pingpong",
+                          "64x256x64_w1x1_s5_pingpong", "128x256x64_w2x1_s3_wgmma_c2"})
+    statsTiles.push_back(*codegen::TileConfig::parse(cfg));
+  for (const codegen::TileConfig& t : codegen::wgmmaConfigs())
+    if ((t.bm == 256 && statsTiles.size() == 4) ||
+        (t.aRows == 16 && t.bn == 64 && statsTiles.size() == 5))
+      statsTiles.push_back(t);
+  BOOST_TEST_REQUIRE(statsTiles.size() == 6u);
+  for (const char* name : {"rmsnorm_gemm", "layernorm_gemm", "layernorm_gemm_bias_gelu"})
+    for (const codegen::TileConfig& tile : statsTiles) {
+      ir::Graph f = fuse(caseGraph(name, {tile.aRows > 0 ? 16 : 2047, 5120, 2048}, true));
       codegen::CodegenOptions o;
       o.arch = 90;
       o.tile = &tile;
       units.push_back(codegen::generate(f, f.outputs()[0], builtinLibrary().activations, o));
-      BOOST_TEST(!units.back().normStatsLaunch);
+      BOOST_TEST(!units.back().normStatsLaunch, name << " " << tile.str());
     }
   unsetenv("FPAT_NORM_STATS");
   // The dual GEMMs: both B layouts, tiles whose result is whole slabs of 64 columns and not

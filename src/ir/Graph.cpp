@@ -582,14 +582,8 @@ std::vector<bool> weightOnly(const Graph& g) {
 }
 
 bool isWeightOnly(const Graph& g, Vertex v) {
-  const Op& op = g.op(v);
-  if (op.kind == OpKind::Input)
-    return op.weight;
-  if (op.kind == OpKind::Constant)
-    return true;
-  const std::vector<Vertex> ins = g.operands(v);
-  return !ins.empty() &&
-         std::all_of(ins.begin(), ins.end(), [&](Vertex u) { return isWeightOnly(g, u); });
+  // One definition, in graph order (a recursion over operands would revisit shared ones).
+  return weightOnly(g)[v];
 }
 
 std::optional<std::vector<Vertex>> stableOrder(const Graph& g) {

@@ -983,12 +983,9 @@ bool raiseOnce(Graph& g, const MatcherTable& table, const std::vector<PatternDef
   return true;
 }
 
-} // namespace
-
-namespace {
-
 Graph raiseWith(const Graph& g, const MatcherTable& table, const std::vector<PatternDef>& rules,
-                const PatternLibrary& lib, std::vector<RaiseStep>* steps, const char* kind) {
+                const PatternLibrary& lib, std::vector<RaiseStep>* steps, const char* kind,
+                const char* doing) {
   Graph cur = g;
   // Each pass rewrites every match it selects; a result may complete a larger decomposition
   // above it, hence the passes. Rules that shrink what they match end in a few; rules that
@@ -1005,8 +1002,8 @@ Graph raiseWith(const Graph& g, const MatcherTable& table, const std::vector<Pat
   std::map<std::string, std::string> still; // rule -> where it rewrote
   for (const RaiseStep& st : more)
     still.emplace(st.pattern, st.root);
-  std::string msg = std::string(kind[1] == 'a' ? "raising" : "rewriting") + " did not finish in " +
-                    std::to_string(kPasses) + " passes; still rewriting:";
+  std::string msg = std::string(doing) + " did not finish in " + std::to_string(kPasses) +
+                    " passes; still rewriting:";
   for (const auto& rule : still) {
     const std::string& name = rule.first; // (clang: no structured binding in the lambda)
     auto meta = std::find_if(table.patterns.begin(), table.patterns.end(),
@@ -1022,12 +1019,12 @@ Graph raiseWith(const Graph& g, const MatcherTable& table, const std::vector<Pat
 
 Graph raise(const Graph& g, const MatcherTable& table, const PatternLibrary& lib,
             std::vector<RaiseStep>* steps) {
-  return raiseWith(g, table, lib.raises, lib, steps, "Raise");
+  return raiseWith(g, table, lib.raises, lib, steps, "Raise", "raising");
 }
 
 Graph applyRewrites(const Graph& g, const MatcherTable& table, const PatternLibrary& lib,
                     std::vector<RaiseStep>* steps) {
-  return raiseWith(g, table, lib.rewrites, lib, steps, "Rewrite");
+  return raiseWith(g, table, lib.rewrites, lib, steps, "Rewrite", "rewriting");
 }
 
 std::vector<Attempt> raiseNearMisses(const Graph& raised, const MatcherTable& table) {

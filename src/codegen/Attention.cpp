@@ -130,16 +130,23 @@ KernelUnit generateFlashAttention(const ir::Graph& g, ir::Vertex v, const Codege
   // (bench/RESULTS.md, session 34: turns +8-17% at S = 1k, equal within the runs' noise at
   // 8k; blocks of 176, FA3's tile for head dimension 128, up to 3% faster at S >= 8k and
   // slower below, but ptxas serializes their wgmma at some sizes: too few registers).
-  // FPAT_FLASH=<BN>[s][p] asks for another (an experiment's knob: "s" runs the blocks one
-  // after the other, "p" makes the consumers take turns).
+  // Without a causal mask, one CTA resident per SM walks the tiles, the next tile's loads
+  // overlapping the tile before (session 37: d 128 +3-14%, S = 2048 534 -> 589-592 TFLOP/s;
+  // d 64 +4-9% to S = 2048, -2% from 8k). Causal tiles differ in length: the hardware's
+  // scheduling of one CTA a tile balances them where a static walk did not (S = 16k: 640
+  // against 415).
+  // FPAT_FLASH=<BN>[s][p][r] asks for another (an experiment's knob: "s" runs the blocks one
+  // after the other, "p" makes the consumers take turns, "r" keeps one CTA resident per SM that
+  // walks the tiles).
   int bn = 128;
-  bool overlap = true, pingpong = true;
+  bool overlap = true, pingpong = true, resident = mask != FlashMask::Causal;
   if (const char* env = std::getenv("FPAT_FLASH")) {
     const int want = std::atoi(env);
     if (want == 64 || want == 128 || want == 176 || want == 192)
       bn = want;
     overlap = std::string(env).find('s') == std::string::npos;
     pingpong = std::string(env).find('p') != std::string::npos;
+    resident = std::string(env).find('r') != std::string::npos;
   }
   const int64_t d = s.headDim;
   // fpat::FlashTile::SMEM_BYTES: the Q tile, two stages of K and V, 1 KB for alignment.
@@ -152,7 +159,8 @@ KernelUnit generateFlashAttention(const ir::Graph& g, ir::Vertex v, const Codege
   if (mask == FlashMask::Bias)
     for (int64_t b : bias)
       sizes += "_" + std::to_string(b);
-  const std::string tile = std::to_string(bn) + (overlap ? "o" : "s") + (pingpong ? "p" : "");
+  const std::string tile =
+      std::to_string(bn) + (overlap ? "o" : "s") + (pingpong ? "p" : "") + (resident ? "r" : "");
   u.name = "fpat_flash_attention_" + sizes + "_sm90a_" + tile;
   std::ostringstream body;
   body << header("attention (flash attention)", o,
@@ -160,11 +168,12 @@ KernelUnit generateFlashAttention(const ir::Graph& g, ir::Vertex v, const Codege
                              mask,
                              "128 query rows x " + std::to_string(bn) + " keys, " +
                                  (overlap ? "softmax overlapped with P V" : "blocks in sequence") +
-                                 (pingpong ? ", consumers taking turns" : "")))
+                                 (pingpong ? ", consumers taking turns" : "") +
+                                 (resident ? ", one CTA per SM walking the tiles" : "")))
        << "#include \"fpat_flash.cuh\"\n\nnamespace {\n\n"
        << dimsStruct(g, v, s, mask, bias, "") << "\nusing Tile = fpat::FlashTile<" << d << ", "
        << bn << ", " << (overlap ? "true" : "false") << ", " << (pingpong ? "true" : "false")
-       << ">;\n\n} // namespace\n\n"
+       << ", " << (resident ? "true" : "false") << ">;\n\n} // namespace\n\n"
        << "extern \"C\" __global__ void __launch_bounds__(384, 1)\n"
        << u.name << "(const __grid_constant__ FpatTmaArgs p) {\n"
        << "  fpat::flashAttention<Dims, Tile>(p);\n}\n";
@@ -172,6 +181,10 @@ KernelUnit generateFlashAttention(const ir::Graph& g, ir::Vertex v, const Codege
   l.blocks[0] = (s.sq + 127) / 128;
   l.blocks[1] = s.heads;
   l.blocks[2] = s.batch;
+  if (resident) {
+    l.blocks[0] = std::min<int64_t>(l.blocks[0] * s.heads * s.batch, std::max(1, o.sms));
+    l.blocks[1] = l.blocks[2] = 1;
+  }
   l.tma = {TmaMap{0, s.heads * d, s.batch * s.sq, 64, 128},
            TmaMap{1, s.kvHeads * d, s.batch * s.sk, 64, bn},
            TmaMap{2, s.kvHeads * d, s.batch * s.sk, 64, bn}};
@@ -203,6 +216,9 @@ KernelUnit generateFlashDecode(const ir::Graph& g, ir::Vertex v, const CodegenOp
   int64_t splits = 1;
   while (splits < most && fill(splits) < 0.85 * best)
     ++splits;
+  // FPAT_DECODE_SPLITS=n asks for n splits instead (an experiment's knob), at most one a tile.
+  if (const char* env = std::getenv("FPAT_DECODE_SPLITS"); env && std::atoi(env) > 0)
+    splits = std::min<int64_t>(std::atoi(env), tiles);
   const int64_t splitTiles = (tiles + splits - 1) / splits;
   splits = (tiles + splitTiles - 1) / splitTiles;
   KernelUnit u = attentionUnit(g, v, s);

@@ -102,6 +102,33 @@ std::optional<double> attentionMs(const ir::Graph& g, ir::Vertex v, const Calibr
                                  1e3;
 }
 
+/// Whether `v` reads weights and constants alone: then it runs once per set of weights
+/// (Executor::prepareWeights), not on every run. A search of v's operands that stops at the
+/// first value given at run time (ir::weightOnly would order the whole graph for each op).
+bool computedOnce(const ir::Graph& g, ir::Vertex v) {
+  if (g.op(v).kind == ir::OpKind::Input)
+    return false; // an upload, priced as 0 anyway
+  std::vector<ir::Vertex> todo = g.operands(v);
+  std::vector<bool> seen(g.size(), false);
+  if (todo.empty())
+    return g.op(v).kind == ir::OpKind::Constant;
+  while (!todo.empty()) {
+    const ir::Vertex u = todo.back();
+    todo.pop_back();
+    if (seen[u])
+      continue;
+    seen[u] = true;
+    const ir::Op& op = g.op(u);
+    if (op.kind == ir::OpKind::Input ? !op.weight : op.kind != ir::OpKind::Constant) {
+      const std::vector<ir::Vertex> ins = g.operands(u);
+      if (ins.empty())
+        return false;
+      todo.insert(todo.end(), ins.begin(), ins.end());
+    }
+  }
+  return true;
+}
+
 } // namespace
 
 const Calibration& calibrationFor(int arch) {
@@ -110,8 +137,9 @@ const Calibration& calibrationFor(int arch) {
 
 double opMs(const ir::Graph& g, ir::Vertex v, const Calibration& c) {
   const ir::Op& op = g.op(v);
-  if (op.kind == ir::OpKind::Input || ir::isView(op.kind))
-    return 0; // uploaded, or its operand's buffer seen with another shape
+  if (op.kind == ir::OpKind::Input || ir::isView(op.kind) || computedOnce(g, v))
+    return 0; // uploaded, its operand's buffer seen with another shape, or computed when the
+              // weights are prepared
   if (const ir::KernelFamily* family = ir::familyOf(op))
     return familyCost(family->family).ms(g, v, c);
   if (const std::optional<double> t = attentionMs(g, v, c))
@@ -127,6 +155,8 @@ double opMs(const ir::Graph& g, ir::Vertex v, const Calibration& c) {
 
 std::string kernelNote(const ir::Graph& g, ir::Vertex v, int arch) {
   const ir::Op& op = g.op(v);
+  if (computedOnce(g, v))
+    return "computed once per set of weights";
   if (const ir::KernelFamily* family = ir::familyOf(op))
     return familyCost(family->family).note(g, v, arch);
   if (ir::isView(op.kind))

@@ -128,6 +128,31 @@ BOOST_AUTO_TEST_CASE(attention_is_priced_by_its_products_or_its_cache) {
   BOOST_TEST(cost::kernelNote(g, *g.find("o"), 80) == "attention's CUDA-core kernel");
 }
 
+BOOST_AUTO_TEST_CASE(values_of_weights_alone_cost_nothing_per_run) {
+  // A LoRA merge's W + A B and a folded scale run once per set of weights
+  // (Executor::prepareWeights): a run pays only the GEMM that reads them.
+  const ir::Graph g = parse(R"(graph l {
+  %x = input : f16[4096, 4096]
+  %w = weight : f16[4096, 4096]
+  %a = weight : f16[4096, 16]
+  %b = weight : f16[16, 4096]
+  %s = constant {value = 0.5} : f16[]
+  %ab = gemm %a, %b
+  %abs = mul %ab, %s
+  %m = add %w, %abs
+  %h = gemm %x, %m
+  %y = mul %h, %s
+  output %y
+})");
+  const cost::Calibration& h200 = cost::calibrationFor(90);
+  for (const char* once : {"ab", "abs", "m"}) {
+    BOOST_TEST(cost::opMs(g, *g.find(once), h200) == 0.0, once);
+    BOOST_TEST(cost::kernelNote(g, *g.find(once), 90) == "computed once per set of weights");
+  }
+  BOOST_TEST(cost::opMs(g, *g.find("h"), h200) > 0.175); // reads x, given at run time
+  BOOST_TEST(cost::opMs(g, *g.find("y"), h200) > 0.0);
+}
+
 // Session 30's fpatc --time on the H200, the cost model's choice against --fuse=always: the
 // faster of the two measured is what the model must choose (where they differ by more than
 // the runs' spread, ~1%).

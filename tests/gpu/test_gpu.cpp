@@ -820,6 +820,10 @@ BOOST_AUTO_TEST_CASE(attention_matches_the_reference) {
       {3, 129, 129, 2, 2, 64, 0, ir::DType::BF16},
       {1, 200, 520, 4, 2, 128, 3, ir::DType::BF16},
       {2, 64, 777, 8, 2, 64, 1, ir::DType::F16},
+      // More tiles than SMs (FPAT_FLASH=...r: each resident CTA walks several tiles, its
+      // ring and Q buffer going on from one tile to the next): causal and ragged, and plain.
+      {1, 600, 600, 32, 8, 64, 1, ir::DType::F16},
+      {2, 300, 500, 24, 8, 128, 0, ir::DType::BF16},
       // The decode kernel (at most 8 query rows per KV head, keys split and merged): Llama-3's
       // heads at batch 16 and a ragged cache, Qwen2's 7 heads a KV head, a cache shorter than
       // one tile, two causal query rows of 4 heads each.
@@ -908,11 +912,12 @@ BOOST_AUTO_TEST_CASE(attention_with_a_scale_given_at_run_time) {
 
 /// RoPE as Llama's export computes it once its heads are views: heads, the rotary op with
 /// [1, S, 1, d] tables, and the unfused decomposition (slices, neg, concat, a general
-/// broadcast multiply), merged back; ragged S and two batches.
+/// broadcast multiply), merged back; ragged S and two batches. And GPT-J's interleaved form.
 BOOST_AUTO_TEST_CASE(rope_matches_the_reference) {
   const int64_t B = 2, S = 37, H = 3, d = 64;
-  for (bool decomposed : {false, true}) {
-    BOOST_TEST_CONTEXT((decomposed ? "decomposed" : "rope op")) {
+  for (int form : {0, 1, 2}) {
+    const bool decomposed = form == 1, interleaved = form == 2;
+    BOOST_TEST_CONTEXT((decomposed ? "decomposed" : interleaved ? "interleaved" : "rope op")) {
       ir::GraphBuilder b("rope", builtinLibrary().activationSet());
       auto x = b.input("x", {B * S, H * d});
       auto c = b.input("cos", {1, S, 1, d}), sn = b.input("sin", {1, S, 1, d});
@@ -922,7 +927,7 @@ BOOST_AUTO_TEST_CASE(rope_matches_the_reference) {
         auto rot = b.concat(b.activation(b.slice(h, d / 2, d), "neg"), b.slice(h, 0, d / 2));
         r = b.add(b.mul(h, c), b.mul(rot, sn));
       } else {
-        r = b.rope(h, c, sn);
+        r = b.rope(h, c, sn, "", interleaved);
       }
       b.output(b.mergeHeads(r, "y"));
       ir::Graph g = b.build();
@@ -990,6 +995,7 @@ BOOST_AUTO_TEST_CASE(values_of_weights_alone_follow_new_weights) {
       runtime::RunResult res = ex.run(inputs);
       runtime::Agreement a = runtime::compareToReference(res.outputs[0], want[g->outputs()[0]]);
       BOOST_TEST(a.pass, "max rel err " << a.maxRel << ", non-finite " << a.nonFinite);
+      BOOST_TEST(res.launches == 1); // a run: the GEMM with its GeLU; the merge is not counted
     }
   }
 }

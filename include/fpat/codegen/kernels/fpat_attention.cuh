@@ -56,6 +56,21 @@ template <int64_t D, class B> __device__ __forceinline__ void ropeHalves(const F
   }
 }
 
+/// Rotary embedding, interleaved form (GPT-J's rotate_every_two), over rows of D (even)
+/// elements: out = x * cos + rot * sin, rot taking each pair (x[2i], x[2i+1]) to
+/// (-x[2i+1], x[2i]).
+template <int64_t D, class B> __device__ __forceinline__ void ropePairs(const FpatKernelArgs& a) {
+  const int64_t total = a.M * a.N;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const elem* x = static_cast<const elem*>(a.in[0]);
+  elem* o = static_cast<elem*>(a.out);
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += step) {
+    const float rot = i % 2 == 0 ? -toF(x[i + 1]) : toF(x[i - 1]);
+    o[i] = fromF(fmaf(toF(x[i]), ldh(a.in[1], B::at(1, i)), rot * ldh(a.in[2], B::at(2, i))));
+  }
+}
+
 /// scores[b, h, i, j] = sum_c q[b * Sq + i, h * Hd + c] * k[b * Sk + j, h / (H / Hkv) * Hd + c].
 template <class D> __device__ __forceinline__ void attnScores(const FpatKernelArgs& a) {
   constexpr int64_t total = D::B * D::H * D::Sq * D::Sk, group = D::H / D::Hkv;

@@ -1,7 +1,9 @@
 // Flash attention for Hopper (sm_90a): the `attention` op on token-major activations,
 // q [B * Sq, H * d], k and v [B * Sk, Hkv * d], out [B * Sq, H * d], head dimension 64 or 128.
 //
-// One CTA per (128-row query tile, head, batch), the longest causal tiles first. Three
+// One CTA per (128-row query tile, head, batch), the longest causal tiles first; or
+// (FlashTile::RESIDENT, without a causal mask) one CTA per SM walking those tiles in that
+// order, so that the next tile's loads overlap the end of the one before. Three
 // warpgroups (FlashAttention-3's structure, ../shared/ATTENTION.md in the project's notes):
 //   * a producer, of which one thread issues TMA copies: the Q tile once, then each key block's
 //     K and V tiles (BN rows, 128-byte swizzle, boxes of 64 columns) into a two-stage ring, each
@@ -32,9 +34,12 @@
 namespace fpat {
 
 /// A flash-attention tile: BM = 128 query rows (two consumers of 64), BN keys a block.
-template <int HD_, int BN_, bool OVERLAP_, bool PINGPONG_ = false> struct FlashTile {
+/// RESIDENT: one CTA per SM walks the tiles (t = blockIdx.x, + gridDim.x, ...), so that the
+/// producer loads the next tile's Q, K and V while the consumers finish the tile before.
+template <int HD_, int BN_, bool OVERLAP_, bool PINGPONG_ = false, bool RESIDENT_ = false>
+struct FlashTile {
   static constexpr int BM = 128, BN = BN_, HD = HD_, STAGES = 2, THREADS = 384;
-  static constexpr bool OVERLAP = OVERLAP_, PINGPONG = PINGPONG_;
+  static constexpr bool OVERLAP = OVERLAP_, PINGPONG = PINGPONG_, RESIDENT = RESIDENT_;
   static constexpr int Q_BYTES = BM * HD * 2, KV_BYTES = BN * HD * 2;
   static constexpr int SMEM_BYTES = Q_BYTES + STAGES * 2 * KV_BYTES + 1024;
   static_assert(HD == 64 || HD == 128, "head dimension 64 or 128");
@@ -154,34 +159,121 @@ __device__ __forceinline__ void packP(const float (&sc)[BN / 2], unsigned (&pa)[
       pa[kk][r] = pairBits(sc[8 * kk + 2 * r], sc[8 * kk + 2 * r + 1]);
 }
 
+/// One tile of the flash kernel: its first query row, head, batch, KV head and key blocks.
+struct FlashWork {
+  int m0, h, b, kvh, blocks;
+};
+
+/// Tile t (T::RESIDENT), else the CTA's own, in the order of the grid without RESIDENT: a
+/// head's query tiles together (they read the same keys), the longest causal ones first.
+template <class D, class T> __device__ __forceinline__ FlashWork flashWork(int t) {
+  constexpr int BM = T::BM;
+  const int mTiles = static_cast<int>((D::Sq + BM - 1) / BM);
+  FlashWork w;
+  const int mi = T::RESIDENT ? t % mTiles : static_cast<int>(blockIdx.x);
+  const int hb = T::RESIDENT ? t / mTiles : 0;
+  w.m0 = (mTiles - 1 - mi) * BM;
+  w.h = T::RESIDENT ? hb % static_cast<int>(D::H) : static_cast<int>(blockIdx.y);
+  w.b = T::RESIDENT ? hb / static_cast<int>(D::H) : static_cast<int>(blockIdx.z);
+  w.kvh = w.h / static_cast<int>(D::H / D::Hkv);
+  // Keys this tile reads: all, or (causal) those up to its last row's diagonal.
+  const int kLimit = static_cast<int>(
+      D::kMask == 1 ? min(D::Sk, static_cast<int64_t>(w.m0 + BM) + (D::Sk - D::Sq)) : D::Sk);
+  w.blocks = (kLimit + T::BN - 1) / T::BN;
+  return w;
+}
+
+/// The flash kernel's barriers: Q's, and each ring stage's K and V "full" and "empty" ones.
+template <int S> struct FlashBarriers {
+  uint64_t qFull, qEmpty, kFull[S], vFull[S], kEmpty[S], vEmpty[S];
+};
+
+/// The producer's thread: for each of its tiles (first, first + step, ... < tiles), Q once the
+/// tile before is done with it, then each key block's K and V tiles into the ring.
+template <class D, class T>
+__device__ __forceinline__ void flashProduce(const FpatTmaArgs& p, unsigned char* sQ,
+                                             unsigned char* sKV, FlashBarriers<T::STAGES>& br,
+                                             int first, int tiles, int step) {
+  constexpr int BM = T::BM, BN = T::BN, HD = T::HD, S = T::STAGES, KB = HD / 64;
+  int s = 0;
+  unsigned phase = 0, qPhase = 0;
+  for (int t = first; t < tiles; t += step, qPhase ^= 1) {
+    const FlashWork w = flashWork<D, T>(t);
+    mbarWait(&br.qEmpty, qPhase ^ 1); // the tile before is done with Q (fresh: passes at once)
+    mbarExpectTx(&br.qFull, T::Q_BYTES);
+#pragma unroll
+    for (int c = 0; c < KB; ++c)
+      tmaLoad2d(sQ + c * BM * 128, &p.a, w.h * HD + 64 * c, static_cast<int>(w.b * D::Sq) + w.m0,
+                &br.qFull);
+    for (int j = 0; j < w.blocks; ++j) {
+      const int row = static_cast<int>(w.b * D::Sk) + j * BN;
+      unsigned char* const kt = sKV + s * 2 * T::KV_BYTES;
+      mbarWait(&br.kEmpty[s], phase ^ 1); // a fresh barrier passes parity 1 at once
+      mbarExpectTx(&br.kFull[s], T::KV_BYTES);
+#pragma unroll
+      for (int c = 0; c < KB; ++c)
+        tmaLoad2d(kt + c * BN * 128, &p.b, w.kvh * HD + 64 * c, row, &br.kFull[s]);
+      mbarWait(&br.vEmpty[s], phase ^ 1);
+      mbarExpectTx(&br.vFull[s], T::KV_BYTES);
+#pragma unroll
+      for (int c = 0; c < KB; ++c)
+        tmaLoad2d(kt + T::KV_BYTES + c * BN * 128, &p.c, w.kvh * HD + 64 * c, row, &br.vFull[s]);
+      if (++s == S) {
+        s = 0;
+        phase ^= 1;
+      }
+    }
+  }
+}
+
+/// O / l, this thread's two rows of the tile (rows past Sq are not stored): f16 pairs
+/// (columns 8 i + 2 (lane % 4)).
+template <class D, int HD>
+__device__ __forceinline__ void flashStore(const FpatKernelArgs& a, const float (&o)[HD / 2],
+                                           const FlashRows& st, const int64_t (&rows)[2], int b,
+                                           int h, int lane) {
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    float l = st.sum[hh];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    if (rows[hh] >= D::Sq)
+      continue;
+    elem* out = static_cast<elem*>(a.out) + ((b * D::Sq + rows[hh]) * D::H + h) * HD;
+#pragma unroll
+    for (int i = 0; i < HD / 8; ++i) {
+      const elem2 v = fromF2(o[i * 4 + hh * 2] / l, o[i * 4 + hh * 2 + 1] / l);
+      *reinterpret_cast<elem2*>(out + 8 * i + 2 * (lane % 4)) = v;
+    }
+  }
+}
+
 } // namespace sm90
 
 /// The kernel body; `p` must be the kernel's __grid_constant__ parameter. Maps: a = q (box 64 x
 /// 128), b = k and c = v (boxes 64 x BN). Launch T::THREADS threads, T::SMEM_BYTES of dynamic
-/// shared memory, grid (ceil(Sq / 128), H, B).
+/// shared memory, grid (ceil(Sq / 128), H, B), or (T::RESIDENT) at most one CTA per SM.
 template <class D, class T> __device__ __forceinline__ void flashAttention(const FpatTmaArgs& p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace sm90;
-  constexpr int BM = T::BM, BN = T::BN, HD = T::HD, S = T::STAGES, KB = HD / 64;
+  constexpr int BM = T::BM, BN = T::BN, HD = T::HD, S = T::STAGES;
   static_assert(D::Hd == HD, "the tile's head dimension");
   static_assert(D::B >= 1 && (D::kMask == 2 || D::bias0 + D::bias1 + D::bias2 + D::bias3 >= 0),
                 "sizes of a real attention"); // (and names every member: nvcc warns otherwise)
   extern __shared__ __align__(1024) unsigned char smemRaw[];
-  __shared__ __align__(8) uint64_t qFull, kFull[S], vFull[S], kEmpty[S], vEmpty[S];
+  __shared__ __align__(8) FlashBarriers<S> br;
+  uint64_t &qFull = br.qFull, &qEmpty = br.qEmpty, *kFull = br.kFull, *vFull = br.vFull,
+           *kEmpty = br.kEmpty, *vEmpty = br.vEmpty;
   unsigned char* const sQ = smemRaw + ((1024 - (smemAddr(smemRaw) & 1023)) & 1023);
   unsigned char* const sKV = sQ + T::Q_BYTES; // stage s: K tile, then V tile
 
-  const int mTiles = static_cast<int>((D::Sq + BM - 1) / BM);
-  const int m0 = (mTiles - 1 - static_cast<int>(blockIdx.x)) * BM;
-  const int h = static_cast<int>(blockIdx.y), b = static_cast<int>(blockIdx.z);
-  const int kvh = h / static_cast<int>(D::H / D::Hkv);
-  // Keys this tile reads: all, or (causal) those up to its last row's diagonal.
-  const int kLimit = static_cast<int>(
-      D::kMask == 1 ? min(D::Sk, static_cast<int64_t>(m0 + BM) + (D::Sk - D::Sq)) : D::Sk);
-  const int blocks = (kLimit + BN - 1) / BN;
+  const int tiles = T::RESIDENT ? static_cast<int>((D::Sq + BM - 1) / BM * D::H * D::B) : 1;
+  const int first = T::RESIDENT ? static_cast<int>(blockIdx.x) : 0;
+  const int step = T::RESIDENT ? static_cast<int>(gridDim.x) : 1;
 
   if (threadIdx.x == 0) {
     mbarInit(&qFull, 1);
+    mbarInit(&qEmpty, 8); // lane 0 of each consumer warp, once its last Q K^T of a tile is done
     for (int s = 0; s < S; ++s) {
       mbarInit(&kFull[s], 1);
       mbarInit(&vFull[s], 1);
@@ -194,39 +286,16 @@ template <class D, class T> __device__ __forceinline__ void flashAttention(const
   const int wg = static_cast<int>(threadIdx.x) / 128;
   if (wg == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-    if (threadIdx.x != 0)
-      return;
-    mbarExpectTx(&qFull, T::Q_BYTES);
-#pragma unroll
-    for (int c = 0; c < KB; ++c)
-      tmaLoad2d(sQ + c * BM * 128, &p.a, h * HD + 64 * c, static_cast<int>(b * D::Sq) + m0, &qFull);
-    int s = 0;
-    unsigned phase = 0;
-    for (int j = 0; j < blocks; ++j) {
-      const int row = static_cast<int>(b * D::Sk) + j * BN;
-      unsigned char* const kt = sKV + s * 2 * T::KV_BYTES;
-      mbarWait(&kEmpty[s], phase ^ 1); // a fresh barrier passes parity 1 at once
-      mbarExpectTx(&kFull[s], T::KV_BYTES);
-#pragma unroll
-      for (int c = 0; c < KB; ++c)
-        tmaLoad2d(kt + c * BN * 128, &p.b, kvh * HD + 64 * c, row, &kFull[s]);
-      mbarWait(&vEmpty[s], phase ^ 1);
-      mbarExpectTx(&vFull[s], T::KV_BYTES);
-#pragma unroll
-      for (int c = 0; c < KB; ++c)
-        tmaLoad2d(kt + T::KV_BYTES + c * BN * 128, &p.c, kvh * HD + 64 * c, row, &vFull[s]);
-      if (++s == S) {
-        s = 0;
-        phase ^= 1;
-      }
-    }
+    if (threadIdx.x == 0)
+      flashProduce<D, T>(p, sQ, sKV, br, first, tiles, step);
     return;
   }
   asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
   const FpatKernelArgs& a = p.k;
   const int c = wg - 1, tid = static_cast<int>(threadIdx.x) % 128, warp = tid / 32, lane = tid % 32;
-  const int64_t rows[2] = {m0 + c * 64 + warp * 16 + lane / 4,
-                           m0 + c * 64 + warp * 16 + lane / 4 + 8};
+  // The tile's: its first query row, head, batch, rows of this thread, key blocks.
+  int m0 = 0, h = 0, b = 0, blocks = 0;
+  int64_t rows[2] = {0, 0};
   const float scaleLog2 = ldh(a.in[4], 0) * 1.4426950408889634f;
   // A block needs masking where it reaches past Sk, or (causal) past the tile's first row's
   // diagonal.
@@ -234,10 +303,7 @@ template <class D, class T> __device__ __forceinline__ void flashAttention(const
     return n0 + BN > D::Sk || (D::kMask == 1 && n0 + BN - 1 > m0 + (D::Sk - D::Sq));
   };
   float o[HD / 2];
-#pragma unroll
-  for (int i = 0; i < HD / 2; ++i)
-    o[i] = 0.0f;
-  FlashRows st{{-INFINITY, -INFINITY}, {0.0f, 0.0f}};
+  FlashRows st;
   float sc[BN / 2], corr[2];
   unsigned pa[BN / 16][4];
 
@@ -291,9 +357,8 @@ template <class D, class T> __device__ __forceinline__ void flashAttention(const
   if (T::PINGPONG && c == 1)
     namedBarrierArrive(1, 256);
 
-  mbarWait(&qFull, 0);
   int s = 0;
-  unsigned phase = 0;
+  unsigned phase = 0, qPhase = 0;
   // The scale folds into exp2's argument where it is known to be positive.
   constexpr bool kPrescale = D::kMask == 2 || !D::kScalePositive;
   const float mult = kPrescale ? 1.0f : scaleLog2;
@@ -301,8 +366,57 @@ template <class D, class T> __device__ __forceinline__ void flashAttention(const
     maskScores<D, BN, kPrescale>(a, sc, scaleLog2, rows, j * BN, edge(j * BN), b, h, lane);
     softmaxBlock<BN>(sc, st, corr, mult);
   };
-  if constexpr (!T::OVERLAP) {
-    for (int j = 0; j < blocks; ++j) {
+  // After the tile's last Q K^T: the producer may load the next tile's Q.
+  auto releaseQ = [&](int j) {
+    if (j == blocks - 1 && lane == 0)
+      mbarArrive(&qEmpty);
+  };
+  for (int t = first; t < tiles; t += step, qPhase ^= 1) {
+    const FlashWork w = flashWork<D, T>(t);
+    m0 = w.m0;
+    h = w.h;
+    b = w.b;
+    blocks = w.blocks;
+    rows[0] = m0 + c * 64 + warp * 16 + lane / 4;
+    rows[1] = rows[0] + 8;
+#pragma unroll
+    for (int i = 0; i < HD / 2; ++i)
+      o[i] = 0.0f;
+    st = FlashRows{{-INFINITY, -INFINITY}, {0.0f, 0.0f}};
+    mbarWait(&qFull, qPhase);
+    if (blocks == 0 && lane == 0)
+      mbarArrive(&qEmpty);
+    if constexpr (!T::OVERLAP) {
+      for (int j = 0; j < blocks; ++j) {
+        mbarWait(&kFull[s], phase);
+        myTurn();
+        issueScores(s);
+        yieldTurn();
+        wgmmaWait<0>();
+        fenceScores();
+        if (lane == 0)
+          mbarArrive(&kEmpty[s]);
+        releaseQ(j);
+        softmax(j);
+        rescaleOutput<HD>(o, corr);
+        packP<BN>(sc, pa);
+        mbarWait(&vFull[s], phase);
+        myTurn();
+        issueValues(s);
+        yieldTurn();
+        wgmmaWait<0>();
+        fenceOut();
+        if (lane == 0)
+          mbarArrive(&vEmpty[s]);
+        if (++s == S) {
+          s = 0;
+          phase ^= 1;
+        }
+      }
+    } else if (blocks > 0) {
+      // Block j's scores are issued, then O is rescaled for block j - 1's softmax (the
+      // tensor cores run the scores meanwhile; block j - 2's P V is done), then P V of block
+      // j - 1; block j's softmax runs while that product does.
       mbarWait(&kFull[s], phase);
       myTurn();
       issueScores(s);
@@ -311,89 +425,54 @@ template <class D, class T> __device__ __forceinline__ void flashAttention(const
       fenceScores();
       if (lane == 0)
         mbarArrive(&kEmpty[s]);
-      softmax(j);
-      rescaleOutput<HD>(o, corr);
+      releaseQ(0);
+      softmax(0);
       packP<BN>(sc, pa);
-      mbarWait(&vFull[s], phase);
-      myTurn();
-      issueValues(s);
-      yieldTurn();
-      wgmmaWait<0>();
-      fenceOut();
-      if (lane == 0)
-        mbarArrive(&vEmpty[s]);
-      if (++s == S) {
-        s = 0;
-        phase ^= 1;
+      int prev = s;
+      unsigned prevPhase = phase;
+      for (int j = 1; j < blocks; ++j) {
+        if (++s == S) {
+          s = 0;
+          phase ^= 1;
+        }
+        mbarWait(&kFull[s], phase);
+        mbarWait(&vFull[prev], prevPhase);
+        myTurn();
+        issueScores(s);
+        rescaleOutput<HD>(o, corr);
+        issueValues(prev);
+        yieldTurn();
+        wgmmaWait<1>(); // the scores are done; P V of the block before may still run
+        fenceScores();
+        if (lane == 0)
+          mbarArrive(&kEmpty[s]);
+        releaseQ(j);
+        softmax(j);
+        wgmmaWait<0>();
+        fenceOut();
+        if (lane == 0)
+          mbarArrive(&vEmpty[prev]);
+        packP<BN>(sc, pa);
+        prev = s;
+        prevPhase = phase;
       }
-    }
-  } else if (blocks > 0) {
-    // Block j's scores are issued, then O is rescaled for block j - 1's softmax (the
-    // tensor cores run the scores meanwhile; block j - 2's P V is done), then P V of block
-    // j - 1; block j's softmax runs while that product does.
-    mbarWait(&kFull[0], 0);
-    myTurn();
-    issueScores(0);
-    yieldTurn();
-    wgmmaWait<0>();
-    fenceScores();
-    if (lane == 0)
-      mbarArrive(&kEmpty[0]);
-    softmax(0);
-    packP<BN>(sc, pa);
-    int prev = 0;
-    unsigned prevPhase = 0;
-    for (int j = 1; j < blocks; ++j) {
-      if (++s == S) {
-        s = 0;
-        phase ^= 1;
-      }
-      mbarWait(&kFull[s], phase);
       mbarWait(&vFull[prev], prevPhase);
       myTurn();
-      issueScores(s);
       rescaleOutput<HD>(o, corr);
       issueValues(prev);
       yieldTurn();
-      wgmmaWait<1>(); // the scores are done; P V of the block before may still run
-      fenceScores();
-      if (lane == 0)
-        mbarArrive(&kEmpty[s]);
-      softmax(j);
       wgmmaWait<0>();
       fenceOut();
       if (lane == 0)
         mbarArrive(&vEmpty[prev]);
-      packP<BN>(sc, pa);
-      prev = s;
-      prevPhase = phase;
+      if (++s == S) { // the ring goes on with the next tile
+        s = 0;
+        phase ^= 1;
+      }
     }
-    mbarWait(&vFull[prev], prevPhase);
-    myTurn();
-    rescaleOutput<HD>(o, corr);
-    issueValues(prev);
-    yieldTurn();
-    wgmmaWait<0>();
-    fenceOut();
-    if (lane == 0)
-      mbarArrive(&vEmpty[prev]);
-  }
 
-  // O / l, this thread's two rows: f16 pairs (columns 8 i + 2 (lane % 4)).
-#pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    float l = st.sum[hh];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    if (rows[hh] >= D::Sq)
-      continue;
-    elem* out = static_cast<elem*>(a.out) + ((b * D::Sq + rows[hh]) * D::H + h) * HD;
-#pragma unroll
-    for (int i = 0; i < HD / 8; ++i) {
-      const elem2 v = fromF2(o[i * 4 + hh * 2] / l, o[i * 4 + hh * 2 + 1] / l);
-      *reinterpret_cast<elem2*>(out + 8 * i + 2 * (lane % 4)) = v;
-    }
-  }
+    flashStore<D, HD>(a, o, st, rows, b, h, lane);
+  } // the tiles
 #else
   (void)p;
   __trap(); // compiled without sm_90a: the host never launches this

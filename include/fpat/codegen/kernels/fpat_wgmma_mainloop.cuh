@@ -177,15 +177,16 @@ template <int MI, int NORM> struct WgmmaRowSums {
 /// The deferred norm's row statistics summed by the producer warpgroup's three idle warps
 /// (NORM: 1 layernorm, 2 rmsnorm) from each stage's A box, beside the consumers' MMAs: no
 /// launch, no second read of x, and nothing in the consumers' loop (their own shared-memory
-/// reads there slowed their MMAs, bench/RESULTS.md session 26). Row group g (rows 4g .. 4g + 3)
-/// is warp g % 3's; eight lanes read a row's eight 16-byte chunks (a warp reads 512
-/// consecutive bytes: no bank conflicts), whose order the swizzle permutes within the row, which
-/// a sum does not see. Per tile, each row's rstd and rstd * mean go to out[item parity], which
-/// `full` publishes to the consumers and `empty` hands back.
+/// reads there slowed their MMAs, bench/RESULTS.md session 26). Each of the 96 threads owns
+/// rows q, q + 96, ... and reads their eight 16-byte chunks of every stage (32 lanes read 32
+/// rows at chunk positions the swizzle spreads over all banks: 4 wavefronts, the least for 512
+/// bytes), keeping the sums in registers until the tile's last k-tile: no shuffles and no
+/// shared-memory sums in the loop (session 37: a lane per chunk with a shuffle reduction and a
+/// shared-memory sum per row and k-tile held the GEMM to a third of its speed). Per tile, each
+/// row's rstd and rstd * mean go to out[item parity], which `full` publishes to the consumers
+/// and `empty` hands back.
 template <int BM> struct WgmmaStats {
-  float sx[BM], sq[BM], shift[BM]; // the running sums of the tile being read (LayerNorm: of x -
-                                   // shift, the row's first element: no cancellation)
-  float2 out[2][BM];               // rstd, rstd * mean (0 for rmsnorm)
+  float2 out[2][BM]; // rstd, rstd * mean (0 for rmsnorm)
   uint64_t full[2], empty[2];
 };
 
@@ -194,44 +195,43 @@ namespace sm90 {
 template <class T, int NORM, class Sched>
 __device__ __forceinline__ void producerRowStats(const WgmmaSmem<T>& sm, const Sched& sched,
                                                  WgmmaStats<T::BM>& st, float eps) {
-  constexpr int S = T::STAGES, BM = T::BM, GROUPS = T::A_ROWS / 4;
-  const int warp = threadIdx.x / 32 - 1, lane = threadIdx.x % 32, sub = lane % 8;
+  constexpr int S = T::STAGES, BM = T::BM, RPT = (BM + 95) / 96;
+  const int q = static_cast<int>(threadIdx.x) - 32, lane = threadIdx.x % 32;
   const float pad = static_cast<float>(sched.KT * T::BK - sched.K), n = static_cast<float>(sched.K);
   int stage = 0, local = 0, t, k0, k1;
   unsigned phase = 0;
   for (int w = 0; sched.work(w, t, k0, k1); ++w, ++local) {
+    // LayerNorm sums x - shift, the row's first element: no cancellation when |mean| >> sigma.
+    float s1[RPT], s2[RPT], c0[RPT];
+#pragma unroll
+    for (int j = 0; j < RPT; ++j)
+      s1[j] = s2[j] = c0[j] = 0.0f;
     for (int kt = k0; kt < k1; ++kt) {
       mbarWait(&sm.full[stage], phase);
       const unsigned char* A = sm.stageA(stage);
-      for (int g = warp; g < GROUPS; g += 3) {
-        const int r = 4 * g + lane / 8;
-        Half8 v;
-        v.u = *reinterpret_cast<const uint4*>(A + r * 128 + sub * 16);
-        float c0 = 0.0f;
+#pragma unroll
+      for (int j = 0; j < RPT; ++j) {
+        const int r = q + 96 * j;
+        if (r >= T::A_ROWS)
+          break;
+        const unsigned char* row = A + r * 128;
         if constexpr (NORM == 1)
-          c0 = kt == k0 ? toF(*reinterpret_cast<const elem*>(A + r * 128 + (r % 8) * 16))
-                        : st.shift[r];
-        float s1 = 0.0f, s2 = 0.0f;
+          if (kt == k0)
+            c0[j] = toF(*reinterpret_cast<const elem*>(row + (r % 8) * 16));
 #pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          const float x = toF(v.h[e]) - c0;
-          s1 += x;
-          s2 = fmaf(x, x, s2);
-        }
+        for (int c = 0; c < 8; ++c) {
+          Half8 v;
+          v.u = *reinterpret_cast<const uint4*>(row + c * 16);
 #pragma unroll
-        for (int o = 1; o < 8; o *= 2) {
-          s1 += __shfl_xor_sync(0xffffffffu, s1, o);
-          s2 += __shfl_xor_sync(0xffffffffu, s2, o);
-        }
-        if (sub == 0) {
-          st.sq[r] = kt == k0 ? s2 : st.sq[r] + s2;
-          if constexpr (NORM == 1) {
-            st.sx[r] = kt == k0 ? s1 : st.sx[r] + s1;
-            st.shift[r] = c0;
+          for (int e = 0; e < 8; ++e) {
+            const float x = toF(v.h[e]) - c0[j];
+            if constexpr (NORM == 1)
+              s1[j] += x;
+            s2[j] = fmaf(x, x, s2[j]);
           }
         }
       }
-      __syncwarp(); // the warp's reads of the stage are done (and its sums visible to it)
+      __syncwarp(); // the warp's reads of the stage are done
       if (lane == 0)
         mbarArrive(&sm.empty[stage]);
       if (++stage == S) {
@@ -239,24 +239,23 @@ __device__ __forceinline__ void producerRowStats(const WgmmaSmem<T>& sm, const S
         phase ^= 1;
       }
     }
-    // The tile's statistics, each warp its own rows, once the consumers have read what the
-    // buffer held two items ago. Columns past K were TMA's zeros (each added -shift, shift^2);
-    // rows past the A box (a short one) are never stored.
+    // The tile's statistics, once the consumers have read what the buffer held two items ago.
+    // Columns past K were TMA's zeros (each added -shift, shift^2); rows past the A box (a
+    // short one) are never stored.
     const int b = local & 1;
     mbarWait(&st.empty[b], ((local >> 1) & 1) ^ 1);
-    const int rows = 4 * ((BM / 4 - warp + 2) / 3);
-    for (int i = lane; i < rows; i += 32) {
-      const int r = 4 * (warp + 3 * (i / 4)) + i % 4;
+#pragma unroll
+    for (int j = 0; j < RPT; ++j) {
+      const int r = q + 96 * j;
+      if (r >= BM)
+        break;
       float rs = 0.0f, mr = 0.0f;
       if (r < T::A_ROWS) {
-        float s1 = NORM == 1 ? st.sx[r] : 0.0f, s2 = st.sq[r];
-        const float c0 = NORM == 1 ? st.shift[r] : 0.0f;
-        s1 += pad * c0;
-        s2 -= pad * c0 * c0;
-        const float d = s1 / n;
-        const float var = NORM == 1 ? fmaxf(s2 / n - d * d, 0.0f) : s2 / n;
+        const float a1 = s1[j] + pad * c0[j], a2 = s2[j] - pad * c0[j] * c0[j];
+        const float d = a1 / n;
+        const float var = NORM == 1 ? fmaxf(a2 / n - d * d, 0.0f) : a2 / n;
         rs = rsqrtf(var + eps);
-        mr = NORM == 1 ? (c0 + d) * rs : 0.0f;
+        mr = NORM == 1 ? (c0[j] + d) * rs : 0.0f;
       }
       st.out[b][r] = make_float2(rs, mr);
     }

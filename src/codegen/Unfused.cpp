@@ -174,13 +174,18 @@ KernelUnit generateElementwise(const ir::Graph& g, ir::Vertex v, dsl::Activation
   case ir::OpKind::Mul:
   case ir::OpKind::Sub:
   case ir::OpKind::Div:
-  case ir::OpKind::Pow: {
+  case ir::OpKind::Pow:
+  case ir::OpKind::Max:
+  case ir::OpKind::Min: {
+    // Max and Min pass NaN on, as the reference does (fmaxf would drop it).
     static const std::map<ir::OpKind, std::string> exprs = {
         {ir::OpKind::Add, "in[0] + in[1]"},
         {ir::OpKind::Mul, "in[0] * in[1]"},
         {ir::OpKind::Sub, "in[0] - in[1]"},
         {ir::OpKind::Div, "in[0] / in[1]"},
-        {ir::OpKind::Pow, "powf(in[0], in[1])"}};
+        {ir::OpKind::Pow, "powf(in[0], in[1])"},
+        {ir::OpKind::Max, "in[0] != in[0] || in[0] > in[1] ? in[0] : in[1]"},
+        {ir::OpKind::Min, "in[0] != in[0] || in[0] < in[1] ? in[0] : in[1]"}};
     expr = exprs.at(op.kind);
     kinds = binaryKinds();
     suffix = ir::opKindName(op.kind);
@@ -270,10 +275,11 @@ KernelUnit generateAttentionOp(const ir::Graph& g, ir::Vertex v, const CodegenOp
       for (ir::Vertex w : ins)
         types.push_back(g.op(w).type);
       extra = "namespace {\n\n" + broadcastStruct(op.type, types) + "} // namespace\n\n";
-      u.name =
-          "fpat_rope_" + std::to_string(u.N) + "_" + sha256Hex(extra).substr(0, 12) + "_" + arch;
-      call = "ropeHalves<" + std::to_string(u.N) + ", Bcast>(a)";
-      what = "rope (rotate_half form, rows of " + std::to_string(u.N) + ")";
+      u.name = std::string("fpat_rope_") + (op.interleaved ? "pairs_" : "") + std::to_string(u.N) +
+               "_" + sha256Hex(extra).substr(0, 12) + "_" + arch;
+      call = (op.interleaved ? "ropePairs<" : "ropeHalves<") + std::to_string(u.N) + ", Bcast>(a)";
+      what = std::string("rope (") + (op.interleaved ? "interleaved" : "rotate_half") +
+             " form, rows of " + std::to_string(u.N) + ")";
     }
     body << header(what, o, {"family:   elementwise (one element per thread)"})
          << "#include \"fpat_attention.cuh\"\n\n"

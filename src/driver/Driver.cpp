@@ -401,6 +401,14 @@ bool importOnnx(const FpatcOptions& opts, const std::string& bytes, const Patter
   const ir::Graph* asExported = model ? &*model : nullptr;
   for (ir::Vertex v : g->vertices()) {
     const ir::Op& op = g->op(v);
+    if (op.kind == ir::OpKind::Constant && asExported && v < asExported->size() &&
+        asExported->op(v).value != op.value) {
+      std::ostringstream os;
+      os << std::setprecision(10) << "constant %" << op.name << ": " << asExported->op(v).value
+         << " is beyond " << ir::dtypeName(op.type.dtype) << "'s range; the run uses " << op.value
+         << " (as a mask's fill, the same: no weight in the softmax)";
+      notes.push_back(os.str());
+    }
     if (op.kind != ir::OpKind::Input || !op.data)
       continue;
     size_t bad = 0, inModel = 0;
@@ -501,6 +509,62 @@ bool loadInputs(const ir::Graph& g, const std::string& dir, const SourceNames& s
     return false;
   }
   return true;
+}
+
+/// --expect DIR: each output NAME against DIR/NAME.f32 (raw little-endian f32, row-major), what
+/// another framework computed on the same inputs: an independent oracle of the import itself,
+/// which the checks against "the f32 model" (made by the same import) cannot be. The f32 model
+/// agrees with it to f32 roundings (tolerance 1e-3); without one, the graph's reference does
+/// to its own precision's. Returns 1 when a check fails or no file is found.
+int checkExpected(const FpatcOptions& opts, const ir::Graph& g, const SourceNames& sourceNames,
+                  const std::vector<ir::Tensor>& vals, const std::vector<ir::Tensor>& modelOutputs,
+                  const std::optional<ir::RowSample>& sample, std::ostream& out,
+                  std::ostream& err) {
+  const bool model = !modelOutputs.empty();
+  const ir::DType dt = g.op(g.outputs()[0]).type.dtype;
+  const double tol = model ? 1e-3 : dt == ir::DType::F32 ? 1e-3 : modelTolerance(dt);
+  out << "  " << (model ? "the f32 model" : "the graph") << " vs " << opts.expectDir
+      << " (rel err <= " << sci(tol) << "):\n";
+  int rc = 0;
+  size_t found = 0;
+  for (size_t i = 0; i < g.outputs().size(); ++i) {
+    const ir::Op& op = g.op(g.outputs()[i]);
+    const fs::path file = fs::path(opts.expectDir) / (fileStem(op.name, sourceNames) + ".f32");
+    std::error_code ec;
+    if (!fs::exists(file, ec)) {
+      out << "    %" << op.name << ": no " << file.filename().string() << ", not checked\n";
+      continue;
+    }
+    ++found;
+    const size_t want = static_cast<size_t>(op.type.numel()) * 4;
+    std::string bytes, why;
+    if (!readFile(file.string(), bytes, &why, want + 1) || bytes.size() != want) {
+      err << "fpatc: error: " << file.string() << ": "
+          << (why.empty() || why.find("longer than") != std::string::npos
+                  ? "expected " + std::to_string(want) + " bytes of f32 for %" + op.name + " " +
+                        op.type.str() + ", found " +
+                        (bytes.size() > want ? "more" : std::to_string(bytes.size()))
+                  : why)
+          << "\n";
+      rc = 1;
+      continue;
+    }
+    ir::Tensor t;
+    t.desc = {op.type.shape, ir::DType::F32};
+    t.data.resize(want / 4);
+    std::memcpy(t.data.data(), bytes.data(), want); // little-endian hosts only, as --inputs
+    const ir::Tensor expected = sample ? ir::sliceRows(t, sample->picked) : std::move(t);
+    const ir::Tensor& got = model ? modelOutputs[i] : vals[g.outputs()[i]];
+    const runtime::Agreement c = runtime::compareToReference(got, expected, tol);
+    out << "    %" << op.name << ": " << verdict(c) << "\n";
+    rc = c.pass ? rc : 1;
+  }
+  if (found == 0) {
+    err << "fpatc: error: --expect '" << opts.expectDir
+        << "': no file there is named after an output (NAME.f32)\n";
+    return 1;
+  }
+  return rc;
 }
 
 /// Writes a tensor as raw little-endian binary16 (the format --inputs reads).
@@ -945,9 +1009,13 @@ bool checkEnvironment(std::ostream& err) {
     const std::string bn = v.substr(0, digits),
                       rest = digits == std::string::npos ? "" : v.substr(digits);
     if ((bn != "64" && bn != "128" && bn != "176" && bn != "192") ||
-        rest.find_first_not_of("sp") != std::string::npos)
-      bad("FPAT_FLASH", v, "expected a key block of 64, 128, 176 or 192, then s and/or p");
+        rest.find_first_not_of("spr") != std::string::npos)
+      bad("FPAT_FLASH", v, "expected a key block of 64, 128, 176 or 192, then any of s, p and r");
   }
+  if (std::string v = value("FPAT_DECODE_SPLITS");
+      !v.empty() &&
+      (v.find_first_not_of("0123456789") != std::string::npos || v.size() > 4 || std::stoi(v) == 0))
+    bad("FPAT_DECODE_SPLITS", v, "expected a number of splits from 1 to 9999");
   for (const char* flag : {"FPAT_RETUNE", "FPAT_SPLIT_LAST_WAVE"})
     if (std::string v = value(flag); !v.empty() && v != "0" && v != "1")
       bad(flag, v, "expected 0 or 1");
@@ -959,12 +1027,14 @@ bool checkEnvironment(std::ostream& err) {
 /// nothing written).
 bool checkFolders(const FpatcOptions& opts, std::ostream& err) {
   std::error_code ec;
-  if (!opts.inputsDir.empty() && !fs::is_directory(opts.inputsDir, ec)) {
-    err << "fpatc: error: --inputs '" << opts.inputsDir
-        << "': " << (fs::exists(opts.inputsDir, ec) ? "not a directory" : "no such directory")
-        << "\n";
-    return false;
-  }
+  // Folders read from: there, and folders.
+  for (const auto& [dir, option] :
+       {std::pair{&opts.inputsDir, "--inputs"}, std::pair{&opts.expectDir, "--expect"}})
+    if (!dir->empty() && !fs::is_directory(*dir, ec)) {
+      err << "fpatc: error: " << option << " '" << *dir
+          << "': " << (fs::exists(*dir, ec) ? "not a directory" : "no such directory") << "\n";
+      return false;
+    }
   auto writable = [&](const std::string& dir, const char* option) {
     if (fs::exists(dir, ec) && !fs::is_directory(dir, ec)) {
       err << "fpatc: error: " << option << " '" << dir << "': not a directory\n";
@@ -1103,7 +1173,7 @@ int referenceStage(const FpatcOptions& opts, const Patterns& pats, const ir::Gra
                    const std::optional<ir::RowSample>& sample, const std::string& notSampled,
                    const ir::InputMap& inputs, const std::string& inputsSaid,
                    std::vector<ir::Tensor>& vals, std::vector<ir::Tensor>& modelOutputs,
-                   std::ostream& out) {
+                   const SourceNames& sourceNames, std::ostream& out, std::ostream& err) {
   int rc = 0;
   auto t0 = std::chrono::steady_clock::now();
   const ir::Graph& refGraph = sample ? sample->graph : g;
@@ -1236,6 +1306,10 @@ int referenceStage(const FpatcOptions& opts, const Patterns& pats, const ir::Gra
       out << (i ? ", " : " ") << checkTimes[i].first << " in " << fixed(checkTimes[i].second, 2)
           << " s";
     out << "\n";
+  }
+  if (!opts.expectDir.empty()) {
+    const int e = checkExpected(opts, g, sourceNames, vals, modelOutputs, sample, out, err);
+    rc = rc ? rc : e;
   }
   return rc;
 }
@@ -1457,7 +1531,7 @@ int runFpatc(const FpatcOptions& opts, std::ostream& out, std::ostream& err) {
   if (opts.reference)
     rc = referenceStage(opts, pats, *g, given, !steps.empty() || !rewrites.empty(), model, fused,
                         opts.fuse && !mr.matches.empty(), sample, notSampled, inputs, inputsSaid,
-                        vals, modelOutputs, out);
+                        vals, modelOutputs, sourceNames, out, err);
   if (opts.compile) {
     // A failure found on the CPU wins over a skip (77) or a pass from the GPU stages.
     const int gpu = gpuStages(opts, fused, pats, &inputs, opts.reference ? &vals : nullptr,

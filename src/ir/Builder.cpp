@@ -117,6 +117,18 @@ Value GraphBuilder::pow(Value a, Value b, const std::string& name) {
   return append(std::move(op), {a, b}, name);
 }
 
+Value GraphBuilder::max(Value a, Value b, const std::string& name) {
+  Op op;
+  op.kind = OpKind::Max;
+  return append(std::move(op), {a, b}, name);
+}
+
+Value GraphBuilder::min(Value a, Value b, const std::string& name) {
+  Op op;
+  op.kind = OpKind::Min;
+  return append(std::move(op), {a, b}, name);
+}
+
 Value GraphBuilder::reduceMean(Value x, const std::string& name) {
   Op op;
   op.kind = OpKind::ReduceMean;
@@ -173,9 +185,10 @@ Value GraphBuilder::concat(Value a, Value b, const std::string& name) {
   return append(std::move(op), {a, b}, name);
 }
 
-Value GraphBuilder::rope(Value x, Value cos, Value sin, const std::string& name) {
+Value GraphBuilder::rope(Value x, Value cos, Value sin, const std::string& name, bool interleaved) {
   Op op;
   op.kind = OpKind::Rope;
+  op.interleaved = interleaved;
   return append(std::move(op), {x, cos, sin}, name);
 }
 

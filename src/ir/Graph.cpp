@@ -7,6 +7,7 @@
 #include <iomanip>
 #include <set>
 #include <sstream>
+#include <stdexcept>
 
 namespace fpat::ir {
 
@@ -35,6 +36,8 @@ const std::vector<OpKindInfo>& opKinds() {
       {OpKind::MergeHeads, "merge_heads", 1, 1},
       {OpKind::Concat, "concat", 2, 2},
       {OpKind::Rope, "rope", 3, 3},
+      {OpKind::Max, "max", 2, 2},
+      {OpKind::Min, "min", 2, 2},
   };
   return kinds;
 }
@@ -55,7 +58,29 @@ std::optional<OpKind> parseOpKind(std::string_view name) {
 
 bool isBinaryElementwise(OpKind k) {
   return k == OpKind::Add || k == OpKind::Mul || k == OpKind::Sub || k == OpKind::Div ||
-         k == OpKind::Pow;
+         k == OpKind::Pow || k == OpKind::Max || k == OpKind::Min;
+}
+
+double applyBinary(OpKind k, double x, double y) {
+  switch (k) {
+  case OpKind::Add:
+    return x + y;
+  case OpKind::Mul:
+    return x * y;
+  case OpKind::Sub:
+    return x - y;
+  case OpKind::Div:
+    return x / y;
+  case OpKind::Pow:
+    return std::pow(x, y);
+  case OpKind::Max: // NaN wins, as in torch.maximum (std::fmax would drop it)
+    return std::isnan(x) || std::isnan(y) ? std::nan("") : std::max(x, y);
+  case OpKind::Min:
+    return std::isnan(x) || std::isnan(y) ? std::nan("") : std::min(x, y);
+  default:
+    throw std::logic_error(std::string("applyBinary: ") + opKindName(k) +
+                           " is not a binary elementwise op");
+  }
 }
 
 std::optional<std::vector<int64_t>> broadcastShapes(const std::vector<int64_t>& a,
@@ -375,7 +400,9 @@ std::optional<TensorDesc> inferType(const Op& op, const std::vector<OperandInfo>
   case OpKind::Mul:
   case OpKind::Sub:
   case OpKind::Div:
-  case OpKind::Pow: {
+  case OpKind::Pow:
+  case OpKind::Max:
+  case OpKind::Min: {
     auto shape = broadcastShapes(in[0].type.shape, in[1].type.shape);
     if (!shape)
       return fail(1, operandRef(in, 1) + " does not broadcast with operand 0, " +
@@ -668,6 +695,10 @@ std::string attrString(const Op& op) {
   case OpKind::Gemm:
     if (op.transposeB)
       attrs.push_back("transpose_b = true");
+    break;
+  case OpKind::Rope:
+    if (op.interleaved)
+      attrs.push_back("interleaved = true");
     break;
   case OpKind::Activation:
     attrs.push_back("fn = " + op.fn);

@@ -252,38 +252,25 @@ void binary(OpKind k, const Tensor& a, const Tensor& b, Tensor& out) {
   for (int64_t i = 0; i < total; ++i) {
     const double x = a.data[static_cast<size_t>(broadcastIndex(i, out.desc.shape, sa))];
     const double y = b.data[static_cast<size_t>(broadcastIndex(i, out.desc.shape, sb))];
-    double r = 0;
-    switch (k) {
-    case OpKind::Add:
-      r = x + y;
-      break;
-    case OpKind::Mul:
-      r = x * y;
-      break;
-    case OpKind::Sub:
-      r = x - y;
-      break;
-    case OpKind::Div:
-      r = x / y;
-      break;
-    default:
-      r = std::pow(x, y);
-      break;
-    }
+    const double r = applyBinary(k, x, y);
     out.data[static_cast<size_t>(i)] = store(r, out.desc.dtype);
   }
 }
 
-/// x * cos + rotate_half(x) * sin in double, cos and sin broadcast to x; rotate_half takes
-/// each last-dimension row (x1, x2) to (-x2, x1).
-void rope(const Tensor& x, const Tensor& c, const Tensor& s, Tensor& out) {
+/// x * cos + rotate(x) * sin in double, cos and sin broadcast to x; rotate takes each
+/// last-dimension row (x1, x2) to (-x2, x1) (rotate_half), or each pair (x[2i], x[2i+1]) to
+/// (-x[2i+1], x[2i]) (interleaved: GPT-J's rotate_every_two).
+void rope(const Tensor& x, const Tensor& c, const Tensor& s, bool interleaved, Tensor& out) {
   const std::vector<int64_t> sc = broadcastStrides(c.desc, x.desc);
   const std::vector<int64_t> ss = broadcastStrides(s.desc, x.desc);
   const int64_t total = x.desc.numel(), d = x.desc.shape.back(), half = d / 2;
   for (int64_t i = 0; i < total; ++i) {
     const int64_t col = i % d;
-    const double rot = col < half ? -double(x.data[static_cast<size_t>(i + half)])
-                                  : double(x.data[static_cast<size_t>(i - half)]);
+    const int64_t other = interleaved  ? (col % 2 ? i - 1 : i + 1)
+                          : col < half ? i + half
+                                       : i - half;
+    const bool negate = interleaved ? col % 2 == 0 : col < half;
+    const double rot = (negate ? -1.0 : 1.0) * double(x.data[static_cast<size_t>(other)]);
     const double v = double(x.data[static_cast<size_t>(i)]) *
                          c.data[static_cast<size_t>(broadcastIndex(i, x.desc.shape, sc))] +
                      rot * s.data[static_cast<size_t>(broadcastIndex(i, x.desc.shape, ss))];
@@ -529,6 +516,8 @@ std::vector<Tensor> evaluate(const Graph& g, const std::map<std::string, Tensor>
     case OpKind::Sub:
     case OpKind::Div:
     case OpKind::Pow:
+    case OpKind::Max:
+    case OpKind::Min:
       binary(op.kind, in(0), in(1), out);
       break;
     case OpKind::Constant:
@@ -585,7 +574,7 @@ std::vector<Tensor> evaluate(const Graph& g, const std::map<std::string, Tensor>
       break;
     }
     case OpKind::Rope:
-      rope(in(0), in(1), in(2), out);
+      rope(in(0), in(1), in(2), op.interleaved, out);
       break;
     case OpKind::AttnQk:
       attnQk(op, in(0), in(1), out);

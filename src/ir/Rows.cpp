@@ -44,6 +44,8 @@ std::vector<Role> operandRoles(const Graph& g, Vertex v) {
   case OpKind::Sub:
   case OpKind::Div:
   case OpKind::Pow:
+  case OpKind::Max:
+  case OpKind::Min:
     // A matrix operand with the result's rows carries them ([M, N] or [M, 1]); vectors,
     // scalars and [1, N] rows broadcast over all rows are read whole.
     for (size_t i = 0; i < ops.size(); ++i) {

@@ -843,6 +843,8 @@ std::optional<Vertex> buildResult(const Graph& g, Graph& out, const std::vector<
     attrNames = {"eps"};
   else if (n.kind == ir::OpKind::Gemm)
     attrNames = {"transpose_b"};
+  else if (n.kind == ir::OpKind::Rope)
+    attrNames = {"interleaved"};
   else if (const ActivationDef* a = lib.findActivation(n.fn))
     attrNames = a->paramNames;
   for (size_t i = 0; i < n.attrs.size() && i < attrNames.size(); ++i) {
@@ -857,6 +859,8 @@ std::optional<Vertex> buildResult(const Graph& g, Graph& out, const std::vector<
       op.params[attrNames[i]] = *v;
     else if (n.kind == ir::OpKind::Gemm)
       op.transposeB = *v != 0;
+    else if (n.kind == ir::OpKind::Rope)
+      op.interleaved = *v != 0;
     else
       op.eps = *v;
   }
@@ -883,11 +887,7 @@ std::optional<Vertex> buildResult(const Graph& g, Graph& out, const std::vector<
     const double x = out.op(ins[0]).value, y = out.op(ins[1]).value;
     ir::Op c;
     c.kind = ir::OpKind::Constant;
-    c.value = op.kind == ir::OpKind::Add   ? x + y
-              : op.kind == ir::OpKind::Mul ? x * y
-              : op.kind == ir::OpKind::Sub ? x - y
-              : op.kind == ir::OpKind::Div ? x / y
-                                           : std::pow(x, y);
+    c.value = ir::applyBinary(op.kind, x, y);
     c.type = op.type;
     c.loc = op.loc;
     c.origin = op.origin;

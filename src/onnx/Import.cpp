@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <map>
 #include <onnx/onnx.pb.h>
 #include <set>
@@ -48,6 +49,9 @@ struct Val {
   View view = View::None;
   View order = View::None; // Dense4: the ONNX order of `shape`
   int64_t batch = 0, seq = 0, heads = 0, headDim = 0, repeat = 1;
+  // Heads or HeadsT with batch and heads merged into one leading dimension: [B*H, S, d] or
+  // [B*H, d, S] (torch.bmm's form: OPT, BART, Whisper). The same elements as the 4-D view.
+  bool flatBH = false;
   // The other form of a head value, once made: a Tokens or Heads view's Dense4 vertex; a
   // Dense4 value's token-major vertex (merge_heads).
   std::optional<ir::Vertex> other;
@@ -835,13 +839,7 @@ private:
     };
     const std::vector<size_t> sa = strides(a), sb = strides(b);
     const bool scalarA = count(a) == 1, scalarB = count(b) == 1;
-    auto op = [k](double x, double y) {
-      return k == ir::OpKind::Add   ? x + y
-             : k == ir::OpKind::Sub ? x - y
-             : k == ir::OpKind::Mul ? x * y
-             : k == ir::OpKind::Div ? x / y
-                                    : std::pow(x, y);
-    };
+    auto op = [k](double x, double y) { return ir::applyBinary(k, x, y); };
     Val v;
     v.isConst = true;
     v.shape = shape;
@@ -921,8 +919,42 @@ private:
     define(n, emit(n, op, {va, vb}, shape));
   }
 
-  void unary(const NodeProto& n, const std::string& fn) {
+  /// Max and Min, which ONNX lets take any number of operands: one is itself, two a binary op.
+  void maxMin(const NodeProto& n) {
+    const int operands = n.input_size();
+    if (operands == 1) {
+      Val v = in(n, 0);
+      return define(n, std::move(v));
+    }
+    if (operands != 2)
+      throw UnsupportedError{"it has " + std::to_string(operands) +
+                             " operands; fpat imports Max and Min of one or two"};
+    const bool isMax = n.op_type() == "Max";
+    // A clamp at float's lowest (highest) value changes no finite value: OPT's
+    // torch.max(scores, finfo(f32).min) after its mask. It is the other operand itself; kept,
+    // its constant would be beyond f16's range.
+    for (int i = 0; i < 2; ++i) {
+      const Val& c = in(n, i);
+      const double limit = std::numeric_limits<float>::max();
+      if (c.isConst && count(c) == 1 && !in(n, 1 - i).isConst &&
+          (isMax ? at(c, 0) <= -limit : at(c, 0) >= limit) &&
+          broadcast(in(n, 0).shape, in(n, 1).shape) == in(n, 1 - i).shape) {
+        Val v = in(n, 1 - i);
+        return define(n, std::move(v));
+      }
+    }
+    binary(n, isMax ? ir::OpKind::Max : ir::OpKind::Min);
+  }
+
+  /// An elementwise function: the activation `fn`, or where its operand is a constant (T5's
+  /// relative-position buckets: Abs, Log of the distances) `fold` of it, once, in double.
+  void unary(const NodeProto& n, const std::string& fn, double (*fold)(double)) {
     Val& x = in(n, 0);
+    if (x.isConst) {
+      const bool keepsInteger = x.integer && (fn == "abs" || fn == "neg" || fn == "relu");
+      return define(n, foldConst({&x}, x.shape, keepsInteger,
+                                 [fold](const double* v) { return fold(v[0]); }));
+    }
     if (!acts_.contains(fn))
       throw UnsupportedError{"the activation '" + fn + "' is not defined"};
     ir::Op op;
@@ -967,6 +999,14 @@ private:
                              shapeStr(shape) + ")"};
     Val v = x;
     v.shape = std::move(shape);
+    if (!x.isConst && x.v) {
+      // Scores [B, H, Sq, Sk] seen as [B*H, Sq, Sk] (torch.bmm's form) and back: the IR keeps
+      // the rank-4 tensor, the value its ONNX shape.
+      const std::vector<int64_t>& ir = g_.op(*x.v).type.shape;
+      if (ir.size() == 4 &&
+          (v.shape == ir || v.shape == std::vector<int64_t>{ir[0] * ir[1], ir[2], ir[3]}))
+        return define(n, std::move(v));
+    }
     if (!x.isConst && flatten(v.shape) != flatten(x.shape)) {
       // [M, N] <-> [N] when M = 1, and the like, keep the data but not the IR type.
       const std::vector<int64_t> a = flatten(v.shape), b = flatten(x.shape);
@@ -986,8 +1026,8 @@ private:
     auto bin = [](ir::OpKind k) {
       return [k](Importer& i, const NodeProto& n) { i.binary(n, k); };
     };
-    auto un = [](const char* fn) {
-      return [fn](Importer& i, const NodeProto& n) { i.unary(n, fn); };
+    auto un = [](const char* fn, double (*fold)(double)) {
+      return [fn, fold](Importer& i, const NodeProto& n) { i.unary(n, fn, fold); };
     };
     auto member = [](void (Importer::*f)(const NodeProto&)) {
       return [f](Importer& i, const NodeProto& n) { (i.*f)(n); };
@@ -1006,7 +1046,7 @@ private:
       };
     };
     static const std::map<std::string, Converter> table = {
-        {"Abs", un("abs")},
+        {"Abs", un("abs", [](double x) { return std::fabs(x); })},
         {"Add", bin(ir::OpKind::Add)},
         {"Cast", member(&Importer::cast)},
         {"Concat", member(&Importer::concat)},
@@ -1014,21 +1054,23 @@ private:
         {"ConstantOfShape", member(&Importer::constantOfShape)},
         {"Div", bin(ir::OpKind::Div)},
         {"Dropout", member(&Importer::identity)},
-        {"Erf", un("erf")},
-        {"Exp", un("exp")},
+        {"Erf", un("erf", [](double x) { return std::erf(x); })},
+        {"Exp", un("exp", [](double x) { return std::exp(x); })},
         {"Expand", member(&Importer::expand)},
         {"Flatten", member(&Importer::reshape)},
         {"Gather", member(&Importer::gather)},
         {"Gemm", member(&Importer::matmul)},
         {"Identity", member(&Importer::identity)},
         {"LayerNormalization", member(&Importer::layerNorm)},
-        {"Log", un("log")},
+        {"Log", un("log", [](double x) { return std::log(x); })},
         {"MatMul", member(&Importer::matmul)},
         {"Mul", bin(ir::OpKind::Mul)},
-        {"Neg", un("neg")},
+        {"Neg", un("neg", [](double x) { return -x; })},
         {"Pow", bin(ir::OpKind::Pow)},
+        {"Max", member(&Importer::maxMin)},
+        {"Min", member(&Importer::maxMin)},
         {"Range", member(&Importer::range)},
-        {"Reciprocal", un("reciprocal")},
+        {"Reciprocal", un("reciprocal", [](double x) { return 1.0 / x; })},
         {"ReduceMean", member(&Importer::reduceMean)},
         {"Softmax", member(&Importer::softmax)},
         {"Split", member(&Importer::split)},
@@ -1045,15 +1087,15 @@ private:
         {"Sin", constUnary([](double x) { return std::sin(x); })},
         {"Trilu", member(&Importer::trilu)},
         {"Einsum", member(&Importer::einsum)},
-        {"Relu", un("relu")},
+        {"Relu", un("relu", [](double x) { return x > 0 ? x : 0.0; })},
         {"Reshape", member(&Importer::reshape)},
         {"Shape", member(&Importer::shapeOf)},
-        {"Sigmoid", un("sigmoid")},
+        {"Sigmoid", un("sigmoid", [](double x) { return 1.0 / (1.0 + std::exp(-x)); })},
         {"Slice", member(&Importer::slice)},
-        {"Sqrt", un("sqrt")},
+        {"Sqrt", un("sqrt", [](double x) { return std::sqrt(x); })},
         {"Squeeze", member(&Importer::reshape)},
         {"Sub", bin(ir::OpKind::Sub)},
-        {"Tanh", un("tanh")},
+        {"Tanh", un("tanh", [](double x) { return std::tanh(x); })},
         {"Transpose", member(&Importer::transpose)},
         {"Unsqueeze", member(&Importer::reshape)},
     };
@@ -1076,14 +1118,24 @@ private:
   void cast(const NodeProto& n) {
     Val v = in(n, 0);
     const int to = static_cast<int>(intAttr(n, "to", 0));
-    if (!isFloatType(to) && !(v.isConst && v.integer))
+    if (!isFloatType(to) && !v.isConst)
       throw UnsupportedError{std::string("casting to ") + dataTypeName(to) +
                              " is not supported (fpat computes in one float type)"};
-    if (v.isConst && isFloatType(to))
-      v.integer = false; // Range(...) cast to float: data from here on
-    else if (v.isConst && v.integer)
+    if (v.isConst && isFloatType(to)) {
+      v.integer = false;    // Range(...) cast to float: data from here on
+    } else if (v.isConst) { // to an integer type (T5's buckets: a float constant truncated)
+      if (v.data.empty() && v.fdata)
+        v.data.assign(v.fdata->begin(), v.fdata->end());
+      v.fdata.reset();
+      // Beyond the integer type's range (log(0) = -inf in T5's buckets, a value the model
+      // then discards): its lowest value, as torch computes it on x86.
+      const double lo = to == TensorProto::INT32 ? -2147483648.0 : -9223372036854775808.0;
       for (double& d : v.data)
-        d = std::trunc(d);   // to an integer type
+        d = to == TensorProto::BOOL                  ? (d != 0 ? 1 : 0)
+            : std::isfinite(d) && std::fabs(d) < -lo ? std::trunc(d)
+                                                     : lo;
+      v.integer = true;
+    }
     define(n, std::move(v)); // the whole graph computes in one precision
   }
 
@@ -1836,6 +1888,14 @@ private:
       v.view = View::None; // merged back: [B, S, H*d] or [B*S, H*d]
       if (flatten(shape) != g_.op(*x.v).type.shape)
         return false;
+    } else if ((x.view == View::Heads || x.view == View::HeadsT) && !x.flatBH &&
+               shape.size() == 3 && shape[0] == x.batch * x.heads &&
+               std::equal(shape.begin() + 1, shape.end(), x.shape.begin() + 2)) {
+      v.flatBH = true; // [B, H, S, d] -> [B*H, S, d]
+    } else if ((x.view == View::Heads || x.view == View::HeadsT) && x.flatBH && shape.size() == 4 &&
+               shape[0] == x.batch && shape[1] == x.heads &&
+               std::equal(shape.begin() + 2, shape.end(), x.shape.begin() + 1)) {
+      v.flatBH = false; // and back
     } else if (x.view == View::Heads && x.repeat == 1 && n.op_type() == "Unsqueeze" &&
                shape == std::vector<int64_t>{x.batch, x.heads, 1, x.seq, x.headDim}) {
       v.view = View::Repeat5;
@@ -1858,6 +1918,18 @@ private:
     std::vector<int64_t> perm;
     if (const AttributeProto* p = attr(n, "perm"))
       perm.assign(p->ints().begin(), p->ints().end());
+    if (x.flatBH) { // [B*H, S, d] <-> [B*H, d, S]
+      using View = Val::View;
+      if (perm != std::vector<int64_t>{0, 2, 1})
+        throw UnsupportedError{"transposing '" + x.name + "' " + shapeStr(x.shape) +
+                               ", heads merged with the batch, by " +
+                               (perm.empty() ? std::string("the reversed axes") : shapeStr(perm)) +
+                               " is not supported (only the last two axes)"};
+      Val v = x;
+      v.view = x.view == View::Heads ? View::HeadsT : View::Heads;
+      v.shape = {x.shape[0], x.shape[2], x.shape[1]};
+      return define(n, std::move(v));
+    }
     if (x.view != Val::View::None) {
       // Between the head views: [B, S, H, d] <-> [B, H, S, d] <-> [B, H, d, S].
       using View = Val::View;
@@ -1889,6 +1961,8 @@ private:
       define(n, std::move(v));
       return;
     }
+    if (x.isConst && x.shape.size() != 2)
+      return define(n, permuted(x, perm));
     if (x.shape.size() != 2 || (!perm.empty() && perm != std::vector<int64_t>{1, 0}))
       throw UnsupportedError{"only the transpose of a matrix is supported"};
     if (!x.isConst) {
@@ -1913,12 +1987,52 @@ private:
     define(n, std::move(v));
   }
 
+  /// A constant of any rank transposed by `perm` (reversed axes when empty): T5's relative
+  /// position bias, [Sq, Sk, H] -> [H, Sq, Sk].
+  static Val permuted(const Val& x, std::vector<int64_t> perm) {
+    const size_t rank = x.shape.size();
+    if (perm.empty())
+      for (size_t i = rank; i-- > 0;)
+        perm.push_back(static_cast<int64_t>(i));
+    std::vector<int64_t> sorted = perm;
+    std::sort(sorted.begin(), sorted.end());
+    for (size_t i = 0; i < rank; ++i)
+      if (perm.size() != rank || sorted[i] != static_cast<int64_t>(i))
+        throw UnsupportedError{"its perm " + shapeStr(perm) + " is not a permutation of the " +
+                               std::to_string(rank) + " axes of " + shapeStr(x.shape)};
+    std::vector<int64_t> shape(rank), stride(rank, 1), from(rank);
+    for (size_t i = rank; i-- > 1;)
+      stride[i - 1] = stride[i] * x.shape[i];
+    for (size_t i = 0; i < rank; ++i) {
+      shape[i] = x.shape[static_cast<size_t>(perm[i])];
+      from[i] = stride[static_cast<size_t>(perm[i])];
+    }
+    std::vector<double> out(count(x));
+    std::vector<int64_t> idx(rank, 0);
+    size_t src = 0;
+    for (double& o : out) {
+      o = at(x, src);
+      for (size_t d = rank; d-- > 0;) { // the next index of the result, row-major
+        src += static_cast<size_t>(from[d]);
+        if (++idx[d] < shape[d])
+          break;
+        src -= static_cast<size_t>(from[d] * shape[d]);
+        idx[d] = 0;
+      }
+    }
+    return constOf(std::move(shape), std::move(out), x.integer);
+  }
+
   /// A head view as a rank-4 tensor in token order (the `heads` op, made once per value), for
   /// elementwise ops, slices and concatenations on heads.
   Val dense4(const NodeProto& n, Val& x) {
     using View = Val::View;
     if (x.view == View::Dense4)
       return x;
+    if (x.flatBH)
+      throw UnsupportedError{"'" + x.name + "' " + shapeStr(x.shape) +
+                             " is an activation split into heads and merged with the batch; "
+                             "fpat computes on it only in attention's products"};
     if ((x.view != View::Tokens && x.view != View::Heads) || x.repeat != 1)
       throw UnsupportedError{"'" + x.name + "' " + shapeStr(x.shape) +
                              " is an activation split into heads in a layout fpat computes on "
@@ -2024,6 +2138,18 @@ private:
         ops[static_cast<size_t>(i)] = *O.v;
       } else if (o.isConst) {
         ops[static_cast<size_t>(i)] = tokenOrderConst(o, X);
+      } else if (o.v && g_.op(*o.v).type.shape == o.shape && o.shape.size() == 4 &&
+                 g_.op(*X.v).type.shape == X.shape && shape != X.shape) {
+        // Both hold their elements in their ONNX order (x split so that its heads' order is
+        // the ONNX one: BERT's padding mask [B, 1, 1, S] added to the scores [B, H, Sq, Sk]):
+        // a broadcasting op of rank-4 tensors, whose result is no head value.
+        ir::Op op;
+        op.kind = k;
+        const ir::Vertex vo = *o.v;
+        return define(
+            n, emit(n, op,
+                    i == 0 ? std::vector<ir::Vertex>{vo, *X.v} : std::vector<ir::Vertex>{*X.v, vo},
+                    shape));
       } else {
         throw UnsupportedError{"of the elementwise ops on an activation split into heads ('" +
                                x.name + "' " + shapeStr(x.shape) +
@@ -2047,30 +2173,39 @@ private:
     using View = Val::View;
     ir::Op op;
     if (a.view == View::Heads && b.view == View::HeadsT) {
-      if (a.batch != b.batch || a.heads != b.heads || a.headDim != b.headDim || a.repeat != 1)
+      if (a.batch != b.batch || a.heads != b.heads || a.headDim != b.headDim || a.repeat != 1 ||
+          a.flatBH != b.flatBH)
         throw UnsupportedError{"its heads " + shapeStr(a.shape) + " and " + shapeStr(b.shape) +
                                " do not fit Q K^T"};
       op.kind = ir::OpKind::AttnQk;
       op.batch = a.batch;
       op.headDim = a.headDim;
-      define(n, emit(n, op, {*a.v, *b.v}, {a.batch, a.heads, a.seq, b.seq}));
+      define(n, emit(n, op, {*a.v, *b.v},
+                     a.flatBH ? std::vector<int64_t>{a.batch * a.heads, a.seq, b.seq}
+                              : std::vector<int64_t>{a.batch, a.heads, a.seq, b.seq}));
       return;
     }
-    if (a.view == View::None && a.shape.size() == 4 && b.view == View::Heads) {
-      if (a.shape != std::vector<int64_t>{b.batch, b.heads, a.shape[2], b.seq})
+    // P: [B, H, Sq, Sk], or [B*H, Sq, Sk] over a rank-4 IR tensor where V is [B*H, Sk, d].
+    const bool flatP = a.view == View::None && b.flatBH && a.shape.size() == 3 && a.v &&
+                       g_.op(*a.v).type.shape.size() == 4;
+    if (a.view == View::None && (a.shape.size() == 4 || flatP) && b.view == View::Heads) {
+      const std::vector<int64_t> p = flatP ? g_.op(*a.v).type.shape : a.shape;
+      if (p != std::vector<int64_t>{b.batch, b.heads, p[2], b.seq} || (!flatP && b.flatBH))
         throw UnsupportedError{"its operands " + shapeStr(a.shape) + " and heads " +
                                shapeStr(b.shape) + " do not fit P V"};
       op.kind = ir::OpKind::AttnPv;
       op.batch = b.batch;
       op.headDim = b.headDim;
-      Val v = emit(n, op, {tensor(a), *b.v}, {b.batch * a.shape[2], b.heads * b.headDim});
+      Val v = emit(n, op, {tensor(a), *b.v}, {b.batch * p[2], b.heads * b.headDim});
       v.view = View::Heads;
-      v.shape = {b.batch, b.heads, a.shape[2], b.headDim};
+      v.shape = b.flatBH ? std::vector<int64_t>{b.batch * b.heads, p[2], b.headDim}
+                         : std::vector<int64_t>{b.batch, b.heads, p[2], b.headDim};
       v.batch = b.batch;
-      v.seq = a.shape[2];
+      v.seq = p[2];
       v.heads = b.heads;
       v.headDim = b.headDim;
       v.repeat = 1;
+      v.flatBH = b.flatBH;
       define(n, std::move(v));
       return;
     }
@@ -2181,6 +2316,12 @@ ir::Graph convertPrecision(const ir::Graph& g, ir::DType t) {
   for (ir::Vertex v : out.vertices()) {
     ir::Op& op = out.op(v);
     op.type.dtype = t;
+    // A constant beyond the type's range (a mask's fill of f32's lowest value, as HF's BERT
+    // multiplies its padding mask by): the type's largest finite value of that sign, which
+    // the softmax gives no weight alike. fpatc says so; the f32 model keeps the exact value.
+    if (op.kind == ir::OpKind::Constant && std::isfinite(op.value) &&
+        std::fabs(op.value) > ir::largestFinite(t))
+      op.value = std::copysign(ir::largestFinite(t), op.value);
     if (op.data && t != ir::DType::F32) {
       auto data = std::make_shared<std::vector<float>>();
       data->reserve(op.data->size());

@@ -32,6 +32,8 @@ int main(int argc, char** argv) {
              "  FPAT_SPLIT_LAST_WAVE=0  keep every GEMM tile whole (no k-split of the last wave)\n"
              "  FPAT_FLASH           a variant of the sm_90 flash-attention kernel, e.g. 128s\n"
              "                       (experiments; DEVELOPERS.md)\n"
+             "  FPAT_DECODE_SPLITS   the flash decode kernel's number of key splits\n"
+             "                       (experiments; DEVELOPERS.md)\n"
              "  FPAT_MEMORY_LIMIT    bytes of host memory the CPU reference may use\n"
              "                       (default: MemAvailable)\n"
              "  FPAT_DOT_TIMEOUT     seconds Graphviz may take for each .svg (default 20; graphs\n"
@@ -82,6 +84,10 @@ int main(int argc, char** argv) {
                  "type) when it exists; NAME as an ONNX model writes it, or the value's name");
   app.add_option("--outputs", opts.outputsDir,
                  "write each GPU output NAME to DIR/NAME.f16 (or .bf16)");
+  app.add_option("--expect", opts.expectDir,
+                 "check each output NAME on the CPU against DIR/NAME.f32 (raw little-endian f32, "
+                 "e.g. what torch computes on the --inputs); an ONNX model's f32 form is "
+                 "compared, else the graph itself");
   app.add_option("--out-dir", opts.outDir, "directory for generated files")->capture_default_str();
   app.add_option("--emit", opts.emit, "print one stage and stop")
       ->check(CLI::IsMember({"fgraph", "fused", "table", "cuda"}));

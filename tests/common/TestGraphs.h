@@ -21,11 +21,15 @@ struct Shape {
 /// The built-in library (activation bodies), compiled once from the .fpat sources embedded in
 /// the binary, as fpatc does: the benchmark then runs from a build tree copied anywhere (read
 /// from the checkout, a missing patterns/ gave an empty library and "no .fpat body" errors).
-inline const dsl::PatternLibrary& builtinLibrary() {
+/// The source manager holds the .fpat buffers that the library's locations point into.
+inline SourceManager& builtinSources() {
   static SourceManager sm;
-  static DiagEngine diags(sm);
+  return sm;
+}
+inline const dsl::PatternLibrary& builtinLibrary() {
+  static DiagEngine diags(builtinSources());
   static const dsl::PatternLibrary lib = [] {
-    auto c = dsl::compileBuiltinPatterns(sm, diags);
+    auto c = dsl::compileBuiltinPatterns(builtinSources(), diags);
     if (!c)
       throw std::runtime_error("the built-in patterns do not compile");
     return c->library;
@@ -142,12 +146,12 @@ inline ir::Graph fuse(const ir::Graph& g) {
 
 /// The built-in weight rewrites applied to `g`, as fpatc applies them after raising.
 inline ir::Graph applyBuiltinRewrites(const ir::Graph& g) {
-  static SourceManager sm;
-  static DiagEngine diags(sm);
+  // Compiled against the sources of the library's rules (their locations index them).
+  static DiagEngine diags(builtinSources());
   static const dsl::MatcherTable table = [] {
     dsl::PatternLibrary rules;
     rules.patterns = builtinLibrary().rewrites;
-    return dsl::compileMatcherTable(rules, sm, diags);
+    return dsl::compileMatcherTable(rules, builtinSources(), diags);
   }();
   return match::applyRewrites(g, table, builtinLibrary());
 }

@@ -13,7 +13,11 @@ views, a bool causal buffer and torch.where) and a Llama decoder layer (RMSNorm,
 RoPE, GQA by repeat_kv, an additive causal mask, then its SwiGLU MLP), gpt2_attn_opset{13,17}
 and llama_layer_opset{13,17}; and for any sequence length (batch and seq symbolic), those two
 and GPT-2 with attention as the exporter decomposes scaled_dot_product_attention (width 128,
-heads of 64): gpt2_attn_dyn_opset17, llama_layer_dyn_opset17, gpt2_sdpa_dyn_opset17. Needs
+heads of 64): gpt2_attn_dyn_opset17, llama_layer_dyn_opset17, gpt2_sdpa_dyn_opset17; and
+GPT-NeoX's attention (rotary on a quarter of each head), neox_attn_dyn_opset17; and a BERT
+layer with its padding mask an input, an OPT layer (torch.bmm form) and T5's attention
+(relative-position buckets), {bert_layer,opt_layer,t5_attn}_dyn_opset17, with torch's output
+at length 7 in OUTDIR/../expect (fpatc --inputs/--expect). Needs
 Debian's python3-torch (1.13, which has no scaled_dot_product_attention) and python3-onnx;
 the files in tests/onnx/models were made with it. Small sizes keep them small: d = 64.
 """
@@ -240,6 +244,114 @@ class LlamaLayer(nn.Module):
         return self.mlp(x + self.o(o))
 
 
+class NeoxAttn(nn.Module):
+    """GPT-NeoX's attention (Pythia) as Hugging Face's eager GPTNeoXAttention writes it: one
+    query_key_value Linear viewed as [B, S, H, 3 d] and sliced into q, k and v per head, rotary
+    embeddings on the first quarter of each head only (rotary_pct 0.25: rotate_half on a slice,
+    concatenated with the rest), a bool causal buffer and torch.where with finfo.min, the dense
+    projection and the residual."""
+
+    def __init__(self, pct=0.25):
+        super().__init__()
+        self.qkv = nn.Linear(D, 3 * D)
+        self.dense = nn.Linear(D, D)
+        self.rd = int(D // HEADS * pct)
+        self.register_buffer("inv_freq",
+                             1.0 / (10000 ** (torch.arange(0, self.rd, 2).float() / self.rd)))
+        self.register_buffer("bias", torch.tril(torch.ones(128, 128, dtype=torch.bool))[None, None])
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        dh = D // HEADS
+        qkv = self.qkv(x).view(b, s, HEADS, 3 * dh)
+        q = qkv[..., :dh].permute(0, 2, 1, 3)
+        k = qkv[..., dh:2 * dh].permute(0, 2, 1, 3)
+        v = qkv[..., 2 * dh:].permute(0, 2, 1, 3)
+        f = torch.outer(torch.arange(s, dtype=torch.float32), self.inv_freq)
+        emb = torch.cat((f, f), dim=-1)
+        cos, sin = emb.cos()[None, None], emb.sin()[None, None]
+        qr, kr = q[..., :self.rd], k[..., :self.rd]
+        q = torch.cat((qr * cos + rotate_half(qr) * sin, q[..., self.rd:]), dim=-1)
+        k = torch.cat((kr * cos + rotate_half(kr) * sin, k[..., self.rd:]), dim=-1)
+        w = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(dh)
+        w = torch.where(self.bias[:, :, :s, :s], w, torch.tensor(torch.finfo(w.dtype).min))
+        o = torch.matmul(nn.functional.softmax(w, dim=-1), v).permute(0, 2, 1, 3).reshape(b, s, D)
+        return x + self.dense(o)
+
+
+class BertLayer(nn.Module):
+    """BERT: post-LN, q/k/v with bias, extended mask (1-m)*-10000 from an attention_mask input."""
+    def __init__(self):
+        super().__init__()
+        self.q, self.k, self.v = nn.Linear(D, D), nn.Linear(D, D), nn.Linear(D, D)
+        self.o = nn.Linear(D, D); self.ln1 = nn.LayerNorm(D, eps=1e-12)
+        self.i = nn.Linear(D, 4 * D); self.out = nn.Linear(4 * D, D); self.ln2 = nn.LayerNorm(D, eps=1e-12)
+    def forward(self, x, m):
+        b, s, _ = x.shape; dh = D // HEADS
+        sh = lambda t: t.view(b, s, HEADS, dh).permute(0, 2, 1, 3)
+        q, k, v = sh(self.q(x)), sh(self.k(x)), sh(self.v(x))
+        w = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(dh)
+        ext = (1.0 - m[:, None, None, :].to(x.dtype)) * -10000.0
+        p = nn.functional.softmax(w + ext, dim=-1)
+        c = torch.matmul(p, v).permute(0, 2, 1, 3).contiguous().view(b, s, D)
+        a = self.ln1(self.o(c) + x)
+        return self.ln2(self.out(nn.functional.gelu(self.i(a))) + a)
+
+
+class OptLayer(nn.Module):
+    """OPT: pre-LN, q scaled before the matmul, causal mask of finfo.min, ReLU MLP."""
+    def __init__(self):
+        super().__init__()
+        self.q, self.k, self.v, self.o = (nn.Linear(D, D) for _ in range(4))
+        self.ln1, self.ln2 = nn.LayerNorm(D), nn.LayerNorm(D)
+        self.fc1, self.fc2 = nn.Linear(D, 4 * D), nn.Linear(4 * D, D)
+    def forward(self, x):
+        b, s, _ = x.shape; dh = D // HEADS
+        n = self.ln1(x)
+        q = self.q(n) * dh ** -0.5
+        sh = lambda t: t.view(b, s, HEADS, dh).transpose(1, 2).contiguous().view(b * HEADS, s, dh)
+        q, k, v = sh(q), sh(self.k(n)), sh(self.v(n))
+        w = torch.bmm(q, k.transpose(1, 2))
+        mask = torch.full((s, s), torch.finfo(x.dtype).min)
+        c = torch.arange(s)
+        mask = mask.masked_fill(c < (c + 1).view(s, 1), 0)
+        w = w.view(b, HEADS, s, s) + mask[None, None]
+        w = torch.max(w, torch.tensor(torch.finfo(w.dtype).min))
+        p = nn.functional.softmax(w.view(b * HEADS, s, s), dim=-1)
+        o = torch.bmm(p, v).view(b, HEADS, s, dh).transpose(1, 2).reshape(b, s, D)
+        h = x + self.o(o)
+        return h + self.fc2(torch.relu(self.fc1(self.ln2(h))))
+
+
+class T5Attn(nn.Module):
+    """T5 self-attention (encoder): no scaling, learned relative position bias from buckets."""
+    def __init__(self):
+        super().__init__()
+        self.q, self.k, self.v, self.o = (nn.Linear(D, D, bias=False) for _ in range(4))
+        self.rel = nn.Embedding(32, HEADS)
+        self.norm = RmsNorm()
+    def bucket(self, rel, nb=32, maxd=128):
+        nb //= 2
+        ret = (rel > 0).to(torch.long) * nb
+        rel = torch.abs(rel)
+        me = nb // 2
+        small = rel < me
+        large = me + (torch.log(rel.float() / me) / math.log(maxd / me) * (nb - me)).to(torch.long)
+        large = torch.min(large, torch.full_like(large, nb - 1))
+        return ret + torch.where(small, rel, large)
+    def forward(self, x):
+        b, s, _ = x.shape; dh = D // HEADS
+        n = self.norm(x)
+        sh = lambda t: t.view(b, s, HEADS, dh).transpose(1, 2)
+        q, k, v = sh(self.q(n)), sh(self.k(n)), sh(self.v(n))
+        w = torch.matmul(q, k.transpose(3, 2))
+        ctx = torch.arange(s)[:, None]; mem = torch.arange(s)[None, :]
+        pb = self.rel(self.bucket(mem - ctx)).permute(2, 0, 1)[None]
+        p = nn.functional.softmax((w + pb).float(), dim=-1).type_as(w)
+        o = torch.matmul(p, v).transpose(1, 2).reshape(b, s, D)
+        return x + self.o(o)
+
+
 def export_opsets(m, out, name):
     """Writes NAME_opset13.onnx and NAME_opset17.onnx of `m` (one input drawn for both)."""
     x = torch.randn(BATCH, SEQ, D)
@@ -325,6 +437,56 @@ def main():
                           output_names=["y"], do_constant_folding=True,
                           dynamic_axes={"x": axes, "y": axes})
         print(path)
+    # GPT-NeoX's attention (partial rotary, q, k and v sliced from one projection per head),
+    # batch and seq symbolic; made last, so that the files above come out as before. Its
+    # causal buffer ([1, 1, 128, 128]) bounds its length to 128.
+    m = NeoxAttn()
+    with torch.no_grad():
+        for p in m.parameters():
+            if p.dim() == 1:
+                p.copy_(torch.rand_like(p) + 0.5)
+    m.eval()
+    x = torch.randn(BATCH, SEQ, D)
+    path = os.path.join(out, "neox_attn_dyn_opset17.onnx")
+    torch.onnx.export(m, (x,), path, opset_version=17, input_names=["x"], output_names=["y"],
+                      do_constant_folding=True, dynamic_axes={"x": axes, "y": axes})
+    print(path)
+
+    # BERT (a padding mask given at run time), OPT (torch.bmm on [B*H, S, d], q scaled first,
+    # scores clamped at finfo.min) and T5 (relative-position buckets, no scaling), batch and
+    # seq symbolic; with torch's own output at seq 7 on f16-rounded inputs, which
+    # fpatc --expect checks the import against. Made last, so the files above come out as before.
+    torch.manual_seed(7)
+    for name, m in {"bert_layer_dyn_opset17": BertLayer(), "opt_layer_dyn_opset17": OptLayer(),
+                    "t5_attn_dyn_opset17": T5Attn()}.items():
+        with torch.no_grad():
+            for p in m.parameters():
+                if p.dim() == 1:
+                    p.copy_(torch.rand_like(p) + 0.5)
+        m.eval()
+        x = torch.randn(BATCH, SEQ, D)
+        args, names = (x,), ["x"]
+        if isinstance(m, BertLayer):
+            mask = torch.ones(BATCH, SEQ)
+            mask[1, SEQ - 9:] = 0
+            args, names = (x, mask), ["x", "m"]
+        dyn = {n: axes for n in names + ["y"]}
+        path = os.path.join(out, f"{name}.onnx")
+        torch.onnx.export(m, args, path, opset_version=17, input_names=names, output_names=["y"],
+                          do_constant_folding=True, dynamic_axes=dyn)
+        print(path)
+        expect = os.path.join(out, "..", "expect", f"{name}_s7")
+        os.makedirs(expect, exist_ok=True)
+        ins = [torch.randn(BATCH, 7, D).half()]
+        if isinstance(m, BertLayer):
+            pad = torch.ones(BATCH, 7)
+            pad[1, 4:] = 0
+            ins.append(pad.half())
+        for n, t in zip(names, ins):
+            t.numpy().tofile(os.path.join(expect, f"{n}.f16"))
+        with torch.no_grad():
+            m(*[t.float() for t in ins]).numpy().astype("float32").tofile(
+                os.path.join(expect, "y.f32"))
 
 
 if __name__ == "__main__":

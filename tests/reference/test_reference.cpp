@@ -269,6 +269,20 @@ BOOST_AUTO_TEST_CASE(rope_heads_and_concat_by_hand) {
   const std::vector<float> want = {1, 2, 3, 4, -5.5f, -7, 3.5f, 6};
   for (size_t i = 0; i < want.size(); ++i)
     BOOST_TEST(vals[z.v].data[i] == want[i], "element " << i);
+  // Interleaved (GPT-J's rotate_every_two): pairs (1, 2), (3, 4) rotate to (-2, 1, -4, 3):
+  // (0.5 - 4, 1 + 2, 1.5 - 8, 2 + 6) = (-3.5, 3, -6.5, 8).
+  GraphBuilder bp("pairs");
+  Value xp = bp.input("x", {1, 4}, DType::F32);
+  Value hp = bp.heads(xp, 1, 4, "h");
+  Value yp = bp.mergeHeads(bp.rope(hp, bp.constant(0.5, {}, DType::F32),
+                                   bp.constant(2.0, {}, DType::F32), "r", /*interleaved=*/true),
+                           "y");
+  bp.output(yp);
+  Graph gp = bp.build();
+  auto pv = evaluate(gp, {{"x", make({1, 4}, {1, 2, 3, 4})}});
+  const std::vector<float> wantPairs = {-3.5f, 3, -6.5f, 8};
+  for (size_t i = 0; i < wantPairs.size(); ++i)
+    BOOST_TEST(pv[yp.v].data[i] == wantPairs[i], "interleaved, element " << i);
   GraphBuilder bad("odd");
   Value o = bad.input("o", {2, 3});
   BOOST_CHECK_EXCEPTION(

@@ -15,6 +15,7 @@ struct FpatcOptions {
   uint64_t seed = 1;                     // seed of the random inputs
   std::string inputsDir;                 // read input NAME from DIR/NAME.f16 when that exists
   std::string outputsDir;                // write each GPU output NAME to DIR/NAME.f16
+  std::string expectDir;                 // check each output NAME against DIR/NAME.f32
   std::string outDir = "fpat-out";       // where .dot/.svg (and later kernels) go
   std::string emit;                      // stop after a stage: fgraph, fused, table, cuda
   bool reference = true;                 // evaluate on the CPU reference

@@ -47,6 +47,8 @@ public:
   Value sub(Value a, Value b, const std::string& name = "");
   Value div(Value a, Value b, const std::string& name = "");
   Value pow(Value a, Value b, const std::string& name = "");
+  Value max(Value a, Value b, const std::string& name = "");
+  Value min(Value a, Value b, const std::string& name = "");
   /// Mean over the last dimension, kept with size 1.
   Value reduceMean(Value x, const std::string& name = "");
   Value softmax(Value x, const std::string& name = ""); // over the last dimension
@@ -65,7 +67,7 @@ public:
   /// a and b side by side along the last dimension.
   Value concat(Value a, Value b, const std::string& name = "");
   /// Rotary embedding, rotate_half form: x * cos + rotate_half(x) * sin.
-  Value rope(Value x, Value cos, Value sin, const std::string& name = "");
+  Value rope(Value x, Value cos, Value sin, const std::string& name = "", bool interleaved = false);
   Value layernorm(Value x, Value gamma, Value beta, double eps = 1e-5,
                   const std::string& name = "");
   Value rmsnorm(Value x, Value gamma, double eps = 1e-5, const std::string& name = "");

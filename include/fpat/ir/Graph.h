@@ -44,7 +44,10 @@ enum class OpKind {
   Heads,      // [B*S, H*d] seen as [B, S, H, d] (the same elements in the same order)
   MergeHeads, // [B, S, H, d] seen as [B*S, H*d]
   Concat,     // the operands side by side along the last dimension
-  Rope,       // x * cos + rotate_half(x) * sin; rotate_half(x) = (-x2, x1) over x's halves
+  Rope,       // x * cos + rotate_half(x) * sin; rotate_half(x) = (-x2, x1) over x's halves,
+              // or (interleaved, GPT-J's rotate_every_two) (-x[2i+1], x[2i]) over pairs
+  Max,        // the larger and the smaller of two operands, broadcast as add is (ONNX's Max
+  Min,        // and Min: OPT's clamp of its scores, T5's bucket arithmetic)
 };
 
 /// The sizes an attention op (attn_qk, attn_pv, attention) works on, from its operands'
@@ -55,6 +58,9 @@ struct AttnShape {
 
 /// Whether `k` is one of the broadcasting binary elementwise ops.
 bool isBinaryElementwise(OpKind k);
+/// `x k y` in double for a binary elementwise op `k` (the reference, and constants folded
+/// wherever they are: the importer, raising).
+double applyBinary(OpKind k, double x, double y);
 /// The NumPy broadcast of two shapes, or nullopt when they do not broadcast.
 std::optional<std::vector<int64_t>> broadcastShapes(const std::vector<int64_t>& a,
                                                     const std::vector<int64_t>& b);
@@ -103,6 +109,7 @@ struct Op {
   std::map<std::string, double> params; // activation parameters (e.g. a leaky-ReLU slope)
   double eps = 1e-5;                    // layernorm / rmsnorm
   int64_t begin = 0, end = 0;           // slice: the columns kept
+  bool interleaved = false;             // rope: rotate pairs (x[2i], x[2i+1]), not halves
   int64_t batch = 0, headDim = 0;       // attn_qk, attn_pv, attention: B and d
   FusedAttrs fused;                     // fused ops only
   SourceLoc loc;                        // where it was defined, when it came from text

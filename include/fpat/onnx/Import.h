@@ -48,8 +48,9 @@ struct ImportResult {
 ImportResult importModel(const std::string& bytes, const ImportOptions& opts,
                          const ir::ActivationSet& acts);
 
-/// `g` with every value of type `t`, weights rounded to it (constants keep their exact value;
-/// the reference rounds them where they are used). An f32 model imported once gives both the
+/// `g` with every value of type `t`, weights rounded to it (constants keep their exact value,
+/// the reference rounds them where they are used; one beyond t's range becomes its largest
+/// finite value of that sign). An f32 model imported once gives both the
 /// model as exported and the graph that runs in half precision.
 ir::Graph convertPrecision(const ir::Graph& g, ir::DType t);
 

@@ -38,7 +38,7 @@ BufferPlan planBuffers(const ir::Graph& g);
 struct RunResult {
   std::vector<ir::Tensor> outputs; // in graph output order
   float milliseconds = 0;          // GPU time of all launches (CUDA events)
-  int launches = 0;
+  int launches = 0;                // kernels of a run (not those made once per set of weights)
   size_t deviceBytes = 0;
   size_t naiveBytes = 0;
 };
@@ -84,7 +84,8 @@ public:
   void prepareWeights(size_t set = 0);
 
   /// Ops in `ops` are computed by `run(v, set)` instead of their kernels, in their place in the
-  /// launch order (the benchmarks put cuBLAS there). `run` reads and writes devicePointer().
+  /// launch order (the benchmarks put cuBLAS there), by prepareWeights() where they read weights
+  /// alone. `run` reads and writes devicePointer().
   void replace(std::set<ir::Vertex> ops, std::function<void(ir::Vertex, size_t)> run);
   /// Makes at least `n` rotations: copies of every buffer, initialised from rotation 0.
   void ensureRotations(size_t n);

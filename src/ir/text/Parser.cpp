@@ -34,6 +34,8 @@ std::vector<std::string> attributeNames(const Op& op) {
     return {"value"};
   case OpKind::Slice:
     return {"begin", "end"};
+  case OpKind::Rope:
+    return {"interleaved"};
   case OpKind::AttnQk:
   case OpKind::AttnPv:
   case OpKind::Attention:
@@ -332,6 +334,13 @@ private:
         if (key == "transpose_b") {
           if (expect(AttrVal::Bool, "true or false"))
             op.transposeB = v.kind == AttrVal::None || v.b;
+          continue;
+        }
+        break;
+      case OpKind::Rope:
+        if (key == "interleaved") {
+          if (expect(AttrVal::Bool, "true or false"))
+            op.interleaved = v.kind == AttrVal::None || v.b;
           continue;
         }
         break;

@@ -135,11 +135,11 @@ KernelUnit generateFlashAttention(const ir::Graph& g, ir::Vertex v, const Codege
   // d 64 +4-9% to S = 2048, -2% from 8k). Causal tiles differ in length: the hardware's
   // scheduling of one CTA a tile balances them where a static walk did not (S = 16k: 640
   // against 415).
-  // FPAT_FLASH=<BN>[s][p][r] asks for another (an experiment's knob: "s" runs the blocks one
-  // after the other, "p" makes the consumers take turns, "r" keeps one CTA resident per SM that
-  // walks the tiles).
+  // FPAT_FLASH=<BN>[s][p][r][d] asks for another (an experiment's knob: "s" runs the blocks
+  // one after the other, "p" makes the consumers take turns, "r" keeps one CTA resident per SM
+  // that walks the tiles, "d" with "r" hands the tiles out as CTAs become free).
   int bn = 128;
-  bool overlap = true, pingpong = true, resident = mask != FlashMask::Causal;
+  bool overlap = true, pingpong = true, resident = mask != FlashMask::Causal, dynamic = false;
   if (const char* env = std::getenv("FPAT_FLASH")) {
     const int want = std::atoi(env);
     if (want == 64 || want == 128 || want == 176 || want == 192)
@@ -147,6 +147,7 @@ KernelUnit generateFlashAttention(const ir::Graph& g, ir::Vertex v, const Codege
     overlap = std::string(env).find('s') == std::string::npos;
     pingpong = std::string(env).find('p') != std::string::npos;
     resident = std::string(env).find('r') != std::string::npos;
+    dynamic = resident && std::string(env).find('d') != std::string::npos;
   }
   const int64_t d = s.headDim;
   // fpat::FlashTile::SMEM_BYTES: the Q tile, two stages of K and V, 1 KB for alignment.
@@ -159,8 +160,8 @@ KernelUnit generateFlashAttention(const ir::Graph& g, ir::Vertex v, const Codege
   if (mask == FlashMask::Bias)
     for (int64_t b : bias)
       sizes += "_" + std::to_string(b);
-  const std::string tile =
-      std::to_string(bn) + (overlap ? "o" : "s") + (pingpong ? "p" : "") + (resident ? "r" : "");
+  const std::string tile = std::to_string(bn) + (overlap ? "o" : "s") + (pingpong ? "p" : "") +
+                           (resident ? "r" : "") + (dynamic ? "d" : "");
   u.name = "fpat_flash_attention_" + sizes + "_sm90a_" + tile;
   std::ostringstream body;
   body << header("attention (flash attention)", o,
@@ -169,11 +170,13 @@ KernelUnit generateFlashAttention(const ir::Graph& g, ir::Vertex v, const Codege
                              "128 query rows x " + std::to_string(bn) + " keys, " +
                                  (overlap ? "softmax overlapped with P V" : "blocks in sequence") +
                                  (pingpong ? ", consumers taking turns" : "") +
-                                 (resident ? ", one CTA per SM walking the tiles" : "")))
+                                 (resident ? ", one CTA per SM walking the tiles" : "") +
+                                 (dynamic ? " as they become free" : "")))
        << "#include \"fpat_flash.cuh\"\n\nnamespace {\n\n"
        << dimsStruct(g, v, s, mask, bias, "") << "\nusing Tile = fpat::FlashTile<" << d << ", "
        << bn << ", " << (overlap ? "true" : "false") << ", " << (pingpong ? "true" : "false")
-       << ", " << (resident ? "true" : "false") << ">;\n\n} // namespace\n\n"
+       << ", " << (resident ? "true" : "false") << ", " << (dynamic ? "true" : "false")
+       << ">;\n\n} // namespace\n\n"
        << "extern \"C\" __global__ void __launch_bounds__(384, 1)\n"
        << u.name << "(const __grid_constant__ FpatTmaArgs p) {\n"
        << "  fpat::flashAttention<Dims, Tile>(p);\n}\n";
@@ -185,6 +188,8 @@ KernelUnit generateFlashAttention(const ir::Graph& g, ir::Vertex v, const Codege
     l.blocks[0] = std::min<int64_t>(l.blocks[0] * s.heads * s.batch, std::max(1, o.sms));
     l.blocks[1] = l.blocks[2] = 1;
   }
+  if (dynamic)
+    u.scratchBytes = 2 * sizeof(unsigned); // fpat::flashNextTile's counters
   l.tma = {TmaMap{0, s.heads * d, s.batch * s.sq, 64, 128},
            TmaMap{1, s.kvHeads * d, s.batch * s.sk, 64, bn},
            TmaMap{2, s.kvHeads * d, s.batch * s.sk, 64, bn}};

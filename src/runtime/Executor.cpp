@@ -207,6 +207,7 @@ Executor::Executor(cuda::Driver& drv, const CompiledGraph& cg) : drv_(drv), cg_(
     }
     if (u.scratchBytes > 0) {
       scratch_.push_back(drv_.alloc(u.scratchBytes));
+      drv_.fill16(scratch_.back(), 0, (u.scratchBytes + 1) / 2); // counters start at zero
       a.scratch[0] = reinterpret_cast<void*>(scratch_.back());
     }
     if (u.normStatsLaunch)

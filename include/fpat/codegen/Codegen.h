@@ -245,8 +245,8 @@ struct KernelUnit {
   // wgmma cooperative: compiled with the last wave split in k (lastWaveSplit planned one for
   // CodegenOptions::sms); the Executor passes such kernels a partial-sum workspace.
   bool splitLastWave = false;
-  // A private f32 workspace of this many bytes in FpatKernelArgs::scratch[0] (flash decode's
-  // partial results, merged by its second launch).
+  // A private workspace of this many bytes, zeroed once, in FpatKernelArgs::scratch[0] (flash
+  // decode's partial results, merged by its second launch; the flash kernel's tile counter).
   size_t scratchBytes = 0;
 };
 

@@ -36,10 +36,16 @@ namespace fpat {
 /// A flash-attention tile: BM = 128 query rows (two consumers of 64), BN keys a block.
 /// RESIDENT: one CTA per SM walks the tiles (t = blockIdx.x, + gridDim.x, ...), so that the
 /// producer loads the next tile's Q, K and V while the consumers finish the tile before.
-template <int HD_, int BN_, bool OVERLAP_, bool PINGPONG_ = false, bool RESIDENT_ = false>
+/// DYNAMIC (with RESIDENT): a CTA's first tile is blockIdx.x, each next one the first not yet
+/// taken (a counter in a.scratch[0], zero at launch and left zero by the CTA that ends last),
+/// so that tiles of unequal lengths (causal) balance as the hardware's scheduling of one CTA a
+/// tile does.
+template <int HD_, int BN_, bool OVERLAP_, bool PINGPONG_ = false, bool RESIDENT_ = false,
+          bool DYNAMIC_ = false>
 struct FlashTile {
   static constexpr int BM = 128, BN = BN_, HD = HD_, STAGES = 2, THREADS = 384;
-  static constexpr bool OVERLAP = OVERLAP_, PINGPONG = PINGPONG_, RESIDENT = RESIDENT_;
+  static constexpr bool OVERLAP = OVERLAP_, PINGPONG = PINGPONG_, RESIDENT = RESIDENT_,
+                        DYNAMIC = RESIDENT_ && DYNAMIC_;
   static constexpr int Q_BYTES = BM * HD * 2, KV_BYTES = BN * HD * 2;
   static constexpr int SMEM_BYTES = Q_BYTES + STAGES * 2 * KV_BYTES + 1024;
   static_assert(HD == 64 || HD == 128, "head dimension 64 or 128");
@@ -186,10 +192,27 @@ template <class D, class T> __device__ __forceinline__ FlashWork flashWork(int t
 /// The flash kernel's barriers: Q's, and each ring stage's K and V "full" and "empty" ones.
 template <int S> struct FlashBarriers {
   uint64_t qFull, qEmpty, kFull[S], vFull[S], kEmpty[S], vEmpty[S];
+  int tile; // (T::DYNAMIC) the tile whose Q the producer loads, -1 when none is left
 };
 
-/// The producer's thread: for each of its tiles (first, first + step, ... < tiles), Q once the
-/// tile before is done with it, then each key block's K and V tiles into the ring.
+/// (T::DYNAMIC) The next tile not yet taken, from the launch's counter (a.scratch[0]: taken,
+/// then CTAs done). Past the last tile, the CTA counts itself done; the last one zeroes both
+/// for the next launch (kernels on a stream do not overlap this one's end).
+__device__ __forceinline__ int flashNextTile(unsigned* counter, int tiles) {
+  const int t = static_cast<int>(gridDim.x + atomicAdd(counter, 1u));
+  if (t >= tiles) {
+    __threadfence();
+    if (atomicAdd(counter + 1, 1u) == gridDim.x - 1) {
+      atomicExch(counter, 0u);
+      atomicExch(counter + 1, 0u);
+    }
+  }
+  return t;
+}
+
+/// The producer's thread: for each of its tiles (first, first + step, ... < tiles; T::DYNAMIC:
+/// first, then as flashNextTile hands them out), Q once the tile before is done with it, then
+/// each key block's K and V tiles into the ring.
 template <class D, class T>
 __device__ __forceinline__ void flashProduce(const FpatTmaArgs& p, unsigned char* sQ,
                                              unsigned char* sKV, FlashBarriers<T::STAGES>& br,
@@ -197,14 +220,25 @@ __device__ __forceinline__ void flashProduce(const FpatTmaArgs& p, unsigned char
   constexpr int BM = T::BM, BN = T::BN, HD = T::HD, S = T::STAGES, KB = HD / 64;
   int s = 0;
   unsigned phase = 0, qPhase = 0;
-  for (int t = first; t < tiles; t += step, qPhase ^= 1) {
-    const FlashWork w = flashWork<D, T>(t);
+  for (int t = first, next = 0;; t = T::DYNAMIC ? next : t + step, qPhase ^= 1) {
+    if (!T::DYNAMIC && t >= tiles)
+      break;
     mbarWait(&br.qEmpty, qPhase ^ 1); // the tile before is done with Q (fresh: passes at once)
+    if (T::DYNAMIC && t >= tiles) {   // the consumers wait for a tile: tell them there is none
+      br.tile = -1;
+      mbarArrive(&br.qFull);
+      break;
+    }
+    const FlashWork w = flashWork<D, T>(t);
+    if constexpr (T::DYNAMIC)
+      br.tile = t; // published by qFull's arrival, read by the consumers after its wait
     mbarExpectTx(&br.qFull, T::Q_BYTES);
 #pragma unroll
     for (int c = 0; c < KB; ++c)
       tmaLoad2d(sQ + c * BM * 128, &p.a, w.h * HD + 64 * c, static_cast<int>(w.b * D::Sq) + w.m0,
                 &br.qFull);
+    if constexpr (T::DYNAMIC) // asked for now: the answer's latency hides behind the loads
+      next = flashNextTile(static_cast<unsigned*>(p.k.scratch[0]), tiles);
     for (int j = 0; j < w.blocks; ++j) {
       const int row = static_cast<int>(w.b * D::Sk) + j * BN;
       unsigned char* const kt = sKV + s * 2 * T::KV_BYTES;
@@ -371,7 +405,15 @@ template <class D, class T> __device__ __forceinline__ void flashAttention(const
     if (j == blocks - 1 && lane == 0)
       mbarArrive(&qEmpty);
   };
-  for (int t = first; t < tiles; t += step, qPhase ^= 1) {
+  for (int t = first;; t += step, qPhase ^= 1) {
+    if constexpr (T::DYNAMIC) {
+      mbarWait(&qFull, qPhase);
+      t = *static_cast<volatile int*>(&br.tile);
+      if (t < 0)
+        break;
+    } else if (t >= tiles) {
+      break;
+    }
     const FlashWork w = flashWork<D, T>(t);
     m0 = w.m0;
     h = w.h;
@@ -383,7 +425,8 @@ template <class D, class T> __device__ __forceinline__ void flashAttention(const
     for (int i = 0; i < HD / 2; ++i)
       o[i] = 0.0f;
     st = FlashRows{{-INFINITY, -INFINITY}, {0.0f, 0.0f}};
-    mbarWait(&qFull, qPhase);
+    if constexpr (!T::DYNAMIC)
+      mbarWait(&qFull, qPhase);
     if (blocks == 0 && lane == 0)
       mbarArrive(&qEmpty);
     if constexpr (!T::OVERLAP) {

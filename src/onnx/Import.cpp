@@ -1096,6 +1096,7 @@ private:
         {"Squeeze", member(&Importer::reshape)},
         {"Sub", bin(ir::OpKind::Sub)},
         {"Tanh", un("tanh", [](double x) { return std::tanh(x); })},
+        {"Tile", member(&Importer::tile)},
         {"Transpose", member(&Importer::transpose)},
         {"Unsqueeze", member(&Importer::reshape)},
     };
@@ -1216,6 +1217,8 @@ private:
   }
 
   void gather(const NodeProto& n) {
+    if (headAxis(in(n, 0)) >= 0)
+      return headsGather(n);
     if (!in(n, 0).isConst)
       throw UnsupportedError{"only a gather from a constant (a shape, a weight) is supported; '" +
                              in(n, 0).name +
@@ -1305,8 +1308,11 @@ private:
       throw UnsupportedError{"only a slice of a constant (a shape, a weight) or of heads (RoPE's "
                              "halves) is supported; '" +
                              in(n, 0).name + "' is computed at run time"};
-    const Val& d = in(n, 0);
-    const SliceWindow w = sliceWindow(n, d.shape);
+    define(n, constWindow(in(n, 0), sliceWindow(n, in(n, 0).shape)));
+  }
+
+  /// The elements of constant `d` in window `w`.
+  Val constWindow(const Val& d, const SliceWindow& w) {
     const std::vector<int64_t>&first = w.first, &step = w.step, &shape = w.shape;
     checkConstSize(shape);
     std::vector<double> out;
@@ -1323,7 +1329,98 @@ private:
         else
           idx[k] = 0;
     }
-    define(n, constOf(shape, std::move(out), d.integer));
+    return constOf(shape, std::move(out), d.integer);
+  }
+
+  /// Tile of a constant (BLOOM's ALiBi slopes repeated for each sequence of the batch).
+  void tile(const NodeProto& n) {
+    const Val& d = in(n, 0);
+    if (!d.isConst)
+      throw UnsupportedError{"only a constant is tiled at import; '" + d.name +
+                             "' is computed at run time"};
+    const std::vector<double> reps = valuesOf(constIn(n, 1, "its repeats"));
+    if (reps.size() != d.shape.size())
+      throw UnsupportedError{"it has " + std::to_string(reps.size()) + " repeats for " +
+                             std::to_string(d.shape.size()) + " axes"};
+    std::vector<int64_t> shape = d.shape;
+    for (size_t k = 0; k < shape.size(); ++k) {
+      if (reps[k] < 0)
+        throw UnsupportedError{"its repeats must not be negative"};
+      shape[k] *= static_cast<int64_t>(reps[k]);
+    }
+    checkConstSize(shape);
+    std::vector<double> out;
+    out.reserve(static_cast<size_t>(numel(shape)));
+    std::vector<int64_t> idx(shape.size(), 0);
+    for (int64_t t = 0, total = numel(shape); t < total; ++t) {
+      int64_t src = 0;
+      for (size_t k = 0; k < idx.size(); ++k)
+        src = src * d.shape[k] + idx[k] % d.shape[k];
+      out.push_back(at(d, static_cast<size_t>(src)));
+      for (size_t k = idx.size(); k-- > 0;) // the next index, row-major
+        if (++idx[k] < shape[k])
+          break;
+        else
+          idx[k] = 0;
+    }
+    define(n, constOf(std::move(shape), std::move(out), d.integer));
+  }
+
+  /// The axis of a head view's ONNX shape that counts heads, where a range of heads is a range
+  /// of the token-major activation's columns: 2 of [B, S, H, d], 1 of [B, H, S, d]; else -1.
+  int64_t headAxis(const Val& x) const {
+    if (x.flatBH || x.repeat != 1 || x.shape.size() != 4 || !x.v ||
+        g_.op(*x.v).type.shape.size() != 2)
+      return -1;
+    return x.view == Val::View::Tokens ? 2 : x.view == Val::View::Heads ? 1 : -1;
+  }
+
+  /// Heads [first, first + count) of `x` (headAxis >= 0; Falcon's fused q, k, v viewed as
+  /// [B, S, H + 2, d]: f[:, :, :-2], f[:, :, [-2]]): a slice of the activation's columns, a
+  /// head view again (keepAxis) or, the axis dropped by a scalar index, the activation of one
+  /// head.
+  Val headColumns(const NodeProto& n, const Val& x, int64_t first, int64_t count, bool keepAxis) {
+    ir::Op op;
+    op.kind = ir::OpKind::Slice;
+    op.begin = first * x.headDim;
+    op.end = (first + count) * x.headDim;
+    std::vector<int64_t> t = g_.op(*x.v).type.shape;
+    t.back() = count * x.headDim;
+    Val v = emit(n, op, {*x.v}, t);
+    if (keepAxis) {
+      const ir::Vertex vertex = *v.v;
+      v = x;
+      v.v = vertex;
+      v.other.reset();
+      v.heads = count;
+      v.shape[static_cast<size_t>(headAxis(x))] = count;
+    } else {
+      v.shape = {x.batch, x.seq, x.headDim};
+    }
+    return v;
+  }
+
+  /// Gather of consecutive heads by constant indices (Falcon's multi-query k and v).
+  void headsGather(const NodeProto& n) {
+    const Val& x = in(n, 0);
+    const Val& idx = constIn(n, 1, "its indices");
+    const int64_t axis = normAxis(intAttr(n, "axis", 0), x.shape.size());
+    if (axis != headAxis(x) || idx.shape.size() > 1 || count(idx) == 0)
+      throw UnsupportedError{"of gathers from '" + x.name + "' " + shapeStr(x.shape) +
+                             ", an activation split into heads, only those of consecutive "
+                             "heads by a scalar or a list of indices are supported"};
+    const int64_t dim = x.shape[static_cast<size_t>(axis)];
+    std::vector<int64_t> heads;
+    for (size_t k = 0; k < count(idx); ++k) {
+      auto j = static_cast<int64_t>(at(idx, k));
+      if (j < -dim || j >= dim)
+        throw UnsupportedError{"index " + std::to_string(j) + " is out of range for " +
+                               shapeStr(x.shape) + " at axis " + std::to_string(axis)};
+      heads.push_back(j < 0 ? j + dim : j);
+      if (k > 0 && heads[k] != heads[k - 1] + 1)
+        throw UnsupportedError{"its heads " + shapeStr(heads) + " are not consecutive"};
+    }
+    define(n, headColumns(n, x, heads[0], static_cast<int64_t>(heads.size()), !idx.shape.empty()));
   }
 
   /// A slice of heads along their last axis (RoPE's halves, rotate_half): the IR's slice of
@@ -1331,6 +1428,19 @@ private:
   void headsSlice(const NodeProto& n) {
     Val& x = in(n, 0);
     const SliceWindow w = sliceWindow(n, x.shape);
+    if (const int64_t h = headAxis(x); h >= 0) {
+      const auto ha = static_cast<size_t>(h);
+      bool others = true; // the window keeps every axis whole but the heads'
+      for (size_t k = 0; k < w.shape.size(); ++k)
+        others = others && (k == ha || w.shape[k] == x.shape[k]);
+      if (others && w.shape[ha] != x.shape[ha]) {
+        if (w.step[ha] != 1 || w.shape[ha] == 0)
+          throw UnsupportedError{"of slices of the heads of '" + x.name + "' " + shapeStr(x.shape) +
+                                 ", only contiguous, non-empty ones are supported (step 1)"};
+        define(n, headColumns(n, x, w.first[ha], w.shape[ha], true));
+        return;
+      }
+    }
     for (size_t k = 0; k + 1 < w.shape.size(); ++k)
       if (w.shape[k] != x.shape[k])
         throw UnsupportedError{"of slices of an activation split into heads ('" + x.name + "' " +
@@ -1662,6 +1772,26 @@ private:
       define(n, std::move(v));
       return;
     }
+    Val converted;
+    if (Val& x = asHeadView(n, in(n, 0), converted);
+        x.view == Val::View::Heads && !x.flatBH && x.repeat == 1 && x.heads == 1) {
+      // Multi-query attention's one head expanded to the query heads: [B, 1, S, d] to
+      // [B, H, S, d], GQA with one stored head.
+      std::vector<int64_t> target;
+      for (double d : valuesOf(constIn(n, 1, "its shape")))
+        target.push_back(static_cast<int64_t>(d));
+      const std::vector<int64_t> shape = broadcast(x.shape, target);
+      if (shape.size() != 4 || shape[0] != x.batch || shape[2] != x.seq || shape[3] != x.headDim)
+        throw UnsupportedError{"expanding the head of '" + x.name + "' " + shapeStr(x.shape) +
+                               " to " + shapeStr(shape) +
+                               " is not supported (only to more heads, [B, H, S, d])"};
+      Val v = x;
+      v.heads = v.repeat = shape[1];
+      v.shape = shape;
+      v.other.reset();
+      define(n, std::move(v));
+      return;
+    }
     if (!in(n, 0).isConst)
       throw UnsupportedError{"only a constant is expanded at import; '" + in(n, 0).name +
                              "' is computed at run time"};
@@ -1699,13 +1829,11 @@ private:
     Val& x = in(n, 0);
     const int64_t rank = static_cast<int64_t>(x.shape.size());
     const int64_t axis = normAxis(intAttr(n, "axis", 0), x.shape.size());
-    if (x.isConst)
-      throw UnsupportedError{"splitting a constant is not supported"};
-    if (axis + 1 != rank)
+    if (axis + 1 != rank && !x.isConst)
       throw UnsupportedError{"only a split of the last axis (the columns) is supported; this "
                              "one splits axis " +
                              std::to_string(axis) + " of " + shapeStr(x.shape)};
-    const int64_t dim = x.shape.back();
+    const int64_t dim = x.shape[static_cast<size_t>(axis)];
     std::vector<int64_t> sizes;
     if (const AttributeProto* a = attr(n, "split")) {
       sizes.assign(a->ints().begin(), a->ints().end());
@@ -1731,6 +1859,19 @@ private:
       throw UnsupportedError{"its " + std::to_string(sizes.size()) + " parts (" + shapeStr(sizes) +
                              ") do not split the " + std::to_string(dim) + " columns into its " +
                              std::to_string(n.output_size()) + " outputs"};
+    if (x.isConst) { // (the exporter's repeat_interleave splits its repeats)
+      int64_t begin = 0;
+      for (int i = 0; i < n.output_size(); ++i) {
+        SliceWindow w{std::vector<int64_t>(x.shape.size(), 0),
+                      std::vector<int64_t>(x.shape.size(), 1), x.shape};
+        w.first[static_cast<size_t>(axis)] = begin;
+        w.shape[static_cast<size_t>(axis)] = sizes[static_cast<size_t>(i)];
+        begin += sizes[static_cast<size_t>(i)];
+        if (!n.output(i).empty())
+          define(n, constWindow(x, w), i);
+      }
+      return;
+    }
     const ir::Vertex vx = tensor(x);
     int64_t begin = 0;
     for (int i = 0; i < n.output_size(); ++i) {
@@ -2173,8 +2314,9 @@ private:
     using View = Val::View;
     ir::Op op;
     if (a.view == View::Heads && b.view == View::HeadsT) {
-      if (a.batch != b.batch || a.heads != b.heads || a.headDim != b.headDim || a.repeat != 1 ||
-          a.flatBH != b.flatBH)
+      // (K of one head against every query head: multi-query attention by broadcasting.)
+      if (a.batch != b.batch || (a.heads != b.heads && (b.heads != 1 || a.flatBH)) ||
+          a.headDim != b.headDim || a.repeat != 1 || a.flatBH != b.flatBH)
         throw UnsupportedError{"its heads " + shapeStr(a.shape) + " and " + shapeStr(b.shape) +
                                " do not fit Q K^T"};
       op.kind = ir::OpKind::AttnQk;
@@ -2190,19 +2332,20 @@ private:
                        g_.op(*a.v).type.shape.size() == 4;
     if (a.view == View::None && (a.shape.size() == 4 || flatP) && b.view == View::Heads) {
       const std::vector<int64_t> p = flatP ? g_.op(*a.v).type.shape : a.shape;
-      if (p != std::vector<int64_t>{b.batch, b.heads, p[2], b.seq} || (!flatP && b.flatBH))
+      const int64_t heads = b.heads == 1 && !b.flatBH ? p[1] : b.heads; // (V of one head: MQA)
+      if (p != std::vector<int64_t>{b.batch, heads, p[2], b.seq} || (!flatP && b.flatBH))
         throw UnsupportedError{"its operands " + shapeStr(a.shape) + " and heads " +
                                shapeStr(b.shape) + " do not fit P V"};
       op.kind = ir::OpKind::AttnPv;
       op.batch = b.batch;
       op.headDim = b.headDim;
-      Val v = emit(n, op, {tensor(a), *b.v}, {b.batch * p[2], b.heads * b.headDim});
+      Val v = emit(n, op, {tensor(a), *b.v}, {b.batch * p[2], heads * b.headDim});
       v.view = View::Heads;
-      v.shape = b.flatBH ? std::vector<int64_t>{b.batch * b.heads, p[2], b.headDim}
-                         : std::vector<int64_t>{b.batch, b.heads, p[2], b.headDim};
+      v.shape = b.flatBH ? std::vector<int64_t>{b.batch * heads, p[2], b.headDim}
+                         : std::vector<int64_t>{b.batch, heads, p[2], b.headDim};
       v.batch = b.batch;
       v.seq = p[2];
-      v.heads = b.heads;
+      v.heads = heads;
       v.headDim = b.headDim;
       v.repeat = 1;
       v.flatBH = b.flatBH;

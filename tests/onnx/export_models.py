@@ -16,8 +16,9 @@ and GPT-2 with attention as the exporter decomposes scaled_dot_product_attention
 heads of 64): gpt2_attn_dyn_opset17, llama_layer_dyn_opset17, gpt2_sdpa_dyn_opset17; and
 GPT-NeoX's attention (rotary on a quarter of each head), neox_attn_dyn_opset17; and a BERT
 layer with its padding mask an input, an OPT layer (torch.bmm form) and T5's attention
-(relative-position buckets), {bert_layer,opt_layer,t5_attn}_dyn_opset17, with torch's output
-at length 7 in OUTDIR/../expect (fpatc --inputs/--expect). Needs
+(relative-position buckets), {bert_layer,opt_layer,t5_attn}_dyn_opset17, and Falcon's
+multi-query layer and an explicitly expanded one, {falcon_layer,mqa_attn}_dyn_opset17, with
+torch's output at length 7 in OUTDIR/../expect (fpatc --inputs/--expect). Needs
 Debian's python3-torch (1.13, which has no scaled_dot_product_attention) and python3-onnx;
 the files in tests/onnx/models were made with it. Small sizes keep them small: d = 64.
 """
@@ -352,6 +353,55 @@ class T5Attn(nn.Module):
         return x + self.o(o)
 
 
+class FalconLayer(nn.Module):
+    """Falcon-7B: attention and MLP in parallel on one LayerNorm, multi-query attention from one
+    fused projection viewed as [B, S, H + 2, d] (q the first H heads by a slice, k and v one
+    head each by a gather, broadcast against the query heads by matmul), rotate_half RoPE, a
+    causal mask of -inf."""
+    def __init__(self):
+        super().__init__()
+        dh = D // HEADS
+        self.ln = nn.LayerNorm(D)
+        self.qkv = nn.Linear(D, D + 2 * dh, bias=False)
+        self.o = nn.Linear(D, D, bias=False)
+        self.up, self.down = nn.Linear(D, 4 * D, bias=False), nn.Linear(4 * D, D, bias=False)
+        self.register_buffer("inv_freq", 1.0 / (10000 ** (torch.arange(0, dh, 2).float() / dh)))
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        dh = D // HEADS
+        n = self.ln(x)
+        f = self.qkv(n).view(b, s, HEADS + 2, dh)
+        q = f[:, :, :-2].transpose(1, 2)
+        k, v = f[:, :, [-2]].transpose(1, 2), f[:, :, [-1]].transpose(1, 2)
+        emb = torch.cat((torch.outer(torch.arange(s, dtype=torch.float32), self.inv_freq),) * 2, -1)
+        q = q * emb.cos() + rotate_half(q) * emb.sin()
+        k = k * emb.cos() + rotate_half(k) * emb.sin()
+        w = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(dh)
+        w = w.masked_fill(torch.ones(s, s, dtype=torch.bool).triu(1), float("-inf"))
+        a = torch.matmul(nn.functional.softmax(w, -1), v).transpose(1, 2).reshape(b, s, D)
+        return x + self.o(a) + self.down(nn.functional.gelu(self.up(n)))
+
+
+class MqaAttn(nn.Module):
+    """Multi-query attention written with an explicit expand (GPT-BigCode's and some Gemma
+    ports' form): k and v of one head expanded to the query heads, q scaled after Q K^T."""
+    def __init__(self):
+        super().__init__()
+        dh = D // HEADS
+        self.q, self.o = nn.Linear(D, D, bias=False), nn.Linear(D, D)
+        self.k, self.v = nn.Linear(D, dh, bias=False), nn.Linear(D, dh, bias=False)
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        dh = D // HEADS
+        q = self.q(x).view(b, s, HEADS, dh).transpose(1, 2)
+        k = self.k(x).view(b, s, 1, dh).transpose(1, 2).expand(b, HEADS, s, dh)
+        v = self.v(x).view(b, s, 1, dh).transpose(1, 2).expand(b, HEADS, s, dh)
+        w = nn.functional.softmax(torch.matmul(q, k.transpose(2, 3)) * dh ** -0.5, -1)
+        return x + self.o(torch.matmul(w, v).transpose(1, 2).reshape(b, s, D))
+
+
 def export_opsets(m, out, name):
     """Writes NAME_opset13.onnx and NAME_opset17.onnx of `m` (one input drawn for both)."""
     x = torch.randn(BATCH, SEQ, D)
@@ -457,8 +507,16 @@ def main():
     # seq symbolic; with torch's own output at seq 7 on f16-rounded inputs, which
     # fpatc --expect checks the import against. Made last, so the files above come out as before.
     torch.manual_seed(7)
-    for name, m in {"bert_layer_dyn_opset17": BertLayer(), "opt_layer_dyn_opset17": OptLayer(),
-                    "t5_attn_dyn_opset17": T5Attn()}.items():
+    last = {"bert_layer_dyn_opset17": BertLayer(), "opt_layer_dyn_opset17": OptLayer(),
+            "t5_attn_dyn_opset17": T5Attn()}
+    # Falcon's multi-query attention (heads sliced and gathered from one projection) and an
+    # explicit expand of one KV head, the same way; their own seed, so the files above come out
+    # as before.
+    last_seed = {"falcon_layer_dyn_opset17": 11, "mqa_attn_dyn_opset17": 13}
+    for name, m in list(last.items()) + [(n, None) for n in last_seed]:
+        if m is None:
+            torch.manual_seed(last_seed[name])
+            m = FalconLayer() if name.startswith("falcon") else MqaAttn()
         with torch.no_grad():
             for p in m.parameters():
                 if p.dim() == 1:

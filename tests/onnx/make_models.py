@@ -285,6 +285,20 @@ save("const_masks",
       c("neg", np.float32(-100)), c("pos", np.arange(1, 5, dtype=np.float32)),
       c("ones8", np.ones(8, np.float32)), c("zeros", np.zeros((4, 8), np.float32))], opset=14)
 
+# Tile and Split of constants (BLOOM's ALiBi slopes tiled over the batch; torch 1.13's
+# repeat_interleave splits its repeats): tile[i][j] = j; rows of s[i][j] = 100 i split 1 + 3 and
+# joined the other way round, rot[i][j] = 100 ((i + 1) % 4). y = x + tile + rot.
+save("const_tiles",
+     [helper.make_node("Tile", ["row", "reps"], ["tile"], name="tile"),
+      helper.make_node("Split", ["s", "parts"], ["s0", "s1"], name="split", axis=0),
+      helper.make_node("Concat", ["s1", "s0"], ["rot"], name="concat", axis=0),
+      helper.make_node("Add", ["x", "tile"], ["xt"], name="addtile"),
+      helper.make_node("Add", ["xt", "rot"], ["y"], name="addrot")],
+     [f32("x", [4, 8])], [f32("y", [4, 8])],
+     [c("row", np.arange(8, dtype=np.float32)[None]), c("reps", np.array([4, 1], np.int64)),
+      c("s", np.repeat(100 * np.arange(4, dtype=np.float32)[:, None], 8, 1)),
+      c("parts", np.array([1, 3], np.int64))])
+
 short = numpy_helper.from_array(np.zeros((8, 8), np.float32), "W")
 short.raw_data = short.raw_data[:100]
 save("short_initializer",

@@ -1379,14 +1379,15 @@ private:
   /// [B, S, H + 2, d]: f[:, :, :-2], f[:, :, [-2]]): a slice of the activation's columns, a
   /// head view again (keepAxis) or, the axis dropped by a scalar index, the activation of one
   /// head.
-  Val headColumns(const NodeProto& n, const Val& x, int64_t first, int64_t count, bool keepAxis) {
+  Val headColumns(const NodeProto& n, const Val& x, int64_t first, int64_t count, bool keepAxis,
+                  int output = 0) {
     ir::Op op;
     op.kind = ir::OpKind::Slice;
     op.begin = first * x.headDim;
     op.end = (first + count) * x.headDim;
     std::vector<int64_t> t = g_.op(*x.v).type.shape;
     t.back() = count * x.headDim;
-    Val v = emit(n, op, {*x.v}, t);
+    Val v = emit(n, op, {*x.v}, t, output);
     if (keepAxis) {
       const ir::Vertex vertex = *v.v;
       v = x;
@@ -1465,9 +1466,63 @@ private:
     define(n, std::move(v));
   }
 
+  /// Heads joined along their own axis where they are consecutive heads of one activation,
+  /// each repeated alike (torch 1.13's export of repeat_interleave on the heads: each KV head
+  /// split off, repeated by Unsqueeze, Expand and Reshape, the repeats joined): the heads of
+  /// that activation, GQA where repeated. False: not a concatenation along the head axis.
+  bool headsRejoin(const NodeProto& n) {
+    using View = Val::View;
+    const Val& a = in(n, 0);
+    if (a.flatBH || a.shape.size() != 4 || (a.view != View::Tokens && a.view != View::Heads) ||
+        normAxis(intAttr(n, "axis", 0), 4) != (a.view == View::Tokens ? 2 : 1))
+      return false;
+    const auto axis = static_cast<size_t>(a.view == View::Tokens ? 2 : 1);
+    std::optional<ir::Vertex> src;
+    int64_t begin = 0, end = 0, heads = 0;
+    for (int i = 0; i < n.input_size(); ++i) {
+      const Val& p = in(n, i);
+      if (p.view != a.view || p.flatBH || p.repeat != a.repeat || p.batch != a.batch ||
+          p.seq != a.seq || p.headDim != a.headDim || !p.v)
+        throw UnsupportedError{"it joins heads of different layouts ('" + a.name + "' " +
+                               shapeStr(a.shape) + " and '" + p.name + "' " + shapeStr(p.shape) +
+                               ")"};
+      const ir::Op& op = g_.op(*p.v);
+      const std::vector<ir::Vertex> operands = g_.operands(*p.v);
+      if (op.kind != ir::OpKind::Slice || operands.size() != 1 ||
+          (src && (operands[0] != *src || op.begin != end)))
+        throw UnsupportedError{"of concatenations of heads along their axis, only those of "
+                               "consecutive heads of one activation are supported"};
+      if (!src) {
+        src = operands[0];
+        begin = op.begin;
+      }
+      end = op.end;
+      heads += p.heads;
+    }
+    Val v = a;
+    v.other.reset();
+    v.heads = heads;
+    v.shape[axis] = heads;
+    if (begin == 0 && end == g_.op(*src).type.shape.back()) {
+      v.v = src;
+    } else {
+      ir::Op op;
+      op.kind = ir::OpKind::Slice;
+      op.begin = begin;
+      op.end = end;
+      std::vector<int64_t> t = g_.op(*src).type.shape;
+      t.back() = end - begin;
+      v.v = emit(n, op, {*src}, t).v;
+    }
+    define(n, std::move(v));
+    return true;
+  }
+
   /// Two head values joined along their last axis (rotate_half): the IR's concat, on their
   /// Dense4 tensors.
   void headsConcat(const NodeProto& n) {
+    if (headsRejoin(n))
+      return;
     if (n.input_size() != 2)
       throw UnsupportedError{"of concatenations of activations split into heads, only those of "
                              "two are supported"};
@@ -1829,7 +1884,7 @@ private:
     Val& x = in(n, 0);
     const int64_t rank = static_cast<int64_t>(x.shape.size());
     const int64_t axis = normAxis(intAttr(n, "axis", 0), x.shape.size());
-    if (axis + 1 != rank && !x.isConst)
+    if (axis + 1 != rank && !x.isConst && headAxis(x) != axis)
       throw UnsupportedError{"only a split of the last axis (the columns) is supported; this "
                              "one splits axis " +
                              std::to_string(axis) + " of " + shapeStr(x.shape)};
@@ -1859,6 +1914,16 @@ private:
       throw UnsupportedError{"its " + std::to_string(sizes.size()) + " parts (" + shapeStr(sizes) +
                              ") do not split the " + std::to_string(dim) + " columns into its " +
                              std::to_string(n.output_size()) + " outputs"};
+    if (headAxis(x) == axis && axis + 1 != rank) { // heads split apart
+      int64_t first = 0;
+      for (int i = 0; i < n.output_size(); ++i) {
+        const int64_t count = sizes[static_cast<size_t>(i)];
+        if (!n.output(i).empty())
+          define(n, headColumns(n, x, first, count, true, i), i);
+        first += count;
+      }
+      return;
+    }
     if (x.isConst) { // (the exporter's repeat_interleave splits its repeats)
       int64_t begin = 0;
       for (int i = 0; i < n.output_size(); ++i) {

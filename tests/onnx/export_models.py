@@ -17,7 +17,8 @@ heads of 64): gpt2_attn_dyn_opset17, llama_layer_dyn_opset17, gpt2_sdpa_dyn_opse
 GPT-NeoX's attention (rotary on a quarter of each head), neox_attn_dyn_opset17; and a BERT
 layer with its padding mask an input, an OPT layer (torch.bmm form) and T5's attention
 (relative-position buckets), {bert_layer,opt_layer,t5_attn}_dyn_opset17, and Falcon's
-multi-query layer and an explicitly expanded one, {falcon_layer,mqa_attn}_dyn_opset17, with
+multi-query layer, an explicitly expanded one and heads split apart along their axis,
+{falcon_layer,mqa_attn,split_heads}_dyn_opset17, with
 torch's output at length 7 in OUTDIR/../expect (fpatc --inputs/--expect). Needs
 Debian's python3-torch (1.13, which has no scaled_dot_product_attention) and python3-onnx;
 the files in tests/onnx/models were made with it. Small sizes keep them small: d = 64.
@@ -402,6 +403,26 @@ class MqaAttn(nn.Module):
         return x + self.o(torch.matmul(w, v).transpose(1, 2).reshape(b, s, D))
 
 
+class SplitHeadsAttn(nn.Module):
+    """q, k and v split along the head axis of one projection viewed as [B, S, H + 2 Hkv, d]
+    (GQA 2), k's two heads split apart and joined again along the head axis, repeat_kv."""
+    def __init__(self):
+        super().__init__()
+        dh = D // HEADS
+        self.qkv, self.o = nn.Linear(D, D + 2 * KV_HEADS * dh), nn.Linear(D, D)
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        dh, rep = D // HEADS, HEADS // KV_HEADS
+        f = self.qkv(x).view(b, s, HEADS + 2 * KV_HEADS, dh)
+        q, k, v = (t.transpose(1, 2) for t in f.split([HEADS, KV_HEADS, KV_HEADS], dim=2))
+        k = torch.cat(k.split(1, dim=1), dim=1)
+        k = k[:, :, None].expand(b, KV_HEADS, rep, s, dh).reshape(b, HEADS, s, dh)
+        v = v[:, :, None].expand(b, KV_HEADS, rep, s, dh).reshape(b, HEADS, s, dh)
+        w = nn.functional.softmax(torch.matmul(q, k.transpose(2, 3)) / math.sqrt(dh), -1)
+        return x + self.o(torch.matmul(w, v).transpose(1, 2).reshape(b, s, D))
+
+
 def export_opsets(m, out, name):
     """Writes NAME_opset13.onnx and NAME_opset17.onnx of `m` (one input drawn for both)."""
     x = torch.randn(BATCH, SEQ, D)
@@ -512,11 +533,13 @@ def main():
     # Falcon's multi-query attention (heads sliced and gathered from one projection) and an
     # explicit expand of one KV head, the same way; their own seed, so the files above come out
     # as before.
-    last_seed = {"falcon_layer_dyn_opset17": 11, "mqa_attn_dyn_opset17": 13}
+    last_seed = {"falcon_layer_dyn_opset17": 11, "mqa_attn_dyn_opset17": 13,
+                 "split_heads_dyn_opset17": 17}
+    made = {"falcon": FalconLayer, "mqa": MqaAttn, "split": SplitHeadsAttn}
     for name, m in list(last.items()) + [(n, None) for n in last_seed]:
         if m is None:
             torch.manual_seed(last_seed[name])
-            m = FalconLayer() if name.startswith("falcon") else MqaAttn()
+            m = made[name.split("_")[0]]()
         with torch.no_grad():
             for p in m.parameters():
                 if p.dim() == 1:

@@ -579,7 +579,7 @@ private:
                              " is an activation split into heads, which fpat supports in "
                              "attention's products (MatMul), Transpose, Reshape, Cast, "
                              "elementwise ops with constants or other heads, and Slice and "
-                             "Concat along the last axis"};
+                             "Concat along the last axis or the heads' axis"};
     if (!v.transposedOf.empty())
       throw UnsupportedError{"'" + v.name +
                              "' is a transposed activation, supported only as MatMul's B"};
@@ -1446,7 +1446,7 @@ private:
       if (w.shape[k] != x.shape[k])
         throw UnsupportedError{"of slices of an activation split into heads ('" + x.name + "' " +
                                shapeStr(x.shape) +
-                               "), only those along the last axis are "
+                               "), only those along the last axis or the heads' axis are "
                                "supported"};
     if (w.step.back() != 1 || w.shape.back() == 0)
       throw UnsupportedError{"of slices of an activation split into heads ('" + x.name + "' " +

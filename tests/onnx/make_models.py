@@ -397,8 +397,8 @@ save("rope_strided_slice",
 save("rope_slice_heads",
      heads_nodes + [helper.make_node("Slice", ["t", "s0", "e1", "ax"], ["y"],
                                      name="rope/Slice_head")],
-     [f32("x", [6, 8])], [f32("y", [2, 3, 1, 4])],
-     heads_inits + [i64("s0", [0]), i64("e1", [1]), i64("ax", [2])])
+     [f32("x", [6, 8])], [f32("y", [2, 1, 2, 4])],
+     heads_inits + [i64("s0", [0]), i64("e1", [1]), i64("ax", [1])])
 # Heads computed on as the output: in token order ([B, S, H, d]) they are the output's own
 # layout; transposed to [B, H, S, d] they are refused where the output is.
 save("heads_output", heads_nodes + [helper.make_node("Sigmoid", ["t"], ["y"], name="rope/Sigmoid")],

@@ -409,6 +409,7 @@ template <class D, class T> __device__ __forceinline__ void flashAttention(const
     if constexpr (T::DYNAMIC) {
       mbarWait(&qFull, qPhase);
       t = *static_cast<volatile int*>(&br.tile);
+      __syncwarp(); // every lane has read it before lane 0 can release Q (qEmpty) to the producer
       if (t < 0)
         break;
     } else if (t >= tiles) {

@@ -68,6 +68,15 @@ int64_t numel(const std::vector<int64_t>& s) {
   return n;
 }
 
+/// Steps `idx` to the next index of `shape`, row-major (past the last: all zero).
+void nextIndex(std::vector<int64_t>& idx, const std::vector<int64_t>& shape) {
+  for (size_t k = idx.size(); k-- > 0;)
+    if (++idx[k] < shape[k])
+      return;
+    else
+      idx[k] = 0;
+}
+
 /// Element i and the element count of a constant, wherever it is held.
 double at(const Val& v, size_t i) {
   return v.data.empty() && v.fdata ? static_cast<double>((*v.fdata)[i]) : v.data[i];
@@ -1323,11 +1332,7 @@ private:
       for (size_t k = 0; k < idx.size(); ++k)
         src = src * d.shape[k] + first[k] + idx[k] * step[k];
       out.push_back(at(d, static_cast<size_t>(src)));
-      for (size_t k = idx.size(); k-- > 0;) // the next index, row-major
-        if (++idx[k] < shape[k])
-          break;
-        else
-          idx[k] = 0;
+      nextIndex(idx, shape);
     }
     return constOf(shape, std::move(out), d.integer);
   }
@@ -1357,11 +1362,7 @@ private:
       for (size_t k = 0; k < idx.size(); ++k)
         src = src * d.shape[k] + idx[k] % d.shape[k];
       out.push_back(at(d, static_cast<size_t>(src)));
-      for (size_t k = idx.size(); k-- > 0;) // the next index, row-major
-        if (++idx[k] < shape[k])
-          break;
-        else
-          idx[k] = 0;
+      nextIndex(idx, shape);
     }
     define(n, constOf(std::move(shape), std::move(out), d.integer));
   }

@@ -127,8 +127,9 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
   constexpr bool kStats = Epilogue::kNorm != 0 && Epilogue::kNormStats;
   constexpr bool kProducerStats =
       kStats && !kDefer &&
-      wgmmaSmemBytes<T, kTile, kSide>() + sizeof(WgmmaStats<BM>) + 1024 <= FPAT_SM90_SMEM_BYTES;
-  constexpr int kStatsBytes = kProducerStats ? sizeof(WgmmaStats<BM>) : 0;
+      wgmmaSmemBytes<T, kTile, kSide>() + sizeof(WgmmaStats<BM, T::A_ROWS>) + 1024 <=
+          FPAT_SM90_SMEM_BYTES;
+  constexpr int kStatsBytes = kProducerStats ? sizeof(WgmmaStats<BM, T::A_ROWS>) : 0;
   constexpr int kSlabs = T::CONSUMERS * 4;
   constexpr bool kStagedStore = !kTile && T::STAGES * T::STAGE_BYTES + 1024 +
                                                   kSlabs * kSlabRows * kSlabPitch * 2 + 1024 +
@@ -149,7 +150,8 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
   extern __shared__ __align__(1024) unsigned char smemRaw[];
   __shared__ __align__(8) uint64_t full[S], empty[S], order[2], tileFull, tileEmpty, sideFull;
   __shared__ __align__(16) elem epiSlab[kStagedStore ? kSlabs : 1][kSlabRows * kSlabPitch];
-  __shared__ __align__(16) WgmmaStats<kProducerStats ? BM : 1> stats;
+  __shared__ __align__(16) WgmmaStats<kProducerStats ? BM : 1, kProducerStats ? T::A_ROWS : 1>
+      stats;
   const WgmmaSmem<T> sm{smemRaw + ((1024 - (smemAddr(smemRaw) & 1023)) & 1023),
                         full,
                         empty,

@@ -177,60 +177,84 @@ template <int MI, int NORM> struct WgmmaRowSums {
 /// The deferred norm's row statistics summed by the producer warpgroup's three idle warps
 /// (NORM: 1 layernorm, 2 rmsnorm) from each stage's A box, beside the consumers' MMAs: no
 /// launch, no second read of x, and nothing in the consumers' loop (their own shared-memory
-/// reads there slowed their MMAs, bench/RESULTS.md session 26). Each of the 96 threads owns
-/// rows q, q + 96, ... and reads their eight 16-byte chunks of every stage (32 lanes read 32
-/// rows at chunk positions the swizzle spreads over all banks: 4 wavefronts, the least for 512
-/// bytes), keeping the sums in registers until the tile's last k-tile: no shuffles and no
-/// shared-memory sums in the loop (session 37: a lane per chunk with a shuffle reduction and a
-/// shared-memory sum per row and k-tile held the GEMM to a third of its speed). Per tile, each
+/// reads there slowed their MMAs, bench/RESULTS.md session 26).
+///
+/// A stage's A box is NB blocks of 32 rows by 8 16-byte chunks; its 8 NB pieces (a block's rows
+/// at one chunk) are dealt evenly to the three warps, warp W taking pieces W, W + 3, ..., lane l
+/// reading row 32 b + l (one logical chunk of 32 rows: the 128-byte swizzle spreads it over
+/// all banks).
+/// Each warp's walk is unrolled for its W: every address is the lane's base plus a constant,
+/// and each thread sums into NB registers (its rows), independent chains. Sessions 36-37 gave
+/// each thread whole rows (128 rows over 96 threads: one warp did twice the work, on one FMA
+/// chain a row) and the GEMM ran at a third to a half of its speed. At the tile's end the
+/// three warps' sums of each row meet in `part` (added in a fixed order: deterministic); each
 /// row's rstd and rstd * mean go to out[item parity], which `full` publishes to the consumers
 /// and `empty` hands back.
-template <int BM> struct WgmmaStats {
-  float2 out[2][BM]; // rstd, rstd * mean (0 for rmsnorm)
+template <int BM, int A_ROWS> struct WgmmaStats {
+  static constexpr int NB = (A_ROWS + 31) / 32; // blocks of 32 rows
+  float2 out[2][BM];                            // rstd, rstd * mean (0 for rmsnorm)
+  float2 part[NB][96]; // each thread's block sums: of x - shift, of (x - shift)^2
   uint64_t full[2], empty[2];
 };
 
 namespace sm90 {
 
+/// Warp W's share of one stage: pieces g = W, W + 3, ... of the 8 NB, piece g being chunk g / NB
+/// of row block g % NB.
+template <int W, class T, int NORM>
+__device__ __forceinline__ void
+statsStage(const unsigned char* A, int lane, const float (&c0)[(T::A_ROWS + 31) / 32],
+           float (&s1)[(T::A_ROWS + 31) / 32], float (&s2)[(T::A_ROWS + 31) / 32]) {
+  constexpr int AR = T::A_ROWS, NB = (AR + 31) / 32;
+#pragma unroll
+  for (int g = W; g < 8 * NB; g += 3) {
+    const int b = g % NB, ch = g / NB;
+    if (AR % 32 != 0 && 32 * b + lane >= AR)
+      continue;
+    Half8 v;
+    v.u = *reinterpret_cast<const uint4*>(A + (32 * b + lane) * 128 + ((ch ^ (lane & 7)) << 4));
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const float x = toF(v.h[e]) - c0[b];
+      if constexpr (NORM == 1)
+        s1[b] += x;
+      s2[b] = fmaf(x, x, s2[b]);
+    }
+  }
+}
+
 template <class T, int NORM, class Sched>
 __device__ __forceinline__ void producerRowStats(const WgmmaSmem<T>& sm, const Sched& sched,
-                                                 WgmmaStats<T::BM>& st, float eps) {
-  constexpr int S = T::STAGES, BM = T::BM, RPT = (BM + 95) / 96;
-  const int q = static_cast<int>(threadIdx.x) - 32, lane = threadIdx.x % 32;
+                                                 WgmmaStats<T::BM, T::A_ROWS>& st, float eps) {
+  constexpr int S = T::STAGES, BM = T::BM, AR = T::A_ROWS, NB = (AR + 31) / 32;
+  const int w = static_cast<int>(threadIdx.x) / 32 - 1, lane = threadIdx.x % 32;
   const float pad = static_cast<float>(sched.KT * T::BK - sched.K), n = static_cast<float>(sched.K);
   int stage = 0, local = 0, t, k0, k1;
   unsigned phase = 0;
-  for (int w = 0; sched.work(w, t, k0, k1); ++w, ++local) {
+  for (int it = 0; sched.work(it, t, k0, k1); ++it, ++local) {
     // LayerNorm sums x - shift, the row's first element: no cancellation when |mean| >> sigma.
-    float s1[RPT], s2[RPT], c0[RPT];
+    float s1[NB], s2[NB], c0[NB];
 #pragma unroll
-    for (int j = 0; j < RPT; ++j)
-      s1[j] = s2[j] = c0[j] = 0.0f;
+    for (int b = 0; b < NB; ++b)
+      s1[b] = s2[b] = c0[b] = 0.0f;
     for (int kt = k0; kt < k1; ++kt) {
       mbarWait(&sm.full[stage], phase);
       const unsigned char* A = sm.stageA(stage);
+      if constexpr (NORM == 1) {
+        if (kt == k0) {
 #pragma unroll
-      for (int j = 0; j < RPT; ++j) {
-        const int r = q + 96 * j;
-        if (r >= T::A_ROWS)
-          break;
-        const unsigned char* row = A + r * 128;
-        if constexpr (NORM == 1)
-          if (kt == k0)
-            c0[j] = toF(*reinterpret_cast<const elem*>(row + (r % 8) * 16));
-#pragma unroll
-        for (int c = 0; c < 8; ++c) {
-          Half8 v;
-          v.u = *reinterpret_cast<const uint4*>(row + c * 16);
-#pragma unroll
-          for (int e = 0; e < 8; ++e) {
-            const float x = toF(v.h[e]) - c0[j];
-            if constexpr (NORM == 1)
-              s1[j] += x;
-            s2[j] = fmaf(x, x, s2[j]);
-          }
+          for (int b = 0; b < NB; ++b)
+            if (AR % 32 == 0 || 32 * b + lane < AR)
+              c0[b] =
+                  toF(*reinterpret_cast<const elem*>(A + (32 * b + lane) * 128 + (lane & 7) * 16));
         }
       }
+      if (w == 0)
+        statsStage<0, T, NORM>(A, lane, c0, s1, s2);
+      else if (w == 1)
+        statsStage<1, T, NORM>(A, lane, c0, s1, s2);
+      else
+        statsStage<2, T, NORM>(A, lane, c0, s1, s2);
       __syncwarp(); // the warp's reads of the stage are done
       if (lane == 0)
         mbarArrive(&sm.empty[stage]);
@@ -239,27 +263,37 @@ __device__ __forceinline__ void producerRowStats(const WgmmaSmem<T>& sm, const S
         phase ^= 1;
       }
     }
-    // The tile's statistics, once the consumers have read what the buffer held two items ago.
-    // Columns past K were TMA's zeros (each added -shift, shift^2); rows past the A box (a
-    // short one) are never stored.
-    const int b = local & 1;
-    mbarWait(&st.empty[b], ((local >> 1) & 1) ^ 1);
+    // The tile's statistics: each warp's block sums into `part`, then rows 32 b + lane for b =
+    // w, w + 3, ... from the three warps', once the consumers have read what out[b] held two
+    // items ago. Columns past K were TMA's zeros (each added -shift, shift^2); rows past the A
+    // box (a short one) are never stored.
+    namedBarrier(3, 96); // the previous tile's reads of `part` are done
 #pragma unroll
-    for (int j = 0; j < RPT; ++j) {
-      const int r = q + 96 * j;
-      if (r >= BM)
-        break;
+    for (int b = 0; b < NB; ++b)
+      st.part[b][32 * w + lane] = make_float2(s1[b], s2[b]);
+    namedBarrier(3, 96);
+    const int buf = local & 1;
+    mbarWait(&st.empty[buf], ((local >> 1) & 1) ^ 1);
+#pragma unroll
+    for (int b = 0; b < (BM + 31) / 32; ++b) {
+      const int r = 32 * b + lane;
+      if (b % 3 != w || r >= BM)
+        continue;
       float rs = 0.0f, mr = 0.0f;
-      if (r < T::A_ROWS) {
-        const float a1 = s1[j] + pad * c0[j], a2 = s2[j] - pad * c0[j] * c0[j];
+      if (b < NB && r < AR) {
+        const int bb = b < NB ? b : 0; // b itself (the branch is dead otherwise)
+        const float2 p0 = st.part[bb][lane], p1 = st.part[bb][32 + lane],
+                     p2 = st.part[bb][64 + lane];
+        const float a1 = p0.x + p1.x + p2.x + pad * c0[bb];
+        const float a2 = p0.y + p1.y + p2.y - pad * c0[bb] * c0[bb];
         const float d = a1 / n;
         const float var = NORM == 1 ? fmaxf(a2 / n - d * d, 0.0f) : a2 / n;
         rs = rsqrtf(var + eps);
-        mr = NORM == 1 ? (c0[j] + d) * rs : 0.0f;
+        mr = NORM == 1 ? (c0[bb] + d) * rs : 0.0f;
       }
-      st.out[b][r] = make_float2(rs, mr);
+      st.out[buf][r] = make_float2(rs, mr);
     }
-    mbarArrive(&st.full[b]); // every stats thread: its writes are released with it
+    mbarArrive(&st.full[buf]); // every stats thread: its writes are released with it
   }
 }
 

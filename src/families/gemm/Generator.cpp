@@ -357,8 +357,8 @@ std::vector<std::string> headerLines(const GemmPlan& p, const ir::Op& op) {
                                   "weights are uploaded; ") +
                       (u.normStatsLaunch
                            ? "a statistics launch before it (which it overlaps) gives each row's "
-                           : "the consumers sum each row's statistics from the A tiles of the "
-                             "main loop: ") +
+                           : "the producer's idle warps sum each row's statistics from the A "
+                             "tiles of the main loop: ") +
                       (normKind == 1 ? "mean and rstd; acc = rstd (acc - mean colsum(B')) + "
                                        "beta W, the column terms also made at upload"
                                      : "rstd; acc = rstd acc") +

@@ -204,7 +204,11 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
     // Producer: one thread issues every copy; the other 127 only give their registers away,
     // or, with kDefer, three of their warps apply the deferred epilogues, or with
     // kProducerStats sum the deferred norm's row statistics.
-    if constexpr (T::CONSUMERS == 2)
+    // The statistics warps keep 56 registers (sums, shifts and unrolled loads); the consumers
+    // then take 224, which their accumulators fit.
+    if constexpr (T::CONSUMERS == 2 && kProducerStats)
+      asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n");
+    else if constexpr (T::CONSUMERS == 2)
       asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
     if (threadIdx.x == 0)
       produceStages<T, TRANS_B, kPre, kSide>(p, sm, sched);
@@ -215,7 +219,9 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
         producerRowStats<T, Epilogue::kNorm>(sm, sched, stats, a.eps);
     }
   } else {
-    if constexpr (T::CONSUMERS == 2)
+    if constexpr (T::CONSUMERS == 2 && kProducerStats)
+      asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n");
+    else if constexpr (T::CONSUMERS == 2)
       asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
     const int c = wg - 1, warp = threadIdx.x % 128 / 32;
     float d[MI][T::BN / 2];

@@ -193,7 +193,8 @@ template <int MI, int NORM> struct WgmmaRowSums {
 template <int BM, int A_ROWS> struct WgmmaStats {
   static constexpr int NB = (A_ROWS + 31) / 32; // blocks of 32 rows
   float2 out[2][BM];                            // rstd, rstd * mean (0 for rmsnorm)
-  float2 part[NB][96]; // each thread's block sums: of x - shift, of (x - shift)^2
+  float2 part[NB][96];  // each thread's block sums: of x - shift, of (x - shift)^2
+  float shift[NB * 32]; // each row's shift (layernorm)
   uint64_t full[2], empty[2];
 };
 
@@ -211,14 +212,17 @@ statsStage(const unsigned char* A, int lane, const float (&c0)[(T::A_ROWS + 31) 
     const int b = g % NB, ch = g / NB;
     if (AR % 32 != 0 && 32 * b + lane >= AR)
       continue;
-    Half8 v;
-    v.u = *reinterpret_cast<const uint4*>(A + (32 * b + lane) * 128 + ((ch ^ (lane & 7)) << 4));
+    // Four words of two elements, unpacked in registers (indexing a union of eight would put
+    // it in local memory).
+    const uint4 v =
+        *reinterpret_cast<const uint4*>(A + (32 * b + lane) * 128 + ((ch ^ (lane & 7)) << 4));
 #pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      const float x = toF(v.h[e]) - c0[b];
+    for (int e = 0; e < 4; ++e) {
+      const float2 f = bitsPair(e == 0 ? v.x : e == 1 ? v.y : e == 2 ? v.z : v.w);
+      const float x0 = f.x - c0[b], x1 = f.y - c0[b];
       if constexpr (NORM == 1)
-        s1[b] += x;
-      s2[b] = fmaf(x, x, s2[b]);
+        s1[b] += x0 + x1;
+      s2[b] = fmaf(x1, x1, fmaf(x0, x0, s2[b]));
     }
   }
 }
@@ -268,9 +272,15 @@ __device__ __forceinline__ void producerRowStats(const WgmmaSmem<T>& sm, const S
     // items ago. Columns past K were TMA's zeros (each added -shift, shift^2); rows past the A
     // box (a short one) are never stored.
     namedBarrier(3, 96); // the previous tile's reads of `part` are done
+    // Warp 0 also adds the padding's terms and gives each row's shift (indexing c0 by a block
+    // chosen at run time below would put it in local memory).
 #pragma unroll
-    for (int b = 0; b < NB; ++b)
-      st.part[b][32 * w + lane] = make_float2(s1[b], s2[b]);
+    for (int b = 0; b < NB; ++b) {
+      const float c = w == 0 ? c0[b] : 0.0f;
+      st.part[b][32 * w + lane] = make_float2(s1[b] + pad * c, s2[b] - pad * c * c);
+      if (NORM == 1 && w == 0)
+        st.shift[32 * b + lane] = c;
+    }
     namedBarrier(3, 96);
     const int buf = local & 1;
     mbarWait(&st.empty[buf], ((local >> 1) & 1) ^ 1);
@@ -280,16 +290,13 @@ __device__ __forceinline__ void producerRowStats(const WgmmaSmem<T>& sm, const S
       if (b % 3 != w || r >= BM)
         continue;
       float rs = 0.0f, mr = 0.0f;
-      if (b < NB && r < AR) {
-        const int bb = b < NB ? b : 0; // b itself (the branch is dead otherwise)
-        const float2 p0 = st.part[bb][lane], p1 = st.part[bb][32 + lane],
-                     p2 = st.part[bb][64 + lane];
-        const float a1 = p0.x + p1.x + p2.x + pad * c0[bb];
-        const float a2 = p0.y + p1.y + p2.y - pad * c0[bb] * c0[bb];
+      if (r < AR) {
+        const float2 p0 = st.part[b][lane], p1 = st.part[b][32 + lane], p2 = st.part[b][64 + lane];
+        const float a1 = p0.x + p1.x + p2.x, a2 = p0.y + p1.y + p2.y;
         const float d = a1 / n;
         const float var = NORM == 1 ? fmaxf(a2 / n - d * d, 0.0f) : a2 / n;
         rs = rsqrtf(var + eps);
-        mr = NORM == 1 ? (c0[bb] + d) * rs : 0.0f;
+        mr = NORM == 1 ? (st.shift[r] + d) * rs : 0.0f;
       }
       st.out[buf][r] = make_float2(rs, mr);
     }

@@ -307,7 +307,10 @@ template <class D, class T> __device__ __forceinline__ void flashAttention(const
 
   if (threadIdx.x == 0) {
     mbarInit(&qFull, 1);
-    mbarInit(&qEmpty, 8); // lane 0 of each consumer warp, once its last Q K^T of a tile is done
+    // Lane 0 of each consumer warp, once its last Q K^T of a tile is done; with DYNAMIC every
+    // consumer thread, whose arrival also orders its read of the tile index before the
+    // producer's next write (racecheck sees no order in a __syncwarp and lane 0's arrival).
+    mbarInit(&qEmpty, T::DYNAMIC ? 256 : 8);
     for (int s = 0; s < S; ++s) {
       mbarInit(&kFull[s], 1);
       mbarInit(&vFull[s], 1);
@@ -402,14 +405,13 @@ template <class D, class T> __device__ __forceinline__ void flashAttention(const
   };
   // After the tile's last Q K^T: the producer may load the next tile's Q.
   auto releaseQ = [&](int j) {
-    if (j == blocks - 1 && lane == 0)
+    if (j == blocks - 1 && (T::DYNAMIC || lane == 0))
       mbarArrive(&qEmpty);
   };
   for (int t = first;; t += step, qPhase ^= 1) {
     if constexpr (T::DYNAMIC) {
       mbarWait(&qFull, qPhase);
-      t = *static_cast<volatile int*>(&br.tile);
-      __syncwarp(); // every lane has read it before lane 0 can release Q (qEmpty) to the producer
+      t = *static_cast<volatile int*>(&br.tile); // released by this thread's qEmpty arrival
       if (t < 0)
         break;
     } else if (t >= tiles) {
@@ -428,7 +430,7 @@ template <class D, class T> __device__ __forceinline__ void flashAttention(const
     st = FlashRows{{-INFINITY, -INFINITY}, {0.0f, 0.0f}};
     if constexpr (!T::DYNAMIC)
       mbarWait(&qFull, qPhase);
-    if (blocks == 0 && lane == 0)
+    if (blocks == 0 && (T::DYNAMIC || lane == 0))
       mbarArrive(&qEmpty);
     if constexpr (!T::OVERLAP) {
       for (int j = 0; j < blocks; ++j) {

@@ -450,8 +450,10 @@ std::string fileStem(const std::string& name, const SourceNames& sourceNames) {
 
 /// Replaces random inputs by DIR/NAME.f16 where that file exists: raw little-endian binary16,
 /// row-major, exactly numel * 2 bytes. NAME is the input's name as the model writes it, or as
-/// fpat names the value. `read` counts the inputs read; a folder where no file is named after
-/// any input is an error (the run would silently use random inputs).
+/// fpat names the value. A mask (an ONNX model's integer or bool input) is read from NAME.i64,
+/// NAME.i32 or NAME.bool (one byte each) as the model's type is, or NAME.f16; its values must
+/// be exact in the graph's type. `read` counts the inputs read; a folder where no file is named
+/// after any input is an error (the run would silently use random inputs).
 bool loadInputs(const ir::Graph& g, const std::string& dir, const SourceNames& sourceNames,
                 std::map<std::string, ir::Tensor>& in, size_t& read, std::ostream& out,
                 std::ostream& err) {
@@ -461,21 +463,37 @@ bool loadInputs(const ir::Graph& g, const std::string& dir, const SourceNames& s
     const ir::Op& op = g.op(v);
     if (op.kind != ir::OpKind::Input)
       continue;
-    // NAME.f16 or NAME.bf16, as the input's type says (f32 inputs cannot be read).
-    const std::string ext = std::string(".") + ir::dtypeName(op.type.dtype);
+    // NAME.f16 or NAME.bf16, as the input's type says (f32 inputs cannot be read); a mask's
+    // integer forms first.
     const std::string stem = fileStem(op.name, sourceNames);
+    struct Form {
+      std::string ext;
+      size_t bytes; // per element
+    };
+    std::vector<Form> forms;
+    if (op.mask)
+      forms = {{".i64", 8}, {".i32", 4}, {".bool", 1}};
+    forms.push_back({std::string(".") + ir::dtypeName(op.type.dtype), 2});
     std::error_code ec;
-    fs::path file = fs::path(dir) / (stem + ext);
-    if (!fs::exists(file, ec) && stem != op.name)
-      file = fs::path(dir) / (op.name + ext);
-    expected.push_back(stem + ext + " (" + op.type.str() + ")");
-    if (!fs::exists(file, ec))
+    fs::path file;
+    Form form;
+    for (const Form& f : forms) {
+      for (const std::string& base : {stem, op.name}) {
+        fs::path p = fs::path(dir) / (base + f.ext);
+        if (file.empty() && fs::exists(p, ec)) {
+          file = p;
+          form = f;
+        }
+      }
+      expected.push_back(stem + f.ext + " (" + op.type.str() + ")");
+    }
+    if (file.empty())
       continue;
     std::string bytes, why;
-    const size_t want = static_cast<size_t>(op.type.numel()) * 2;
+    const size_t want = static_cast<size_t>(op.type.numel()) * form.bytes;
     // A pipe or device is read to one byte past the size wanted: enough to say it is longer.
     const bool regular = fs::is_regular_file(file, ec);
-    if (!ir::isHalfPrecision(op.type.dtype)) {
+    if (form.bytes == 2 && !ir::isHalfPrecision(op.type.dtype)) {
       err << "fpatc: error: " << file.string() << ": --inputs reads f16 and bf16 tensors, not "
           << ir::dtypeName(op.type.dtype) << " (%" << op.name << ")\n";
       return false;
@@ -485,17 +503,34 @@ bool loadInputs(const ir::Graph& g, const std::string& dir, const SourceNames& s
       err << "fpatc: error: " << file.string() << ": " << why << "\n";
       return false;
     }
+    const std::string what = form.bytes == 2 ? ir::dtypeName(op.type.dtype) : form.ext.substr(1);
     if (!whole || bytes.size() != want) {
-      err << "fpatc: error: " << file.string() << ": expected " << want << " bytes of "
-          << ir::dtypeName(op.type.dtype) << " for %" << op.name << " " << op.type.str()
-          << ", found " << (whole ? std::to_string(bytes.size()) : "more") << "\n";
+      err << "fpatc: error: " << file.string() << ": expected " << want << " bytes of " << what
+          << " for %" << op.name << " " << op.type.str() << ", found "
+          << (whole ? std::to_string(bytes.size()) : "more") << "\n";
       return false;
     }
     ir::Tensor& t = in[op.name];
     for (size_t i = 0; i < t.data.size(); ++i) {
-      uint16_t h = static_cast<uint16_t>(static_cast<unsigned char>(bytes[2 * i]) |
-                                         static_cast<unsigned char>(bytes[2 * i + 1]) << 8);
-      t.data[i] = ir::fromBits(h, op.type.dtype);
+      const auto* p = reinterpret_cast<const unsigned char*>(bytes.data()) + i * form.bytes;
+      uint64_t u = 0;
+      for (size_t k = form.bytes; k-- > 0;)
+        u = u << 8 | p[k];
+      if (form.bytes == 2) {
+        t.data[i] = ir::fromBits(static_cast<uint16_t>(u), op.type.dtype);
+        continue;
+      }
+      // Two's complement of the file's width, then exactly what the graph's type holds.
+      const double x = form.bytes == 8   ? static_cast<double>(static_cast<int64_t>(u))
+                       : form.bytes == 4 ? static_cast<double>(static_cast<int32_t>(u))
+                                         : static_cast<double>(u != 0);
+      t.data[i] = static_cast<float>(ir::roundTo(x, op.type.dtype));
+      if (static_cast<double>(t.data[i]) != x) {
+        err << "fpatc: error: " << file.string() << ": element " << i << " of %" << op.name
+            << " is " << static_cast<int64_t>(x) << ", which " << ir::dtypeName(op.type.dtype)
+            << " cannot hold exactly (a mask holds 0s and 1s)\n";
+        return false;
+      }
     }
     out << "  input %" << op.name << " read from " << file.string() << "\n";
     ++read;

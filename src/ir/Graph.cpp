@@ -692,6 +692,10 @@ std::vector<std::string> inferTypes(Graph& g, const ActivationSet& acts) {
 std::string attrString(const Op& op) {
   std::vector<std::string> attrs;
   switch (op.kind) {
+  case OpKind::Input:
+    if (op.mask)
+      attrs.push_back("mask");
+    break;
   case OpKind::Gemm:
     if (op.transposeB)
       attrs.push_back("transpose_b = true");

@@ -100,6 +100,20 @@ Tensor randomTensor(const TensorDesc& desc, uint64_t seed, double lo, double hi)
   return t;
 }
 
+/// A padding mask: along the last axis, ones and then 0 to n - 1 zeros (each row keeps its
+/// first position: a row of only masked keys is no input a model is given).
+Tensor randomMask(const TensorDesc& desc, uint64_t seed) {
+  Tensor t{desc, std::vector<float>(static_cast<size_t>(desc.numel()), 1.0f)};
+  const int64_t n = desc.rank() ? desc.shape.back() : 1;
+  std::mt19937_64 rng(seed * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull);
+  for (size_t row = 0; row < t.data.size() / static_cast<size_t>(n); ++row) {
+    const int64_t zeros = static_cast<int64_t>(rng() % static_cast<uint64_t>(n));
+    for (int64_t j = n - zeros; j < n; ++j)
+      t.data[row * static_cast<size_t>(n) + static_cast<size_t>(j)] = 0.0f;
+  }
+  return t;
+}
+
 std::map<std::string, Tensor> randomInputs(const Graph& g, uint64_t seed) {
   std::map<std::string, Tensor> in;
   uint64_t k = 0;
@@ -122,7 +136,8 @@ std::map<std::string, Tensor> randomInputs(const Graph& g, uint64_t seed) {
           range = std::min(range, std::sqrt(3.0 / static_cast<double>(a.shape[1])));
       }
     }
-    in[op.name] = randomTensor(op.type, seed + 1000003 * ++k, -range, range);
+    in[op.name] = op.mask ? randomMask(op.type, seed + 1000003 * ++k)
+                          : randomTensor(op.type, seed + 1000003 * ++k, -range, range);
   }
   return in;
 }

@@ -37,6 +37,13 @@ struct Val {
   bool integer = false;                      // isConst: an integer tensor (shapes, axes)
   std::string name;                          // ONNX name
   std::string transposedOf; // the transpose of this (non-constant) value: MatMul's B only
+  // A run-time integer or bool input (or a move of it, or a comparison with 0 or 1), imported
+  // as a float mask of 0s and 1s: only moved, expanded, compared, negated or cast until a Cast
+  // to float makes it data or a Where picks with it.
+  bool intInput = false;
+  // An Expand of such a mask, left unexpanded: `shape` is still the mask's own, and only the
+  // broadcasting ops (Cast, Equal, Not, Where) may use it.
+  bool lazyExpand = false;
   // A head view: `v` is a token-major activation [B*S, Hkv*d] that the model sees, through
   // Reshape and Transpose, as [B, S, H, d] (Tokens), [B, H, S, d] (Heads) or [B, H, d, S]
   // (HeadsT, keys transposed for Q K^T); `shape` is that ONNX shape. H = Hkv * repeat where
@@ -532,10 +539,16 @@ private:
       return;
     }
     const auto& tt = in.type().tensor_type();
-    if (!isFloatType(tt.elem_type())) {
+    // An integer or bool input runs as a float one of 0s and 1s: an attention mask, which the
+    // model casts to float (exact in f16 and bf16). Token ids reach a Gather of embeddings,
+    // which is refused there.
+    const int et = tt.elem_type();
+    const bool mask =
+        et == TensorProto::INT64 || et == TensorProto::INT32 || et == TensorProto::BOOL;
+    if (!isFloatType(et) && !mask) {
       problem("", "",
-              where + " has element type " + dataTypeName(tt.elem_type()) +
-                  "; fpat runs float models (token ids and embeddings are not imported)");
+              where + " has element type " + dataTypeName(et) +
+                  "; fpat runs float models, with integer or bool inputs as masks of 0s and 1s");
       return;
     }
     Val v;
@@ -573,8 +586,10 @@ private:
     if (op.name != in.name())
       r_.sourceNames[op.name] = in.name();
     op.type = {flatten(v.shape), *dtype_};
+    op.mask = mask;
     op.origin = "graph input '" + in.name() + "'";
     v.v = g_.addOp(std::move(op), {});
+    v.intInput = mask;
     vals_[in.name()] = std::move(v);
   }
 
@@ -1117,7 +1132,122 @@ private:
     auto it = table.find(n.op_type());
     if (it == table.end())
       throw UnsupportedError{"op type " + n.op_type() + " is not supported"};
+    // An integer input moves as a mask (its values 0 and 1, which float holds exactly) until a
+    // Cast to float or a Where; anything else would compute on it as on integers.
+    static const std::set<std::string> kMaskMoves = {"Cast",    "Expand", "Flatten", "Identity",
+                                                     "Reshape", "Slice",  "Squeeze", "Unsqueeze",
+                                                     "Equal",   "Not",    "Where"};
+    static const std::set<std::string> kBroadcasting = {"Cast", "Equal", "Not", "Where"};
+    bool intIn = false;
+    for (const std::string& name : n.input()) {
+      auto v = vals_.find(name);
+      if (v == vals_.end() || !v->second.intInput)
+        continue;
+      if (!kMaskMoves.count(n.op_type()))
+        throw UnsupportedError{
+            "'" + name +
+            "' is an integer input used as data; fpat imports integer and bool inputs only as "
+            "masks of 0s and 1s, which the model casts to float (token ids feed embeddings, "
+            "which are not imported)"};
+      if (v->second.lazyExpand && !kBroadcasting.count(n.op_type()))
+        throw UnsupportedError{"'" + name +
+                               "' is a mask expanded to another shape; fpat supports that only "
+                               "before Cast, Equal, Not or Where, which broadcast it"};
+      intIn = true;
+    }
+    if (intIn && n.op_type() != "Cast")
+      return maskOp(n);
     it->second(*this, n);
+  }
+
+  /// Converts `n` as if it were `op` with these inputs and output (the mask's own arithmetic,
+  /// spelt with the ops that already import), named as n with a suffix.
+  void convertAs(const NodeProto& n, const std::string& op, const std::vector<std::string>& ins,
+                 const std::string& out, const std::string& suffix) {
+    NodeProto m;
+    m.set_op_type(op);
+    m.set_name(nodeName(n) + suffix);
+    for (const std::string& i : ins)
+      m.add_input(i);
+    m.add_output(out);
+    converters().at(op)(*this, m);
+  }
+  /// A scalar constant under a name of its own (n's output and a suffix).
+  std::string scalarConst(const NodeProto& n, const std::string& suffix, double value) {
+    const std::string name = n.output(0) + suffix;
+    Val c = constOf({}, {value}, false);
+    c.name = name;
+    vals_[name] = std::move(c);
+    return name;
+  }
+
+  /// Ops on a run-time mask m of 0s and 1s (an integer or bool input): its moves (Reshape,
+  /// Slice, Unsqueeze, ...) as on any tensor; Expand left to the broadcasting op after it;
+  /// Equal with 0 is 1 - m, with 1 m itself; Not is 1 - m; Where(m, x, fill) is x + (1 - m)
+  /// fill and Where(m, fill, x) is x + m fill, the fill a scalar of at most -1e30 or -inf
+  /// (masked_fill with finfo.min), taken as float's lowest (-inf times 0 would be NaN): the
+  /// softmax after it gives the masked keys no weight, as the fill itself does.
+  void maskOp(const NodeProto& n) {
+    const std::string& t = n.op_type();
+    if (t == "Expand") {
+      Val v = in(n, 0);
+      std::vector<int64_t> target;
+      for (double d : valuesOf(constIn(n, 1, "its shape")))
+        target.push_back(static_cast<int64_t>(d));
+      broadcast(v.shape, target); // throws where they do not broadcast
+      v.lazyExpand = true;
+      return define(n, std::move(v));
+    }
+    if (t == "Equal" || t == "Not") {
+      const int mi = t == "Equal" && !in(n, 0).intInput ? 1 : 0;
+      if (t == "Equal") {
+        const Val& k = constIn(n, 1 - mi, "the value the mask is compared with");
+        if (count(k) != 1 || (at(k, 0) != 0 && at(k, 0) != 1))
+          throw UnsupportedError{"a mask (0s and 1s) is compared with " +
+                                 (count(k) == 1 ? formatDouble(at(k, 0)) : "a tensor") +
+                                 "; fpat supports comparing it with 0 or 1"};
+        if (at(k, 0) == 1) { // the mask itself
+          Val v = in(n, mi);
+          return define(n, std::move(v));
+        }
+      }
+      const Val& m = in(n, mi);
+      const bool lazy = m.lazyExpand;
+      const std::string name = m.name;
+      convertAs(n, "Sub", {scalarConst(n, ".one", 1.0), name}, n.output(0), ".not");
+      Val& v = vals_[n.output(0)];
+      v.intInput = true;
+      v.lazyExpand = lazy;
+      return;
+    }
+    if (t == "Where") {
+      if (!in(n, 0).intInput || in(n, 1).intInput || in(n, 2).intInput)
+        throw UnsupportedError{"a mask (0s and 1s) is one of its choices; fpat supports it "
+                               "only as the condition"};
+      const bool fillFirst = in(n, 1).isConst;
+      const Val& fill = in(n, fillFirst ? 1 : 2);
+      const Val& x = in(n, fillFirst ? 2 : 1);
+      if (x.isConst || !fill.isConst || count(fill) != 1 || fill.integer || !(at(fill, 0) <= -1e30))
+        throw UnsupportedError{"with a run-time mask as its condition, fpat supports one choice "
+                               "computed at run time and the other a scalar of -inf or at most "
+                               "-1e30 (masked_fill with finfo.min)"};
+      const double f =
+          std::max(at(fill, 0), -static_cast<double>(std::numeric_limits<float>::max()));
+      const std::string m = n.input(0), xs = x.name, keep = n.output(0) + ".keep",
+                        bias = n.output(0) + ".bias";
+      if (fillFirst) { // the fill where m is 1
+        convertAs(n, "Mul", {m, scalarConst(n, ".fill", f)}, bias, ".bias");
+      } else { // the fill where m is 0
+        convertAs(n, "Sub", {scalarConst(n, ".one", 1.0), m}, keep, ".keep");
+        convertAs(n, "Mul", {keep, scalarConst(n, ".fill", f)}, bias, ".bias");
+      }
+      return convertAs(n, "Add", {xs, bias}, n.output(0), "");
+    }
+    // The moves: as on any tensor, and still a mask.
+    converters().at(t)(*this, n);
+    for (const std::string& out : n.output())
+      if (auto v = vals_.find(out); v != vals_.end())
+        v->second.intInput = true;
   }
 
   void identity(const NodeProto& n) { // Identity, and Dropout at inference
@@ -1128,6 +1258,10 @@ private:
   void cast(const NodeProto& n) {
     Val v = in(n, 0);
     const int to = static_cast<int>(intAttr(n, "to", 0));
+    if (v.intInput) { // a mask: to float it is data from here on; to int64, int32 or bool, 0/1 stay
+      v.intInput = !isFloatType(to);
+      return define(n, std::move(v));
+    }
     if (!isFloatType(to) && !v.isConst)
       throw UnsupportedError{std::string("casting to ") + dataTypeName(to) +
                              " is not supported (fpat computes in one float type)"};

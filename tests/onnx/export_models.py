@@ -18,7 +18,9 @@ GPT-NeoX's attention (rotary on a quarter of each head), neox_attn_dyn_opset17; 
 layer with its padding mask an input, an OPT layer (torch.bmm form) and T5's attention
 (relative-position buckets), {bert_layer,opt_layer,t5_attn}_dyn_opset17, and Falcon's
 multi-query layer, an explicitly expanded one and heads split apart along their axis,
-{falcon_layer,mqa_attn,split_heads}_dyn_opset17, with
+{falcon_layer,mqa_attn,split_heads}_dyn_opset17, and BERT as Hugging Face writes it (an int64
+attention_mask scaled by finfo.min), hf_bert_dyn_opset17, and DistilBERT's attention (the mask
+compared with 0, expanded, masked_fill), distil_attn_dyn_opset17, with
 torch's output at length 7 in OUTDIR/../expect (fpatc --inputs/--expect). Needs
 Debian's python3-torch (1.13, which has no scaled_dot_product_attention) and python3-onnx;
 the files in tests/onnx/models were made with it. Small sizes keep them small: d = 64.
@@ -300,6 +302,39 @@ class BertLayer(nn.Module):
         return self.ln2(self.out(nn.functional.gelu(self.i(a))) + a)
 
 
+class HfBertLayer(BertLayer):
+    """BERT as Hugging Face writes it now: the attention_mask an int64 input, cast to the float
+    type and scaled by finfo.min ((1 - m) * finfo.min)."""
+    def forward(self, x, m):
+        b, s, _ = x.shape; dh = D // HEADS
+        sh = lambda t: t.view(b, s, HEADS, dh).permute(0, 2, 1, 3)
+        q, k, v = sh(self.q(x)), sh(self.k(x)), sh(self.v(x))
+        w = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(dh)
+        ext = (1.0 - m[:, None, None, :].to(x.dtype)) * torch.finfo(x.dtype).min
+        p = nn.functional.softmax(w + ext, dim=-1)
+        c = torch.matmul(p, v).permute(0, 2, 1, 3).contiguous().view(b, s, D)
+        a = self.ln1(self.o(c) + x)
+        return self.ln2(self.out(nn.functional.gelu(self.i(a))) + a)
+
+
+class DistilAttn(nn.Module):
+    """DistilBERT's attention: the int64 attention_mask compared with 0, viewed and expanded to
+    the scores, which masked_fill sets to finfo.min there; then out_lin and the residual."""
+    def __init__(self):
+        super().__init__()
+        self.q, self.k, self.v = nn.Linear(D, D), nn.Linear(D, D), nn.Linear(D, D)
+        self.o = nn.Linear(D, D)
+    def forward(self, x, m):
+        b, s, _ = x.shape; dh = D // HEADS
+        sh = lambda t: t.view(b, s, HEADS, dh).transpose(1, 2)
+        q, k, v = sh(self.q(x)) / math.sqrt(dh), sh(self.k(x)), sh(self.v(x))
+        scores = torch.matmul(q, k.transpose(2, 3))
+        mask = (m == 0).view(b, 1, 1, s).expand_as(scores)
+        scores = scores.masked_fill(mask, torch.tensor(torch.finfo(scores.dtype).min))
+        c = torch.matmul(nn.functional.softmax(scores, dim=-1), v)
+        return x + self.o(c.transpose(1, 2).contiguous().view(b, s, D))
+
+
 class OptLayer(nn.Module):
     """OPT: pre-LN, q scaled before the matmul, causal mask of finfo.min, ReLU MLP."""
     def __init__(self):
@@ -533,9 +568,13 @@ def main():
     # Falcon's multi-query attention (heads sliced and gathered from one projection) and an
     # explicit expand of one KV head, the same way; their own seed, so the files above come out
     # as before.
+    # Then BERT as Hugging Face writes it, its attention_mask int64, and DistilBERT's attention
+    # (the int64 mask compared with 0 and given to masked_fill).
     last_seed = {"falcon_layer_dyn_opset17": 11, "mqa_attn_dyn_opset17": 13,
-                 "split_heads_dyn_opset17": 17}
-    made = {"falcon": FalconLayer, "mqa": MqaAttn, "split": SplitHeadsAttn}
+                 "split_heads_dyn_opset17": 17, "hf_bert_dyn_opset17": 19,
+                 "distil_attn_dyn_opset17": 23}
+    made = {"falcon": FalconLayer, "mqa": MqaAttn, "split": SplitHeadsAttn, "hf": HfBertLayer,
+            "distil": DistilAttn}
     for name, m in list(last.items()) + [(n, None) for n in last_seed]:
         if m is None:
             torch.manual_seed(last_seed[name])
@@ -547,8 +586,9 @@ def main():
         m.eval()
         x = torch.randn(BATCH, SEQ, D)
         args, names = (x,), ["x"]
-        if isinstance(m, BertLayer):
-            mask = torch.ones(BATCH, SEQ)
+        i64 = isinstance(m, (HfBertLayer, DistilAttn))
+        if isinstance(m, (BertLayer, DistilAttn)):
+            mask = torch.ones(BATCH, SEQ, dtype=torch.int64 if i64 else torch.float32)
             mask[1, SEQ - 9:] = 0
             args, names = (x, mask), ["x", "m"]
         dyn = {n: axes for n in names + ["y"]}
@@ -559,15 +599,15 @@ def main():
         expect = os.path.join(out, "..", "expect", f"{name}_s7")
         os.makedirs(expect, exist_ok=True)
         ins = [torch.randn(BATCH, 7, D).half()]
-        if isinstance(m, BertLayer):
+        if isinstance(m, (BertLayer, DistilAttn)):
             pad = torch.ones(BATCH, 7)
             pad[1, 4:] = 0
-            ins.append(pad.half())
+            ins.append(pad.long() if i64 else pad.half())
         for n, t in zip(names, ins):
-            t.numpy().tofile(os.path.join(expect, f"{n}.f16"))
+            t.numpy().tofile(os.path.join(expect, f"{n}.{'i64' if t.dtype == torch.int64 else 'f16'}"))
         with torch.no_grad():
-            m(*[t.float() for t in ins]).numpy().astype("float32").tofile(
-                os.path.join(expect, "y.f32"))
+            m(*[t if t.dtype == torch.int64 else t.float() for t in ins]).numpy().astype(
+                "float32").tofile(os.path.join(expect, "y.f32"))
 
 
 if __name__ == "__main__":

@@ -196,6 +196,20 @@ save("int_input",
      [helper.make_node("Relu", ["ids"], ["y"], name="act")],
      [helper.make_tensor_value_info("ids", TensorProto.INT64, [4, 8])], [f32("y", [4, 8])], [])
 
+# An int64 attention mask compared with 2 (a mask holds 0s and 1s), and one used as a choice
+# of Where rather than its condition.
+i64 = lambda name, shape: helper.make_tensor_value_info(name, TensorProto.INT64, shape)
+save("mask_compared_with_2",
+     [helper.make_node("Equal", ["m", "two"], ["eq"], name="cmp"),
+      helper.make_node("Cast", ["eq"], ["f"], name="cast", to=TensorProto.FLOAT),
+      helper.make_node("Add", ["x", "f"], ["y"], name="add")],
+     [f32("x", [4, 8]), i64("m", [4, 8])], [f32("y", [4, 8])],
+     [numpy_helper.from_array(np.array(2, dtype=np.int64), "two")])
+save("mask_as_a_choice",
+     [helper.make_node("Cast", ["m"], ["c"], name="cond", to=TensorProto.BOOL),
+      helper.make_node("Where", ["c", "x", "m"], ["y"], name="pick")],
+     [f32("x", [4, 8]), i64("m", [4, 8])], [f32("y", [4, 8])], [])
+
 save("missing_initializer",
      [helper.make_node("MatMul", ["x", "W"], ["y"], name="mm")],
      [f32("x", [4, 8])], [f32("y", [4, 8])], [])

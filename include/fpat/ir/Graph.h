@@ -98,9 +98,10 @@ struct FusedAttrs {
 
 struct Op {
   OpKind kind = OpKind::Input;
-  std::string name;                               // value name, without '%'
-  TensorDesc type;                                // result type (inferred; given for inputs)
-  bool weight = false;                            // input: a constant of the model (its weights)
+  std::string name;    // value name, without '%'
+  TensorDesc type;     // result type (inferred; given for inputs)
+  bool weight = false; // input: a constant of the model (its weights)
+  bool mask = false;   // input: 0 or 1 (an integer or bool mask the model casts to float)
   std::shared_ptr<const std::vector<float>> data; // weight: its values (else given at run time)
   double value = 0;                               // constant: the value of every element
   std::string origin;                   // imported ops: the node they came from, for messages

@@ -43,7 +43,11 @@ double relu(double x);
 
 /// Deterministic uniform values in [lo, hi), rounded to the tensor's dtype.
 Tensor randomTensor(const TensorDesc& desc, uint64_t seed, double lo = -1.0, double hi = 1.0);
-/// One random tensor per input op, seeded by `seed` and the input's position in the graph.
+/// A padding mask of 0s and 1s: each row along the last axis ones, then a random run of zeros
+/// short of the whole row.
+Tensor randomMask(const TensorDesc& desc, uint64_t seed);
+/// One random tensor per input op, seeded by `seed` and the input's position in the graph
+/// (masks: randomMask).
 std::map<std::string, Tensor> randomInputs(const Graph& g, uint64_t seed);
 
 class ReferenceError : public std::runtime_error {

@@ -21,6 +21,8 @@ using antlr::tokenLoc;
 /// The attributes an op of this kind takes, for did-you-mean notes.
 std::vector<std::string> attributeNames(const Op& op) {
   switch (op.kind) {
+  case OpKind::Input:
+    return op.weight ? std::vector<std::string>{} : std::vector<std::string>{"mask"};
   case OpKind::Gemm:
     return {"transpose_b"};
   case OpKind::Activation:
@@ -330,6 +332,20 @@ private:
         return match;
       };
       switch (op.kind) {
+      case OpKind::Input:
+        // A run-time mask of 0s and 1s (an ONNX model's integer or bool attention mask).
+        if (key == "mask" && !op.weight) {
+          if (expect(AttrVal::Bool, "true or false"))
+            op.mask = v.kind == AttrVal::None || v.b;
+          continue;
+        }
+        if (key == "mask") {
+          diags_.error(loc, "a weight cannot be a mask: its values are the model's; 'mask' "
+                            "marks a run-time input of 0s and 1s");
+          ok = false;
+          continue;
+        }
+        break;
       case OpKind::Gemm:
         if (key == "transpose_b") {
           if (expect(AttrVal::Bool, "true or false"))

@@ -59,6 +59,10 @@ struct Val {
   // Heads or HeadsT with batch and heads merged into one leading dimension: [B*H, S, d] or
   // [B*H, d, S] (torch.bmm's form: OPT, BART, Whisper). The same elements as the 4-D view.
   bool flatBH = false;
+  // Tokens whose ONNX shape is [B, S, H, parts, d] (BLOOM's fused q, k, v heads): the
+  // projection's columns were reordered to (part, head, d) when it was viewed so, `heads` is
+  // parts * H and part p is heads p H .. (p + 1) H - 1. Only a Gather of one part uses it.
+  int64_t parts = 1;
   // The other form of a head value, once made: a Tokens or Heads view's Dense4 vertex; a
   // Dense4 value's token-major vertex (merge_heads).
   std::optional<ir::Vertex> other;
@@ -655,8 +659,11 @@ private:
       }
     std::vector<int> indeg(static_cast<size_t>(n), 0);
     std::vector<std::vector<int>> users(static_cast<size_t>(n));
+    for (const auto& o : g.output())
+      ++onnxUses_[o.name()];
     for (int i = 0; i < n; ++i)
       for (const std::string& in : g.node(i).input()) {
+        ++onnxUses_[in];
         if (in.empty() || vals_.count(in))
           continue;
         auto it = producer.find(in);
@@ -935,6 +942,32 @@ private:
       define(n, std::move(v));
       return;
     }
+    // Scores in torch.bmm's form, [B*H, Sq, Sk] of a rank-4 IR tensor, with a constant of
+    // [B*H or 1, Sq or 1, Sk] (BLOOM's ALiBi added by baddbmm): computed on [B, H, Sq, Sk].
+    for (int i = 0; i < 2; ++i) {
+      Val& x = i ? b : a;
+      const Val& c = i ? a : b;
+      if (x.isConst || !x.v || !c.isConst || c.shape.size() > 3)
+        continue;
+      const std::vector<int64_t> ir = g_.op(*x.v).type.shape;
+      if (ir.size() != 4 || x.shape.size() != 3 || x.shape[0] != ir[0] * ir[1])
+        continue;
+      std::vector<int64_t> cs = c.shape;
+      while (cs.size() < 3)
+        cs.insert(cs.begin(), 1);
+      if (cs[0] != 1 && cs[0] != ir[0] * ir[1])
+        continue;
+      Val c4 = c;
+      c4.v.reset();
+      c4.shape = {cs[0] == 1 ? 1 : ir[0], cs[0] == 1 ? 1 : ir[1], cs[1], cs[2]};
+      if (broadcast(ir, c4.shape) != ir)
+        continue;
+      const ir::Vertex vx = *x.v, vc = tensor(c4);
+      Val v =
+          emit(n, op, i ? std::vector<ir::Vertex>{vc, vx} : std::vector<ir::Vertex>{vx, vc}, ir);
+      v.shape = shape;
+      return define(n, std::move(v));
+    }
     if (shape.size() != 4) {
       checkFlatBroadcast(a.shape, shape);
       checkFlatBroadcast(b.shape, shape);
@@ -1157,6 +1190,12 @@ private:
     }
     if (intIn && n.op_type() != "Cast")
       return maskOp(n);
+    for (const std::string& name : n.input())
+      if (auto v = vals_.find(name);
+          v != vals_.end() && v->second.parts > 1 && n.op_type() != "Gather")
+        throw UnsupportedError{"'" + name + "' " + shapeStr(v->second.shape) +
+                               " holds q, k and v of each head side by side; fpat supports only "
+                               "a Gather of one of them (axis 3, a scalar index)"};
     it->second(*this, n);
   }
 
@@ -1360,6 +1399,8 @@ private:
   }
 
   void gather(const NodeProto& n) {
+    if (in(n, 0).parts > 1)
+      return partsGather(n);
     if (headAxis(in(n, 0)) >= 0)
       return headsGather(n);
     if (!in(n, 0).isConst)
@@ -2201,9 +2242,111 @@ private:
           shape.push_back(add.count(static_cast<int64_t>(i)) ? 1 : x.shape.at(k++));
       }
     }
+    if (!x.isConst && x.view == Val::View::None && shape.size() == 5 && shape[3] > 1 &&
+        fusedParts(n, x, shape))
+      return;
     if (!x.isConst && (x.view != Val::View::None || shape.size() == 4) && reshapeHeads(n, x, shape))
       return;
     alias(n, x, std::move(shape));
+  }
+
+  /// [B*S, H * P * d] viewed as [B, S, H, P, d] (BLOOM's fused projection, q, k and v of each
+  /// head side by side): where the value is a projection x W (+ b) with W and b weights and
+  /// nothing else reads it, W's and b's columns are reordered once to (part, head, d), so that
+  /// each part is consecutive heads, which a Gather then slices as columns. False otherwise.
+  bool fusedParts(const NodeProto& n, Val& x, const std::vector<int64_t>& shape) {
+    const std::vector<int64_t> ir = g_.op(*x.v).type.shape;
+    const int64_t H = shape[2], P = shape[3], d = shape[4], C = H * P * d;
+    if (ir.size() != 2 || shape[0] * shape[1] != ir[0] || ir[1] != C)
+      return false;
+    auto readOnlyHere = [&](ir::Vertex v) { // one IR use, and no ONNX node left to read it
+      if (g_.useCount(v) > 1)
+        return false;
+      for (const auto& [name, val] : vals_)
+        if (val.v == v && onnxUses_[name] > 1)
+          return false;
+      return true;
+    };
+    auto weightOf = [&](ir::Vertex w, int64_t numel) -> ir::Op* {
+      ir::Op& op = g_.op(w);
+      return op.kind == ir::OpKind::Input && op.weight && op.data &&
+                     static_cast<int64_t>(op.data->size()) == numel && g_.useCount(w) == 1
+                 ? &op
+                 : nullptr;
+    };
+    // x = gemm(a, W), or add / bias_add of it with a [C] weight.
+    ir::Vertex v = *x.v;
+    std::vector<ir::Op*> permute; // weights whose columns are C wide, rows `rows` each
+    std::vector<int64_t> rows;
+    if (!readOnlyHere(v) || onnxUses_[x.name] > 1)
+      return false;
+    if (g_.op(v).kind == ir::OpKind::Add || g_.op(v).kind == ir::OpKind::BiasAdd) {
+      const std::vector<ir::Vertex> ops = g_.operands(v);
+      if (ops.size() != 2)
+        return false;
+      const int bi = weightOf(ops[0], C) ? 0 : 1;
+      ir::Op* b = weightOf(ops[static_cast<size_t>(bi)], C);
+      if (!b || !readOnlyHere(ops[static_cast<size_t>(1 - bi)]))
+        return false;
+      permute.push_back(b);
+      rows.push_back(1);
+      v = ops[static_cast<size_t>(1 - bi)];
+    }
+    const ir::Op& gemm = g_.op(v);
+    if (gemm.kind != ir::OpKind::Gemm || gemm.transposeB)
+      return false;
+    const std::vector<ir::Vertex> ops = g_.operands(v);
+    const int64_t K = g_.op(ops[0]).type.shape.back();
+    ir::Op* w = weightOf(ops[1], K * C);
+    if (!w)
+      return false;
+    permute.push_back(w);
+    rows.push_back(K);
+    for (size_t i = 0; i < permute.size(); ++i) {
+      const std::vector<float>& old = *permute[i]->data;
+      auto fresh = std::make_shared<std::vector<float>>(old.size());
+      for (int64_t r = 0; r < rows[i]; ++r)
+        for (int64_t h = 0; h < H; ++h)
+          for (int64_t p = 0; p < P; ++p)
+            for (int64_t e = 0; e < d; ++e)
+              (*fresh)[static_cast<size_t>(r * C + (p * H + h) * d + e)] =
+                  old[static_cast<size_t>(r * C + (h * P + p) * d + e)];
+      permute[i]->data = std::move(fresh);
+      permute[i]->origin += ", columns reordered to (part, head, d) for " + nodeName(n);
+    }
+    Val y = x;
+    y.shape = shape;
+    y.view = Val::View::Tokens;
+    y.batch = shape[0];
+    y.seq = shape[1];
+    y.heads = P * H;
+    y.headDim = d;
+    y.repeat = 1;
+    y.parts = P;
+    define(n, std::move(y));
+    return true;
+  }
+
+  /// Gather of one part of BLOOM's fused heads [B, S, H, P, d] (axis 3, a scalar index): heads
+  /// p H .. (p + 1) H - 1 of the reordered projection, [B, S, H, d].
+  void partsGather(const NodeProto& n) {
+    const Val& x = in(n, 0);
+    const Val& idx = constIn(n, 1, "its index");
+    const int64_t P = x.parts, H = x.heads / P;
+    const int64_t axis = normAxis(intAttr(n, "axis", 0), x.shape.size());
+    if (axis != 3 || !idx.shape.empty())
+      throw UnsupportedError{"of '" + x.name + "' " + shapeStr(x.shape) +
+                             " (q, k and v of each head side by side), fpat supports only a "
+                             "Gather of one of them: a scalar index on axis 3"};
+    auto p = static_cast<int64_t>(at(idx, 0));
+    if (p < -P || p >= P)
+      throw UnsupportedError{"index " + std::to_string(p) + " is out of range for " +
+                             shapeStr(x.shape) + " at axis 3"};
+    p = p < 0 ? p + P : p;
+    Val x4 = x;
+    x4.parts = 1;
+    x4.shape = {x.batch, x.seq, x.heads, x.headDim};
+    define(n, headColumns(n, x4, p * H, H, true));
   }
 
   /// Reshapes that split an activation into heads or merge them back (views, no data moved):
@@ -2643,6 +2786,7 @@ private:
   ir::Graph g_;
   std::optional<ir::DType> dtype_;
   std::map<std::string, Val> vals_;
+  std::map<std::string, int> onnxUses_; // nodes reading each value, and graph outputs naming it
   std::map<std::string, ir::Vertex> tokenConsts_; // constants in token order, by use
   std::set<std::string> used_;
 };

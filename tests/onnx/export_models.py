@@ -20,7 +20,8 @@ layer with its padding mask an input, an OPT layer (torch.bmm form) and T5's att
 multi-query layer, an explicitly expanded one and heads split apart along their axis,
 {falcon_layer,mqa_attn,split_heads}_dyn_opset17, and BERT as Hugging Face writes it (an int64
 attention_mask scaled by finfo.min), hf_bert_dyn_opset17, and DistilBERT's attention (the mask
-compared with 0, expanded, masked_fill), distil_attn_dyn_opset17, with
+compared with 0, expanded, masked_fill), distil_attn_dyn_opset17, and BLOOM's (a fused projection
+viewed as [B, S, H, 3, d], ALiBi by baddbmm), bloom_attn_dyn_opset17, with
 torch's output at length 7 in OUTDIR/../expect (fpatc --inputs/--expect). Needs
 Debian's python3-torch (1.13, which has no scaled_dot_product_attention) and python3-onnx;
 the files in tests/onnx/models were made with it. Small sizes keep them small: d = 64.
@@ -335,6 +336,34 @@ class DistilAttn(nn.Module):
         return x + self.o(c.transpose(1, 2).contiguous().view(b, s, D))
 
 
+class BloomAttn(nn.Module):
+    """BLOOM's attention: one fused projection viewed as [B, S, H, 3, d] (q, k and v of each head
+    side by side) and indexed, ALiBi added by baddbmm on [B*H, S, S], a causal mask by
+    masked_fill with finfo.min, softmax, bmm; dense and the residual."""
+    def __init__(self):
+        super().__init__()
+        self.ln = nn.LayerNorm(D)
+        self.qkv = nn.Linear(D, 3 * D)
+        self.dense = nn.Linear(D, D)
+        self.register_buffer("slopes", torch.tensor([2 ** (-8 * (i + 1) / HEADS)
+                                                     for i in range(HEADS)]))
+    def forward(self, x):
+        b, s, _ = x.shape; dh = D // HEADS
+        f = self.qkv(self.ln(x)).view(b, s, HEADS, 3, dh)
+        q, k, v = f[..., 0, :], f[..., 1, :], f[..., 2, :]
+        q = q.transpose(1, 2).reshape(b * HEADS, s, dh)
+        k = k.permute(0, 2, 3, 1).reshape(b * HEADS, dh, s)
+        v = v.transpose(1, 2).reshape(b * HEADS, s, dh)
+        alibi = self.slopes[:, None] * torch.arange(s, dtype=torch.float32)[None, :]
+        alibi = alibi[None].expand(b, HEADS, s).reshape(b * HEADS, 1, s)
+        w = alibi.baddbmm(batch1=q, batch2=k, beta=1.0, alpha=1.0 / math.sqrt(dh))
+        w = w.view(b, HEADS, s, s).masked_fill(torch.ones(s, s, dtype=torch.bool).triu(1),
+                                               torch.finfo(w.dtype).min)
+        p = nn.functional.softmax(w, dim=-1).view(b * HEADS, s, s)
+        c = torch.bmm(p, v).view(b, HEADS, s, dh).permute(0, 2, 1, 3).reshape(b, s, D)
+        return x + self.dense(c)
+
+
 class OptLayer(nn.Module):
     """OPT: pre-LN, q scaled before the matmul, causal mask of finfo.min, ReLU MLP."""
     def __init__(self):
@@ -569,12 +598,12 @@ def main():
     # explicit expand of one KV head, the same way; their own seed, so the files above come out
     # as before.
     # Then BERT as Hugging Face writes it, its attention_mask int64, and DistilBERT's attention
-    # (the int64 mask compared with 0 and given to masked_fill).
+    # (the int64 mask compared with 0 and given to masked_fill), and BLOOM's attention.
     last_seed = {"falcon_layer_dyn_opset17": 11, "mqa_attn_dyn_opset17": 13,
                  "split_heads_dyn_opset17": 17, "hf_bert_dyn_opset17": 19,
-                 "distil_attn_dyn_opset17": 23}
+                 "distil_attn_dyn_opset17": 23, "bloom_attn_dyn_opset17": 29}
     made = {"falcon": FalconLayer, "mqa": MqaAttn, "split": SplitHeadsAttn, "hf": HfBertLayer,
-            "distil": DistilAttn}
+            "distil": DistilAttn, "bloom": BloomAttn}
     for name, m in list(last.items()) + [(n, None) for n in last_seed]:
         if m is None:
             torch.manual_seed(last_seed[name])

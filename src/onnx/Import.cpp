@@ -2312,6 +2312,8 @@ private:
               (*fresh)[static_cast<size_t>(r * C + (p * H + h) * d + e)] =
                   old[static_cast<size_t>(r * C + (h * P + p) * d + e)];
       permute[i]->data = std::move(fresh);
+      // No longer the model's tensor: a file of --inputs named after it must not replace it.
+      permute[i]->name = uniqueName(permute[i]->name + ".parts");
       permute[i]->origin += ", columns reordered to (part, head, d) for " + nodeName(n);
     }
     Val y = x;

@@ -7,6 +7,7 @@
 #include <boost/test/unit_test.hpp>
 #include <cmath>
 #include <limits>
+#include <set>
 
 using namespace fpat::ir;
 
@@ -303,6 +304,32 @@ BOOST_AUTO_TEST_CASE(random_inputs_are_deterministic_and_weights_scaled) {
   double limit = std::sqrt(3.0 / 300) + 1e-3;
   for (float v : a["w"].data)
     BOOST_TEST(std::abs(v) <= limit);
+}
+
+BOOST_AUTO_TEST_CASE(random_masks_are_padding_masks) {
+  // Each row along the last axis: ones, then fewer zeros than the row is long; rows differ.
+  GraphBuilder b("m");
+  Value m = b.input("m", {64, 9});
+  b.output(m);
+  Graph g = b.build();
+  g.op(*g.find("m")).mask = true;
+  auto a = randomInputs(g, 5), c = randomInputs(g, 5);
+  BOOST_TEST(a["m"].data == c["m"].data);
+  std::set<int> zeroCounts;
+  for (size_t r = 0; r < 64; ++r) {
+    int zeros = 0;
+    for (size_t j = 0; j < 9; ++j) {
+      const float v = a["m"].data[r * 9 + j];
+      BOOST_TEST((v == 0.0f || v == 1.0f));
+      if (v == 0.0f)
+        ++zeros;
+      else
+        BOOST_TEST(zeros == 0, "row " << r << ": a one after a zero");
+    }
+    BOOST_TEST(zeros < 9);
+    zeroCounts.insert(zeros);
+  }
+  BOOST_TEST(zeroCounts.size() > 4u); // not one fixed pattern
 }
 
 BOOST_AUTO_TEST_CASE(missing_or_misshapen_inputs_are_errors) {

@@ -21,7 +21,8 @@ multi-query layer, an explicitly expanded one and heads split apart along their 
 {falcon_layer,mqa_attn,split_heads}_dyn_opset17, and BERT as Hugging Face writes it (an int64
 attention_mask scaled by finfo.min), hf_bert_dyn_opset17, and DistilBERT's attention (the mask
 compared with 0, expanded, masked_fill), distil_attn_dyn_opset17, and BLOOM's (a fused projection
-viewed as [B, S, H, 3, d], ALiBi by baddbmm), bloom_attn_dyn_opset17, with
+viewed as [B, S, H, 3, d], ALiBi by baddbmm), bloom_attn_dyn_opset17, and GPT-2's eager attention
+given a bool padding mask, gpt2_boolmask_dyn_opset17, with
 torch's output at length 7 in OUTDIR/../expect (fpatc --inputs/--expect). Needs
 Debian's python3-torch (1.13, which has no scaled_dot_product_attention) and python3-onnx;
 the files in tests/onnx/models were made with it. Small sizes keep them small: d = 64.
@@ -171,6 +172,21 @@ class Gpt2Attn(nn.Module):
         w = torch.where(causal, w, torch.full([], torch.finfo(w.dtype).min, dtype=w.dtype))
         w = nn.functional.softmax(w, dim=-1)
         o = torch.matmul(w, v).permute(0, 2, 1, 3).contiguous()
+        return x + self.c_proj(o.view(o.size()[:-2] + (D,)))
+
+
+class Gpt2AttnBoolMask(Gpt2Attn):
+    """GPT-2's eager attention given a bool padding mask input (True: attend): the causal
+    where, then where(mask[:, None, None, :], w, finfo.min)."""
+    def forward(self, x, m):
+        q, k, v = self.c_attn(self.ln_1(x)).split(D, dim=2)
+        q, k, v = self.heads(q), self.heads(k), self.heads(v)
+        w = torch.matmul(q, k.transpose(-1, -2)) / (v.size(-1) ** 0.5)
+        s = q.size(-2)
+        low = torch.full([], torch.finfo(w.dtype).min, dtype=w.dtype)
+        w = torch.where(self.bias[:, :, :s, :s], w, low)
+        w = torch.where(m[:, None, None, :], w, low)
+        o = torch.matmul(nn.functional.softmax(w, dim=-1), v).permute(0, 2, 1, 3).contiguous()
         return x + self.c_proj(o.view(o.size()[:-2] + (D,)))
 
 
@@ -598,12 +614,14 @@ def main():
     # explicit expand of one KV head, the same way; their own seed, so the files above come out
     # as before.
     # Then BERT as Hugging Face writes it, its attention_mask int64, and DistilBERT's attention
-    # (the int64 mask compared with 0 and given to masked_fill), and BLOOM's attention.
+    # (the int64 mask compared with 0 and given to masked_fill), BLOOM's attention, and GPT-2's
+    # given a bool padding mask.
     last_seed = {"falcon_layer_dyn_opset17": 11, "mqa_attn_dyn_opset17": 13,
                  "split_heads_dyn_opset17": 17, "hf_bert_dyn_opset17": 19,
-                 "distil_attn_dyn_opset17": 23, "bloom_attn_dyn_opset17": 29}
+                 "distil_attn_dyn_opset17": 23, "bloom_attn_dyn_opset17": 29,
+                 "gpt2_boolmask_dyn_opset17": 37}
     made = {"falcon": FalconLayer, "mqa": MqaAttn, "split": SplitHeadsAttn, "hf": HfBertLayer,
-            "distil": DistilAttn, "bloom": BloomAttn}
+            "distil": DistilAttn, "bloom": BloomAttn, "gpt2": Gpt2AttnBoolMask}
     for name, m in list(last.items()) + [(n, None) for n in last_seed]:
         if m is None:
             torch.manual_seed(last_seed[name])
@@ -616,8 +634,10 @@ def main():
         x = torch.randn(BATCH, SEQ, D)
         args, names = (x,), ["x"]
         i64 = isinstance(m, (HfBertLayer, DistilAttn))
-        if isinstance(m, (BertLayer, DistilAttn)):
-            mask = torch.ones(BATCH, SEQ, dtype=torch.int64 if i64 else torch.float32)
+        masked = isinstance(m, (BertLayer, DistilAttn, Gpt2AttnBoolMask))
+        kind = torch.bool if isinstance(m, Gpt2AttnBoolMask) else torch.int64 if i64 else torch.float32
+        if masked:
+            mask = torch.ones(BATCH, SEQ, dtype=kind)
             mask[1, SEQ - 9:] = 0
             args, names = (x, mask), ["x", "m"]
         dyn = {n: axes for n in names + ["y"]}
@@ -628,14 +648,15 @@ def main():
         expect = os.path.join(out, "..", "expect", f"{name}_s7")
         os.makedirs(expect, exist_ok=True)
         ins = [torch.randn(BATCH, 7, D).half()]
-        if isinstance(m, (BertLayer, DistilAttn)):
+        if masked:
             pad = torch.ones(BATCH, 7)
             pad[1, 4:] = 0
-            ins.append(pad.long() if i64 else pad.half())
+            ins.append(pad.to(kind) if kind != torch.float32 else pad.half())
+        ext = {torch.int64: "i64", torch.bool: "bool", torch.float16: "f16"}
         for n, t in zip(names, ins):
-            t.numpy().tofile(os.path.join(expect, f"{n}.{'i64' if t.dtype == torch.int64 else 'f16'}"))
+            t.numpy().tofile(os.path.join(expect, f"{n}.{ext[t.dtype]}"))
         with torch.no_grad():
-            m(*[t if t.dtype == torch.int64 else t.float() for t in ins]).numpy().astype(
+            m(*[t.float() if t.dtype == torch.float16 else t for t in ins]).numpy().astype(
                 "float32").tofile(os.path.join(expect, "y.f32"))
 
 

@@ -41,9 +41,13 @@ struct Val {
   // as a float mask of 0s and 1s: only moved, expanded, compared, negated or cast until a Cast
   // to float makes it data or a Where picks with it.
   bool intInput = false;
-  // An Expand of such a mask, left unexpanded: `shape` is still the mask's own, and only the
-  // broadcasting ops (Cast, Equal, Not, Where) may use it.
+  // An Expand of such a mask, left unexpanded: `shape` is still the mask's own (also once
+  // cast to float), and only elementwise ops, which broadcast it, may use it.
   bool lazyExpand = false;
+  // A float value of only 0s and 1s made from a mask (cast to float, 1 - it): cast back to an
+  // integer or bool type it is a mask again.
+  bool binary01 = false;
+  std::vector<int64_t> expandedTo; // lazyExpand: the shape the model sees
   // A head view: `v` is a token-major activation [B*S, Hkv*d] that the model sees, through
   // Reshape and Transpose, as [B, S, H, d] (Tokens), [B, H, S, d] (Heads) or [B, H, d, S]
   // (HeadsT, keys transposed for Q K^T); `shape` is that ONNX shape. H = Hkv * repeat where
@@ -1170,11 +1174,20 @@ private:
     static const std::set<std::string> kMaskMoves = {"Cast",    "Expand", "Flatten", "Identity",
                                                      "Reshape", "Slice",  "Squeeze", "Unsqueeze",
                                                      "Equal",   "Not",    "Where"};
-    static const std::set<std::string> kBroadcasting = {"Cast", "Equal", "Not", "Where"};
+    // A mask's Expand is left to the elementwise ops after it, which broadcast it the same.
+    static const std::set<std::string> kBroadcasting = {"Cast", "Equal", "Not", "Where", "Add",
+                                                        "Sub",  "Mul",   "Div", "Max",   "Min"};
     bool intIn = false;
     for (const std::string& name : n.input()) {
       auto v = vals_.find(name);
-      if (v == vals_.end() || !v->second.intInput)
+      if (v == vals_.end())
+        continue;
+      if (v->second.lazyExpand && !kBroadcasting.count(n.op_type()))
+        throw UnsupportedError{"'" + name +
+                               "' is a mask expanded to another shape; fpat supports that only "
+                               "before elementwise ops (Cast, Equal, Not, Where, Add, Sub, Mul, "
+                               "Div, Max, Min), which broadcast it"};
+      if (!v->second.intInput)
         continue;
       if (!kMaskMoves.count(n.op_type()))
         throw UnsupportedError{
@@ -1182,14 +1195,20 @@ private:
             "' is an integer input used as data; fpat imports integer and bool inputs only as "
             "masks of 0s and 1s, which the model casts to float (token ids feed embeddings, "
             "which are not imported)"};
-      if (v->second.lazyExpand && !kBroadcasting.count(n.op_type()))
-        throw UnsupportedError{"'" + name +
-                               "' is a mask expanded to another shape; fpat supports that only "
-                               "before Cast, Equal, Not or Where, which broadcast it"};
       intIn = true;
     }
     if (intIn && n.op_type() != "Cast")
       return maskOp(n);
+    // What the model sees after an elementwise op on a mask left unexpanded; the result stays
+    // unexpanded (and so restricted) where the other operands do not cover that shape.
+    std::optional<std::vector<int64_t>> seen;
+    for (const std::string& name : n.input())
+      if (auto v = vals_.find(name); v != vals_.end() && v->second.lazyExpand)
+        seen = v->second.expandedTo;
+    if (seen)
+      for (const std::string& name : n.input())
+        if (auto v = vals_.find(name); v != vals_.end() && !v->second.lazyExpand)
+          seen = broadcast(*seen, v->second.shape);
     for (const std::string& name : n.input())
       if (auto v = vals_.find(name);
           v != vals_.end() && v->second.parts > 1 && n.op_type() != "Gather")
@@ -1197,6 +1216,17 @@ private:
                                " holds q, k and v of each head side by side; fpat supports only "
                                "a Gather of one of them (axis 3, a scalar index)"};
     it->second(*this, n);
+    // 1 - m of 0s and 1s is 0s and 1s too (Hugging Face's inverted mask).
+    if (n.op_type() == "Sub" && in(n, 0).isConst && count(in(n, 0)) == 1 && at(in(n, 0), 0) == 1 &&
+        (in(n, 1).binary01 || in(n, 1).intInput))
+      if (auto v = vals_.find(n.output(0)); v != vals_.end())
+        v->second.binary01 = true;
+    if (seen)
+      for (const std::string& out : n.output())
+        if (auto v = vals_.find(out); v != vals_.end() && v->second.shape != *seen) {
+          v->second.lazyExpand = true;
+          v->second.expandedTo = *seen;
+        }
   }
 
   /// Converts `n` as if it were `op` with these inputs and output (the mask's own arithmetic,
@@ -1233,7 +1263,7 @@ private:
       std::vector<int64_t> target;
       for (double d : valuesOf(constIn(n, 1, "its shape")))
         target.push_back(static_cast<int64_t>(d));
-      broadcast(v.shape, target); // throws where they do not broadcast
+      v.expandedTo = broadcast(v.shape, target); // throws where they do not broadcast
       v.lazyExpand = true;
       return define(n, std::move(v));
     }
@@ -1252,11 +1282,13 @@ private:
       }
       const Val& m = in(n, mi);
       const bool lazy = m.lazyExpand;
+      const std::vector<int64_t> to = m.expandedTo;
       const std::string name = m.name;
       convertAs(n, "Sub", {scalarConst(n, ".one", 1.0), name}, n.output(0), ".not");
       Val& v = vals_[n.output(0)];
       v.intInput = true;
       v.lazyExpand = lazy;
+      v.expandedTo = to;
       return;
     }
     if (t == "Where") {
@@ -1297,8 +1329,9 @@ private:
   void cast(const NodeProto& n) {
     Val v = in(n, 0);
     const int to = static_cast<int>(intAttr(n, "to", 0));
-    if (v.intInput) { // a mask: to float it is data from here on; to int64, int32 or bool, 0/1 stay
+    if (v.intInput || v.binary01) { // a mask: to float data of 0s and 1s, to an integer a mask
       v.intInput = !isFloatType(to);
+      v.binary01 = !v.intInput;
       return define(n, std::move(v));
     }
     if (!isFloatType(to) && !v.isConst)
@@ -2622,6 +2655,22 @@ private:
                                  b.name + "' " + shapeStr(b.shape) +
                                  " are heads of different layouts"};
         ops[static_cast<size_t>(i)] = *O.v;
+      } else if (o.isConst && o.shape.size() <= 4 && g_.op(*X.v).type.shape == X.shape &&
+                 shape != X.shape) {
+        // A constant larger than x, both in ONNX order (Hugging Face's causal mask [B, 1, S, S]
+        // added to the padding mask [B, 1, 1, S]): a broadcasting op of rank-4 tensors, whose
+        // result is no head value.
+        Val c = o;
+        c.v.reset();
+        while (c.shape.size() < 4)
+          c.shape.insert(c.shape.begin(), 1);
+        ir::Op op;
+        op.kind = k;
+        const ir::Vertex vc = tensor(c);
+        return define(
+            n, emit(n, op,
+                    i == 0 ? std::vector<ir::Vertex>{vc, *X.v} : std::vector<ir::Vertex>{*X.v, vc},
+                    shape));
       } else if (o.isConst) {
         ops[static_cast<size_t>(i)] = tokenOrderConst(o, X);
       } else if (o.v && g_.op(*o.v).type.shape == o.shape && o.shape.size() == 4 &&

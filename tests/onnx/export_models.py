@@ -22,7 +22,8 @@ multi-query layer, an explicitly expanded one and heads split apart along their 
 attention_mask scaled by finfo.min), hf_bert_dyn_opset17, and DistilBERT's attention (the mask
 compared with 0, expanded, masked_fill), distil_attn_dyn_opset17, and BLOOM's (a fused projection
 viewed as [B, S, H, 3, d], ALiBi by baddbmm), bloom_attn_dyn_opset17, and GPT-2's eager attention
-given a bool padding mask, gpt2_boolmask_dyn_opset17, with
+given a bool padding mask, gpt2_boolmask_dyn_opset17, and Hugging Face's causal and expanded
+padding masks of Llama before 4.38, hf_mask_attn_dyn_opset17, with
 torch's output at length 7 in OUTDIR/../expect (fpatc --inputs/--expect). Needs
 Debian's python3-torch (1.13, which has no scaled_dot_product_attention) and python3-onnx;
 the files in tests/onnx/models were made with it. Small sizes keep them small: d = 64.
@@ -188,6 +189,31 @@ class Gpt2AttnBoolMask(Gpt2Attn):
         w = torch.where(m[:, None, None, :], w, low)
         o = torch.matmul(nn.functional.softmax(w, dim=-1), v).permute(0, 2, 1, 3).contiguous()
         return x + self.c_proj(o.view(o.size()[:-2] + (D,)))
+
+
+class HfMaskAttn(nn.Module):
+    """Hugging Face's Llama attention masks before 4.38: _make_causal_mask (finfo.min above the
+    diagonal, expanded to [B, 1, S, S]) plus _expand_mask of the int64 attention_mask (expanded,
+    cast, inverted, masked_fill where the inversion cast to bool is set), added to the scores
+    and clamped at finfo.min; softmax in f32."""
+    def __init__(self):
+        super().__init__()
+        self.q, self.k, self.v, self.o = (nn.Linear(D, D, bias=False) for _ in range(4))
+    def forward(self, x, m):
+        b, s, _ = x.shape; dh = D // HEADS
+        sh = lambda t: t.view(b, s, HEADS, dh).transpose(1, 2)
+        q, k, v = sh(self.q(x)), sh(self.k(x)), sh(self.v(x))
+        low = torch.finfo(x.dtype).min
+        causal = torch.full((s, s), low)
+        cond = torch.arange(s)
+        causal.masked_fill_(cond < (cond + 1).view(s, 1), 0)
+        causal = causal[None, None].expand(b, 1, s, s)
+        inv = 1.0 - m[:, None, None, :].expand(b, 1, s, s).to(x.dtype)
+        inv = inv.masked_fill(inv.to(torch.bool), low)
+        w = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(dh) + (inv + causal)
+        w = torch.max(w, torch.tensor(low))
+        c = torch.matmul(nn.functional.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype), v)
+        return x + self.o(c.transpose(1, 2).reshape(b, s, D))
 
 
 class Gpt2AttnSdpa(nn.Module):
@@ -614,18 +640,20 @@ def main():
     # explicit expand of one KV head, the same way; their own seed, so the files above come out
     # as before.
     # Then BERT as Hugging Face writes it, its attention_mask int64, and DistilBERT's attention
-    # (the int64 mask compared with 0 and given to masked_fill), BLOOM's attention, and GPT-2's
-    # given a bool padding mask.
+    # (the int64 mask compared with 0 and given to masked_fill), BLOOM's attention, GPT-2's
+    # given a bool padding mask, and Hugging Face's Llama masks before 4.38.
     last_seed = {"falcon_layer_dyn_opset17": 11, "mqa_attn_dyn_opset17": 13,
                  "split_heads_dyn_opset17": 17, "hf_bert_dyn_opset17": 19,
                  "distil_attn_dyn_opset17": 23, "bloom_attn_dyn_opset17": 29,
-                 "gpt2_boolmask_dyn_opset17": 37}
-    made = {"falcon": FalconLayer, "mqa": MqaAttn, "split": SplitHeadsAttn, "hf": HfBertLayer,
-            "distil": DistilAttn, "bloom": BloomAttn, "gpt2": Gpt2AttnBoolMask}
+                 "gpt2_boolmask_dyn_opset17": 37, "hf_mask_attn_dyn_opset17": 41}
+    made = {"falcon_layer_dyn_opset17": FalconLayer, "mqa_attn_dyn_opset17": MqaAttn,
+            "split_heads_dyn_opset17": SplitHeadsAttn, "hf_bert_dyn_opset17": HfBertLayer,
+            "distil_attn_dyn_opset17": DistilAttn, "bloom_attn_dyn_opset17": BloomAttn,
+            "gpt2_boolmask_dyn_opset17": Gpt2AttnBoolMask, "hf_mask_attn_dyn_opset17": HfMaskAttn}
     for name, m in list(last.items()) + [(n, None) for n in last_seed]:
         if m is None:
             torch.manual_seed(last_seed[name])
-            m = made[name.split("_")[0]]()
+            m = made[name]()
         with torch.no_grad():
             for p in m.parameters():
                 if p.dim() == 1:
@@ -633,8 +661,8 @@ def main():
         m.eval()
         x = torch.randn(BATCH, SEQ, D)
         args, names = (x,), ["x"]
-        i64 = isinstance(m, (HfBertLayer, DistilAttn))
-        masked = isinstance(m, (BertLayer, DistilAttn, Gpt2AttnBoolMask))
+        i64 = isinstance(m, (HfBertLayer, DistilAttn, HfMaskAttn))
+        masked = isinstance(m, (BertLayer, DistilAttn, Gpt2AttnBoolMask, HfMaskAttn))
         kind = torch.bool if isinstance(m, Gpt2AttnBoolMask) else torch.int64 if i64 else torch.float32
         if masked:
             mask = torch.ones(BATCH, SEQ, dtype=kind)

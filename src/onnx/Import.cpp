@@ -1258,6 +1258,8 @@ private:
   /// softmax after it gives the masked keys no weight, as the fill itself does.
   void maskOp(const NodeProto& n) {
     const std::string& t = n.op_type();
+    if (n.output_size() < 1 || n.output(0).empty())
+      throw UnsupportedError{"it has no output"};
     if (t == "Expand") {
       Val v = in(n, 0);
       std::vector<int64_t> target;

@@ -1110,6 +1110,7 @@ private:
         {"Abs", un("abs", [](double x) { return std::fabs(x); })},
         {"Add", bin(ir::OpKind::Add)},
         {"Cast", member(&Importer::cast)},
+        {"Clip", member(&Importer::clip)},
         {"Concat", member(&Importer::concat)},
         {"Constant", member(&Importer::constant)},
         {"ConstantOfShape", member(&Importer::constantOfShape)},
@@ -1323,6 +1324,44 @@ private:
         v->second.intInput = true;
   }
 
+  /// Clip(x, lo, hi) (torch.clamp: MPT's clip_qkv, ReLU6) is Min(Max(x, lo), hi); its bounds
+  /// are attributes before opset 11, optional scalar inputs since.
+  void clip(const NodeProto& n) {
+    if (n.output_size() < 1 || n.output(0).empty())
+      throw UnsupportedError{"it has no output"};
+    std::optional<double> lo, hi;
+    if (r_.opset < 11) {
+      if (attr(n, "min"))
+        lo = floatAttr(n, "min", 0);
+      if (attr(n, "max"))
+        hi = floatAttr(n, "max", 0);
+    } else {
+      for (int i = 1; i < 3; ++i) {
+        if (!hasIn(n, i))
+          continue;
+        const Val& b = constIn(n, i, i == 1 ? "its lower bound" : "its upper bound");
+        if (count(b) != 1)
+          throw UnsupportedError{"its bounds must be scalars"};
+        (i == 1 ? lo : hi) = at(b, 0);
+      }
+    }
+    if (lo && hi && *lo > *hi)
+      throw UnsupportedError{"its lower bound " + formatDouble(*lo) + " is above its upper bound " +
+                             formatDouble(*hi)};
+    std::string cur = n.input(0);
+    if (lo) {
+      const std::string out = hi ? n.output(0) + ".lo" : n.output(0);
+      convertAs(n, "Max", {cur, scalarConst(n, ".min", *lo)}, out, hi ? ".lo" : "");
+      cur = out;
+    }
+    if (hi)
+      convertAs(n, "Min", {cur, scalarConst(n, ".max", *hi)}, n.output(0), "");
+    if (!lo && !hi) {
+      Val v = in(n, 0);
+      define(n, std::move(v));
+    }
+  }
+
   void identity(const NodeProto& n) { // Identity, and Dropout at inference
     Val v = in(n, 0);
     define(n, std::move(v));
@@ -1523,10 +1562,23 @@ private:
   void slice(const NodeProto& n) {
     if (in(n, 0).view != Val::View::None)
       return headsSlice(n);
-    if (!in(n, 0).isConst)
-      throw UnsupportedError{"only a slice of a constant (a shape, a weight) or of heads (RoPE's "
-                             "halves) is supported; '" +
-                             in(n, 0).name + "' is computed at run time"};
+    if (!in(n, 0).isConst) {
+      // Columns of an activation (torch.chunk of a fused projection: MPT, Phi): an IR slice.
+      Val& x = in(n, 0);
+      const SliceWindow w = sliceWindow(n, x.shape);
+      bool columns = !x.shape.empty() && w.step.back() == 1 && w.shape.back() > 0;
+      for (size_t k = 0; columns && k + 1 < x.shape.size(); ++k)
+        columns = w.first[k] == 0 && w.shape[k] == x.shape[k];
+      if (!columns)
+        throw UnsupportedError{"of an activation ('" + x.name + "' " + shapeStr(x.shape) +
+                               ", computed at run time) fpat slices only the last axis, in "
+                               "steps of 1 (the columns), or heads (RoPE's halves)"};
+      ir::Op op;
+      op.kind = ir::OpKind::Slice;
+      op.begin = w.first.back();
+      op.end = w.first.back() + w.shape.back();
+      return define(n, emit(n, op, {tensor(x)}, w.shape));
+    }
     define(n, constWindow(in(n, 0), sliceWindow(n, in(n, 0).shape)));
   }
 

@@ -23,7 +23,8 @@ attention_mask scaled by finfo.min), hf_bert_dyn_opset17, and DistilBERT's atten
 compared with 0, expanded, masked_fill), distil_attn_dyn_opset17, and BLOOM's (a fused projection
 viewed as [B, S, H, 3, d], ALiBi by baddbmm), bloom_attn_dyn_opset17, and GPT-2's eager attention
 given a bool padding mask, gpt2_boolmask_dyn_opset17, and Hugging Face's causal and expanded
-padding masks of Llama before 4.38, hf_mask_attn_dyn_opset17, with
+padding masks of Llama before 4.38, hf_mask_attn_dyn_opset17, and MPT's attention (torch.chunk of
+a clamped projection, ALiBi), mpt_attn_dyn_opset17, with
 torch's output at length 7 in OUTDIR/../expect (fpatc --inputs/--expect). Needs
 Debian's python3-torch (1.13, which has no scaled_dot_product_attention) and python3-onnx;
 the files in tests/onnx/models were made with it. Small sizes keep them small: d = 64.
@@ -214,6 +215,29 @@ class HfMaskAttn(nn.Module):
         w = torch.max(w, torch.tensor(low))
         c = torch.matmul(nn.functional.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype), v)
         return x + self.o(c.transpose(1, 2).reshape(b, s, D))
+
+
+class MptAttn(nn.Module):
+    """MPT's attention: q, k, v by torch.chunk of one projection clamped to +-8 (clip_qkv),
+    ALiBi [1, H, 1, S] added to the scores, the causal mask by masked_fill with finfo.min."""
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.LayerNorm(D)
+        self.wqkv = nn.Linear(D, 3 * D, bias=False)
+        self.out = nn.Linear(D, D, bias=False)
+        self.register_buffer("slopes", torch.tensor(
+            [1.0 / 2 ** (8 * (i + 1) / HEADS) for i in range(HEADS)]).view(1, HEADS, 1, 1))
+    def forward(self, x):
+        b, s, _ = x.shape; dh = D // HEADS
+        q, k, v = self.wqkv(self.norm(x)).clamp(min=-8.0, max=8.0).chunk(3, dim=2)
+        q = q.view(b, s, HEADS, dh).permute(0, 2, 1, 3)
+        k = k.view(b, s, HEADS, dh).permute(0, 2, 3, 1)
+        v = v.view(b, s, HEADS, dh).permute(0, 2, 1, 3)
+        w = q.matmul(k) * (1.0 / math.sqrt(dh))
+        w = w + torch.arange(1 - s, 1, dtype=torch.float32).view(1, 1, 1, s) * self.slopes
+        w = w.masked_fill(~torch.ones(s, s, dtype=torch.bool).tril().view(1, 1, s, s),
+                          torch.finfo(w.dtype).min)
+        return x + self.out(torch.softmax(w, dim=-1).matmul(v).permute(0, 2, 1, 3).reshape(b, s, D))
 
 
 class Gpt2AttnSdpa(nn.Module):
@@ -641,15 +665,17 @@ def main():
     # as before.
     # Then BERT as Hugging Face writes it, its attention_mask int64, and DistilBERT's attention
     # (the int64 mask compared with 0 and given to masked_fill), BLOOM's attention, GPT-2's
-    # given a bool padding mask, and Hugging Face's Llama masks before 4.38.
+    # given a bool padding mask, Hugging Face's Llama masks before 4.38, and MPT's attention.
     last_seed = {"falcon_layer_dyn_opset17": 11, "mqa_attn_dyn_opset17": 13,
                  "split_heads_dyn_opset17": 17, "hf_bert_dyn_opset17": 19,
                  "distil_attn_dyn_opset17": 23, "bloom_attn_dyn_opset17": 29,
-                 "gpt2_boolmask_dyn_opset17": 37, "hf_mask_attn_dyn_opset17": 41}
+                 "gpt2_boolmask_dyn_opset17": 37, "hf_mask_attn_dyn_opset17": 41,
+                 "mpt_attn_dyn_opset17": 47}
     made = {"falcon_layer_dyn_opset17": FalconLayer, "mqa_attn_dyn_opset17": MqaAttn,
             "split_heads_dyn_opset17": SplitHeadsAttn, "hf_bert_dyn_opset17": HfBertLayer,
             "distil_attn_dyn_opset17": DistilAttn, "bloom_attn_dyn_opset17": BloomAttn,
-            "gpt2_boolmask_dyn_opset17": Gpt2AttnBoolMask, "hf_mask_attn_dyn_opset17": HfMaskAttn}
+            "gpt2_boolmask_dyn_opset17": Gpt2AttnBoolMask, "hf_mask_attn_dyn_opset17": HfMaskAttn,
+            "mpt_attn_dyn_opset17": MptAttn}
     for name, m in list(last.items()) + [(n, None) for n in last_seed]:
         if m is None:
             torch.manual_seed(last_seed[name])

@@ -215,6 +215,19 @@ save("mask_expanded_reshaped",
      [numpy_helper.from_array(np.array([1], dtype=np.int64), "ax"),
       numpy_helper.from_array(np.array([4, 3, 8], dtype=np.int64), "to"),
       numpy_helper.from_array(np.array([12, 8], dtype=np.int64), "flat_shape")])
+# Clip with its bounds the wrong way round; a slice of an activation's rows (fpat slices columns).
+save("clip_reversed",
+     [helper.make_node("Clip", ["x", "lo", "hi"], ["y"], name="clamp")],
+     [f32("x", [4, 8])], [f32("y", [4, 8])],
+     [numpy_helper.from_array(np.array(2.0, dtype=np.float32), "lo"),
+      numpy_helper.from_array(np.array(1.0, dtype=np.float32), "hi")])
+save("slice_rows",
+     [helper.make_node("Relu", ["x"], ["r"], name="act"),
+      helper.make_node("Slice", ["r", "starts", "ends", "axes"], ["y"], name="rows")],
+     [f32("x", [4, 8])], [f32("y", [2, 8])],
+     [numpy_helper.from_array(np.array([0], dtype=np.int64), "starts"),
+      numpy_helper.from_array(np.array([2], dtype=np.int64), "ends"),
+      numpy_helper.from_array(np.array([0], dtype=np.int64), "axes")])
 save("mask_as_a_choice",
      [helper.make_node("Cast", ["m"], ["c"], name="cond", to=TensorProto.BOOL),
       helper.make_node("Where", ["c", "x", "m"], ["y"], name="pick")],

@@ -2709,36 +2709,32 @@ private:
                                  b.name + "' " + shapeStr(b.shape) +
                                  " are heads of different layouts"};
         ops[static_cast<size_t>(i)] = *O.v;
-      } else if (o.isConst && o.shape.size() <= 4 && g_.op(*X.v).type.shape == X.shape &&
-                 shape != X.shape) {
-        // A constant larger than x, both in ONNX order (Hugging Face's causal mask [B, 1, S, S]
-        // added to the padding mask [B, 1, 1, S]): a broadcasting op of rank-4 tensors, whose
-        // result is no head value.
-        Val c = o;
-        c.v.reset();
-        while (c.shape.size() < 4)
-          c.shape.insert(c.shape.begin(), 1);
+      } else if (shape != X.shape && g_.op(*X.v).type.shape == X.shape &&
+                 ((o.isConst && o.shape.size() <= 4) ||
+                  (o.v && g_.op(*o.v).type.shape == o.shape && o.shape.size() == 4))) {
+        // x and o both hold their elements in their ONNX order (x split so that its heads'
+        // order is the ONNX one), the result larger than x: a broadcasting op of rank-4
+        // tensors, whose result is no head value. BERT's padding mask [B, 1, 1, S] added to
+        // the scores [B, H, Sq, Sk]; Hugging Face's causal mask [B, 1, S, S], a constant, added
+        // to the padding mask.
+        ir::Vertex vo;
+        if (o.isConst) {
+          Val c = o;
+          c.v.reset();
+          while (c.shape.size() < 4)
+            c.shape.insert(c.shape.begin(), 1);
+          vo = tensor(c);
+        } else {
+          vo = *o.v;
+        }
         ir::Op op;
         op.kind = k;
-        const ir::Vertex vc = tensor(c);
-        return define(
-            n, emit(n, op,
-                    i == 0 ? std::vector<ir::Vertex>{vc, *X.v} : std::vector<ir::Vertex>{*X.v, vc},
-                    shape));
-      } else if (o.isConst) {
-        ops[static_cast<size_t>(i)] = tokenOrderConst(o, X);
-      } else if (o.v && g_.op(*o.v).type.shape == o.shape && o.shape.size() == 4 &&
-                 g_.op(*X.v).type.shape == X.shape && shape != X.shape) {
-        // Both hold their elements in their ONNX order (x split so that its heads' order is
-        // the ONNX one: BERT's padding mask [B, 1, 1, S] added to the scores [B, H, Sq, Sk]):
-        // a broadcasting op of rank-4 tensors, whose result is no head value.
-        ir::Op op;
-        op.kind = k;
-        const ir::Vertex vo = *o.v;
         return define(
             n, emit(n, op,
                     i == 0 ? std::vector<ir::Vertex>{vo, *X.v} : std::vector<ir::Vertex>{*X.v, vo},
                     shape));
+      } else if (o.isConst) {
+        ops[static_cast<size_t>(i)] = tokenOrderConst(o, X);
       } else {
         throw UnsupportedError{"of the elementwise ops on an activation split into heads ('" +
                                x.name + "' " + shapeStr(x.shape) +

@@ -150,7 +150,7 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
   extern __shared__ __align__(1024) unsigned char smemRaw[];
   __shared__ __align__(8) uint64_t full[S], empty[S], order[2], tileFull, tileEmpty, sideFull;
   __shared__ __align__(16) elem epiSlab[kStagedStore ? kSlabs : 1][kSlabRows * kSlabPitch];
-  __shared__ __align__(16) WgmmaStats<kProducerStats ? BM : 1, kProducerStats ? T::A_ROWS : 1>
+  __shared__ __align__(16) WgmmaStats<kProducerStats ? BM : 1, kProducerStats ? T::A_ROWS : 0>
       stats;
   const WgmmaSmem<T> sm{smemRaw + ((1024 - (smemAddr(smemRaw) & 1023)) & 1023),
                         full,

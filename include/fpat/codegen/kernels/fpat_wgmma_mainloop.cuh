@@ -190,11 +190,12 @@ template <int MI, int NORM> struct WgmmaRowSums {
 /// three warps' sums of each row meet in `part` (added in a fixed order: deterministic); each
 /// row's rstd and rstd * mean go to out[item parity], which `full` publishes to the consumers
 /// and `empty` hands back.
+/// A_ROWS 0: the placeholder of kernels without these statistics (a few bytes of shared memory).
 template <int BM, int A_ROWS> struct WgmmaStats {
   static constexpr int NB = (A_ROWS + 31) / 32; // blocks of 32 rows
   float2 out[2][BM];                            // rstd, rstd * mean (0 for rmsnorm)
-  float2 part[NB][96];  // each thread's block sums: of x - shift, of (x - shift)^2
-  float shift[NB * 32]; // each row's shift (layernorm)
+  float2 part[NB ? NB : 1][NB ? 96 : 1]; // each thread's block sums: of x - shift, (x - shift)^2
+  float shift[NB ? NB * 32 : 1];         // each row's shift (layernorm)
   uint64_t full[2], empty[2];
 };
 

@@ -70,6 +70,17 @@ struct Val {
   // The other form of a head value, once made: a Tokens or Heads view's Dense4 vertex; a
   // Dense4 value's token-major vertex (merge_heads).
   std::optional<ir::Vertex> other;
+  // A value computed from one run-time mask of 0s and 1s and constants alone (transformers >=
+  // 4.38 builds its attention mask so: the causal constant plus the padding mask compared with
+  // 0, And-ed, filled by Where, scattered into a constant): held as constants of `shape`, `lo`
+  // where the mask is 0 and `hi` where it is 1, and `at`, the element of the mask each element
+  // reads (-1: none). Ops on such values and constants fold on all three; any other use makes
+  // it a tensor of the mask (materialize).
+  struct OfMask {
+    std::string mask; // the mask's value (an integer input, moved, or one cast to float)
+    std::shared_ptr<const Val> lo, hi, at;
+  };
+  std::shared_ptr<const OfMask> ofMask;
 };
 
 struct UnsupportedError {
@@ -482,6 +493,11 @@ public:
         continue;
       }
       try {
+        if (it->second.ofMask) {
+          NodeProto out0;
+          out0.set_name(out.name());
+          materialize(it->second, out0);
+        }
         const ir::Vertex v = tensor(it->second);
         if (g_.isOutput(v)) {
           problem("", "", "graph output '" + out.name() + "' is listed twice");
@@ -1151,6 +1167,7 @@ private:
         {"Einsum", member(&Importer::einsum)},
         {"Relu", un("relu", [](double x) { return x > 0 ? x : 0.0; })},
         {"Reshape", member(&Importer::reshape)},
+        {"ScatterND", member(&Importer::scatterND)},
         {"Shape", member(&Importer::shapeOf)},
         {"Sigmoid", un("sigmoid", [](double x) { return 1.0 / (1.0 + std::exp(-x)); })},
         {"Slice", member(&Importer::slice)},
@@ -1170,6 +1187,13 @@ private:
     auto it = table.find(n.op_type());
     if (it == table.end())
       throw UnsupportedError{"op type " + n.op_type() + " is not supported"};
+    if (n.op_type() == "Shape") // reads the shape alone, of any value
+      return it->second(*this, n);
+    if (ofMaskOp(n))
+      return;
+    for (const std::string& name : n.input()) // any other use of a value of a mask: a tensor
+      if (auto v = vals_.find(name); v != vals_.end() && v->second.ofMask)
+        materialize(v->second, n);
     // An integer input moves as a mask (its values 0 and 1, which float holds exactly) until a
     // Cast to float or a Where; anything else would compute on it as on integers.
     static const std::set<std::string> kMaskMoves = {"Cast",    "Expand", "Flatten", "Identity",
@@ -1249,6 +1273,317 @@ private:
     c.name = name;
     vals_[name] = std::move(c);
     return name;
+  }
+
+  /// A mask of 0s and 1s given at run time: an integer or bool input (or a move of it), or
+  /// one cast to float.
+  static bool isMaskSource(const Val& v) {
+    return (v.intInput || v.binary01) && !v.isConst && v.v && !v.ofMask;
+  }
+  /// The shape the model sees of a mask source (its Expand left to the ops after it).
+  static const std::vector<int64_t>& seenShape(const Val& v) {
+    return v.lazyExpand ? v.expandedTo : v.shape;
+  }
+  /// Constant `c` broadcast to `shape`.
+  static Val broadcastConst(const Val& c, const std::vector<int64_t>& shape) {
+    if (c.shape == shape)
+      return c;
+    checkConstSize(shape);
+    return foldConst({&c}, shape, c.integer, [](const double* v) { return v[0]; });
+  }
+  /// Each element's index into `own`, a mask's shape, broadcast to `shape`: held as float data
+  /// (moves of integer tensors are not all folded), exact below 2^24.
+  static Val maskIndex(const std::vector<int64_t>& own, const std::vector<int64_t>& shape) {
+    if (numel(own) >= (int64_t{1} << 24))
+      throw UnsupportedError{"the mask " + shapeStr(own) + " is too large to fold at import"};
+    std::vector<double> iota(static_cast<size_t>(numel(own)));
+    for (size_t i = 0; i < iota.size(); ++i)
+      iota[i] = static_cast<double>(i);
+    return broadcastConst(constOf(own, std::move(iota), false), broadcast(own, shape));
+  }
+
+  /// The ops a value of a mask folds through: elementwise ones, and moves of their data inputs
+  /// (the rest are shapes, axes, indices).
+  static const std::set<std::string>& elementwiseOnMasks() {
+    static const std::set<std::string> s = {"Add",  "Sub",         "Mul",     "Div",
+                                            "Pow",  "Max",         "Min",     "Equal",
+                                            "Less", "LessOrEqual", "Greater", "GreaterOrEqual",
+                                            "And",  "Or",          "Not",     "Where",
+                                            "Cast", "Neg",         "Abs",     "Clip"};
+    return s;
+  }
+  static std::vector<int> maskMoveData(const std::string& op, int inputs) {
+    static const std::set<std::string> first = {"Reshape",  "Flatten", "Squeeze",   "Unsqueeze",
+                                                "Expand",   "Slice",   "Transpose", "Gather",
+                                                "Identity", "Dropout", "Tile"};
+    if (first.count(op))
+      return {0};
+    if (op == "ScatterND")
+      return {0, 2};
+    if (op == "Concat") {
+      std::vector<int> all;
+      for (int i = 0; i < inputs; ++i)
+        all.push_back(i);
+      return all;
+    }
+    return {};
+  }
+
+  /// `n`'s converter run on constants: input i replaced by subs[i] where that is set. Its
+  /// first output.
+  Val foldWith(const NodeProto& n, const std::vector<std::optional<Val>>& subs) {
+    NodeProto m = n;
+    std::vector<std::string> temps;
+    for (int i = 0; i < n.input_size() && i < static_cast<int>(subs.size()); ++i)
+      if (subs[static_cast<size_t>(i)]) {
+        const std::string t = n.input(i) + ".fold" + std::to_string(i);
+        Val c = *subs[static_cast<size_t>(i)];
+        c.name = t;
+        vals_[t] = std::move(c);
+        m.set_input(i, t);
+        temps.push_back(t);
+      }
+    const std::string out = n.output(0) + ".fold";
+    m.set_output(0, out);
+    for (int o = 1; o < m.output_size(); ++o)
+      m.set_output(o, "");
+    converters().at(n.op_type())(*this, m);
+    Val r = vals_.at(out);
+    vals_.erase(out);
+    for (const std::string& t : temps)
+      vals_.erase(t);
+    if (!r.isConst)
+      throw UnsupportedError{"on a value of a mask it does not fold to a constant"};
+    return r;
+  }
+
+  /// An op on values of one run-time mask (or the mask itself) and constants: folded on their
+  /// values where the mask is 0, where it is 1, and on which mask element each reads. Returns
+  /// whether `n` was such an op. The mask's own moves, Equal with 0 or 1, Not, Cast and Where
+  /// with a choice computed at run time stay maskOp's.
+  bool ofMaskOp(const NodeProto& n) {
+    const std::string& t = n.op_type();
+    const bool elementwise = elementwiseOnMasks().count(t) != 0;
+    const std::vector<int> moved = maskMoveData(t, n.input_size());
+    if ((!elementwise && moved.empty()) || n.output_size() < 1 || n.output(0).empty())
+      return false;
+    bool anyOfMask = false, anySource = false;
+    for (const std::string& name : n.input()) {
+      auto v = vals_.find(name);
+      if (name.empty() || v == vals_.end())
+        continue;
+      if (v->second.ofMask)
+        anyOfMask = true;
+      else if (isMaskSource(v->second))
+        anySource = true;
+      else if (!v->second.isConst)
+        return false; // computed at run time from other data: not a value of the mask alone
+    }
+    if (!anyOfMask && !anySource)
+      return false;
+    // Values of two different masks: computed at run time (the op as on any tensors).
+    std::string root;
+    for (const std::string& name : n.input()) {
+      auto v = vals_.find(name);
+      if (name.empty() || v == vals_.end() || v->second.isConst)
+        continue;
+      const std::string r = v->second.ofMask ? v->second.ofMask->mask : name;
+      if (root.empty())
+        root = r;
+      const Val &a = vals_.at(root), &b = vals_.at(r);
+      if (r != root && (a.v != b.v || a.shape != b.shape))
+        return false;
+    }
+    if (!anyOfMask) { // the mask itself: its moves, casts and comparisons with 0 or 1 as before
+      if (!elementwise || t == "Cast" || t == "Not")
+        return false;
+      static const std::set<std::string> kCompare = {"Equal", "Less", "LessOrEqual", "Greater",
+                                                     "GreaterOrEqual"};
+      if (kCompare.count(t)) {
+        // Compared with anything but 0 or 1, the input is not a mask of 0s and 1s (token type
+        // ids, positions): refused, as its values are assumed to be 0 and 1.
+        const Val &a = in(n, 0), &b = in(n, 1);
+        const Val& k = a.isConst ? a : b;
+        for (size_t i = 0; k.isConst && i < count(k); ++i)
+          if (at(k, i) != 0 && at(k, i) != 1)
+            throw UnsupportedError{"a mask (0s and 1s) is compared with " +
+                                   (count(k) == 1 ? formatDouble(at(k, 0)) : "a tensor") +
+                                   "; fpat supports comparing it with 0 or 1"};
+        if (t == "Equal" && count(k) == 1 && (a.intInput || b.intInput))
+          return false;
+      }
+    }
+    // Each input as (lo, hi, at), all constants; constants are their own lo and hi.
+    std::string mask;
+    std::vector<std::optional<Val>> lo(static_cast<size_t>(n.input_size())), hi = lo, idx = lo;
+    for (int i = 0; i < n.input_size(); ++i) {
+      if (!hasIn(n, i))
+        continue;
+      const Val& v = in(n, i);
+      std::string from;
+      const size_t k = static_cast<size_t>(i);
+      if (v.ofMask) {
+        from = v.ofMask->mask;
+        lo[k] = *v.ofMask->lo;
+        hi[k] = *v.ofMask->hi;
+        idx[k] = *v.ofMask->at;
+      } else if (isMaskSource(v)) {
+        from = v.name;
+        const std::vector<int64_t>& s = seenShape(v);
+        lo[k] = constOf(s, std::vector<double>(static_cast<size_t>(numel(s)), 0.0), false);
+        hi[k] = constOf(s, std::vector<double>(static_cast<size_t>(numel(s)), 1.0), false);
+        idx[k] = maskIndex(v.shape, s);
+      } else {
+        idx[k] = constOf(v.shape, std::vector<double>(count(v), -1.0), false);
+        continue;
+      }
+      if (mask.empty())
+        mask = from;
+    }
+    Val l = foldWith(n, lo), h = foldWith(n, hi);
+    if (l.shape != h.shape)
+      throw UnsupportedError{"on a value of a mask its result's shape depends on the mask"};
+    Val a;
+    if (elementwise) { // each element reads the mask element its operands read
+      std::vector<double> ix(static_cast<size_t>(numel(l.shape)), -1.0);
+      for (const std::optional<Val>& x : idx) {
+        if (!x)
+          continue;
+        const std::vector<double> e = valuesOf(broadcastConst(*x, l.shape));
+        for (size_t j = 0; j < ix.size(); ++j) {
+          if (e[j] >= 0 && ix[j] >= 0 && e[j] != ix[j])
+            throw UnsupportedError{"it combines different elements of the mask '" + mask +
+                                   "' in one element; fpat supports values that read one"};
+          ix[j] = std::max(ix[j], e[j]);
+        }
+      }
+      a = constOf(l.shape, std::move(ix), false);
+    } else { // a move: the same move of the indices (constants' elements read none)
+      std::vector<std::optional<Val>> subs(static_cast<size_t>(n.input_size()));
+      for (int i : moved)
+        if (i < n.input_size())
+          subs[static_cast<size_t>(i)] = idx[static_cast<size_t>(i)];
+      a = foldWith(n, subs);
+    }
+    Val v;
+    v.shape = l.shape;
+    auto of = std::make_shared<Val::OfMask>();
+    of->mask = mask;
+    of->lo = std::make_shared<const Val>(std::move(l));
+    of->hi = std::make_shared<const Val>(std::move(h));
+    of->at = std::make_shared<const Val>(std::move(a));
+    v.ofMask = std::move(of);
+    define(n, std::move(v));
+    return true;
+  }
+
+  /// A value of a mask m made a tensor where `n` uses it: c + d m + (a + b m) fill, with
+  /// constants c, d, a, b (a + b m: 1 where masked), fill float's lowest. An element of at most
+  /// -1e30 (finfo.min, -inf) is masked: the fill, which the softmax after it reads alike; the rest
+  /// is exact. Every element must read the mask where the mask broadcast to it would (not a
+  /// rearrangement).
+  void materialize(Val& v, const NodeProto& n) {
+    const Val::OfMask& o = *v.ofMask;
+    const Val& m = vals_.at(o.mask);
+    const std::vector<int64_t> shape = v.shape;
+    const std::vector<double> lo = valuesOf(*o.lo), hi = valuesOf(*o.hi), at = valuesOf(*o.at);
+    const std::string moved = "'" + v.name + "' " + shapeStr(shape) +
+                              " moves the elements of the mask '" + o.mask + "' " +
+                              shapeStr(m.shape) +
+                              " it is computed from; fpat supports values of a mask that read "
+                              "it where it broadcasts";
+    if (auto b = ir::broadcastShapes(m.shape, shape); !b || *b != shape)
+      throw UnsupportedError{moved};
+    const std::vector<double> want = valuesOf(maskIndex(m.shape, shape));
+    const double lowest = -static_cast<double>(std::numeric_limits<float>::max());
+    auto masked = [](double x) { return x <= -1e30; };
+    std::vector<double> c(lo.size()), d(lo.size()), a(lo.size()), b(lo.size());
+    bool anyD = false, anyB = false, anyC = false;
+    for (size_t e = 0; e < lo.size(); ++e) {
+      for (double x : {lo[e], hi[e]})
+        if (std::isnan(x) || x >= 1e30)
+          throw UnsupportedError{"'" + v.name + "', computed from the mask '" + o.mask +
+                                 "', holds " + formatDouble(x) +
+                                 "; fpat supports finite values and masked ones (at most -1e30)"};
+      const bool k0 = !masked(lo[e]), k1 = !masked(hi[e]);
+      const double f0 = k0 ? lo[e] : 0, f1 = k1 ? hi[e] : 0;
+      if ((f0 != f1 || k0 != k1) && at[e] != want[e])
+        throw UnsupportedError{moved};
+      c[e] = f0;
+      d[e] = f1 - f0;
+      a[e] = k0 ? 0 : 1;
+      b[e] = (k0 ? 1 : 0) - (k1 ? 1 : 0);
+      anyD = anyD || d[e] != 0;
+      anyB = anyB || b[e] != 0;
+    }
+    // Masked alike either way: the fill in the constant (as a causal mask's is, which the flash
+    // kernel recognises); otherwise (1 - keep) fill, the fill a scalar that stays finite in the
+    // run's type, so that a row masked whole reads as the model's does (finfo.min, not -inf).
+    for (size_t e = 0; e < c.size(); ++e) {
+      if (!anyB && a[e] != 0)
+        c[e] = lowest;
+      anyC = anyC || c[e] != 0;
+    }
+    const std::string base = v.name + ".of_mask";
+    auto named = [&](const std::string& suffix, Val k) {
+      const std::string name = base + suffix;
+      k.name = name;
+      vals_[name] = std::move(k);
+      return name;
+    };
+    // A constant of `shape`, a scalar where all its elements are equal.
+    auto konst = [&](const std::string& suffix, const std::vector<double>& x) {
+      const bool uniform = std::all_of(x.begin(), x.end(), [&](double y) { return y == x[0]; });
+      return named(suffix, uniform ? constOf({}, {x[0]}, false) : constOf(shape, x, false));
+    };
+    std::vector<std::string> terms;
+    if (anyC)
+      terms.push_back(konst(".c", c));
+    if (anyD) {
+      convertAs(n, "Mul", {o.mask, konst(".d", d)}, base + ".dm", "");
+      terms.push_back(base + ".dm");
+    }
+    if (anyB) {
+      bool plain = true, inverted = true; // m itself, or 1 - m, wherever it reads the mask
+      for (size_t e = 0; e < a.size(); ++e) {
+        plain = plain && a[e] == 0 && b[e] == 1;
+        inverted = inverted && a[e] == 1 && b[e] == -1;
+      }
+      std::string drop = o.mask;
+      if (inverted) {
+        drop = base + ".drop";
+        convertAs(n, "Sub", {named(".one", constOf({}, {1.0}, false)), o.mask}, drop, "");
+      } else if (!plain) {
+        convertAs(n, "Mul", {o.mask, konst(".b", b)}, base + ".bm", "");
+        drop = base + ".bm";
+        if (std::any_of(a.begin(), a.end(), [](double x) { return x != 0; })) {
+          drop = base + ".drop";
+          convertAs(n, "Add", {konst(".a", a), base + ".bm"}, drop, "");
+        }
+      }
+      convertAs(n, "Mul", {drop, named(".fill", constOf({}, {lowest}, false))}, base + ".bias", "");
+      terms.push_back(base + ".bias");
+    }
+    Val out;
+    if (terms.empty()) {
+      out = constOf({}, {0.0}, false);
+    } else {
+      std::string sum = terms[0];
+      for (size_t i = 1; i < terms.size(); ++i) {
+        const std::string next = base + ".sum" + std::to_string(i);
+        convertAs(n, "Add", {sum, terms[i]}, next, "");
+        sum = next;
+      }
+      out = vals_.at(sum);
+    }
+    if (out.isConst) {
+      out = broadcastConst(out, shape);
+    } else if (out.shape != shape) { // m times scalars: the mask's shape, broadcast by its users
+      out.lazyExpand = true;
+      out.expandedTo = shape;
+    }
+    out.name = v.name;
+    v = std::move(out);
   }
 
   /// Ops on a run-time mask m of 0s and 1s (an integer or bool input): its moves (Reshape,
@@ -1461,7 +1796,8 @@ private:
   }
 
   void shapeOf(const NodeProto& n) {
-    const std::vector<int64_t> dims = in(n, 0).shape; // known: --dim bound every symbol
+    const Val& x = in(n, 0); // its shape known: --dim bound every symbol
+    const std::vector<int64_t> dims = x.lazyExpand ? x.expandedTo : x.shape;
     const int64_t r = static_cast<int64_t>(dims.size());
     auto clampAxis = [r](int64_t a) { return std::clamp<int64_t>(a < 0 ? a + r : a, 0, r); };
     const int64_t from = clampAxis(intAttr(n, "start", 0)), to = clampAxis(intAttr(n, "end", r));
@@ -1941,6 +2277,44 @@ private:
     op.kind = ir::OpKind::Add;
     const ir::Vertex vx = tensor(x), vb = tensor(bias);
     define(n, emit(n, op, {vx, vb}, shape));
+  }
+
+  /// ScatterND of constants (transformers writing the padding mask into a slice of its causal
+  /// mask in place): a copy of the data with the updates at the indices, reduction none.
+  void scatterND(const NodeProto& n) {
+    const Val &d = constIn(n, 0, "its data"), &ix = constIn(n, 1, "its indices"),
+              &u = constIn(n, 2, "its updates");
+    if (const AttributeProto* r = attr(n, "reduction"); r && r->s() != "none")
+      throw UnsupportedError{"its reduction '" + r->s() + "' is not supported (only none)"};
+    const size_t k = ix.shape.empty() ? 0 : static_cast<size_t>(ix.shape.back());
+    if (k == 0 || k > d.shape.size())
+      throw UnsupportedError{"its indices " + shapeStr(ix.shape) + " do not index the data " +
+                             shapeStr(d.shape) + " (their last dimension must be 1 to its rank)"};
+    std::vector<int64_t> want(ix.shape.begin(), ix.shape.end() - 1);
+    want.insert(want.end(), d.shape.begin() + static_cast<std::ptrdiff_t>(k), d.shape.end());
+    if (u.shape != want)
+      throw UnsupportedError{"its updates " + shapeStr(u.shape) + " are not of the shape " +
+                             shapeStr(want) + " that its indices and data ask for"};
+    checkConstSize(d.shape);
+    std::vector<double> out = valuesOf(d);
+    int64_t slice = 1;
+    for (size_t i = k; i < d.shape.size(); ++i)
+      slice *= d.shape[i];
+    const int64_t tuples = numel(want) / std::max<int64_t>(slice, 1);
+    for (int64_t t = 0; t < tuples && slice > 0; ++t) {
+      int64_t off = 0;
+      for (size_t j = 0; j < k; ++j) {
+        int64_t i = static_cast<int64_t>(at(ix, static_cast<size_t>(t) * k + j));
+        const int64_t dim = d.shape[j];
+        if (i < -dim || i >= dim)
+          throw UnsupportedError{"its index " + std::to_string(i) + " is out of range for axis " +
+                                 std::to_string(j) + " of size " + std::to_string(dim)};
+        off = off * dim + (i < 0 ? i + dim : i);
+      }
+      for (int64_t e = 0; e < slice; ++e)
+        out[static_cast<size_t>(off * slice + e)] = at(u, static_cast<size_t>(t * slice + e));
+    }
+    define(n, constOf(d.shape, std::move(out), d.integer && u.integer));
   }
 
   /// Trilu of a constant (opset 14): the lower (upper = 0) or upper triangle of each matrix,

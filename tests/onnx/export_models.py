@@ -24,7 +24,9 @@ compared with 0, expanded, masked_fill), distil_attn_dyn_opset17, and BLOOM's (a
 viewed as [B, S, H, 3, d], ALiBi by baddbmm), bloom_attn_dyn_opset17, and GPT-2's eager attention
 given a bool padding mask, gpt2_boolmask_dyn_opset17, and Hugging Face's causal and expanded
 padding masks of Llama before 4.38, hf_mask_attn_dyn_opset17, and MPT's attention (torch.chunk of
-a clamped projection, ALiBi), mpt_attn_dyn_opset17, with
+a clamped projection, ALiBi), mpt_attn_dyn_opset17, and Hugging Face's Llama masks from 4.38
+(_update_causal_mask: the padding mask summed with the causal one and compared with 0, or And-ed,
+written into it through a slice assignment), hf_causal_{sum,and}_dyn_opset17, with
 torch's output at length 7 in OUTDIR/../expect (fpatc --inputs/--expect). Needs
 Debian's python3-torch (1.13, which has no scaled_dot_product_attention) and python3-onnx;
 the files in tests/onnx/models were made with it. Small sizes keep them small: d = 64.
@@ -213,6 +215,41 @@ class HfMaskAttn(nn.Module):
         inv = inv.masked_fill(inv.to(torch.bool), low)
         w = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(dh) + (inv + causal)
         w = torch.max(w, torch.tensor(low))
+        c = torch.matmul(nn.functional.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype), v)
+        return x + self.o(c.transpose(1, 2).reshape(b, s, D))
+
+
+class HfCausalMaskAttn(nn.Module):
+    """Hugging Face's Llama attention masks from 4.38 (_update_causal_mask, eager attention, no
+    cache): finfo.min above the diagonal (triu, times arange > cache_position), expanded to
+    [B, 1, S, S] and cloned; the int64 attention_mask combined with it, as 4.42 on does (summed
+    with it and compared with 0) or as 4.38-4.41 did (both compared with 0 and multiplied, And),
+    and written into it by masked_fill through a slice assignment (ScatterND); added to the
+    scores; softmax in f32."""
+    def __init__(self, combine="sum"):
+        super().__init__()
+        self.combine = combine
+        self.q, self.k, self.v, self.o = (nn.Linear(D, D, bias=False) for _ in range(4))
+    def causal_mask(self, m, b, s, dtype):
+        low = torch.finfo(dtype).min
+        cache_position = torch.arange(s)
+        target = m.shape[-1]
+        cm = torch.triu(torch.full((s, target), fill_value=low, dtype=dtype), diagonal=1)
+        cm *= torch.arange(target) > cache_position.reshape(-1, 1)
+        cm = cm[None, None, :, :].expand(b, 1, -1, -1).clone()
+        n = m.shape[-1]
+        if self.combine == "sum":
+            pad = (cm[:, :, :, :n] + m[:, None, None, :]) == 0
+        else:
+            pad = cm[:, :, :, :n].eq(0.0) * m[:, None, None, :].eq(0.0)
+        cm[:, :, :, :n] = cm[:, :, :, :n].masked_fill(pad, low)
+        return cm
+    def forward(self, x, m):
+        b, s, _ = x.shape; dh = D // HEADS
+        sh = lambda t: t.view(b, s, HEADS, dh).transpose(1, 2)
+        q, k, v = sh(self.q(x)), sh(self.k(x)), sh(self.v(x))
+        cm = self.causal_mask(m, b, s, x.dtype)
+        w = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(dh) + cm[:, :, :, : k.shape[-2]]
         c = torch.matmul(nn.functional.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype), v)
         return x + self.o(c.transpose(1, 2).reshape(b, s, D))
 
@@ -670,12 +707,15 @@ def main():
                  "split_heads_dyn_opset17": 17, "hf_bert_dyn_opset17": 19,
                  "distil_attn_dyn_opset17": 23, "bloom_attn_dyn_opset17": 29,
                  "gpt2_boolmask_dyn_opset17": 37, "hf_mask_attn_dyn_opset17": 41,
-                 "mpt_attn_dyn_opset17": 47}
+                 "mpt_attn_dyn_opset17": 47, "hf_causal_sum_dyn_opset17": 53,
+                 "hf_causal_and_dyn_opset17": 59}
     made = {"falcon_layer_dyn_opset17": FalconLayer, "mqa_attn_dyn_opset17": MqaAttn,
             "split_heads_dyn_opset17": SplitHeadsAttn, "hf_bert_dyn_opset17": HfBertLayer,
             "distil_attn_dyn_opset17": DistilAttn, "bloom_attn_dyn_opset17": BloomAttn,
             "gpt2_boolmask_dyn_opset17": Gpt2AttnBoolMask, "hf_mask_attn_dyn_opset17": HfMaskAttn,
-            "mpt_attn_dyn_opset17": MptAttn}
+            "mpt_attn_dyn_opset17": MptAttn,
+            "hf_causal_sum_dyn_opset17": lambda: HfCausalMaskAttn("sum"),
+            "hf_causal_and_dyn_opset17": lambda: HfCausalMaskAttn("and")}
     for name, m in list(last.items()) + [(n, None) for n in last_seed]:
         if m is None:
             torch.manual_seed(last_seed[name])
@@ -687,8 +727,9 @@ def main():
         m.eval()
         x = torch.randn(BATCH, SEQ, D)
         args, names = (x,), ["x"]
-        i64 = isinstance(m, (HfBertLayer, DistilAttn, HfMaskAttn))
-        masked = isinstance(m, (BertLayer, DistilAttn, Gpt2AttnBoolMask, HfMaskAttn))
+        i64 = isinstance(m, (HfBertLayer, DistilAttn, HfMaskAttn, HfCausalMaskAttn))
+        masked = isinstance(m, (BertLayer, DistilAttn, Gpt2AttnBoolMask, HfMaskAttn,
+                                HfCausalMaskAttn))
         kind = torch.bool if isinstance(m, Gpt2AttnBoolMask) else torch.int64 if i64 else torch.float32
         if masked:
             mask = torch.ones(BATCH, SEQ, dtype=kind)

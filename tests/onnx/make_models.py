@@ -232,6 +232,15 @@ save("mask_as_a_choice",
      [helper.make_node("Cast", ["m"], ["c"], name="cond", to=TensorProto.BOOL),
       helper.make_node("Where", ["c", "x", "m"], ["y"], name="pick")],
      [f32("x", [4, 8]), i64("m", [4, 8])], [f32("y", [4, 8])], [])
+# A value of a mask moved off the elements it reads (a transpose of mask plus constant): the
+# mask can no longer be broadcast to it.
+save("mask_rearranged",
+     [helper.make_node("Cast", ["m"], ["f"], name="cast", to=TensorProto.FLOAT),
+      helper.make_node("Add", ["f", "c"], ["s"], name="shift"),
+      helper.make_node("Transpose", ["s"], ["t"], name="turn", perm=[1, 0]),
+      helper.make_node("Add", ["x", "t"], ["y"], name="use")],
+     [f32("x", [8, 4]), i64("m", [4, 8])], [f32("y", [8, 4])],
+     [numpy_helper.from_array(np.arange(32, dtype=np.float32).reshape(4, 8), "c")])
 
 save("missing_initializer",
      [helper.make_node("MatMul", ["x", "W"], ["y"], name="mm")],

@@ -632,6 +632,8 @@ private:
         attrNames = {"eps"};
       else if (o->kind == ir::OpKind::Gemm)
         attrNames = {"transpose_b"}; // 1: B is stored [N, K]
+      else if (o->kind == ir::OpKind::Rope)
+        attrNames = {"interleaved"}; // 1: pairs rotate (GPT-J), not halves
     } else if (opRec->isA("Activation")) {
       node.kind = ir::OpKind::Activation;
       node.fn = opRec->name;
@@ -705,10 +707,11 @@ private:
         k.loc = at;
         if (!op->isA("Predicate") ||
             (op->name != "dtype" && op->name != "divisible" && op->name != "rank" &&
-             op->name != "half_slice" && op->name != "weight" && op->name != "b_layout")) {
+             op->name != "half_slice" && op->name != "weight" && op->name != "b_layout" &&
+             op->name != "rope_pairs")) {
           fail(at, "'" + op->name +
                        "' is not a predicate (dtype, divisible, rank, half_slice, weight, "
-                       "b_layout)");
+                       "b_layout, rope_pairs)");
           continue;
         }
         const size_t want = op->name == "divisible" ? 4 : op->name == "weight" ? 2 : 3;
@@ -748,6 +751,20 @@ private:
             continue;
           }
           k.dtype = *dt;
+        } else if (op->name == "rope_pairs") {
+          k.kind = Constraint::Pairs;
+          const MatchNode* n = findNode(p.root, k.binding);
+          if (!n || n->leaf || n->kind != ir::OpKind::Rope) {
+            fail(dag->items[1]->loc.valid() ? dag->items[1]->loc : at,
+                 "(rope_pairs $r, p) needs a rope of the match, named as (rope ...):$" + k.binding);
+            continue;
+          }
+          const Value& h = *dag->items[2];
+          if (h.kind != Value::Int || h.i < 0 || h.i > 1) {
+            fail(at, "(rope_pairs $r, p) needs p 1 (pairs, interleaved) or 0 (halves)");
+            continue;
+          }
+          k.dim = static_cast<int>(h.i);
         } else if (op->name == "half_slice") {
           k.kind = Constraint::Half;
           const Value& h = *dag->items[2];

@@ -28,8 +28,9 @@ const char* opcodeName(uint8_t opc) {
                                 "OPC_CheckRank",
                                 "OPC_CheckHalf",
                                 "OPC_CheckWeight",
-                                "OPC_CheckLayout"};
-  return opc <= OPC_CheckLayout ? names[opc] : "?";
+                                "OPC_CheckLayout",
+                                "OPC_CheckPairs"};
+  return opc <= OPC_CheckPairs ? names[opc] : "?";
 }
 
 bool constantMatches(double graphValue, double literal) {
@@ -76,6 +77,9 @@ public:
              "$" + c.binding + " is the " + (c.dim ? "second" : "first") + " half of its operand"});
       } else if (c.kind == Constraint::Weight) {
         prog_.push_back({{OPC_CheckWeight, slot}, "$" + c.binding + " is computed from weights"});
+      } else if (c.kind == Constraint::Pairs) {
+        prog_.push_back({{OPC_CheckPairs, slot, static_cast<uint8_t>(c.dim)},
+                         "$" + c.binding + " rotates " + (c.dim ? "pairs" : "halves")});
       } else if (c.kind == Constraint::Layout) {
         prog_.push_back({{OPC_CheckLayout, slot, static_cast<uint8_t>(c.dim)},
                          "$" + c.binding + " reads B as " + (c.dim ? "[N, K]" : "[K, N]")});
@@ -453,6 +457,9 @@ void listing(const MatcherTable& t, std::ostream& os, bool asCpp) {
       case OPC_CheckLayout:
         line(3, t.bytes[pos + 2] ? "B [N, K]" : "B [K, N]");
         break;
+      case OPC_CheckPairs:
+        line(3, t.bytes[pos + 2] ? "rotates pairs" : "rotates halves");
+        break;
       case OPC_Complete: {
         const PatternMeta& m = t.patterns.at(u16(pos + 1));
         line(3, m.name + ": " + m.file + ":" + std::to_string(m.line) + ", benefit " +
@@ -498,6 +505,7 @@ size_t instructionLength(const std::vector<uint8_t>& b, size_t pos) {
   case OPC_CheckRank:
   case OPC_CheckHalf:
   case OPC_CheckLayout:
+  case OPC_CheckPairs:
   case OPC_Complete:
     return 3;
   case OPC_CheckDivisible:

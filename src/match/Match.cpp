@@ -204,6 +204,19 @@ private:
                        "; the pattern needs a gemm reading B as " + (nk ? "[N, K]" : "[K, N]"));
         break;
       }
+      case OPC_CheckPairs: {
+        Vertex v = s.slots.at(b[pos + 1]);
+        const bool pairs = b[pos + 2] != 0;
+        const ir::Op& op = g_.op(v);
+        if (op.kind != ir::OpKind::Rope || op.interleaved != pairs)
+          return fail(why,
+                      ref(v) +
+                          (op.kind != ir::OpKind::Rope
+                               ? " is " + what(v) + ", not a rope"
+                               : std::string(" rotates ") + (op.interleaved ? "pairs" : "halves")) +
+                          "; the pattern needs a rope rotating " + (pairs ? "pairs" : "halves"));
+        break;
+      }
       case OPC_CheckHalf: {
         Vertex v = s.slots.at(b[pos + 1]);
         const int second = b[pos + 2];

@@ -81,6 +81,16 @@ struct Val {
     std::shared_ptr<const Val> lo, hi, at;
   };
   std::shared_ptr<const OfMask> ofMask;
+  // Every other element of a head value's last axis (x[..., p::2]), maybe negated, maybe with a
+  // trailing axis of 1 (stacked), then two such joined along it (joined: `v` holds the result,
+  // `shape` is [..., d / 2, 2]): GPT-J's rotate_every_two, stack(-x[..., 1::2], x[..., ::2],
+  // -1).flatten(-2), in the making. `of` names x; no other op may read it.
+  struct EveryOther {
+    std::string of;
+    int parity = 0;
+    bool negated = false, stacked = false, joined = false;
+  };
+  std::optional<EveryOther> everyOther;
 };
 
 struct UnsupportedError {
@@ -493,6 +503,8 @@ public:
         continue;
       }
       try {
+        if (it->second.everyOther)
+          throw UnsupportedError{everyOtherRefusal(it->second)};
         if (it->second.ofMask) {
           NodeProto out0;
           out0.set_name(out.name());
@@ -1189,7 +1201,7 @@ private:
       throw UnsupportedError{"op type " + n.op_type() + " is not supported"};
     if (n.op_type() == "Shape") // reads the shape alone, of any value
       return it->second(*this, n);
-    if (ofMaskOp(n))
+    if (everyOtherOp(n) || ofMaskOp(n))
       return;
     for (const std::string& name : n.input()) // any other use of a value of a mask: a tensor
       if (auto v = vals_.find(name); v != vals_.end() && v->second.ofMask)
@@ -2047,6 +2059,13 @@ private:
                                shapeStr(x.shape) +
                                "), only those along the last axis or the heads' axis are "
                                "supported"};
+    if (w.step.back() == 2 && w.first.back() < 2 && x.shape.back() % 2 == 0 &&
+        w.shape.back() == x.shape.back() / 2) { // every other element (GPT-J's rotary)
+      Val v = x;
+      v.shape = w.shape;
+      v.everyOther = Val::EveryOther{x.name, static_cast<int>(w.first.back())};
+      return define(n, std::move(v));
+    }
     if (w.step.back() != 1 || w.shape.back() == 0)
       throw UnsupportedError{"of slices of an activation split into heads ('" + x.name + "' " +
                              shapeStr(x.shape) +
@@ -2115,6 +2134,103 @@ private:
     }
     define(n, std::move(v));
     return true;
+  }
+
+  static std::string everyOtherRefusal(const Val& e) {
+    return "'" + e.name + "' " + shapeStr(e.shape) +
+           " is built from every other element of the last axis of '" + e.everyOther->of +
+           "'; fpat supports that only as GPT-J's rotate_every_two: stack(-x[..., 1::2], "
+           "x[..., ::2], dim=-1).flatten(-2)";
+  }
+
+  /// GPT-J's rotate_every_two on a head value x: stack(-x[..., 1::2], x[..., ::2], -1) flattened
+  /// is a rope of pairs with cos 0 and sin 1 (raise_rope_pairs makes x * cos + it * sin one
+  /// rope); stack(x[..., ::2], x[..., 1::2]) is x. Returns whether `n` read such a value.
+  bool everyOtherOp(const NodeProto& n) {
+    const Val* e = nullptr;
+    for (const std::string& name : n.input())
+      if (auto v = vals_.find(name); !e && v != vals_.end() && v->second.everyOther)
+        e = &v->second;
+    if (!e)
+      return false;
+    const std::string& t = n.op_type();
+    const Val::EveryOther eo = *e->everyOther;
+    const std::string refusal = everyOtherRefusal(*e);
+    const int64_t rank = static_cast<int64_t>(e->shape.size());
+    if ((t == "Neg" || t == "Unsqueeze") && !eo.stacked && !eo.joined) {
+      Val v = *e;
+      if (t == "Neg") {
+        v.everyOther->negated = !eo.negated;
+      } else {
+        const std::vector<int64_t> axes = axesOf(n, 1);
+        if (axes.size() != 1 || normAxis(axes[0], e->shape.size() + 1) != rank)
+          throw UnsupportedError{refusal};
+        v.shape.push_back(1);
+        v.everyOther->stacked = true;
+      }
+      define(n, std::move(v));
+      return true;
+    }
+    if (t == "Concat" && n.input_size() == 2 && eo.stacked) {
+      const Val &a = in(n, 0), &b = in(n, 1);
+      if (!a.everyOther || !b.everyOther || !a.everyOther->stacked || !b.everyOther->stacked ||
+          a.everyOther->of != b.everyOther->of ||
+          normAxis(intAttr(n, "axis", 0), e->shape.size()) != rank - 1)
+        throw UnsupportedError{refusal};
+      const Val::EveryOther &p = *a.everyOther, &q = *b.everyOther;
+      Val v = dense4(n, vals_.at(p.of));
+      if (p.parity == 1 && q.parity == 0 && p.negated != q.negated) {
+        ir::Op op;
+        op.kind = ir::OpKind::Rope;
+        op.interleaved = true;
+        Val c = constOf({}, {0.0}, false), s = constOf({}, {p.negated ? 1.0 : -1.0}, false);
+        c.name = n.output(0) + ".cos";
+        s.name = n.output(0) + ".sin";
+        const ir::Vertex vx = *v.v, vc = tensor(c), vs = tensor(s);
+        v.v = emit(n, op, {vx, vc, vs}, g_.op(vx).type.shape).v;
+      } else if (!(p.parity == 0 && q.parity == 1 && !p.negated && !q.negated)) {
+        throw UnsupportedError{refusal};
+      }
+      v.shape = a.shape;
+      v.shape.back() = 2;
+      v.everyOther = Val::EveryOther{p.of, 0, false, true, true};
+      define(n, std::move(v));
+      return true;
+    }
+    if ((t == "Reshape" || t == "Flatten") && eo.joined) {
+      // Only the flattening of the last two axes: [..., d / 2, 2] to [..., d].
+      std::vector<int64_t> want(e->shape.begin(), e->shape.end() - 2);
+      want.push_back(e->shape[e->shape.size() - 2] * 2);
+      std::vector<int64_t> got;
+      if (t == "Flatten") {
+        if (normAxis(intAttr(n, "axis", 1), e->shape.size()) != rank - 2 || rank != 2)
+          throw UnsupportedError{refusal};
+        got = want;
+      } else {
+        const std::vector<double> to = valuesOf(constIn(n, 1, "its shape"));
+        int64_t known = 1, unknown = -1;
+        for (size_t k = 0; k < to.size(); ++k) {
+          int64_t d = static_cast<int64_t>(to[k]);
+          if (d == 0 && k < e->shape.size())
+            d = e->shape[k];
+          if (d == -1)
+            unknown = static_cast<int64_t>(k);
+          else
+            known *= d;
+          got.push_back(d);
+        }
+        if (unknown >= 0 && known > 0)
+          got[static_cast<size_t>(unknown)] = numel(e->shape) / known;
+      }
+      if (got != want)
+        throw UnsupportedError{refusal};
+      Val v = *e;
+      v.shape = want;
+      v.everyOther.reset();
+      define(n, std::move(v));
+      return true;
+    }
+    throw UnsupportedError{refusal};
   }
 
   /// Two head values joined along their last axis (rotate_half): the IR's concat, on their

@@ -26,7 +26,8 @@ given a bool padding mask, gpt2_boolmask_dyn_opset17, and Hugging Face's causal 
 padding masks of Llama before 4.38, hf_mask_attn_dyn_opset17, and MPT's attention (torch.chunk of
 a clamped projection, ALiBi), mpt_attn_dyn_opset17, and Hugging Face's Llama masks from 4.38
 (_update_causal_mask: the padding mask summed with the causal one and compared with 0, or And-ed,
-written into it through a slice assignment), hf_causal_{sum,and}_dyn_opset17, with
+written into it through a slice assignment), hf_causal_{sum,and}_dyn_opset17, and GPT-J's
+attention (interleaved rotary on part of each head), gptj_attn_dyn_opset17, with
 torch's output at length 7 in OUTDIR/../expect (fpatc --inputs/--expect). Needs
 Debian's python3-torch (1.13, which has no scaled_dot_product_attention) and python3-onnx;
 the files in tests/onnx/models were made with it. Small sizes keep them small: d = 64.
@@ -252,6 +253,42 @@ class HfCausalMaskAttn(nn.Module):
         w = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(dh) + cm[:, :, :, : k.shape[-2]]
         c = torch.matmul(nn.functional.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype), v)
         return x + self.o(c.transpose(1, 2).reshape(b, s, D))
+
+
+def rotate_every_two(x):
+    return torch.stack((-x[:, :, :, 1::2], x[:, :, :, ::2]), dim=-1).flatten(-2)
+
+
+class GptJAttn(nn.Module):
+    """GPT-J's attention: rotary on the first 8 of each head's 16 dimensions in the interleaved
+    form (rotate_every_two: strided slices, stack, flatten; sin and cos gathered from a table
+    by position and repeat_interleave'd), applied on [B, S, H, d] before the transpose; causal
+    by torch.where with finfo.min."""
+    def __init__(self, rotary_dim=8, positions=2048):
+        super().__init__()
+        self.rd = rotary_dim
+        self.q, self.k, self.v, self.o = (nn.Linear(D, D, bias=False) for _ in range(4))
+        inv = 1.0 / (10000 ** (torch.arange(0, rotary_dim, 2) / rotary_dim))
+        t = torch.einsum("i , j -> i j", torch.arange(positions, dtype=torch.float), inv)
+        self.register_buffer("embed_positions", torch.cat((torch.sin(t), torch.cos(t)), dim=1))
+    def rotary(self, t, sin, cos):
+        sin = torch.repeat_interleave(sin[:, :, None, :], 2, 3)
+        cos = torch.repeat_interleave(cos[:, :, None, :], 2, 3)
+        r = t[:, :, :, : self.rd]
+        return torch.cat([r * cos + rotate_every_two(r) * sin, t[:, :, :, self.rd :]], dim=-1)
+    def forward(self, x):
+        b, s, _ = x.shape; dh = D // HEADS
+        sh = lambda t: t.view(b, s, HEADS, dh)
+        q, k, v = sh(self.q(x)), sh(self.k(x)), sh(self.v(x))
+        sincos = self.embed_positions[torch.arange(s)[None].expand(b, s)]
+        sin, cos = torch.split(sincos, sincos.shape[-1] // 2, dim=-1)
+        q = self.rotary(q, sin, cos).permute(0, 2, 1, 3)
+        k = self.rotary(k, sin, cos).permute(0, 2, 1, 3)
+        w = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(dh)
+        w = torch.where(torch.ones(s, s, dtype=torch.bool).tril(), w,
+                        torch.tensor(torch.finfo(w.dtype).min))
+        c = torch.matmul(nn.functional.softmax(w, dim=-1), v.permute(0, 2, 1, 3))
+        return x + self.o(c.permute(0, 2, 1, 3).reshape(b, s, D))
 
 
 class MptAttn(nn.Module):
@@ -708,14 +745,15 @@ def main():
                  "distil_attn_dyn_opset17": 23, "bloom_attn_dyn_opset17": 29,
                  "gpt2_boolmask_dyn_opset17": 37, "hf_mask_attn_dyn_opset17": 41,
                  "mpt_attn_dyn_opset17": 47, "hf_causal_sum_dyn_opset17": 53,
-                 "hf_causal_and_dyn_opset17": 59}
+                 "hf_causal_and_dyn_opset17": 59, "gptj_attn_dyn_opset17": 61}
     made = {"falcon_layer_dyn_opset17": FalconLayer, "mqa_attn_dyn_opset17": MqaAttn,
             "split_heads_dyn_opset17": SplitHeadsAttn, "hf_bert_dyn_opset17": HfBertLayer,
             "distil_attn_dyn_opset17": DistilAttn, "bloom_attn_dyn_opset17": BloomAttn,
             "gpt2_boolmask_dyn_opset17": Gpt2AttnBoolMask, "hf_mask_attn_dyn_opset17": HfMaskAttn,
             "mpt_attn_dyn_opset17": MptAttn,
             "hf_causal_sum_dyn_opset17": lambda: HfCausalMaskAttn("sum"),
-            "hf_causal_and_dyn_opset17": lambda: HfCausalMaskAttn("and")}
+            "hf_causal_and_dyn_opset17": lambda: HfCausalMaskAttn("and"),
+            "gptj_attn_dyn_opset17": GptJAttn}
     for name, m in list(last.items()) + [(n, None) for n in last_seed]:
         if m is None:
             torch.manual_seed(last_seed[name])

@@ -241,7 +241,6 @@ save("mask_rearranged",
       helper.make_node("Add", ["x", "t"], ["y"], name="use")],
      [f32("x", [8, 4]), i64("m", [4, 8])], [f32("y", [8, 4])],
      [numpy_helper.from_array(np.arange(32, dtype=np.float32).reshape(4, 8), "c")])
-
 save("missing_initializer",
      [helper.make_node("MatMul", ["x", "W"], ["y"], name="mm")],
      [f32("x", [4, 8])], [f32("y", [4, 8])], [])
@@ -454,3 +453,18 @@ save("heads_output_transposed",
                                      perm=[0, 2, 1, 3]),
                     helper.make_node("Sigmoid", ["tt"], ["y"], name="rope/Sigmoid")],
      [f32("x", [6, 8])], [f32("y", [2, 2, 3, 4])], heads_inits)
+
+# Every other element of each head (x[..., ::2]) used as data, not in rotate_every_two; last,
+# so that the weights drawn above come out as before.
+save("every_other_element",
+     [helper.make_node("MatMul", ["x", "W"], ["h"], name="proj"),
+      helper.make_node("Reshape", ["h", "heads"], ["t"], name="split"),
+      helper.make_node("Slice", ["t", "s0", "s1", "ax", "st"], ["e"], name="evens"),
+      helper.make_node("Reshape", ["e", "flat"], ["y"], name="merge")],
+     [f32("x", [1, 4, 8])], [f32("y", [1, 4, 4])],
+     [weight("W", 8, 8), numpy_helper.from_array(np.array([1, 4, 2, 4], dtype=np.int64), "heads"),
+      numpy_helper.from_array(np.array([0], dtype=np.int64), "s0"),
+      numpy_helper.from_array(np.array([4], dtype=np.int64), "s1"),
+      numpy_helper.from_array(np.array([3], dtype=np.int64), "ax"),
+      numpy_helper.from_array(np.array([2], dtype=np.int64), "st"),
+      numpy_helper.from_array(np.array([1, 4, 4], dtype=np.int64), "flat")])

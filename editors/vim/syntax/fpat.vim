@@ -11,7 +11,7 @@ syntax keyword fpatKeyword class def defm defvar multiclass let in expr
 syntax keyword fpatType list int float string bit bits dag code
 syntax keyword fpatBoolean true false
 syntax keyword fpatOp gemm bias_add add mul layernorm rmsnorm activation bias residual scale dtype divisible
-syntax keyword fpatOp sub div pow reduce_mean softmax attn_qk attn_pv attention rank slice concat rope half_slice weight b_layout
+syntax keyword fpatOp sub div pow reduce_mean softmax attn_qk attn_pv attention rank slice concat rope half_slice rope_pairs weight b_layout
 syntax keyword fpatMath exp log tanh erf sqrt rsqrt abs min max pow
 syntax match fpatBinding "\$[A-Za-z_][A-Za-z0-9_]*"
 syntax match fpatClassName "\<[A-Z][A-Za-z0-9_]*\>"

@@ -78,10 +78,10 @@ struct MatchNode {
 };
 
 struct Constraint {
-  enum Kind { Dtype, Divisible, Rank, Half, Weight, Layout } kind;
+  enum Kind { Dtype, Divisible, Rank, Half, Weight, Layout, Pairs } kind;
   std::string binding;
   ir::DType dtype = ir::DType::F16;
-  int dim = 0; // Rank: the rank; Half: which half; Layout: 1 when B is [N, K]
+  int dim = 0; // Rank: the rank; Half: which half; Layout: 1 when B is [N, K]; Pairs: 1 pairs
   int64_t divisor = 1;
   SourceLoc loc;
   bool operator==(const Constraint& o) const {

@@ -45,6 +45,7 @@ enum MatcherOpcode : uint8_t {
   OPC_CheckHalf,
   OPC_CheckWeight, // the slot's value is the same on every run (ir::isWeightOnly)
   OPC_CheckLayout, // the slot is a gemm reading B as [K, N] (0) or [N, K] (1)
+  OPC_CheckPairs,  // the slot is a rope rotating halves (0) or pairs (1, interleaved)
 };
 
 /// How close a constant of the graph must be to a pattern's literal: relative 1e-6 (exporters

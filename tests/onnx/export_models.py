@@ -26,7 +26,8 @@ given a bool padding mask, gpt2_boolmask_dyn_opset17, and Hugging Face's causal 
 padding masks of Llama before 4.38, hf_mask_attn_dyn_opset17, and MPT's attention (torch.chunk of
 a clamped projection, ALiBi), mpt_attn_dyn_opset17, and Hugging Face's Llama masks from 4.38
 (_update_causal_mask: the padding mask summed with the causal one and compared with 0, or And-ed,
-written into it through a slice assignment), hf_causal_{sum,and}_dyn_opset17, and GPT-J's
+written into it through a slice assignment), hf_causal_{sum,and}_dyn_opset17, Mistral's sliding
+window, hf_sliding_dyn_opset17, and 4.35-4.37's to_4d, hf_to4d_dyn_opset17, and GPT-J's
 attention (interleaved rotary on part of each head), gptj_attn_dyn_opset17, with
 torch's output at length 7 in OUTDIR/../expect (fpatc --inputs/--expect). Needs
 Debian's python3-torch (1.13, which has no scaled_dot_product_attention) and python3-onnx;
@@ -226,20 +227,34 @@ class HfCausalMaskAttn(nn.Module):
     [B, 1, S, S] and cloned; the int64 attention_mask combined with it, as 4.42 on does (summed
     with it and compared with 0) or as 4.38-4.41 did (both compared with 0 and multiplied, And),
     and written into it by masked_fill through a slice assignment (ScatterND); added to the
-    scores; softmax in f32."""
+    scores; softmax in f32. "sliding": Mistral's, keys more than 5 back masked too (Or);
+    "to4d": 4.35-4.37's AttentionMaskConverter.to_4d (the causal constant masked_fill'ed where
+    the inverted, expanded padding mask is set)."""
     def __init__(self, combine="sum"):
         super().__init__()
         self.combine = combine
         self.q, self.k, self.v, self.o = (nn.Linear(D, D, bias=False) for _ in range(4))
     def causal_mask(self, m, b, s, dtype):
         low = torch.finfo(dtype).min
+        if self.combine == "to4d":
+            causal = torch.full((s, s), low)
+            cond = torch.arange(s)
+            causal.masked_fill_(cond < (cond + 1).view(s, 1), 0)
+            inverted = 1.0 - m[:, None, None, :].expand(b, 1, s, s).to(dtype)
+            padding = inverted.masked_fill(inverted.to(torch.bool), low)
+            return causal[None, None].expand(b, 1, s, s).masked_fill(padding.bool(), low)
         cache_position = torch.arange(s)
         target = m.shape[-1]
         cm = torch.triu(torch.full((s, target), fill_value=low, dtype=dtype), diagonal=1)
-        cm *= torch.arange(target) > cache_position.reshape(-1, 1)
+        if self.combine == "sliding":
+            cm = torch.full((s, target), fill_value=low, dtype=dtype)
+            keep = torch.arange(target) > cache_position.reshape(-1, 1)
+            cm *= keep | (torch.arange(target) <= cache_position.reshape(-1, 1) - 5)
+        else:
+            cm *= torch.arange(target) > cache_position.reshape(-1, 1)
         cm = cm[None, None, :, :].expand(b, 1, -1, -1).clone()
         n = m.shape[-1]
-        if self.combine == "sum":
+        if self.combine in ("sum", "sliding"):
             pad = (cm[:, :, :, :n] + m[:, None, None, :]) == 0
         else:
             pad = cm[:, :, :, :n].eq(0.0) * m[:, None, None, :].eq(0.0)
@@ -745,7 +760,8 @@ def main():
                  "distil_attn_dyn_opset17": 23, "bloom_attn_dyn_opset17": 29,
                  "gpt2_boolmask_dyn_opset17": 37, "hf_mask_attn_dyn_opset17": 41,
                  "mpt_attn_dyn_opset17": 47, "hf_causal_sum_dyn_opset17": 53,
-                 "hf_causal_and_dyn_opset17": 59, "gptj_attn_dyn_opset17": 61}
+                 "hf_causal_and_dyn_opset17": 59, "gptj_attn_dyn_opset17": 61,
+                 "hf_sliding_dyn_opset17": 67, "hf_to4d_dyn_opset17": 71}
     made = {"falcon_layer_dyn_opset17": FalconLayer, "mqa_attn_dyn_opset17": MqaAttn,
             "split_heads_dyn_opset17": SplitHeadsAttn, "hf_bert_dyn_opset17": HfBertLayer,
             "distil_attn_dyn_opset17": DistilAttn, "bloom_attn_dyn_opset17": BloomAttn,
@@ -753,7 +769,9 @@ def main():
             "mpt_attn_dyn_opset17": MptAttn,
             "hf_causal_sum_dyn_opset17": lambda: HfCausalMaskAttn("sum"),
             "hf_causal_and_dyn_opset17": lambda: HfCausalMaskAttn("and"),
-            "gptj_attn_dyn_opset17": GptJAttn}
+            "gptj_attn_dyn_opset17": GptJAttn,
+            "hf_sliding_dyn_opset17": lambda: HfCausalMaskAttn("sliding"),
+            "hf_to4d_dyn_opset17": lambda: HfCausalMaskAttn("to4d")}
     for name, m in list(last.items()) + [(n, None) for n in last_seed]:
         if m is None:
             torch.manual_seed(last_seed[name])

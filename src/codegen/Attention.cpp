@@ -130,17 +130,19 @@ KernelUnit generateFlashAttention(const ir::Graph& g, ir::Vertex v, const Codege
   // (bench/RESULTS.md, session 34: turns +8-17% at S = 1k, equal within the runs' noise at
   // 8k; blocks of 176, FA3's tile for head dimension 128, up to 3% faster at S >= 8k and
   // slower below, but ptxas serializes their wgmma at some sizes: too few registers).
-  // Without a causal mask, one CTA resident per SM walks the tiles, the next tile's loads
-  // overlapping the tile before (session 37: d 128 +3-14%, S = 2048 534 -> 589-592 TFLOP/s;
-  // d 64 +4-9% to S = 2048, -2% from 8k). Causal tiles differ in length: the hardware's
-  // scheduling of one CTA a tile balances them where a static walk did not (S = 16k: 640
-  // against 415).
+  // One CTA resident per SM walks the tiles, the next tile's loads overlapping the tile
+  // before (session 37, without a causal mask: d 128 +3-14%, S = 2048 534 -> 589-592 TFLOP/s;
+  // d 64 +4-9% to S = 2048, -2% from 8k). Causal tiles differ in length: a static walk did not
+  // balance them (S = 16k: 415 against 640 for one CTA a tile), so with a causal mask each
+  // resident CTA takes the next tile from a counter as it becomes free (session 42, H100,
+  // against one CTA a tile: +4-31% at S = 512-8192, d 64 and 128, -2% at d 128, S = 16k;
+  // without a mask the counter was within 2% of the static walk).
   // FPAT_FLASH=<BN>[s][p][r][d] asks for another (an experiment's knob: "s" runs the blocks
   // one after the other, "p" makes the consumers take turns, "r" keeps one CTA resident per SM
   // that walks the tiles, "d" with "r" hands the tiles out as CTAs become free).
   int bn = 128;
-  bool overlap = true, pingpong = true, resident = mask != FlashMask::Causal, dynamic = false;
-  if (const char* env = std::getenv("FPAT_FLASH")) {
+  bool overlap = true, pingpong = true, resident = true, dynamic = mask == FlashMask::Causal;
+  if (const char* env = std::getenv("FPAT_FLASH"); env && *env) {
     const int want = std::atoi(env);
     if (want == 64 || want == 128 || want == 176 || want == 192)
       bn = want;

@@ -1303,11 +1303,12 @@ private:
     checkConstSize(shape);
     return foldConst({&c}, shape, c.integer, [](const double* v) { return v[0]; });
   }
-  /// Each element's index into `own`, a mask's shape, broadcast to `shape`: held as float data
+  /// Each element's index into `own` (a mask's shape) broadcast to `shape`: held as float data
   /// (moves of integer tensors are not all folded), exact below 2^24.
   static Val maskIndex(const std::vector<int64_t>& own, const std::vector<int64_t>& shape) {
     if (numel(own) >= (int64_t{1} << 24))
-      throw UnsupportedError{"the mask " + shapeStr(own) + " is too large to fold at import"};
+      throw UnsupportedError{"its index space " + shapeStr(own) +
+                             " is too large to fold at import"};
     std::vector<double> iota(static_cast<size_t>(numel(own)));
     for (size_t i = 0; i < iota.size(); ++i)
       iota[i] = static_cast<double>(i);
@@ -3291,8 +3292,53 @@ private:
                            "H, d, Sk]) and P V ([B, H, Sq, Sk] x [B, H, Sk, d]) only"};
   }
 
+  /// MatMul of constants, in double (transformers 4.38-4.44's rotary frequencies, inv_freq @
+  /// position_ids): NumPy's rules, batch dimensions broadcast, a vector operand promoted.
+  void constMatmul(const NodeProto& n) {
+    Val a = in(n, 0), b = in(n, 1);
+    if (a.shape.empty() || b.shape.empty())
+      throw UnsupportedError{"its operands must not be scalars"};
+    const bool vecA = a.shape.size() == 1, vecB = b.shape.size() == 1;
+    if (vecA)
+      a.shape.insert(a.shape.begin(), 1);
+    if (vecB)
+      b.shape.push_back(1);
+    const int64_t m = a.shape[a.shape.size() - 2], k = a.shape.back(), nn = b.shape.back();
+    if (b.shape[b.shape.size() - 2] != k)
+      throw UnsupportedError{"its operands " + shapeStr(in(n, 0).shape) + " and " +
+                             shapeStr(in(n, 1).shape) + " do not multiply"};
+    const std::vector<int64_t> ba(a.shape.begin(), a.shape.end() - 2),
+        bb(b.shape.begin(), b.shape.end() - 2);
+    const std::vector<int64_t> batch = broadcast(ba, bb);
+    std::vector<int64_t> shape = batch;
+    if (!vecA)
+      shape.push_back(m);
+    if (!vecB)
+      shape.push_back(nn);
+    checkConstSize(shape);
+    // Each operand's batch index for each batch of the result (0 where it is broadcast).
+    const Val ia = maskIndex(ba, batch), ib = maskIndex(bb, batch);
+    const int64_t batches = numel(batch);
+    std::vector<double> out(static_cast<size_t>(batches * m * nn));
+    for (int64_t t = 0; t < batches; ++t) {
+      const auto oa = static_cast<int64_t>(at(ia, static_cast<size_t>(t))) * m * k,
+                 ob = static_cast<int64_t>(at(ib, static_cast<size_t>(t))) * k * nn;
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < nn; ++j) {
+          double acc = 0;
+          for (int64_t l = 0; l < k; ++l)
+            acc += at(a, static_cast<size_t>(oa + i * k + l)) *
+                   at(b, static_cast<size_t>(ob + l * nn + j));
+          out[static_cast<size_t>((t * m + i) * nn + j)] = acc;
+        }
+    }
+    define(n, constOf(shape, std::move(out), a.integer && b.integer));
+  }
+
   void matmul(const NodeProto& n) {
     const bool gemm = n.op_type() == "Gemm";
+    if (!gemm && in(n, 0).isConst && in(n, 1).isConst)
+      return constMatmul(n);
     Val ca, cb;
     Val& a = asHeadView(n, in(n, 0), ca);
     Val& b = asHeadView(n, in(n, 1), cb);

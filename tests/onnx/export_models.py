@@ -27,7 +27,8 @@ padding masks of Llama before 4.38, hf_mask_attn_dyn_opset17, and MPT's attentio
 a clamped projection, ALiBi), mpt_attn_dyn_opset17, and Hugging Face's Llama masks from 4.38
 (_update_causal_mask: the padding mask summed with the causal one and compared with 0, or And-ed,
 written into it through a slice assignment), hf_causal_{sum,and}_dyn_opset17, Mistral's sliding
-window, hf_sliding_dyn_opset17, and 4.35-4.37's to_4d, hf_to4d_dyn_opset17, and GPT-J's
+window, hf_sliding_dyn_opset17, and 4.35-4.37's to_4d, hf_to4d_dyn_opset17, and Llama's rotary
+as 4.38-4.44 compute it (inv_freq @ position_ids), hf_rotary_dyn_opset17, and GPT-J's
 attention (interleaved rotary on part of each head), gptj_attn_dyn_opset17, with
 torch's output at length 7 in OUTDIR/../expect (fpatc --inputs/--expect). Needs
 Debian's python3-torch (1.13, which has no scaled_dot_product_attention) and python3-onnx;
@@ -304,6 +305,32 @@ class GptJAttn(nn.Module):
                         torch.tensor(torch.finfo(w.dtype).min))
         c = torch.matmul(nn.functional.softmax(w, dim=-1), v.permute(0, 2, 1, 3))
         return x + self.o(c.permute(0, 2, 1, 3).reshape(b, s, D))
+
+
+class HfRotaryAttn(nn.Module):
+    """Llama's attention with transformers 4.38-4.44's LlamaRotaryEmbedding.forward: cos and sin
+    computed in the forward pass from inv_freq @ position_ids (a batched MatMul of constants
+    once the length is known), rotate_half; an additive causal mask; softmax in f32."""
+    def __init__(self):
+        super().__init__()
+        self.q, self.k, self.v, self.o = (nn.Linear(D, D, bias=False) for _ in range(4))
+        dh = D // HEADS
+        self.register_buffer("inv_freq", 1.0 / (10000 ** (torch.arange(0, dh, 2).float() / dh)))
+    def forward(self, x):
+        b, s, _ = x.shape; dh = D // HEADS
+        position_ids = torch.arange(s).unsqueeze(0)
+        inv = self.inv_freq[None, :, None].float().expand(position_ids.shape[0], -1, 1)
+        freqs = (inv.float() @ position_ids[:, None, :].float()).transpose(1, 2)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos().to(x.dtype).unsqueeze(1), emb.sin().to(x.dtype).unsqueeze(1)
+        sh = lambda t: t.view(b, s, HEADS, dh).transpose(1, 2)
+        q, k, v = sh(self.q(x)), sh(self.k(x)), sh(self.v(x))
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        w = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(dh)
+        w = w + torch.triu(torch.full((s, s), torch.finfo(x.dtype).min), 1)
+        c = torch.matmul(nn.functional.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype), v)
+        return x + self.o(c.transpose(1, 2).reshape(b, s, D))
 
 
 class MptAttn(nn.Module):
@@ -761,7 +788,8 @@ def main():
                  "gpt2_boolmask_dyn_opset17": 37, "hf_mask_attn_dyn_opset17": 41,
                  "mpt_attn_dyn_opset17": 47, "hf_causal_sum_dyn_opset17": 53,
                  "hf_causal_and_dyn_opset17": 59, "gptj_attn_dyn_opset17": 61,
-                 "hf_sliding_dyn_opset17": 67, "hf_to4d_dyn_opset17": 71}
+                 "hf_sliding_dyn_opset17": 67, "hf_to4d_dyn_opset17": 71,
+                 "hf_rotary_dyn_opset17": 73}
     made = {"falcon_layer_dyn_opset17": FalconLayer, "mqa_attn_dyn_opset17": MqaAttn,
             "split_heads_dyn_opset17": SplitHeadsAttn, "hf_bert_dyn_opset17": HfBertLayer,
             "distil_attn_dyn_opset17": DistilAttn, "bloom_attn_dyn_opset17": BloomAttn,
@@ -771,7 +799,8 @@ def main():
             "hf_causal_and_dyn_opset17": lambda: HfCausalMaskAttn("and"),
             "gptj_attn_dyn_opset17": GptJAttn,
             "hf_sliding_dyn_opset17": lambda: HfCausalMaskAttn("sliding"),
-            "hf_to4d_dyn_opset17": lambda: HfCausalMaskAttn("to4d")}
+            "hf_to4d_dyn_opset17": lambda: HfCausalMaskAttn("to4d"),
+            "hf_rotary_dyn_opset17": HfRotaryAttn}
     for name, m in list(last.items()) + [(n, None) for n in last_seed]:
         if m is None:
             torch.manual_seed(last_seed[name])

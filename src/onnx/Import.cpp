@@ -2939,8 +2939,23 @@ private:
     if (x.view == View::None) {
       const std::vector<int64_t> ir = g_.op(*x.v).type.shape;
       if (shape.size() != 4 || ir.size() != 2 || shape[0] * shape[1] != ir[0] ||
-          shape[2] * shape[3] != ir[1] || x.shape.size() == 4)
+          shape[2] * shape[3] != ir[1] || x.shape.size() == 4) {
+        if (shape.size() == 4 && ir.size() == 2 && x.shape.size() == 3 && shape[1] == 1 &&
+            shape[0] * shape[2] == ir[0] && shape[3] == ir[1] &&
+            std::vector<int64_t>{shape[0], shape[2], shape[3]} == x.shape) {
+          // [B, S, d] unsqueezed to [B, 1, S, d]: one head (Hugging Face's cos and sin given to
+          // a Llama layer, applied to the heads of q and k).
+          v.view = View::Heads;
+          v.batch = shape[0];
+          v.seq = shape[2];
+          v.heads = 1;
+          v.headDim = shape[3];
+          v.repeat = 1;
+          define(n, std::move(v));
+          return true;
+        }
         return false;
+      }
       v.view = View::Tokens;
       v.batch = shape[0];
       v.seq = shape[1];
@@ -3186,7 +3201,8 @@ private:
   void headsBinary(const NodeProto& n, ir::OpKind k, Val& a, Val& b,
                    const std::vector<int64_t>& shape) {
     using View = Val::View;
-    Val& x = a.view != View::None ? a : b;
+    // x: the head value of the result's shape (the other may be one head, broadcast).
+    Val& x = a.view != View::None && (b.view == View::None || a.shape == shape) ? a : b;
     const Val X = dense4(n, x);
     std::vector<ir::Vertex> ops(2);
     for (int i = 0; i < 2; ++i) {
@@ -3195,7 +3211,11 @@ private:
         ops[static_cast<size_t>(i)] = *X.v;
       } else if (o.view != View::None) {
         const Val O = dense4(n, o);
-        if (O.order != X.order || g_.op(*O.v).type.shape != g_.op(*X.v).type.shape)
+        // The same heads, or one head (Hugging Face's cos and sin) broadcast over them.
+        const std::vector<int64_t>&os = g_.op(*O.v).type.shape, &xs = g_.op(*X.v).type.shape;
+        // One head of one token ([B, 1, 1, d]) reads the same in either order.
+        const bool sameOrder = O.order == X.order || (O.heads == 1 && O.seq == 1);
+        if (!sameOrder || (os != xs && ir::broadcastShapes(os, xs) != xs))
           throw UnsupportedError{"its operands '" + a.name + "' " + shapeStr(a.shape) + " and '" +
                                  b.name + "' " + shapeStr(b.shape) +
                                  " are heads of different layouts"};

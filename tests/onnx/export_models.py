@@ -28,7 +28,8 @@ a clamped projection, ALiBi), mpt_attn_dyn_opset17, and Hugging Face's Llama mas
 (_update_causal_mask: the padding mask summed with the causal one and compared with 0, or And-ed,
 written into it through a slice assignment), hf_causal_{sum,and}_dyn_opset17, Mistral's sliding
 window, hf_sliding_dyn_opset17, and 4.35-4.37's to_4d, hf_to4d_dyn_opset17, and Llama's rotary
-as 4.38-4.44 compute it (inv_freq @ position_ids), hf_rotary_dyn_opset17, and GPT-J's
+as 4.38-4.44 compute it (inv_freq @ position_ids), hf_rotary_dyn_opset17, or as 4.45 on take it
+(cos and sin inputs), hf_posemb_dyn_opset17, and GPT-J's
 attention (interleaved rotary on part of each head), gptj_attn_dyn_opset17, with
 torch's output at length 7 in OUTDIR/../expect (fpatc --inputs/--expect). Needs
 Debian's python3-torch (1.13, which has no scaled_dot_product_attention) and python3-onnx;
@@ -331,6 +332,33 @@ class HfRotaryAttn(nn.Module):
         w = w + torch.triu(torch.full((s, s), torch.finfo(x.dtype).min), 1)
         c = torch.matmul(nn.functional.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype), v)
         return x + self.o(c.transpose(1, 2).reshape(b, s, D))
+
+
+class HfPosEmbAttn(nn.Module):
+    """Llama's attention as transformers 4.45 on call it: cos and sin ([B, S, d], the rotary
+    tables at each token's position) given by the caller (position_embeddings), unsqueezed to
+    one head and applied to q and k by rotate_half; an additive causal mask."""
+    def __init__(self):
+        super().__init__()
+        self.q, self.k, self.v, self.o = (nn.Linear(D, D, bias=False) for _ in range(4))
+    def forward(self, x, cos, sin):
+        b, s, _ = x.shape; dh = D // HEADS
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        sh = lambda t: t.view(b, s, HEADS, dh).transpose(1, 2)
+        q, k, v = sh(self.q(x)), sh(self.k(x)), sh(self.v(x))
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        w = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(dh)
+        w = w + torch.triu(torch.full((s, s), torch.finfo(x.dtype).min), 1)
+        c = torch.matmul(nn.functional.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype), v)
+        return x + self.o(c.transpose(1, 2).reshape(b, s, D))
+
+
+def rotary_tables(b, s, dh):
+    """cos and sin [b, s, dh] as Llama's rotary embedding computes them for positions 0..s-1."""
+    inv = 1.0 / (10000 ** (torch.arange(0, dh, 2).float() / dh))
+    emb = torch.cat([torch.outer(torch.arange(s).float(), inv)] * 2, dim=-1)
+    return emb.cos()[None].expand(b, s, dh), emb.sin()[None].expand(b, s, dh)
 
 
 class MptAttn(nn.Module):
@@ -789,7 +817,7 @@ def main():
                  "mpt_attn_dyn_opset17": 47, "hf_causal_sum_dyn_opset17": 53,
                  "hf_causal_and_dyn_opset17": 59, "gptj_attn_dyn_opset17": 61,
                  "hf_sliding_dyn_opset17": 67, "hf_to4d_dyn_opset17": 71,
-                 "hf_rotary_dyn_opset17": 73}
+                 "hf_rotary_dyn_opset17": 73, "hf_posemb_dyn_opset17": 79}
     made = {"falcon_layer_dyn_opset17": FalconLayer, "mqa_attn_dyn_opset17": MqaAttn,
             "split_heads_dyn_opset17": SplitHeadsAttn, "hf_bert_dyn_opset17": HfBertLayer,
             "distil_attn_dyn_opset17": DistilAttn, "bloom_attn_dyn_opset17": BloomAttn,
@@ -800,7 +828,7 @@ def main():
             "gptj_attn_dyn_opset17": GptJAttn,
             "hf_sliding_dyn_opset17": lambda: HfCausalMaskAttn("sliding"),
             "hf_to4d_dyn_opset17": lambda: HfCausalMaskAttn("to4d"),
-            "hf_rotary_dyn_opset17": HfRotaryAttn}
+            "hf_rotary_dyn_opset17": HfRotaryAttn, "hf_posemb_dyn_opset17": HfPosEmbAttn}
     for name, m in list(last.items()) + [(n, None) for n in last_seed]:
         if m is None:
             torch.manual_seed(last_seed[name])
@@ -820,6 +848,9 @@ def main():
             mask = torch.ones(BATCH, SEQ, dtype=kind)
             mask[1, SEQ - 9:] = 0
             args, names = (x, mask), ["x", "m"]
+        rotary = isinstance(m, HfPosEmbAttn)
+        if rotary:
+            args, names = (x,) + rotary_tables(BATCH, SEQ, D // HEADS), ["x", "cos", "sin"]
         dyn = {n: axes for n in names + ["y"]}
         path = os.path.join(out, f"{name}.onnx")
         torch.onnx.export(m, args, path, opset_version=17, input_names=names, output_names=["y"],
@@ -832,6 +863,8 @@ def main():
             pad = torch.ones(BATCH, 7)
             pad[1, 4:] = 0
             ins.append(pad.to(kind) if kind != torch.float32 else pad.half())
+        if rotary:
+            ins += [t.half().contiguous() for t in rotary_tables(BATCH, 7, D // HEADS)]
         ext = {torch.int64: "i64", torch.bool: "bool", torch.float16: "f16"}
         for n, t in zip(names, ins):
             t.numpy().tofile(os.path.join(expect, f"{n}.{ext[t.dtype]}"))

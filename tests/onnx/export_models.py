@@ -308,32 +308,6 @@ class GptJAttn(nn.Module):
         return x + self.o(c.permute(0, 2, 1, 3).reshape(b, s, D))
 
 
-class HfRotaryAttn(nn.Module):
-    """Llama's attention with transformers 4.38-4.44's LlamaRotaryEmbedding.forward: cos and sin
-    computed in the forward pass from inv_freq @ position_ids (a batched MatMul of constants
-    once the length is known), rotate_half; an additive causal mask; softmax in f32."""
-    def __init__(self):
-        super().__init__()
-        self.q, self.k, self.v, self.o = (nn.Linear(D, D, bias=False) for _ in range(4))
-        dh = D // HEADS
-        self.register_buffer("inv_freq", 1.0 / (10000 ** (torch.arange(0, dh, 2).float() / dh)))
-    def forward(self, x):
-        b, s, _ = x.shape; dh = D // HEADS
-        position_ids = torch.arange(s).unsqueeze(0)
-        inv = self.inv_freq[None, :, None].float().expand(position_ids.shape[0], -1, 1)
-        freqs = (inv.float() @ position_ids[:, None, :].float()).transpose(1, 2)
-        emb = torch.cat((freqs, freqs), dim=-1)
-        cos, sin = emb.cos().to(x.dtype).unsqueeze(1), emb.sin().to(x.dtype).unsqueeze(1)
-        sh = lambda t: t.view(b, s, HEADS, dh).transpose(1, 2)
-        q, k, v = sh(self.q(x)), sh(self.k(x)), sh(self.v(x))
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
-        w = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(dh)
-        w = w + torch.triu(torch.full((s, s), torch.finfo(x.dtype).min), 1)
-        c = torch.matmul(nn.functional.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype), v)
-        return x + self.o(c.transpose(1, 2).reshape(b, s, D))
-
-
 class HfPosEmbAttn(nn.Module):
     """Llama's attention as transformers 4.45 on call it: cos and sin ([B, S, d], the rotary
     tables at each token's position) given by the caller (position_embeddings), unsqueezed to
@@ -342,8 +316,9 @@ class HfPosEmbAttn(nn.Module):
         super().__init__()
         self.q, self.k, self.v, self.o = (nn.Linear(D, D, bias=False) for _ in range(4))
     def forward(self, x, cos, sin):
+        return self.attend(x, cos.unsqueeze(1), sin.unsqueeze(1))
+    def attend(self, x, cos, sin):
         b, s, _ = x.shape; dh = D // HEADS
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         sh = lambda t: t.view(b, s, HEADS, dh).transpose(1, 2)
         q, k, v = sh(self.q(x)), sh(self.k(x)), sh(self.v(x))
         q = q * cos + rotate_half(q) * sin
@@ -352,6 +327,23 @@ class HfPosEmbAttn(nn.Module):
         w = w + torch.triu(torch.full((s, s), torch.finfo(x.dtype).min), 1)
         c = torch.matmul(nn.functional.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype), v)
         return x + self.o(c.transpose(1, 2).reshape(b, s, D))
+
+
+class HfRotaryAttn(HfPosEmbAttn):
+    """Llama's attention with transformers 4.38-4.44's LlamaRotaryEmbedding.forward: cos and sin
+    computed in the forward pass from inv_freq @ position_ids (a batched MatMul of constants
+    once the length is known), rotate_half; an additive causal mask; softmax in f32."""
+    def __init__(self):
+        super().__init__()
+        dh = D // HEADS
+        self.register_buffer("inv_freq", 1.0 / (10000 ** (torch.arange(0, dh, 2).float() / dh)))
+    def forward(self, x):
+        s = x.shape[1]
+        position_ids = torch.arange(s).unsqueeze(0)
+        inv = self.inv_freq[None, :, None].float().expand(position_ids.shape[0], -1, 1)
+        freqs = (inv.float() @ position_ids[:, None, :].float()).transpose(1, 2)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return self.attend(x, emb.cos().to(x.dtype).unsqueeze(1), emb.sin().to(x.dtype).unsqueeze(1))
 
 
 def rotary_tables(b, s, dh):
@@ -848,7 +840,7 @@ def main():
             mask = torch.ones(BATCH, SEQ, dtype=kind)
             mask[1, SEQ - 9:] = 0
             args, names = (x, mask), ["x", "m"]
-        rotary = isinstance(m, HfPosEmbAttn)
+        rotary = type(m) is HfPosEmbAttn
         if rotary:
             args, names = (x,) + rotary_tables(BATCH, SEQ, D // HEADS), ["x", "cos", "sin"]
         dyn = {n: axes for n in names + ["y"]}

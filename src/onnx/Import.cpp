@@ -1595,6 +1595,14 @@ private:
       out.lazyExpand = true;
       out.expandedTo = shape;
     }
+    // Of only 0s and 1s it is a mask again (GPT-2's padding mask Or-ed with the causal one, given
+    // to masked_fill): bool or integer as the model computed it, else float data of 0s and 1s.
+    auto binary = [](double x) { return x == 0 || x == 1; };
+    if (!out.isConst && std::all_of(lo.begin(), lo.end(), binary) &&
+        std::all_of(hi.begin(), hi.end(), binary)) {
+      out.intInput = o.lo->integer;
+      out.binary01 = !o.lo->integer;
+    }
     out.name = v.name;
     v = std::move(out);
   }
@@ -1809,8 +1817,7 @@ private:
   }
 
   void shapeOf(const NodeProto& n) {
-    const Val& x = in(n, 0); // its shape known: --dim bound every symbol
-    const std::vector<int64_t> dims = x.lazyExpand ? x.expandedTo : x.shape;
+    const std::vector<int64_t> dims = seenShape(in(n, 0)); // known: --dim bound every symbol
     const int64_t r = static_cast<int64_t>(dims.size());
     auto clampAxis = [r](int64_t a) { return std::clamp<int64_t>(a < 0 ? a + r : a, 0, r); };
     const int64_t from = clampAxis(intAttr(n, "start", 0)), to = clampAxis(intAttr(n, "end", r));

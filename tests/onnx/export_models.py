@@ -29,7 +29,8 @@ a clamped projection, ALiBi), mpt_attn_dyn_opset17, and Hugging Face's Llama mas
 written into it through a slice assignment), hf_causal_{sum,and}_dyn_opset17, Mistral's sliding
 window, hf_sliding_dyn_opset17, and 4.35-4.37's to_4d, hf_to4d_dyn_opset17, and Llama's rotary
 as 4.38-4.44 compute it (inv_freq @ position_ids), hf_rotary_dyn_opset17, or as 4.45 on take it
-(cos and sin inputs), hf_posemb_dyn_opset17, and GPT-J's
+(cos and sin inputs), hf_posemb_dyn_opset17, a padding mask Or-ed with a causal one and given to
+masked_fill, or_mask_dyn_opset17, and GPT-J's
 attention (interleaved rotary on part of each head), gptj_attn_dyn_opset17, with
 torch's output at length 7 in OUTDIR/../expect (fpatc --inputs/--expect). Needs
 Debian's python3-torch (1.13, which has no scaled_dot_product_attention) and python3-onnx;
@@ -351,6 +352,23 @@ def rotary_tables(b, s, dh):
     inv = 1.0 / (10000 ** (torch.arange(0, dh, 2).float() / dh))
     emb = torch.cat([torch.outer(torch.arange(s).float(), inv)] * 2, dim=-1)
     return emb.cos()[None].expand(b, s, dh), emb.sin()[None].expand(b, s, dh)
+
+
+class OrMaskAttn(nn.Module):
+    """Eager attention whose padding mask (the int64 attention_mask compared with 0) is Or-ed
+    with a constant causal mask and given to masked_fill with finfo.min."""
+    def __init__(self):
+        super().__init__()
+        self.q, self.k, self.v, self.o = (nn.Linear(D, D, bias=False) for _ in range(4))
+    def forward(self, x, m):
+        b, s, _ = x.shape; dh = D // HEADS
+        sh = lambda t: t.view(b, s, HEADS, dh).transpose(1, 2)
+        q, k, v = sh(self.q(x)), sh(self.k(x)), sh(self.v(x))
+        w = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(dh)
+        mask = (m[:, None, None, :] == 0) | torch.ones(s, s, dtype=torch.bool).triu(1)
+        w = w.masked_fill(mask, torch.finfo(w.dtype).min)
+        c = torch.matmul(nn.functional.softmax(w, dim=-1), v)
+        return x + self.o(c.transpose(1, 2).reshape(b, s, D))
 
 
 class MptAttn(nn.Module):
@@ -809,7 +827,8 @@ def main():
                  "mpt_attn_dyn_opset17": 47, "hf_causal_sum_dyn_opset17": 53,
                  "hf_causal_and_dyn_opset17": 59, "gptj_attn_dyn_opset17": 61,
                  "hf_sliding_dyn_opset17": 67, "hf_to4d_dyn_opset17": 71,
-                 "hf_rotary_dyn_opset17": 73, "hf_posemb_dyn_opset17": 79}
+                 "hf_rotary_dyn_opset17": 73, "hf_posemb_dyn_opset17": 79,
+                 "or_mask_dyn_opset17": 83}
     made = {"falcon_layer_dyn_opset17": FalconLayer, "mqa_attn_dyn_opset17": MqaAttn,
             "split_heads_dyn_opset17": SplitHeadsAttn, "hf_bert_dyn_opset17": HfBertLayer,
             "distil_attn_dyn_opset17": DistilAttn, "bloom_attn_dyn_opset17": BloomAttn,
@@ -820,7 +839,8 @@ def main():
             "gptj_attn_dyn_opset17": GptJAttn,
             "hf_sliding_dyn_opset17": lambda: HfCausalMaskAttn("sliding"),
             "hf_to4d_dyn_opset17": lambda: HfCausalMaskAttn("to4d"),
-            "hf_rotary_dyn_opset17": HfRotaryAttn, "hf_posemb_dyn_opset17": HfPosEmbAttn}
+            "hf_rotary_dyn_opset17": HfRotaryAttn, "hf_posemb_dyn_opset17": HfPosEmbAttn,
+            "or_mask_dyn_opset17": OrMaskAttn}
     for name, m in list(last.items()) + [(n, None) for n in last_seed]:
         if m is None:
             torch.manual_seed(last_seed[name])
@@ -832,9 +852,9 @@ def main():
         m.eval()
         x = torch.randn(BATCH, SEQ, D)
         args, names = (x,), ["x"]
-        i64 = isinstance(m, (HfBertLayer, DistilAttn, HfMaskAttn, HfCausalMaskAttn))
+        i64 = isinstance(m, (HfBertLayer, DistilAttn, HfMaskAttn, HfCausalMaskAttn, OrMaskAttn))
         masked = isinstance(m, (BertLayer, DistilAttn, Gpt2AttnBoolMask, HfMaskAttn,
-                                HfCausalMaskAttn))
+                                HfCausalMaskAttn, OrMaskAttn))
         kind = torch.bool if isinstance(m, Gpt2AttnBoolMask) else torch.int64 if i64 else torch.float32
         if masked:
             mask = torch.ones(BATCH, SEQ, dtype=kind)

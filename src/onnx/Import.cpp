@@ -1303,9 +1303,9 @@ private:
     checkConstSize(shape);
     return foldConst({&c}, shape, c.integer, [](const double* v) { return v[0]; });
   }
-  /// Each element's index into `own` (a mask's shape) broadcast to `shape`: held as float data
+  /// Each element's index into a tensor of shape `own` broadcast to `shape`: held as float data
   /// (moves of integer tensors are not all folded), exact below 2^24.
-  static Val maskIndex(const std::vector<int64_t>& own, const std::vector<int64_t>& shape) {
+  static Val broadcastIndices(const std::vector<int64_t>& own, const std::vector<int64_t>& shape) {
     if (numel(own) >= (int64_t{1} << 24))
       throw UnsupportedError{"its index space " + shapeStr(own) +
                              " is too large to fold at import"};
@@ -1445,7 +1445,7 @@ private:
         const std::vector<int64_t>& s = seenShape(v);
         lo[k] = constOf(s, std::vector<double>(static_cast<size_t>(numel(s)), 0.0), false);
         hi[k] = constOf(s, std::vector<double>(static_cast<size_t>(numel(s)), 1.0), false);
-        idx[k] = maskIndex(v.shape, s);
+        idx[k] = broadcastIndices(v.shape, s);
       } else {
         idx[k] = constOf(v.shape, std::vector<double>(count(v), -1.0), false);
         continue;
@@ -1507,7 +1507,7 @@ private:
                               "it where it broadcasts";
     if (auto b = ir::broadcastShapes(m.shape, shape); !b || *b != shape)
       throw UnsupportedError{moved};
-    const std::vector<double> want = valuesOf(maskIndex(m.shape, shape));
+    const std::vector<double> want = valuesOf(broadcastIndices(m.shape, shape));
     const double lowest = -static_cast<double>(std::numeric_limits<float>::max());
     auto masked = [](double x) { return x <= -1e30; };
     std::vector<double> c(lo.size()), d(lo.size()), a(lo.size()), b(lo.size());
@@ -2205,32 +2205,11 @@ private:
       define(n, std::move(v));
       return true;
     }
-    if ((t == "Reshape" || t == "Flatten") && eo.joined) {
+    if (t == "Reshape" && eo.joined) {
       // Only the flattening of the last two axes: [..., d / 2, 2] to [..., d].
       std::vector<int64_t> want(e->shape.begin(), e->shape.end() - 2);
       want.push_back(e->shape[e->shape.size() - 2] * 2);
-      std::vector<int64_t> got;
-      if (t == "Flatten") {
-        if (normAxis(intAttr(n, "axis", 1), e->shape.size()) != rank - 2 || rank != 2)
-          throw UnsupportedError{refusal};
-        got = want;
-      } else {
-        const std::vector<double> to = valuesOf(constIn(n, 1, "its shape"));
-        int64_t known = 1, unknown = -1;
-        for (size_t k = 0; k < to.size(); ++k) {
-          int64_t d = static_cast<int64_t>(to[k]);
-          if (d == 0 && k < e->shape.size())
-            d = e->shape[k];
-          if (d == -1)
-            unknown = static_cast<int64_t>(k);
-          else
-            known *= d;
-          got.push_back(d);
-        }
-        if (unknown >= 0 && known > 0)
-          got[static_cast<size_t>(unknown)] = numel(e->shape) / known;
-      }
-      if (got != want)
+      if (reshapeTarget(n, e->shape) != want)
         throw UnsupportedError{refusal};
       Val v = *e;
       v.shape = want;
@@ -2757,44 +2736,52 @@ private:
     define(n, emit(n, op, {tensor(x), gamma, beta}, x.shape));
   }
 
+  /// Reshape's target for an input of shape `from`: 0 copies its dimension (unless allowzero),
+  /// one -1 takes what is left.
+  std::vector<int64_t> reshapeTarget(const NodeProto& n, const std::vector<int64_t>& from) {
+    std::vector<int64_t> shape;
+    Val& s = in(n, 1);
+    if (!s.isConst)
+      throw UnsupportedError{"its target shape must be constant"};
+    int infer = -1;
+    int64_t known = 1;
+    for (size_t i = 0; i < count(s); ++i) {
+      const double raw = at(s, i);
+      if (!(raw >= -1 && raw <= static_cast<double>(kMaxElements)))
+        throw UnsupportedError{"its shape has the dimension " + formatDouble(raw)};
+      auto d = static_cast<int64_t>(raw);
+      if (d == 0 && !intAttr(n, "allowzero", 0)) {
+        if (i >= from.size())
+          throw UnsupportedError{"its shape copies a dimension the input does not have"};
+        d = from[i];
+      }
+      if (d == -1) {
+        if (infer >= 0)
+          throw UnsupportedError{"its shape has two -1 dimensions"};
+        infer = static_cast<int>(i);
+        d = 1;
+      } else if (d < 1) {
+        throw UnsupportedError{"its shape has the dimension " + std::to_string(d)};
+      } else {
+        known *= d;
+      }
+      shape.push_back(d);
+    }
+    if (infer >= 0) {
+      if (known == 0 || numel(from) % known)
+        throw UnsupportedError{"its shape does not divide the input's element count"};
+      shape[static_cast<size_t>(infer)] = numel(from) / known;
+    }
+    return shape;
+  }
+
   void reshape(const NodeProto& n) {
     Val converted;
     Val& x = asHeadView(n, in(n, 0), converted);
     const std::string& t = n.op_type();
     std::vector<int64_t> shape;
     if (t == "Reshape") {
-      Val& s = in(n, 1);
-      if (!s.isConst)
-        throw UnsupportedError{"its target shape must be constant"};
-      int infer = -1;
-      int64_t known = 1;
-      for (size_t i = 0; i < count(s); ++i) {
-        const double raw = at(s, i);
-        if (!(raw >= -1 && raw <= static_cast<double>(kMaxElements)))
-          throw UnsupportedError{"its shape has the dimension " + formatDouble(raw)};
-        auto d = static_cast<int64_t>(raw);
-        if (d == 0 && !intAttr(n, "allowzero", 0)) {
-          if (i >= x.shape.size())
-            throw UnsupportedError{"its shape copies a dimension the input does not have"};
-          d = x.shape[i];
-        }
-        if (d == -1) {
-          if (infer >= 0)
-            throw UnsupportedError{"its shape has two -1 dimensions"};
-          infer = static_cast<int>(i);
-          d = 1;
-        } else if (d < 1) {
-          throw UnsupportedError{"its shape has the dimension " + std::to_string(d)};
-        } else {
-          known *= d;
-        }
-        shape.push_back(d);
-      }
-      if (infer >= 0) {
-        if (known == 0 || numel(x.shape) % known)
-          throw UnsupportedError{"its shape does not divide the input's element count"};
-        shape[static_cast<size_t>(infer)] = numel(x.shape) / known;
-      }
+      shape = reshapeTarget(n, x.shape);
     } else if (t == "Flatten") {
       const int64_t axis = intAttr(n, "axis", 1);
       const int64_t r = static_cast<int64_t>(x.shape.size());
@@ -3344,7 +3331,7 @@ private:
       shape.push_back(nn);
     checkConstSize(shape);
     // Each operand's batch index for each batch of the result (0 where it is broadcast).
-    const Val ia = maskIndex(ba, batch), ib = maskIndex(bb, batch);
+    const Val ia = broadcastIndices(ba, batch), ib = broadcastIndices(bb, batch);
     const int64_t batches = numel(batch);
     std::vector<double> out(static_cast<size_t>(batches * m * nn));
     for (int64_t t = 0; t < batches; ++t) {

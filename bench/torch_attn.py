@@ -6,7 +6,8 @@ fpat-bench-attn's cases, timed the same way: 3 warm-up runs, then CUDA events ar
 Prefill: 16k tokens a batch (B = 16384 / S), hidden 2048 (H = 2048 / d), S 512 ... 16k, d 64
 and 128, causal and not (FLOPs 4 B H S^2 d, halved when causal). Decode: one query token,
 32 query heads and 8 KV heads (enable_gqa), d 128, KV 4k ... 64k, batch 1 and 16 (GB/s of
-K and V read).
+K and V read), next to what one kernel that only reads as many bytes reaches (torch's sum of
+a buffer of the cache's size: the bandwidth a decode step can hope for, launch and ramp included).
 
 usage: python3 bench/torch_attn.py [--quick] [--dtype f16|bf16]
 Writes a markdown table. Needs torch >= 2.5 with CUDA (the GPU machine has it).
@@ -77,7 +78,7 @@ def main():
             del sets
             torch.cuda.empty_cache()
     print("\n## decode (32 query heads, 8 KV heads, d 128)\n")
-    print("| B | KV length | FA2 GB/s | cuDNN GB/s |\n|---:|---:|---:|---:|")
+    print("| B | KV length | FA2 GB/s | cuDNN GB/s | plain read GB/s |\n|---:|---:|---:|---:|---:|")
     for b in (1, 16):
         for kv in (4096, 16384, 65536):
             if (a.quick and kv != 16384) or (b == 16 and kv > 16384):
@@ -87,8 +88,12 @@ def main():
             row = per_backend(backends, sets, nbytes / 1e6, ".0f",
                               lambda q, k, v: F.scaled_dot_product_attention(
                                   q, k, v, enable_gqa=True))
-            print(f"| {b} | {kv} | " + " | ".join(row) + " |", flush=True)
             del sets
+            reads = [(torch.randn(nbytes // 2, device="cuda", dtype=dt),)
+                     for _ in range(max(1, min(8, -(-2 * l2 // nbytes))))]
+            row.append(format(nbytes / 1e6 / time_ms(lambda x: x.sum(), reads, rounds=1), ".0f"))
+            print(f"| {b} | {kv} | " + " | ".join(row) + " |", flush=True)
+            del reads
             torch.cuda.empty_cache()
 
 

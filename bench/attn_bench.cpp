@@ -10,7 +10,7 @@
 // figures to compare with are torch SDPA's on the same GPU (bench/torch_attn.py, same cases,
 // same timing).
 //
-//   fpat-bench-attn [--quick] [--no-decode] [--no-prefill] [--reps N] [--csv F]
+//   fpat-bench-attn [--quick] [--no-decode] [--no-prefill] [--d 64,128] [--reps N] [--csv F]
 #include "BenchUtil.h"
 #include "fpat/ir/Builder.h"
 #include "fpat/runtime/Executor.h"
@@ -185,6 +185,7 @@ std::string fixed(double x, int digits) {
 int main(int argc, char** argv) {
   bool quick = false, noDecode = false, noPrefill = false;
   int reps = 20;
+  std::vector<int64_t> dims{64, 128};
   std::string csvPath = "bench-attn.csv";
   CLI::App app{"fpat-bench-attn - fpat's attention kernels at FlashAttention-3's prefill sizes "
                "and at decode sizes, checked and timed on the GPU",
@@ -195,6 +196,10 @@ int main(int argc, char** argv) {
   app.add_flag("--quick", quick, "d 128 at S 1k and 8k, causal and not; decode at 16k");
   app.add_flag("--no-decode", noDecode, "skip the decode cases");
   app.add_flag("--no-prefill", noPrefill, "skip the prefill cases");
+  app.add_option("--d", dims, "the prefill cases' head dimensions")
+      ->delimiter(',')
+      ->check(CLI::IsMember({64, 128}))
+      ->capture_default_str();
   app.add_option("--reps", reps, "timed runs per op (at least 10)")
       ->check(CLI::Range(10, 100000))
       ->capture_default_str();
@@ -213,7 +218,7 @@ int main(int argc, char** argv) {
             << "# f16; q [B*S, H*d], k and v [B*S, Hkv*d] token-major; median of " << reps
             << " runs per op after 3 warm-up runs, CUDA events, buffers rotated past 2x L2\n\n";
   std::vector<Case> prefill, decode;
-  for (int64_t d : {int64_t{64}, int64_t{128}})
+  for (int64_t d : dims)
     for (int64_t s : {512, 1024, 2048, 4096, 8192, 16384})
       for (bool causal : {false, true}) {
         if (quick && (d != 128 || (s != 1024 && s != 8192)))

@@ -9,7 +9,7 @@ and 128, causal and not (FLOPs 4 B H S^2 d, halved when causal). Decode: one que
 K and V read), next to what one kernel that only reads as many bytes reaches (torch's sum of
 a buffer of the cache's size: the bandwidth a decode step can hope for, launch and ramp included).
 
-usage: python3 bench/torch_attn.py [--quick] [--dtype f16|bf16]
+usage: python3 bench/torch_attn.py [--quick] [--dtype f16|bf16] [--no-prefill] [--d 64,128]
 Writes a markdown table. Needs torch >= 2.5 with CUDA (the GPU machine has it).
 """
 import argparse
@@ -53,6 +53,8 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--dtype", default="f16", choices=["f16", "bf16"])
     ap.add_argument("--no-prefill", action="store_true", help="only the decode cases")
+    ap.add_argument("--no-decode", action="store_true", help="only the prefill cases")
+    ap.add_argument("--d", default="64,128", help="the prefill cases' head dimensions")
     a = ap.parse_args()
     dt = torch.float16 if a.dtype == "f16" else torch.bfloat16
     props = torch.cuda.get_device_properties(0)
@@ -62,7 +64,7 @@ def main():
           "warm-up runs, CUDA events, buffers rotated past 2x L2\n")
     print("## prefill\n\n| d | S | B | H | causal | FA2 TFLOP/s | cuDNN TFLOP/s |")
     print("|---:|---:|---:|---:|---|---:|---:|")
-    for d in () if a.no_prefill else (64, 128):
+    for d in () if a.no_prefill else [int(x) for x in a.d.split(",")]:
         for s in (512, 1024, 2048, 4096, 8192, 16384):
             if a.quick and (d != 128 or s not in (1024, 8192)):
                 continue
@@ -77,6 +79,8 @@ def main():
                       + " | ".join(row) + " |", flush=True)
             del sets
             torch.cuda.empty_cache()
+    if a.no_decode:
+        return
     print("\n## decode (32 query heads, 8 KV heads, d 128)\n")
     print("| B | KV length | FA2 GB/s | cuDNN GB/s | plain read GB/s |\n|---:|---:|---:|---:|---:|")
     for b in (1, 16):

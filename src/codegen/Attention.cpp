@@ -137,10 +137,11 @@ KernelUnit generateFlashAttention(const ir::Graph& g, ir::Vertex v, const Codege
   // resident CTA takes the next tile from a counter as it becomes free (session 42, H100,
   // against one CTA a tile: +4-31% at S = 512-8192, d 64 and 128, -2% at d 128, S = 16k;
   // without a mask the counter was within 2% of the static walk).
-  // FPAT_FLASH=<BN>[s][p][r][d] asks for another (an experiment's knob: "s" runs the blocks
+  // FPAT_FLASH=<BN>[s][p][r][d][t] asks for another (an experiment's knob: "s" runs the blocks
   // one after the other, "p" makes the consumers take turns, "r" keeps one CTA resident per SM
-  // that walks the tiles, "d" with "r" hands the tiles out as CTAs become free).
-  int bn = 128;
+  // that walks the tiles, "d" with "r" hands the tiles out as CTAs become free, "t" has three
+  // consumers of 64 rows where the head dimension is 64 and blocks have at most 128 keys).
+  int bn = 128, consumers = 2;
   bool overlap = true, pingpong = true, resident = true, dynamic = mask == FlashMask::Causal;
   if (const char* env = std::getenv("FPAT_FLASH"); env && *env) {
     const int want = std::atoi(env);
@@ -150,26 +151,35 @@ KernelUnit generateFlashAttention(const ir::Graph& g, ir::Vertex v, const Codege
     pingpong = std::string(env).find('p') != std::string::npos;
     resident = std::string(env).find('r') != std::string::npos;
     dynamic = resident && std::string(env).find('d') != std::string::npos;
+    if (std::string(env).find('t') != std::string::npos)
+      consumers = 3;
   }
   const int64_t d = s.headDim;
   // fpat::FlashTile::SMEM_BYTES: the Q tile, two stages of K and V, 1 KB for alignment.
-  auto smem = [&](int64_t keys) { return 128 * d * 2 + 2 * 2 * keys * d * 2 + 1024; };
-  if (smem(bn) > FPAT_SM90_SMEM_BYTES)
+  auto smem = [&](int64_t rows, int64_t keys) {
+    return rows * d * 2 + 2 * 2 * keys * d * 2 + 1024;
+  };
+  if (smem(128, bn) > FPAT_SM90_SMEM_BYTES)
     bn = 128; // two stages of larger key blocks do not fit shared memory
-  const int smemBytes = static_cast<int>(smem(bn));
+  if (d != 64 || bn > 128)
+    consumers = 2; // fpat::FlashTile: three consumers have 160 registers a thread
+  const int bm = 64 * consumers, threads = 128 * (consumers + 1);
+  const int smemBytes = static_cast<int>(smem(bm, bn));
   KernelUnit u = attentionUnit(g, v, s);
   std::string sizes = sizesName(s, mask);
   if (mask == FlashMask::Bias)
     for (int64_t b : bias)
       sizes += "_" + std::to_string(b);
   const std::string tile = std::to_string(bn) + (overlap ? "o" : "s") + (pingpong ? "p" : "") +
-                           (resident ? "r" : "") + (dynamic ? "d" : "");
+                           (resident ? "r" : "") + (dynamic ? "d" : "") +
+                           (consumers == 3 ? "t" : "");
   u.name = "fpat_flash_attention_" + sizes + "_sm90a_" + tile;
   std::ostringstream body;
   body << header("attention (flash attention)", o,
                  headerLines("sm_90a: TMA, wgmma for Q K^T and P V, online softmax in registers", s,
                              mask,
-                             "128 query rows x " + std::to_string(bn) + " keys, " +
+                             std::to_string(bm) + " query rows x " + std::to_string(bn) +
+                                 " keys, " + std::to_string(consumers) + " consumers, " +
                                  (overlap ? "softmax overlapped with P V" : "blocks in sequence") +
                                  (pingpong ? ", consumers taking turns" : "") +
                                  (resident ? ", one CTA per SM walking the tiles" : "") +
@@ -177,13 +187,13 @@ KernelUnit generateFlashAttention(const ir::Graph& g, ir::Vertex v, const Codege
        << "#include \"fpat_flash.cuh\"\n\nnamespace {\n\n"
        << dimsStruct(g, v, s, mask, bias, "") << "\nusing Tile = fpat::FlashTile<" << d << ", "
        << bn << ", " << (overlap ? "true" : "false") << ", " << (pingpong ? "true" : "false")
-       << ", " << (resident ? "true" : "false") << ", " << (dynamic ? "true" : "false")
-       << ">;\n\n} // namespace\n\n"
-       << "extern \"C\" __global__ void __launch_bounds__(384, 1)\n"
+       << ", " << (resident ? "true" : "false") << ", " << (dynamic ? "true" : "false") << ", "
+       << consumers << ">;\n\n} // namespace\n\n"
+       << "extern \"C\" __global__ void __launch_bounds__(" << threads << ", 1)\n"
        << u.name << "(const __grid_constant__ FpatTmaArgs p) {\n"
        << "  fpat::flashAttention<Dims, Tile>(p);\n}\n";
-  Launch l{Launch::Fixed, u.name, 384, smemBytes, {}};
-  l.blocks[0] = (s.sq + 127) / 128;
+  Launch l{Launch::Fixed, u.name, threads, smemBytes, {}};
+  l.blocks[0] = (s.sq + bm - 1) / bm;
   l.blocks[1] = s.heads;
   l.blocks[2] = s.batch;
   if (resident) {
@@ -192,7 +202,7 @@ KernelUnit generateFlashAttention(const ir::Graph& g, ir::Vertex v, const Codege
   }
   if (dynamic)
     u.scratchBytes = 2 * sizeof(unsigned); // fpat::flashNextTile's counters
-  l.tma = {TmaMap{0, s.heads * d, s.batch * s.sq, 64, 128},
+  l.tma = {TmaMap{0, s.heads * d, s.batch * s.sq, 64, bm},
            TmaMap{1, s.kvHeads * d, s.batch * s.sk, 64, bn},
            TmaMap{2, s.kvHeads * d, s.batch * s.sk, 64, bn}};
   u.launches.push_back(l);

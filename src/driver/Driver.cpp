@@ -1044,9 +1044,9 @@ bool checkEnvironment(std::ostream& err) {
     const std::string bn = v.substr(0, digits),
                       rest = digits == std::string::npos ? "" : v.substr(digits);
     if ((bn != "64" && bn != "128" && bn != "176" && bn != "192") ||
-        rest.find_first_not_of("sprd") != std::string::npos)
+        rest.find_first_not_of("sprdt") != std::string::npos)
       bad("FPAT_FLASH", v,
-          "expected a key block of 64, 128, 176 or 192, then any of s, p, r and d");
+          "expected a key block of 64, 128, 176 or 192, then any of s, p, r, d and t");
   }
   if (std::string v = value("FPAT_DECODE_SPLITS");
       !v.empty() &&

@@ -1,20 +1,21 @@
 // Flash attention for Hopper (sm_90a): the `attention` op on token-major activations,
 // q [B * Sq, H * d], k and v [B * Sk, Hkv * d], out [B * Sq, H * d], head dimension 64 or 128.
 //
-// One CTA per (128-row query tile, head, batch), the longest causal tiles first; or
-// (FlashTile::RESIDENT, without a causal mask) one CTA per SM walking those tiles in that
-// order, so that the next tile's loads overlap the end of the one before. Three
-// warpgroups (FlashAttention-3's structure, ../shared/ATTENTION.md in the project's notes):
+// One CTA per (query tile of 128 or 192 rows, head, batch), the longest causal tiles first;
+// or (FlashTile::RESIDENT) one CTA per SM walking those tiles in that order, so that the next
+// tile's loads overlap the end of the one before. Three or four warpgroups (FlashAttention-3's
+// structure, ../shared/ATTENTION.md in the project's notes):
 //   * a producer, of which one thread issues TMA copies: the Q tile once, then each key block's
 //     K and V tiles (BN rows, 128-byte swizzle, boxes of 64 columns) into a two-stage ring, each
 //     tile with its own "full" mbarrier (K's product can start before V lands) and "empty" one
 //     (one arrival per consumer warp once its MMAs no longer read it);
-//   * two consumers of 64 query rows each: S = Q K^T by wgmma from shared memory, the online
+//   * two (or three) consumers of 64 query rows each: S = Q K^T by wgmma from shared memory, the
+//   online
 //     softmax on S in registers (scale folded into exp2's argument: one FFMA and one MUFU.EX2
 //     per score), P packed to 16-bit pairs in the accumulator's own layout, which is the A
 //     fragment of the next wgmma, and O += P V by wgmma with A from registers.
 //   * PINGPONG (FA3's inter-warpgroup schedule): the consumers take turns issuing their
-//     products (named barriers 1 and 2), so that one's softmax runs while the tensor cores
+//     products (named barriers 1, 2 and 3), so that one's softmax runs while the tensor cores
 //     work on the other's products.
 //   * OVERLAP (FA3's intra-warpgroup pipeline): the product S of block j is issued before
 //     P V of block j - 1, and the softmax of block j runs while P V of block j - 1 is still
@@ -33,7 +34,9 @@
 
 namespace fpat {
 
-/// A flash-attention tile: BM = 128 query rows (two consumers of 64), BN keys a block.
+/// A flash-attention tile: CONSUMERS warpgroups of 64 query rows each (BM = 64 CONSUMERS), BN
+/// keys a block. Three consumers (FlashAttention-3's tile for head dimension 64: 192 rows) need
+/// head dimension 64 and blocks of at most 128 keys: each has 160 registers, not 232.
 /// RESIDENT: one CTA per SM walks the tiles (t = blockIdx.x, + gridDim.x, ...), so that the
 /// producer loads the next tile's Q, K and V while the consumers finish the tile before.
 /// DYNAMIC (with RESIDENT): a CTA's first tile is blockIdx.x, each next one the first not yet
@@ -41,16 +44,23 @@ namespace fpat {
 /// so that tiles of unequal lengths (causal) balance as the hardware's scheduling of one CTA a
 /// tile does.
 template <int HD_, int BN_, bool OVERLAP_, bool PINGPONG_ = false, bool RESIDENT_ = false,
-          bool DYNAMIC_ = false>
+          bool DYNAMIC_ = false, int CONSUMERS_ = 2>
 struct FlashTile {
-  static constexpr int BM = 128, BN = BN_, HD = HD_, STAGES = 2, THREADS = 384;
+  static constexpr int CONSUMERS = CONSUMERS_, BM = 64 * CONSUMERS, BN = BN_, HD = HD_, STAGES = 2,
+                       THREADS = 128 * (CONSUMERS + 1);
   static constexpr bool OVERLAP = OVERLAP_, PINGPONG = PINGPONG_, RESIDENT = RESIDENT_,
                         DYNAMIC = RESIDENT_ && DYNAMIC_;
+  // Registers a thread of the producer and of a consumer warpgroup (setmaxnreg; the register
+  // file's 64K split over the warpgroups: 40 + 2 x 232, 32 + 3 x 160).
+  static constexpr int PRODUCER_REGS = CONSUMERS == 2 ? 40 : 32,
+                       CONSUMER_REGS = CONSUMERS == 2 ? 232 : 160;
   static constexpr int Q_BYTES = BM * HD * 2, KV_BYTES = BN * HD * 2;
   static constexpr int SMEM_BYTES = Q_BYTES + STAGES * 2 * KV_BYTES + 1024;
   static_assert(HD == 64 || HD == 128, "head dimension 64 or 128");
   static_assert(BN == 64 || BN == 128 || BN == 176 || BN == 192,
                 "key blocks of 64, 128, 176 or 192 (176: whole 1 KB swizzle atoms of 8 rows)");
+  static_assert(CONSUMERS == 2 || (CONSUMERS == 3 && HD == 64 && BN <= 128),
+                "two consumers, or three at head dimension 64 with blocks of at most 128 keys");
   static_assert(SMEM_BYTES <= FPAT_SM90_SMEM_BYTES, "the ring fits shared memory");
 };
 
@@ -285,8 +295,8 @@ __device__ __forceinline__ void flashStore(const FpatKernelArgs& a, const float 
 } // namespace sm90
 
 /// The kernel body; `p` must be the kernel's __grid_constant__ parameter. Maps: a = q (box 64 x
-/// 128), b = k and c = v (boxes 64 x BN). Launch T::THREADS threads, T::SMEM_BYTES of dynamic
-/// shared memory, grid (ceil(Sq / 128), H, B), or (T::RESIDENT) at most one CTA per SM.
+/// T::BM), b = k and c = v (boxes 64 x BN). Launch T::THREADS threads, T::SMEM_BYTES of dynamic
+/// shared memory, grid (ceil(Sq / T::BM), H, B), or (T::RESIDENT) at most one CTA per SM.
 template <class D, class T> __device__ __forceinline__ void flashAttention(const FpatTmaArgs& p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace sm90;
@@ -310,24 +320,24 @@ template <class D, class T> __device__ __forceinline__ void flashAttention(const
     // Lane 0 of each consumer warp, once its last Q K^T of a tile is done; with DYNAMIC every
     // consumer thread, whose arrival also orders its read of the tile index before the
     // producer's next write (racecheck sees no order in a __syncwarp and lane 0's arrival).
-    mbarInit(&qEmpty, T::DYNAMIC ? 256 : 8);
+    mbarInit(&qEmpty, T::DYNAMIC ? 128 * T::CONSUMERS : 4 * T::CONSUMERS);
     for (int s = 0; s < S; ++s) {
       mbarInit(&kFull[s], 1);
       mbarInit(&vFull[s], 1);
-      mbarInit(&kEmpty[s], 8); // lane 0 of each consumer warp
-      mbarInit(&vEmpty[s], 8);
+      mbarInit(&kEmpty[s], 4 * T::CONSUMERS); // lane 0 of each consumer warp
+      mbarInit(&vEmpty[s], 4 * T::CONSUMERS);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
   const int wg = static_cast<int>(threadIdx.x) / 128;
   if (wg == 0) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(T::PRODUCER_REGS));
     if (threadIdx.x == 0)
       flashProduce<D, T>(p, sQ, sKV, br, first, tiles, step);
     return;
   }
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(T::CONSUMER_REGS));
   const FpatKernelArgs& a = p.k;
   const int c = wg - 1, tid = static_cast<int>(threadIdx.x) % 128, warp = tid / 32, lane = tid % 32;
   // The tile's: its first query row, head, batch, rows of this thread, key blocks.
@@ -380,18 +390,19 @@ template <class D, class T> __device__ __forceinline__ void flashAttention(const
       fenceOperand(o[i]);
   };
 
-  // PINGPONG: wait for this consumer's turn to issue products; hand the turn to the other.
-  // Consumer 0 goes first. Both run the same number of turns (the last hand-off is left
-  // unanswered when the CTA ends).
+  // PINGPONG: wait for this consumer's turn to issue products (named barrier 1 + c); hand the
+  // turn to the next one. Consumer 0 goes first. All run the same number of turns (the last
+  // hand-off is left unanswered when the CTA ends).
+  constexpr int C = T::CONSUMERS;
   auto myTurn = [&] {
     if constexpr (T::PINGPONG)
       namedBarrier(1 + c, 256);
   };
   auto yieldTurn = [&] {
     if constexpr (T::PINGPONG)
-      namedBarrierArrive(2 - c, 256);
+      namedBarrierArrive(1 + (c + 1) % C, 256);
   };
-  if (T::PINGPONG && c == 1)
+  if (T::PINGPONG && c == C - 1)
     namedBarrierArrive(1, 256);
 
   int s = 0;

@@ -1151,6 +1151,46 @@ ir::Graph attentionGraph(int64_t sq, int64_t sk, int64_t d, int bias) {
 
 } // namespace
 
+BOOST_AUTO_TEST_CASE(flash_attention_with_three_consumers) {
+  // FPAT_FLASH's "t": three consumer warpgroups of 64 query rows (192-row tiles, 512 threads)
+  // at head dimension 64; at 128 (too few registers for three) the knob keeps two. Tiles of
+  // 192 rows: the grid, Q's TMA box and shared memory follow; the sources compile for sm_90a.
+  std::vector<codegen::KernelUnit> units;
+  for (const char* knob : {"128prt", "128prdt"})
+    for (int64_t d : {int64_t{64}, int64_t{128}})
+      BOOST_TEST_CONTEXT("FPAT_FLASH=" << knob << ", d " << d) {
+        setenv("FPAT_FLASH", knob, 1);
+        const ir::Graph g = attentionGraph(400, 400, d, 1);
+        codegen::CodegenOptions o;
+        o.arch = 90;
+        o.sms = 132;
+        codegen::KernelUnit u =
+            codegen::generate(g, g.outputs()[0], builtinLibrary().activations, o);
+        unsetenv("FPAT_FLASH");
+        const bool three = d == 64;
+        const std::string suffix = std::string(knob + 3) == "prt" ? "_128oprt" : "_128oprdt";
+        BOOST_TEST(u.name.ends_with(three ? suffix : suffix.substr(0, suffix.size() - 1)), u.name);
+        const codegen::Launch& l = u.launches.at(0);
+        BOOST_TEST(l.threads == (three ? 512 : 384));
+        // 400 rows in 3 tiles of 192 or 4 of 128, 4 heads, batch 2; one resident CTA each.
+        BOOST_TEST(l.blocks[0] == (three ? 3 : 4) * 4 * 2);
+        BOOST_TEST(l.tma.at(0).boxOuter == (three ? 192 : 128));
+        BOOST_TEST(l.smemBytes == (three ? 192 : 128) * d * 2 + 2 * 2 * 128 * d * 2 + 1024);
+        BOOST_TEST((u.source.find(", 3>;") != std::string::npos) == three);
+        units.push_back(std::move(u));
+      }
+  if (!haveNvcc()) {
+    BOOST_TEST_MESSAGE("nvcc not found: the kernels were generated but not compiled");
+    return;
+  }
+  TempDir cache;
+  runtime::NvccOptions n;
+  n.arch = 90;
+  n.cacheDir = cache.path.string();
+  for (const runtime::CompiledKernel& k : runtime::compileAll(units, n))
+    BOOST_TEST(k.error.empty(), k.name << ": " << k.error);
+}
+
 BOOST_AUTO_TEST_CASE(attention_takes_the_flash_kernel_on_sm90) {
   // sm_90 with head dimension 64 or 128: the flash kernel, its mask recognised from the bias
   // (none, causal from a weight's values, a tensor read per score), or with at most 8 query

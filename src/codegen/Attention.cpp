@@ -137,12 +137,19 @@ KernelUnit generateFlashAttention(const ir::Graph& g, ir::Vertex v, const Codege
   // resident CTA takes the next tile from a counter as it becomes free (session 42, H100,
   // against one CTA a tile: +4-31% at S = 512-8192, d 64 and 128, -2% at d 128, S = 16k;
   // without a mask the counter was within 2% of the static walk).
+  // At head dimension 64 the softmax's exponentials take as long as the tensor cores' work, and
+  // two consumers leave both idle while they wait: three consumers of 64 rows (192-row tiles,
+  // FA3's tile there) taking tiles from the counter (session 44, H100, against the default
+  // then: no mask +4-26% from S = 1k (475 -> 534 TFLOP/s at 16k), equal at 512; causal +3-11%
+  // from S = 4096, equal at 2048 and -15-18% at 512-1024, where the larger tiles balance worse).
   // FPAT_FLASH=<BN>[s][p][r][d][t] asks for another (an experiment's knob: "s" runs the blocks
   // one after the other, "p" makes the consumers take turns, "r" keeps one CTA resident per SM
   // that walks the tiles, "d" with "r" hands the tiles out as CTAs become free, "t" has three
   // consumers of 64 rows where the head dimension is 64 and blocks have at most 128 keys).
-  int bn = 128, consumers = 2;
-  bool overlap = true, pingpong = true, resident = true, dynamic = mask == FlashMask::Causal;
+  const int64_t d = s.headDim;
+  int bn = 128, consumers = d == 64 && (mask != FlashMask::Causal || s.sk >= 4096) ? 3 : 2;
+  bool overlap = true, pingpong = true, resident = true,
+       dynamic = mask == FlashMask::Causal || consumers == 3;
   if (const char* env = std::getenv("FPAT_FLASH"); env && *env) {
     const int want = std::atoi(env);
     if (want == 64 || want == 128 || want == 176 || want == 192)
@@ -151,10 +158,8 @@ KernelUnit generateFlashAttention(const ir::Graph& g, ir::Vertex v, const Codege
     pingpong = std::string(env).find('p') != std::string::npos;
     resident = std::string(env).find('r') != std::string::npos;
     dynamic = resident && std::string(env).find('d') != std::string::npos;
-    if (std::string(env).find('t') != std::string::npos)
-      consumers = 3;
+    consumers = std::string(env).find('t') != std::string::npos ? 3 : 2;
   }
-  const int64_t d = s.headDim;
   // fpat::FlashTile::SMEM_BYTES: the Q tile, two stages of K and V, 1 KB for alignment.
   auto smem = [&](int64_t rows, int64_t keys) {
     return rows * d * 2 + 2 * 2 * keys * d * 2 + 1024;

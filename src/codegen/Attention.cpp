@@ -61,6 +61,8 @@ int maskCode(FlashMask mask) {
   return mask == FlashMask::None ? 0 : mask == FlashMask::Causal ? 1 : 2;
 }
 
+} // namespace
+
 /// The sizes in a kernel's name: b2_h8_kv2_q333_k333_d128_causal.
 std::string sizesName(const ir::AttnShape& s, FlashMask mask) {
   const int kind = maskCode(mask);
@@ -71,6 +73,8 @@ std::string sizesName(const ir::AttnShape& s, FlashMask mask) {
           : kind == 1 ? "causal"
                       : "bias");
 }
+
+namespace {
 
 /// The header lines both kernels' files start with.
 std::vector<std::string> headerLines(const std::string& family, const ir::AttnShape& s,
@@ -121,11 +125,25 @@ KernelUnit attentionUnit(const ir::Graph& g, ir::Vertex v, const ir::AttnShape& 
 /// Query rows per KV head the decode kernel computes together (fpat::DecodeTile::RMAX).
 constexpr int64_t kDecodeRows = 8;
 
+/// fpat::FlashTile::SMEM_BYTES: the Q tile, two stages of K and V, 1 KB for alignment.
+int64_t flashSmem(int64_t d, int64_t rows, int64_t keys) {
+  return rows * d * 2 + 2 * 2 * keys * d * 2 + 1024;
+}
+
 } // namespace
 
-KernelUnit generateFlashAttention(const ir::Graph& g, ir::Vertex v, const CodegenOptions& o,
-                                  const ir::AttnShape& s, const int64_t (&bias)[4],
-                                  FlashMask mask) {
+/// `f` made one the kernel implements at these sizes.
+FlashConfig fitted(FlashConfig f, const ir::AttnShape& s) {
+  if (flashSmem(s.headDim, 128, f.bn) > FPAT_SM90_SMEM_BYTES)
+    f.bn = 128; // two stages of larger key blocks do not fit shared memory
+  if (s.headDim != 64 || f.bn > 128)
+    f.consumers = 2; // fpat::FlashTile: three consumers have 160 registers a thread
+  f.dynamic = f.dynamic && f.resident;
+  return f;
+}
+
+/// The flash kernel's configuration for an attention of these sizes.
+FlashConfig flashConfig(const ir::AttnShape& s, FlashMask mask, const FlashConfig* chosen) {
   // Key blocks of 128, FA3's intra-warpgroup overlap, the two consumers taking turns
   // (bench/RESULTS.md, session 34: turns +8-17% at S = 1k, equal within the runs' noise at
   // 8k; blocks of 176, FA3's tile for head dimension 128, up to 3% faster at S >= 8k and
@@ -145,39 +163,34 @@ KernelUnit generateFlashAttention(const ir::Graph& g, ir::Vertex v, const Codege
   // FPAT_FLASH=<BN>[s][p][r][d][t] asks for another (an experiment's knob: "s" runs the blocks
   // one after the other, "p" makes the consumers take turns, "r" keeps one CTA resident per SM
   // that walks the tiles, "d" with "r" hands the tiles out as CTAs become free, "t" has three
-  // consumers of 64 rows where the head dimension is 64 and blocks have at most 128 keys).
+  // consumers of 64 rows where the head dimension is 64 and blocks have at most 128 keys);
+  // `chosen` (the tuner's) comes before both.
+  if (chosen)
+    return fitted(*chosen, s);
+  if (const char* env = std::getenv("FPAT_FLASH"); env && *env)
+    if (std::optional<FlashConfig> f = FlashConfig::parse(env))
+      return fitted(*f, s);
+  FlashConfig f;
+  f.consumers = s.headDim == 64 && (mask != FlashMask::Causal || s.sk >= 4096) ? 3 : 2;
+  f.dynamic = mask == FlashMask::Causal || f.consumers == 3;
+  return fitted(f, s);
+}
+
+KernelUnit generateFlashAttention(const ir::Graph& g, ir::Vertex v, const CodegenOptions& o,
+                                  const ir::AttnShape& s, const int64_t (&bias)[4],
+                                  FlashMask mask) {
+  const FlashConfig f = flashConfig(s, mask, o.flash);
   const int64_t d = s.headDim;
-  int bn = 128, consumers = d == 64 && (mask != FlashMask::Causal || s.sk >= 4096) ? 3 : 2;
-  bool overlap = true, pingpong = true, resident = true,
-       dynamic = mask == FlashMask::Causal || consumers == 3;
-  if (const char* env = std::getenv("FPAT_FLASH"); env && *env) {
-    const int want = std::atoi(env);
-    if (want == 64 || want == 128 || want == 176 || want == 192)
-      bn = want;
-    overlap = std::string(env).find('s') == std::string::npos;
-    pingpong = std::string(env).find('p') != std::string::npos;
-    resident = std::string(env).find('r') != std::string::npos;
-    dynamic = resident && std::string(env).find('d') != std::string::npos;
-    consumers = std::string(env).find('t') != std::string::npos ? 3 : 2;
-  }
-  // fpat::FlashTile::SMEM_BYTES: the Q tile, two stages of K and V, 1 KB for alignment.
-  auto smem = [&](int64_t rows, int64_t keys) {
-    return rows * d * 2 + 2 * 2 * keys * d * 2 + 1024;
-  };
-  if (smem(128, bn) > FPAT_SM90_SMEM_BYTES)
-    bn = 128; // two stages of larger key blocks do not fit shared memory
-  if (d != 64 || bn > 128)
-    consumers = 2; // fpat::FlashTile: three consumers have 160 registers a thread
+  const int bn = f.bn, consumers = f.consumers;
+  const bool overlap = f.overlap, pingpong = f.pingpong, resident = f.resident, dynamic = f.dynamic;
   const int bm = 64 * consumers, threads = 128 * (consumers + 1);
-  const int smemBytes = static_cast<int>(smem(bm, bn));
+  const int smemBytes = static_cast<int>(flashSmem(d, bm, bn));
   KernelUnit u = attentionUnit(g, v, s);
   std::string sizes = sizesName(s, mask);
   if (mask == FlashMask::Bias)
     for (int64_t b : bias)
       sizes += "_" + std::to_string(b);
-  const std::string tile = std::to_string(bn) + (overlap ? "o" : "s") + (pingpong ? "p" : "") +
-                           (resident ? "r" : "") + (dynamic ? "d" : "") +
-                           (consumers == 3 ? "t" : "");
+  const std::string tile = f.str();
   u.name = "fpat_flash_attention_" + sizes + "_sm90a_" + tile;
   std::ostringstream body;
   body << header("attention (flash attention)", o,
@@ -289,3 +302,54 @@ KernelUnit generateFlashDecode(const ir::Graph& g, ir::Vertex v, const CodegenOp
 }
 
 } // namespace fpat::codegen::detail
+
+namespace fpat::codegen {
+
+std::optional<FlashTuning> flashTuning(const ir::Graph& g, ir::Vertex v, int arch) {
+  const ir::Op& op = g.op(v);
+  if (op.kind != ir::OpKind::Attention)
+    return std::nullopt;
+  const std::vector<ir::Vertex> ins = g.operands(v);
+  std::vector<ir::OperandInfo> infos;
+  for (ir::Vertex w : ins)
+    infos.push_back({g.op(w).name, g.op(w).type});
+  std::string why;
+  int bad = -1;
+  const std::optional<ir::AttnShape> s = ir::attnShape(op, infos, why, bad);
+  if (!s || !detail::flashAttentionFits(*s, arch))
+    return std::nullopt;
+  const detail::FlashMask mask = detail::flashMask(g, ins[3], *s);
+  if (detail::flashDecodeFits(*s, mask))
+    return std::nullopt;
+  FlashTuning t;
+  t.m = s->batch * s->sq;
+  t.n = s->heads * s->headDim;
+  t.k = s->sk;
+  // What the kernel's source depends on besides its configuration: the sizes and mask (its
+  // name), the bias's strides, the element type and whether the scale is a positive constant.
+  const ir::Op& scale = g.op(ins[4]);
+  t.signature = "flash_attention_" + detail::sizesName(*s, mask);
+  if (mask == detail::FlashMask::Bias)
+    for (int64_t b : detail::broadcastStrides(g.op(ins[3]).type.shape))
+      t.signature += "_" + std::to_string(b);
+  t.signature += std::string("_") + ir::dtypeName(op.type.dtype) +
+                 (scale.kind == ir::OpKind::Constant && scale.value > 0 ? "" : "_scale");
+  // The heuristic's first; then blocks of 128 and 176 keys (FA3's d 128 tile), two consumers
+  // and three (d 64), tiles walked in a fixed stride and from the counter, and with a causal
+  // mask one CTA a tile (the hardware's balance). Each made what the kernel implements here.
+  t.candidates.push_back(detail::flashConfig(*s, mask, nullptr));
+  auto add = [&](const FlashConfig& f) {
+    const FlashConfig c = detail::fitted(f, *s);
+    if (std::find(t.candidates.begin(), t.candidates.end(), c) == t.candidates.end())
+      t.candidates.push_back(c);
+  };
+  for (int consumers : {2, 3})
+    for (int bn : {128, 176})
+      for (bool counter : {false, true})
+        add({bn, consumers, true, true, true, counter});
+  if (mask == detail::FlashMask::Causal)
+    add({128, 2, true, true, false, false});
+  return t;
+}
+
+} // namespace fpat::codegen

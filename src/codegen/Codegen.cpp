@@ -76,6 +76,44 @@ std::optional<TileConfig> TileConfig::parse(const std::string& text) {
   return t;
 }
 
+std::string FlashConfig::str() const {
+  return std::to_string(bn) + (overlap ? "o" : "s") + (pingpong ? "p" : "") +
+         (resident ? "r" : "") + (dynamic ? "d" : "") + (consumers == 3 ? "t" : "");
+}
+
+std::optional<FlashConfig> FlashConfig::parse(const std::string& text) {
+  FlashConfig f;
+  size_t i = 0;
+  while (i < text.size() && i < 4 && text[i] >= '0' && text[i] <= '9')
+    ++i;
+  if (i == 0 || i == 4)
+    return std::nullopt;
+  f.bn = std::stoi(text.substr(0, i));
+  if (f.bn != 64 && f.bn != 128 && f.bn != 176 && f.bn != 192)
+    return std::nullopt;
+  f.overlap = f.pingpong = f.resident = f.dynamic = false;
+  bool seen[128] = {};
+  for (; i < text.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(text[i]);
+    if (c >= 128 || seen[c] ||
+        std::string_view("osprdt").find(static_cast<char>(c)) == std::string_view::npos)
+      return std::nullopt;
+    seen[c] = true;
+  }
+  if (seen['o'] && seen['s'])
+    return std::nullopt;
+  if (seen['d'] && !seen['r']) // the counter hands out tiles to resident CTAs
+    return std::nullopt;
+  if (seen['t'] && f.bn > 128) // three consumers have registers for blocks of 128 keys
+    return std::nullopt;
+  f.overlap = !seen['s'];
+  f.pingpong = seen['p'];
+  f.resident = seen['r'];
+  f.dynamic = seen['d'];
+  f.consumers = seen['t'] ? 3 : 2;
+  return f;
+}
+
 int gemmSmemBytes(const TileConfig& t, bool transB) {
   if (t.wgmma()) // the ring of A and B stages, 1 KB for aligning it to the swizzle atom
     return t.stages * (t.stageRowsA() + t.bn) * t.bk * 2 + 1024;

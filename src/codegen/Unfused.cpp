@@ -60,8 +60,6 @@ KernelUnit generateRowwise(const ir::Graph& g, ir::Vertex v, const CodegenOption
   return u;
 }
 
-namespace {
-
 /// The element strides of an operand of shape `s` over a rank-4 result it broadcasts to
 /// (NumPy: trailing dimensions aligned; 0 where it repeats).
 std::array<int64_t, 4> broadcastStrides(const std::vector<int64_t>& s) {
@@ -74,6 +72,8 @@ std::array<int64_t, 4> broadcastStrides(const std::vector<int64_t>& s) {
   }
   return strides;
 }
+
+namespace {
 
 /// `struct Bcast` of a generated kernel: the result's shape padded to rank 4 and, in
 /// `at(k, i)`, operand k's element index for element i of the result (NumPy broadcasting).

@@ -693,9 +693,9 @@ int timeGraphs(const FpatcOptions& opts, cuda::Driver& drv, runtime::Executor& f
   return 0;
 }
 
-/// The GEMM configurations of the fused graph's tunable ops: tuned now (fpatc tune, with a
-/// GPU), from the tuning cache, or the heuristic; each also in bopts.tiles. False where tuning
-/// failed (said on err).
+/// The configurations of the fused graph's tunable ops (GEMM tiles, flash-attention
+/// variants): tuned now (fpatc tune, with a GPU), from the tuning cache, or the heuristic;
+/// each also in bopts.tiles or bopts.flash. False where tuning failed (said on err).
 bool chooseConfigs(const FpatcOptions& opts, cuda::Driver* drv, const std::string& why,
                    const ir::Graph& fused, const Patterns& pats, int arch,
                    runtime::BuildOptions& bopts, std::map<ir::Vertex, tune::Choice>& choices,
@@ -704,7 +704,7 @@ bool chooseConfigs(const FpatcOptions& opts, cuda::Driver* drv, const std::strin
   const std::string nvccVer = runtime::nvccIdentity(runtime::findNvcc({}), opts.nvccFlags);
   std::vector<ir::Vertex> ops;
   for (ir::Vertex v : fused.vertices())
-    if (tune::tunable(fused, v))
+    if (tune::tunable(fused, v, arch))
       ops.push_back(v);
   if (opts.tune && !drv)
     out << "== tune: skipped: " << why << "; the heuristic picks every configuration\n";
@@ -721,14 +721,14 @@ bool chooseConfigs(const FpatcOptions& opts, cuda::Driver* drv, const std::strin
     for (size_t i = 0; i < ops.size(); ++i) {
       const ir::Op& op = fused.op(ops[i]);
       out << "  [" << i + 1 << "/" << ops.size() << "] %" << op.name << " "
-          << (op.kind == ir::OpKind::Fused ? op.fused.pattern : "gemm") << " " << op.type.shapeStr()
-          << ":\n"
+          << (op.kind == ir::OpKind::Fused ? op.fused.pattern : ir::opKindName(op.kind)) << " "
+          << op.type.shapeStr() << ":\n"
           << std::flush;
       try {
         tune::Choice c = tune::tune(*drv, fused, ops[i], pats.library.activations, cache, topts);
         choices[ops[i]] = c;
         double spent = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        out << "    => " << (c.source == "cache" ? "cached " : "best ") << c.config.str() << " "
+        out << "    => " << (c.source == "cache" ? "cached " : "best ") << c.configName() << " "
             << fixed(c.ms, 4) << " ms (heuristic " << fixed(c.heuristicMs, 4) << " ms)";
         if (c.source == "tuned")
           out << ", " << c.tried << " configs tried, " << c.rejected << " rejected";
@@ -750,7 +750,10 @@ bool chooseConfigs(const FpatcOptions& opts, cuda::Driver* drv, const std::strin
   for (const std::string& w : cache.takeWarnings())
     err << "fpatc: warning: " << w << "\n";
   for (auto& [v, c] : choices)
-    bopts.tiles[v] = c.config;
+    if (c.flash)
+      bopts.flash[v] = *c.flash;
+    else
+      bopts.tiles[v] = c.config;
   return true;
 }
 
@@ -769,6 +772,8 @@ int emitCuda(const FpatcOptions& opts, const ir::Graph& fused, const Patterns& p
     for (ir::Vertex v : fused.vertices()) {
       auto tile = bopts.tiles.find(v);
       copts.tile = tile == bopts.tiles.end() ? nullptr : &tile->second;
+      auto flash = bopts.flash.find(v);
+      copts.flash = flash == bopts.flash.end() ? nullptr : &flash->second;
       codegen::KernelUnit u = codegen::generate(fused, v, pats.library.activations, copts);
       if (u.launches.empty() || !written.insert(u.name).second)
         continue;
@@ -846,7 +851,8 @@ int gpuStages(const FpatcOptions& opts, const ir::Graph& fusedIn, const Patterns
       continue;
     out << "  " << u.what << ": " << u.name;
     if (auto c = choices.find(v); c != choices.end())
-      out << " (config " << u.tile.str() << ": " << c->second.source << ")";
+      out << " (config " << (c->second.flash ? c->second.flash->str() : u.tile.str()) << ": "
+          << c->second.source << ")";
     out << "\n";
   }
   for (const std::string& w : built.warnings)
@@ -1132,7 +1138,7 @@ bool fuseStage(const FpatcOptions& opts, const Patterns& pats, const ir::Graph& 
   }
   const cost::MeasuredFn measured = [&](const ir::Graph& graph,
                                         ir::Vertex v) -> std::optional<double> {
-    if (tuned.empty() || !tune::tunable(graph, v))
+    if (tuned.empty() || !tune::tunable(graph, v, costArch))
       return std::nullopt;
     auto it = tuned.find(tune::keyFor(graph, v, pats.library.activations, costArch, nvccVer).str());
     return it == tuned.end() ? std::nullopt : std::optional<double>(it->second);

@@ -372,39 +372,75 @@ void attnPv(const Op& op, const Tensor& p, const Tensor& v, Tensor& out) {
                });
 }
 
-/// attention: softmax(scale * Q K^T + bias) V per batch and head, all in double, rounded once
-/// (the exact softmax: the row's maximum subtracted; a row of -inf gives NaN, as the
-/// decomposition it replaces).
-void attention(const Op& op, const std::vector<const Tensor*>& in, Tensor& out) {
+/// Row r = (b, h, i) of attention into `acc`: softmax(scale * q k^T + bias) v in double (the
+/// exact softmax: the row's maximum subtracted; a row of -inf gives NaN, as the decomposition
+/// it replaces). `row` holds Sk scratch values.
+void attentionRow(const AttnShape& s, const std::vector<const Tensor*>& in,
+                  const std::vector<int64_t>& scoreShape, const std::vector<int64_t>& bst,
+                  int64_t r, std::vector<double>& row, std::vector<double>& acc) {
   const Tensor &q = *in[0], &k = *in[1], &v = *in[2], &bias = *in[3];
-  const AttnShape s = attnShapeOf(op, {in[0], in[1], in[2]});
   const double scale = in[4]->data.at(0);
-  const TensorDesc scores{{s.batch, s.heads, s.sq, s.sk}, q.desc.dtype};
-  const std::vector<int64_t> bst = broadcastStrides(bias.desc, scores);
+  scoreRow(s, q, k, r, row.data());
+  double mx = -std::numeric_limits<double>::infinity();
+  for (int64_t j = 0; j < s.sk; ++j) {
+    const int64_t flat = r * s.sk + j;
+    double& x = row[static_cast<size_t>(j)];
+    x = scale * x + bias.data[static_cast<size_t>(broadcastIndex(flat, scoreShape, bst))];
+    mx = std::max(mx, x);
+  }
+  double sum = 0;
+  for (double& x : row)
+    sum += x = std::exp(x - mx);
+  for (double& x : row)
+    x /= sum;
+  accumulatePv(s, r, row.data(), v, acc);
+}
+
+/// attention: every row (b, h, i), rounded once.
+void attention(const Op& op, const std::vector<const Tensor*>& in, Tensor& out) {
+  const AttnShape s = attnShapeOf(op, {in[0], in[1], in[2]});
+  const TensorDesc scores{{s.batch, s.heads, s.sq, s.sk}, in[0]->desc.dtype};
+  const std::vector<int64_t> bst = broadcastStrides(in[3]->desc, scores);
   parallelRows(static_cast<size_t>(s.batch * s.heads * s.sq),
                static_cast<size_t>(2 * s.sk * s.headDim), [&](size_t first, size_t last) {
                  std::vector<double> row(static_cast<size_t>(s.sk));
                  std::vector<double> acc(static_cast<size_t>(s.headDim));
                  for (size_t r = first; r < last; ++r) {
-                   scoreRow(s, q, k, static_cast<int64_t>(r), row.data());
-                   double mx = -std::numeric_limits<double>::infinity();
-                   for (int64_t j = 0; j < s.sk; ++j) {
-                     const int64_t flat = static_cast<int64_t>(r) * s.sk + j;
-                     double& x = row[static_cast<size_t>(j)];
-                     x = scale * x +
-                         bias.data[static_cast<size_t>(broadcastIndex(flat, scores.shape, bst))];
-                     mx = std::max(mx, x);
-                   }
-                   double sum = 0;
-                   for (double& x : row)
-                     sum += x = std::exp(x - mx);
-                   for (double& x : row)
-                     x /= sum;
-                   accumulatePv(s, static_cast<int64_t>(r), row.data(), v, acc);
+                   attentionRow(s, in, scores.shape, bst, static_cast<int64_t>(r), row, acc);
                    storeHeadRow(s, static_cast<int64_t>(r), acc, out);
                  }
                });
 }
+
+} // namespace
+
+Tensor attentionRows(const Op& op, const std::vector<const Tensor*>& in,
+                     const std::vector<int64_t>& rows) {
+  if (in.size() != 5)
+    throw ReferenceError("attention has 5 operands, not " + std::to_string(in.size()));
+  const AttnShape s = attnShapeOf(op, {in[0], in[1], in[2]});
+  const TensorDesc scores{{s.batch, s.heads, s.sq, s.sk}, in[0]->desc.dtype};
+  const std::vector<int64_t> bst = broadcastStrides(in[3]->desc, scores);
+  const int64_t width = s.heads * s.headDim;
+  Tensor out{{{static_cast<int64_t>(rows.size()), width}, op.type.dtype},
+             std::vector<float>(rows.size() * static_cast<size_t>(width))};
+  std::vector<double> row(static_cast<size_t>(s.sk)), acc(static_cast<size_t>(s.headDim));
+  for (size_t n = 0; n < rows.size(); ++n) {
+    if (rows[n] < 0 || rows[n] >= s.batch * s.sq)
+      throw ReferenceError("row " + std::to_string(rows[n]) + " of an attention of " +
+                           std::to_string(s.batch * s.sq) + " query rows");
+    const int64_t b = rows[n] / s.sq, i = rows[n] % s.sq;
+    for (int64_t h = 0; h < s.heads; ++h) {
+      attentionRow(s, in, scores.shape, bst, (b * s.heads + h) * s.sq + i, row, acc);
+      for (int64_t c = 0; c < s.headDim; ++c)
+        out.data[n * static_cast<size_t>(width) + static_cast<size_t>(h * s.headDim + c)] =
+            store(acc[static_cast<size_t>(c)], out.desc.dtype);
+    }
+  }
+  return out;
+}
+
+namespace {
 
 /// A fused op's meaning, by kernel family: the main computation kept in double, then the
 /// epilogue chain, then one rounding, as a fused kernel keeps its accumulator in registers.

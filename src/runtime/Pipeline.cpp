@@ -19,6 +19,8 @@ BuildResult buildKernels(const ir::Graph& fused, dsl::Activations defs, const Bu
     for (ir::Vertex v : fused.vertices()) {
       auto it = o.tiles.find(v);
       copts.tile = it != o.tiles.end() ? &it->second : o.tile;
+      auto f = o.flash.find(v);
+      copts.flash = f != o.flash.end() ? &f->second : nullptr;
       r.graph.units.push_back(codegen::generate(fused, v, defs, copts));
     }
   } catch (const codegen::CodegenError& e) {

@@ -103,7 +103,9 @@ int main(int argc, char** argv) {
   app.add_option("--time-runs", opts.timeRuns, "timed runs of each graph for --time")
       ->capture_default_str()
       ->check(fpat::atLeast(3));
-  app.add_flag("--tune", opts.tune, "measure GEMM configurations on the GPU first (= fpatc tune)");
+  app.add_flag("--tune", opts.tune,
+               "measure kernel configurations (GEMM tiles, flash-attention variants) on the GPU "
+               "first (= fpatc tune)");
   app.add_flag("--retune", opts.retune, "ignore cached tuning results (also: FPAT_RETUNE=1)");
   app.add_option("--tune-cache", opts.tuneCache,
                  "tuning cache file (default: $FPAT_TUNE_CACHE or <cache dir>/tuning.json)");

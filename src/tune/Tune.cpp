@@ -303,6 +303,36 @@ nlohmann::json configJson(const TileConfig& t) {
           {"a_rows", t.aRows}};
 }
 
+nlohmann::json flashJson(const codegen::FlashConfig& f) {
+  return {{"kernel", "flash_attention"},
+          {"bn", f.bn},
+          {"consumers", f.consumers},
+          {"overlap", f.overlap},
+          {"turns", f.pingpong},
+          {"walk", !f.resident ? "grid" : f.dynamic ? "counter" : "stride"}};
+}
+
+/// The flash kernel's configuration an entry's "config" describes; throws (as the library
+/// does) for one the kernel does not implement.
+codegen::FlashConfig flashFromJson(const nlohmann::json& c) {
+  codegen::FlashConfig f;
+  f.bn = c.at("bn").get<int>();
+  f.consumers = c.at("consumers").get<int>();
+  f.overlap = c.at("overlap").get<bool>();
+  f.pingpong = c.at("turns").get<bool>();
+  const std::string walk = c.at("walk").get<std::string>();
+  if (walk != "grid" && walk != "stride" && walk != "counter")
+    throw nlohmann::json::other_error::create(501, "unknown walk " + walk, &c);
+  f.resident = walk != "grid";
+  f.dynamic = walk == "counter";
+  if (f.consumers != 2 && f.consumers != 3)
+    throw nlohmann::json::other_error::create(501, "bad consumer count", &c);
+  if (codegen::FlashConfig::parse(f.str()) != f) // block size, three consumers' blocks
+    throw nlohmann::json::other_error::create(501, "the kernel implements no such configuration",
+                                              &c);
+  return f;
+}
+
 } // namespace
 
 TuningCache::TuningCache(std::string path) : path_(std::move(path)) {
@@ -324,6 +354,15 @@ std::optional<Entry> TuningCache::lookup(const Key& k) {
   try {
     const auto& c = (*it)["config"];
     Entry e;
+    if (c.is_object() && c.contains("kernel")) {
+      if (c["kernel"] != "flash_attention")
+        throw nlohmann::json::other_error::create(501, "unknown kernel", &c);
+      e.flash = flashFromJson(c);
+      e.ms = it->value("ms", 0.0);
+      e.heuristicMs = it->value("heuristic_ms", 0.0);
+      e.candidates = it->value("candidates", 0);
+      return e;
+    }
     e.config = {c.at("bm"), c.at("bn"), c.at("bk"), c.at("wm"), c.at("wn"), c.at("stages")};
     const std::string backend = c.value("backend", c.value("mma", false) ? "mma" : "wmma");
     if (backend == "mma")
@@ -379,8 +418,8 @@ void TuningCache::store(const Key& k, const Entry& e) {
   nlohmann::json j = readCache(path_, true, warnings_, &writable);
   if (!writable)
     return;
-  j["entries"][k.str()] = {{"config", configJson(e.config)},
-                           {"config_name", e.config.str()},
+  j["entries"][k.str()] = {{"config", e.flash ? flashJson(*e.flash) : configJson(e.config)},
+                           {"config_name", e.flash ? e.flash->str() : e.config.str()},
                            {"ms", e.ms},
                            {"heuristic_ms", e.heuristicMs},
                            {"candidates", e.candidates}};

@@ -14,9 +14,10 @@
 namespace fpat::tune {
 using codegen::TileConfig;
 
-bool tunable(const ir::Graph& g, ir::Vertex v) {
+bool tunable(const ir::Graph& g, ir::Vertex v, int arch) {
   const codegen::FamilyGenerator* family = codegen::generatorOf(g.op(v));
-  return family && family->tuning(g, v).has_value();
+  return (family && family->tuning(g, v).has_value()) ||
+         codegen::flashTuning(g, v, arch).has_value();
 }
 
 namespace {
@@ -31,17 +32,34 @@ codegen::TuningProblem tuningOf(const ir::Graph& g, ir::Vertex v) {
   return *t;
 }
 
+Choice fromCache(const Entry& e) {
+  Choice c;
+  c.config = e.config;
+  c.flash = e.flash;
+  c.source = "cache";
+  c.ms = e.ms;
+  c.heuristicMs = e.heuristicMs;
+  return c;
+}
+
 } // namespace
 
 Key keyFor(const ir::Graph& g, ir::Vertex v, dsl::Activations defs, int arch,
            const std::string& nvccVersion) {
   (void)defs;
-  const codegen::TuningProblem t = tuningOf(g, v);
   Key k;
-  k.m = t.m;
-  k.n = t.n;
-  k.k = t.k;
-  k.signature = t.signature;
+  if (const std::optional<codegen::FlashTuning> f = codegen::flashTuning(g, v, arch)) {
+    k.m = f->m;
+    k.n = f->n;
+    k.k = f->k;
+    k.signature = f->signature;
+  } else {
+    const codegen::TuningProblem t = tuningOf(g, v);
+    k.m = t.m;
+    k.n = t.n;
+    k.k = t.k;
+    k.signature = t.signature;
+  }
   k.arch = arch;
   k.templateVersion = codegen::kernelHeadersHash().substr(0, 16);
   k.nvccVersion = nvccVersion;
@@ -51,16 +69,15 @@ Key keyFor(const ir::Graph& g, ir::Vertex v, dsl::Activations defs, int arch,
 Choice choose(const ir::Graph& g, ir::Vertex v, dsl::Activations defs, TuningCache& cache, int arch,
               int sms, const std::string& nvccVersion, bool retune) {
   Choice c;
+  const std::optional<codegen::FlashTuning> flash = codegen::flashTuning(g, v, arch);
   if (!retune && !retuneFromEnvironment())
-    if (auto e = cache.lookup(keyFor(g, v, defs, arch, nvccVersion))) {
-      c.config = e->config;
-      c.source = "cache";
-      c.ms = e->ms;
-      c.heuristicMs = e->heuristicMs;
-      return c;
-    }
+    if (auto e = cache.lookup(keyFor(g, v, defs, arch, nvccVersion)); e && !e->flash == !flash)
+      return fromCache(*e);
   // The code generator's own default for the op (its family's heuristic).
-  c.config = codegen::defaultTile(tuningOf(g, v).problem, arch, sms);
+  if (flash)
+    c.flash = flash->candidates.at(0);
+  else
+    c.config = codegen::defaultTile(tuningOf(g, v).problem, arch, sms);
   c.source = "heuristic";
   return c;
 }
@@ -103,6 +120,148 @@ double median(std::vector<float> v) {
   return v.empty() ? 0.0 : v[v.size() / 2];
 }
 
+/// Attention op `v` alone: its constants and weights with values kept as they are (the flash
+/// kernel reads a causal mask and a positive scale from their values), other operands inputs.
+ir::Graph isolateAttention(const ir::Graph& g, ir::Vertex v) {
+  ir::Graph sub(g.name() + "." + g.op(v).name);
+  std::vector<ir::Vertex> ins;
+  for (ir::Vertex w : g.operands(v)) {
+    const ir::Op& from = g.op(w);
+    ir::Op in;
+    if (from.kind == ir::OpKind::Constant ||
+        (from.kind == ir::OpKind::Input && from.weight && from.data)) {
+      in = from;
+    } else {
+      in.kind = ir::OpKind::Input;
+      in.type = from.type;
+      in.mask = from.kind == ir::OpKind::Input && from.mask;
+    }
+    in.name = "in" + std::to_string(ins.size());
+    ins.push_back(sub.addOp(in, {}));
+  }
+  sub.addOutput(sub.addOp(g.op(v), ins));
+  return sub;
+}
+
+/// tune() for an attention op on the flash kernel: its candidates compiled together, each
+/// checked on 16 sampled query rows against the reference and timed; the fastest kept.
+Choice tuneFlash(cuda::Driver& drv, const ir::Graph& g, ir::Vertex v, dsl::Activations defs,
+                 const codegen::FlashTuning& ft, const DeviceLimits& lim, const Key& key,
+                 TuningCache& cache, const TuneOptions& o) {
+  const ir::Graph sub = isolateAttention(g, v);
+  const ir::Vertex subOp = sub.outputs()[0];
+  const auto inputs = ir::randomInputs(sub, 17);
+  std::map<std::string, std::vector<uint16_t>> bits;
+  for (auto& [name, t] : inputs) {
+    auto& b = bits[name];
+    b.resize(t.data.size());
+    for (size_t i = 0; i < b.size(); ++i)
+      b[i] = ir::toBits(t.data[i], t.desc.dtype);
+  }
+  std::vector<ir::Tensor> operands;
+  for (ir::Vertex w : sub.operands(subOp)) {
+    const ir::Op& op = sub.op(w);
+    operands.push_back(
+        op.kind == ir::OpKind::Constant
+            ? ir::Tensor{op.type, std::vector<float>(
+                                      static_cast<size_t>(op.type.numel()),
+                                      static_cast<float>(ir::roundTo(op.value, op.type.dtype)))}
+            : inputs.at(op.name));
+  }
+  std::vector<const ir::Tensor*> ptrs;
+  for (const ir::Tensor& t : operands)
+    ptrs.push_back(&t);
+  std::vector<int64_t> rows;
+  for (int64_t r = 0; r < std::min<int64_t>(ft.m, 16); ++r)
+    rows.push_back(ft.m <= 16 ? r : r * (ft.m - 1) / 15);
+  const ir::Tensor want = ir::attentionRows(sub.op(subOp), ptrs, rows);
+
+  std::vector<codegen::KernelUnit> units;
+  codegen::CodegenOptions base;
+  base.arch = lim.arch;
+  base.sms = lim.sms;
+  for (const codegen::FlashConfig& f : ft.candidates) {
+    codegen::CodegenOptions c = base;
+    c.flash = &f;
+    units.push_back(codegen::generate(sub, subOp, defs, c));
+  }
+  runtime::NvccOptions n;
+  n.arch = lim.arch;
+  n.cacheDir = o.cacheDir;
+  n.jobs = o.jobs;
+  n.extraFlags = o.nvccFlags;
+  const std::vector<runtime::CompiledKernel> compiled = runtime::compileAll(units, n);
+
+  Choice best;
+  best.source = "tuned";
+  best.ms = INFINITY;
+  std::string firstReject;
+  for (size_t i = 0; i < ft.candidates.size(); ++i) {
+    const std::string name = ft.candidates[i].str();
+    ++best.tried;
+    auto reject = [&](const std::string& why) {
+      ++best.rejected;
+      if (firstReject.empty())
+        firstReject = name + ": " + why;
+      if (o.log)
+        *o.log << "    " << i + 1 << "/" << ft.candidates.size() << " " << name
+               << ": rejected: " << why << "\n";
+    };
+    if (!compiled[i].error.empty()) {
+      reject("nvcc failed");
+      continue;
+    }
+    runtime::CompiledGraph cg{sub, {}, {}};
+    for (ir::Vertex u : sub.vertices())
+      cg.units.push_back(u == subOp ? units[i] : codegen::KernelUnit{});
+    cg.cubins[units[i].name] = compiled[i].cubinPath;
+    try {
+      runtime::Executor ex(drv, cg);
+      if (auto [regs, local] = ex.registersAndLocalBytes(); local > kMaxSpillBytes) {
+        reject("spills (" + std::to_string(local) + " bytes of local memory per thread)");
+        continue;
+      }
+      runtime::RunResult r = ex.runBits(bits, /*poison=*/true);
+      ir::Tensor got{want.desc, {}};
+      const auto width = static_cast<size_t>(ft.n);
+      for (int64_t row : rows)
+        got.data.insert(got.data.end(),
+                        r.outputs[0].data.begin() + static_cast<std::ptrdiff_t>(row) * ft.n,
+                        r.outputs[0].data.begin() +
+                            static_cast<std::ptrdiff_t>(static_cast<size_t>(row) * width + width));
+      runtime::Agreement a = runtime::compareToReference(got, want);
+      if (!a.pass) {
+        reject("wrong results (max rel err " + std::to_string(a.maxRel) + ", " +
+               std::to_string(a.nonFinite) + " non-finite)");
+        continue;
+      }
+      const double ms = median(ex.time(o.warmup, o.reps, 2 * static_cast<size_t>(lim.l2Bytes)));
+      if (i == 0)
+        best.heuristicMs = ms; // the heuristic's configuration comes first
+      if (ms < best.ms) {
+        best.ms = ms;
+        best.flash = ft.candidates[i];
+      }
+      if (o.log)
+        *o.log << "    " << i + 1 << "/" << ft.candidates.size() << " " << name << ": " << ms
+               << " ms (best so far " << best.flash->str() << ", " << best.ms << " ms)\n";
+    } catch (const cuda::CudaError& e) {
+      reject(e.what());
+    }
+  }
+  if (!best.flash)
+    throw std::runtime_error("no configuration of %" + g.op(v).name + " ran correctly: all " +
+                             std::to_string(ft.candidates.size()) + " rejected (first, " +
+                             firstReject + ")");
+  Entry e;
+  e.flash = best.flash;
+  e.ms = best.ms;
+  e.heuristicMs = best.heuristicMs;
+  e.candidates = best.tried;
+  cache.store(key, e);
+  return best;
+}
+
 } // namespace
 
 Choice tune(cuda::Driver& drv, const ir::Graph& g, ir::Vertex v, dsl::Activations defs,
@@ -110,15 +269,12 @@ Choice tune(cuda::Driver& drv, const ir::Graph& g, ir::Vertex v, dsl::Activation
   const DeviceLimits lim = DeviceLimits::from(drv.device());
   const std::string nvcc = runtime::nvccIdentity(runtime::findNvcc({}), o.nvccFlags);
   const Key key = keyFor(g, v, defs, lim.arch, nvcc);
+  const std::optional<codegen::FlashTuning> flash = codegen::flashTuning(g, v, lim.arch);
   if (!o.retune && !retuneFromEnvironment() && o.configs.empty())
-    if (auto e = cache.lookup(key)) {
-      Choice c;
-      c.config = e->config;
-      c.source = "cache";
-      c.ms = e->ms;
-      c.heuristicMs = e->heuristicMs;
-      return c;
-    }
+    if (auto e = cache.lookup(key); e && !e->flash == !flash)
+      return fromCache(*e);
+  if (flash)
+    return tuneFlash(drv, g, v, defs, *flash, lim, key, cache, o);
   const ir::Op& op = g.op(v);
   ir::Graph sub = isolate(g, v);
   const ir::Vertex subOp = sub.outputs()[0];
@@ -279,7 +435,7 @@ Choice tune(cuda::Driver& drv, const ir::Graph& g, ir::Vertex v, dsl::Activation
                              std::to_string(candidates.size()) + " rejected (first, " +
                              firstReject + ")");
   if (o.configs.empty()) // a hand-picked list is an experiment, not a tuning result
-    cache.store(key, Entry{best.config, best.ms, best.heuristicMs, best.tried});
+    cache.store(key, Entry{best.config, best.ms, best.heuristicMs, best.tried, {}});
   return best;
 }
 

@@ -288,7 +288,7 @@ BOOST_AUTO_TEST_CASE(cache_round_trip) {
   {
     TuningCache c(tc.path);
     BOOST_TEST(!c.lookup(key("a")).has_value());
-    c.store(key("a"), Entry{{64, 128, 32, 32, 64, 4}, 0.25, 0.5, 16});
+    c.store(key("a"), Entry{{64, 128, 32, 32, 64, 4}, 0.25, 0.5, 16, {}});
   }
   TuningCache again(tc.path);
   auto e = again.lookup(key("a"));
@@ -307,13 +307,13 @@ BOOST_AUTO_TEST_CASE(cache_round_trip) {
   BOOST_TEST(again.takeWarnings().empty());
   // A cluster size survives the round trip.
   const TileConfig clustered{128, 256, 64, 64, 256, 3, codegen::Backend::Wgmma, 2, true};
-  again.store(key("b"), Entry{clustered, 0.1, 0.2, 4});
+  again.store(key("b"), Entry{clustered, 0.1, 0.2, 4, {}});
   auto b = TuningCache(tc.path).lookup(key("b"));
   BOOST_REQUIRE(b.has_value());
   BOOST_TEST((b->config == clustered));
   // So does a short A box.
   const TileConfig decode = *TileConfig::parse("64x128x64_w1x1_s11_a16_wgmma");
-  again.store(key("d"), Entry{decode, 0.02, 0.03, 2});
+  again.store(key("d"), Entry{decode, 0.02, 0.03, 2, {}});
   auto d = TuningCache(tc.path).lookup(key("d"));
   BOOST_REQUIRE(d.has_value());
   BOOST_TEST(d->config.str() == decode.str());
@@ -373,7 +373,7 @@ BOOST_AUTO_TEST_CASE(corrupt_caches_are_moved_aside_and_rebuilt) {
       BOOST_TEST(w[0].find('\x01') == std::string::npos);
       BOOST_TEST(count(".bad-") == 0); // reading changes nothing
       BOOST_TEST(count(".lock") == 0); // and takes no lock
-      c.store(key("b"), Entry{{64, 64, 32, 32, 32, 3}, 1, 1, 1});
+      c.store(key("b"), Entry{{64, 64, 32, 32, 32, 3}, 1, 1, 1, {}});
       w = c.takeWarnings();
       BOOST_REQUIRE(w.size() == 1u);
       BOOST_TEST(w[0].find("moved to") != std::string::npos, w[0]);
@@ -392,7 +392,7 @@ BOOST_AUTO_TEST_CASE(a_newer_or_misplaced_cache_is_left_alone) {
   std::ofstream(tc.path) << newer;
   TuningCache c(tc.path);
   BOOST_TEST(!c.lookup(key("a")).has_value());
-  c.store(key("b"), Entry{{64, 64, 32, 32, 32, 3}, 1, 1, 1});
+  c.store(key("b"), Entry{{64, 64, 32, 32, 32, 3}, 1, 1, 1, {}});
   auto w = c.takeWarnings();
   BOOST_REQUIRE(w.size() == 2u);
   BOOST_TEST(w[0].find("schema 999") != std::string::npos, w[0]);
@@ -405,7 +405,7 @@ BOOST_AUTO_TEST_CASE(a_newer_or_misplaced_cache_is_left_alone) {
   fs::create_directories(dir.path);
   TuningCache d(dir.path);
   BOOST_TEST(!d.lookup(key("a")).has_value());
-  d.store(key("b"), Entry{{64, 64, 32, 32, 32, 3}, 1, 1, 1});
+  d.store(key("b"), Entry{{64, 64, 32, 32, 32, 3}, 1, 1, 1, {}});
   w = d.takeWarnings();
   BOOST_REQUIRE(w.size() == 2u);
   BOOST_TEST(w[0].find("is a directory") != std::string::npos, w[0]);
@@ -423,7 +423,7 @@ BOOST_AUTO_TEST_CASE(concurrent_writers_lose_no_entries) {
       TuningCache c(tc.path);
       for (int i = 0; i < perProc; ++i)
         c.store(key("p" + std::to_string(p) + "_" + std::to_string(i)),
-                Entry{{64, 64, 32, 32, 32, 2 + i % 3}, double(i), double(p), i});
+                Entry{{64, 64, 32, 32, 32, 2 + i % 3}, double(i), double(p), i, {}});
       _exit(0);
     }
     pids.push_back(pid);
@@ -520,7 +520,7 @@ BOOST_AUTO_TEST_CASE(without_a_cache_entry_the_heuristic_picks) {
   // Once tuned (here: stored by hand), the cache answers, unless retuning is asked for.
   Key k = keyFor(f, v, testing::builtinLibrary().activations, 90, "nvcc-x");
   BOOST_TEST(k.signature == "gemm:gemm_bias_gelu,gelu(bias_add(acc, $2)):vec");
-  c.store(k, Entry{{128, 256, 32, 64, 64, 3}, 0.3, 0.4, 10});
+  c.store(k, Entry{{128, 256, 32, 64, 64, 3}, 0.3, 0.4, 10, {}});
   ch = choose(f, v, testing::builtinLibrary().activations, c, 90, 132, "nvcc-x", false);
   BOOST_TEST(ch.source == "cache");
   BOOST_TEST(ch.config.str() == "128x256x32_w2x4_s3");

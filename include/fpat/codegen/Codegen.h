@@ -64,6 +64,23 @@ struct TileConfig {
   bool operator==(const TileConfig&) const = default;
 };
 
+/// A configuration of the sm_90 flash-attention kernel (fpat::FlashTile in fpat_flash.cuh):
+/// key blocks of `bn` (64, 128, 176 or 192), `consumers` warpgroups of 64 query rows (three
+/// only at head dimension 64 with blocks of at most 128 keys), the softmax overlapped with
+/// P V or not, the consumers taking turns or not, one CTA a tile or one resident CTA per SM
+/// walking the tiles in a fixed stride or (`dynamic`) from a counter.
+struct FlashConfig {
+  int bn = 128, consumers = 2;
+  bool overlap = true, pingpong = true, resident = true, dynamic = false;
+  /// `128oprd`, `128oprdt`: FPAT_FLASH's letters (`o` or `s` for the overlap, `t` for three
+  /// consumers), the kernel name's suffix.
+  std::string str() const;
+  /// The inverse of str(); the letters in any order, `o` optional. nullopt for text that is
+  /// not a configuration the kernel implements.
+  static std::optional<FlashConfig> parse(const std::string& text);
+  bool operator==(const FlashConfig&) const = default;
+};
+
 /// Dynamic shared memory of a GEMM configuration; mirrors fpat::gemmSmemBytes in fpat_gemm.cuh
 /// and fpat::wgmmaSmemBytes in fpat_wgmma.cuh.
 int gemmSmemBytes(const TileConfig& t, bool transB);
@@ -274,9 +291,22 @@ struct CodegenOptions {
   int arch = 90;                              // sm_XX
   int sms = 132;                              // SMs of the target (tile heuristic)
   const TileConfig* tile = nullptr;           // override the heuristic (tuner)
+  const FlashConfig* flash = nullptr;         // the flash-attention kernel's, likewise
   std::map<std::string, std::string> sources; // pattern -> ".fpat file:line", for comments
   std::string version = "0.1.0";
 };
+
+/// What the tuner searches for an attention op that runs on the flash kernel: a key (what the
+/// kernel computes; sizes m = B Sq, n = H d, k = Sk) and the configurations worth timing, the
+/// heuristic's (or FPAT_FLASH's) first.
+struct FlashTuning {
+  std::string signature;
+  int64_t m = 0, n = 0, k = 0;
+  std::vector<FlashConfig> candidates;
+};
+/// nullopt where op `v` runs on no flash-attention kernel on sm_`arch` (other ops, the decode
+/// kernel, other head dimensions and targets).
+std::optional<FlashTuning> flashTuning(const ir::Graph& g, ir::Vertex v, int arch);
 
 /// Generates the kernel for op `v` of `g` (fused or not). Inputs need no kernel: returns a
 /// unit with no launches. Throws CodegenError for what no kernel family implements (f32

@@ -81,8 +81,17 @@ bool flashDecodeFits(const ir::AttnShape& s, FlashMask mask);
 /// The split-KV decode kernel and, with more than one split, its merge (fpat_flash.cuh).
 KernelUnit generateFlashDecode(const ir::Graph& g, ir::Vertex v, const CodegenOptions& o,
                                const ir::AttnShape& s, FlashMask mask);
+/// The element strides of an operand of shape `s` over a rank-4 result it broadcasts to
+/// (NumPy: trailing dimensions aligned; 0 where it repeats).
+std::array<int64_t, 4> broadcastStrides(const std::vector<int64_t>& s);
 /// The flash-attention kernel; `bias` holds the bias's strides over [B, H, Sq, Sk].
 KernelUnit generateFlashAttention(const ir::Graph& g, ir::Vertex v, const CodegenOptions& o,
                                   const ir::AttnShape& s, const int64_t (&bias)[4], FlashMask mask);
+/// The flash kernel's configuration: `chosen` (the tuner's), else FPAT_FLASH's, else the
+/// heuristic's; each made one the kernel implements at these sizes (fitted).
+FlashConfig flashConfig(const ir::AttnShape& s, FlashMask mask, const FlashConfig* chosen);
+FlashConfig fitted(FlashConfig f, const ir::AttnShape& s);
+/// b2_h8_kv2_q333_k333_d128_causal: an attention's sizes and mask in kernel names.
+std::string sizesName(const ir::AttnShape& s, FlashMask mask);
 
 } // namespace fpat::codegen::detail

@@ -67,6 +67,12 @@ std::vector<Tensor> evaluate(const Graph& g, const std::map<std::string, Tensor>
                              const EvalProgress& progress = {},
                              const std::map<std::string, Tensor>* overrides = nullptr);
 
+/// Query rows `rows` (b * Sq + i, every head) of attention op `op` with operands `in` (q, k,
+/// v, bias, scale): [rows, H d], computed as evaluate() does, for checking a kernel on sampled
+/// rows of a real-size attention. Throws ReferenceError for a row out of range.
+Tensor attentionRows(const Op& op, const std::vector<const Tensor*>& in,
+                     const std::vector<int64_t>& rows);
+
 /// Summary statistics of a tensor, for printing.
 struct TensorStats {
   double min = 0, max = 0, mean = 0, rms = 0;

@@ -15,6 +15,7 @@ struct BuildOptions {
   std::vector<std::string> nvccFlags;                // extra nvcc flags (NvccOptions::extraFlags)
   const codegen::TileConfig* tile = nullptr;         // force one GEMM configuration
   std::map<ir::Vertex, codegen::TileConfig> tiles;   // per-op configurations (tuner, cache)
+  std::map<ir::Vertex, codegen::FlashConfig> flash;  // attention ops' (tuner, cache)
   std::map<std::string, std::string> patternSources; // pattern -> "file:line"
 };
 

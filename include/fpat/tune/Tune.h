@@ -66,6 +66,7 @@ struct Entry {
   double ms = 0;          // median time of the winner
   double heuristicMs = 0; // median time of the heuristic default, measured alongside
   int candidates = 0;
+  std::optional<codegen::FlashConfig> flash; // the flash-attention kernel's, instead of config
 };
 
 /// The persistent cache: one JSON file, read and written under an exclusive lock, replaced

@@ -1,5 +1,5 @@
-// Choosing GEMM configurations per op: from the tuning cache, by measurement on the GPU, or by
-// the heuristic when neither is possible.
+// Choosing kernel configurations per op (GEMM tiles, flash-attention variants): from the
+// tuning cache, by measurement on the GPU, or by the heuristic when neither is possible.
 #pragma once
 
 #include "fpat/dsl/Library.h"
@@ -26,14 +26,17 @@ struct TuneOptions {
 
 struct Choice {
   codegen::TileConfig config;
+  std::optional<codegen::FlashConfig> flash; // an attention op's (flash kernel), not config
+  std::string configName() const { return flash ? flash->str() : config.str(); }
   std::string source; // "cache", "tuned" or "heuristic"
   double ms = 0;      // measured (tuned) or remembered (cache) time
   double heuristicMs = 0;
   int tried = 0, rejected = 0;
 };
 
-/// Ops whose kernels have a GEMM configuration to choose.
-bool tunable(const ir::Graph& g, ir::Vertex v);
+/// Ops whose kernels have a configuration to choose on sm_`arch`: a GEMM family's tile, or the
+/// flash-attention kernel's (codegen::flashTuning).
+bool tunable(const ir::Graph& g, ir::Vertex v, int arch = 90);
 
 /// The cache key of op `v`'s kernel.
 Key keyFor(const ir::Graph& g, ir::Vertex v, dsl::Activations defs, int arch,

@@ -159,7 +159,8 @@ FlashConfig flashConfig(const ir::AttnShape& s, FlashMask mask, const FlashConfi
   // two consumers leave both idle while they wait: three consumers of 64 rows (192-row tiles,
   // FA3's tile there) taking tiles from the counter (session 44, H100, against the default
   // then: no mask +4-26% from S = 1k (475 -> 534 TFLOP/s at 16k), equal at 512; causal +3-11%
-  // from S = 4096, equal at 2048 and -15-18% at 512-1024, where the larger tiles balance worse).
+  // from S = 4096, equal at 2048 and -15-18% at 512-1024, where the larger tiles balance worse;
+  // the tuner at 200 keys, 80 heads: 23% slower than two consumers).
   // FPAT_FLASH=<BN>[s][p][r][d][t] asks for another (an experiment's knob: "s" runs the blocks
   // one after the other, "p" makes the consumers take turns, "r" keeps one CTA resident per SM
   // that walks the tiles, "d" with "r" hands the tiles out as CTAs become free, "t" has three
@@ -171,7 +172,7 @@ FlashConfig flashConfig(const ir::AttnShape& s, FlashMask mask, const FlashConfi
     if (std::optional<FlashConfig> f = FlashConfig::parse(env))
       return fitted(*f, s);
   FlashConfig f;
-  f.consumers = s.headDim == 64 && (mask != FlashMask::Causal || s.sk >= 4096) ? 3 : 2;
+  f.consumers = s.headDim == 64 && s.sk >= (mask == FlashMask::Causal ? 4096 : 512) ? 3 : 2;
   f.dynamic = mask == FlashMask::Causal || f.consumers == 3;
   return fitted(f, s);
 }

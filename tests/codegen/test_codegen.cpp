@@ -1154,13 +1154,22 @@ ir::Graph attentionGraph(int64_t sq, int64_t sk, int64_t d, int bias) {
 BOOST_AUTO_TEST_CASE(flash_attention_with_three_consumers) {
   // FPAT_FLASH's "t": three consumer warpgroups of 64 query rows (192-row tiles, 512 threads)
   // at head dimension 64; at 128 (too few registers for three) the knob keeps two. Tiles of
-  // 192 rows: the grid, Q's TMA box and shared memory follow; the sources compile for sm_90a.
+  // 192 rows: the grid, Q's TMA box and shared memory follow; the sources compile for sm_90a
+  // without serialized wgmma, also where the keys fit one or two blocks (nvcc then knew the
+  // block count and merged the loop, and ptxas serialized the wgmma: too few registers).
   std::vector<codegen::KernelUnit> units;
   for (const char* knob : {"128prt", "128prdt"})
     for (int64_t d : {int64_t{64}, int64_t{128}})
       BOOST_TEST_CONTEXT("FPAT_FLASH=" << knob << ", d " << d) {
         setenv("FPAT_FLASH", knob, 1);
         const ir::Graph g = attentionGraph(400, 400, d, 1);
+        if (d == 64 && std::string(knob) == "128prdt") {
+          const ir::Graph short_ = attentionGraph(129, 129, d, 0);
+          codegen::CodegenOptions o;
+          units.push_back(
+              codegen::generate(short_, short_.outputs()[0], builtinLibrary().activations, o));
+          BOOST_TEST(units.back().launches.at(0).threads == 512);
+        }
         codegen::CodegenOptions o;
         o.arch = 90;
         o.sms = 132;
@@ -1207,6 +1216,7 @@ BOOST_AUTO_TEST_CASE(attention_takes_the_flash_kernel_on_sm90) {
       {100, 300, 64, 1, 90, "flash_attention_b2_h4_kv2_q100_k300_d64_causal"},
       {300, 100, 64, 1, 90, "flash_attention_b2_h4_kv2_q300_k100_d64_bias_"},
       {129, 129, 64, 0, 90, "flash_attention_b2_h4_kv2_q129_k129_d64_none"},
+      {600, 600, 64, 0, 90, "flash_attention_b2_h4_kv2_q600_k600_d64_none"},
       {65, 65, 128, 2, 90, "flash_attention_b2_h4_kv2_q65_k65_d128_bias_0_0_65_1"},
       {65, 65, 128, 3, 90, "flash_attention_b2_h4_kv2_q65_k65_d128_bias_"},
       {65, 65, 80, 0, 90, "fpat_attention_b2"},
@@ -1227,11 +1237,10 @@ BOOST_AUTO_TEST_CASE(attention_takes_the_flash_kernel_on_sm90) {
         // One CTA per SM (at most one a tile) walks the tiles; causal tiles differ in length,
         // so there each CTA takes the next from a counter (the "d" tile, two counters of
         // scratch, zeroed once). At d 64 three consumers (192-row tiles, "t") take tiles from
-        // the counter too, but for causal masks over fewer than 4096 keys. Keys in one or two
-        // blocks (Sk 129) once made ptxas serialize their wgmma.
+        // the counter too, from 512 keys (4096 with a causal mask).
         const codegen::Launch& l = u.launches[0];
         const bool causal = u.name.find("_causal") != std::string::npos;
-        const bool three = c.d == 64 && (!causal || c.sk >= 4096);
+        const bool three = c.d == 64 && c.sk >= (causal ? 4096 : 512);
         const int64_t tiles = (c.sq + (three ? 191 : 127)) / (three ? 192 : 128) * 4 * 2;
         BOOST_TEST((l.blocks[0] == std::min<int64_t>(tiles, o.sms) && l.blocks[1] == 1 &&
                     l.blocks[2] == 1));

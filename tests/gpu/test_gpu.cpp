@@ -1031,6 +1031,62 @@ BOOST_AUTO_TEST_CASE(tuning_smoke_test) {
   std::filesystem::remove(path + ".lock");
 }
 
+BOOST_AUTO_TEST_CASE(attention_tuning_smoke_test) {
+  // Every flash-kernel variant the tuner offers for a ragged attention (300 query and key
+  // rows, GQA 2; causal at d 64 in f16, none at d 128 in bf16) compiles without serialized
+  // wgmma, runs and matches the reference on sampled rows; the fastest is stored, read back,
+  // and the graph built with it matches the whole reference.
+  for (auto [d, causal, dt] : {std::tuple{int64_t{64}, true, ir::DType::F16},
+                               std::tuple{int64_t{128}, false, ir::DType::BF16}})
+    BOOST_TEST_CONTEXT("d " << d << (causal ? ", causal" : "") << ", " << dt) {
+      const std::string path = (std::filesystem::temp_directory_path() /
+                                ("fpat-gpu-tune-attn-" + std::to_string(::getpid()) + ".json"))
+                                   .string();
+      tune::TuningCache cache(path);
+      const int64_t s = 300;
+      ir::GraphBuilder b("attention_tuning");
+      auto q = b.input("q", {2 * s, 4 * d}, dt);
+      auto k = b.input("k", {2 * s, 2 * d}, dt);
+      auto v = b.input("v", {2 * s, 2 * d}, dt);
+      ir::Value m = b.constant(0.0, {}, dt);
+      if (causal) {
+        std::vector<float> data(static_cast<size_t>(s * s));
+        for (int64_t i = 0; i < s; ++i)
+          for (int64_t j = i + 1; j < s; ++j)
+            data[static_cast<size_t>(i * s + j)] = -std::numeric_limits<float>::infinity();
+        m = b.weight("mask", {1, 1, s, s}, dt, data);
+      }
+      b.output(b.attention(q, k, v, m, b.constant(1.0 / std::sqrt(double(d)), {}, dt), 2, d, "o"));
+      const ir::Graph g = b.build();
+      const ir::Vertex op = g.outputs()[0];
+      tune::TuneOptions o;
+      o.cacheDir = cacheDir();
+      tune::Choice c = tune::tune(*gpu(), g, op, builtinLibrary().activations, cache, o);
+      BOOST_TEST(c.source == "tuned");
+      BOOST_TEST_REQUIRE(c.flash.has_value());
+      BOOST_TEST(c.tried == static_cast<int>(codegen::flashTuning(g, op, 90)->candidates.size()));
+      BOOST_TEST(c.rejected == 0);
+      BOOST_TEST(c.ms > 0);
+      BOOST_TEST(c.ms <= c.heuristicMs); // the heuristic is among the candidates
+      tune::Choice again = tune::tune(*gpu(), g, op, builtinLibrary().activations, cache, o);
+      BOOST_TEST(again.source == "cache");
+      BOOST_TEST((again.flash == c.flash));
+      runtime::BuildOptions bo = buildOptions();
+      bo.flash[op] = *c.flash;
+      runtime::BuildResult r = runtime::buildKernels(g, builtinLibrary().activations, bo);
+      BOOST_TEST_REQUIRE(r.error.empty(), r.error);
+      BOOST_TEST(r.graph.units[op].name.ends_with("_" + c.flash->str()));
+      auto inputs = ir::randomInputs(g, 5);
+      auto want = ir::evaluate(g, inputs, builtinLibrary().referenceActivations());
+      runtime::Executor ex(*gpu(), r.graph);
+      runtime::Agreement a =
+          runtime::compareToReference(ex.run(inputs, /*poison=*/true).outputs[0], want[op]);
+      BOOST_TEST(a.pass, "max rel err " << a.maxRel << ", non-finite " << a.nonFinite);
+      std::filesystem::remove(path);
+      std::filesystem::remove(path + ".lock");
+    }
+}
+
 BOOST_AUTO_TEST_CASE(planted_out_of_bounds_write) {
   // Only for gpu.sanitizer.catches_planted_error (FPAT_PLANT_OOB=1): a kernel that writes one
   // element past its output, which compute-sanitizer memcheck must report, so that its clean

@@ -552,3 +552,158 @@ BOOST_AUTO_TEST_CASE(the_heuristic_is_the_code_generators_default) {
                                            << " against " << u.tile.str());
   }
 }
+
+namespace {
+
+/// One attention op (q [B Sq, 4 d], k and v [B Sk, 2 d]: GQA 2), batch 2; `causal`: a causal
+/// weight (bottom-right, -inf), else a zero bias.
+ir::Graph attentionOp(int64_t sq, int64_t sk, int64_t d, bool causal,
+                      ir::DType dt = ir::DType::F16) {
+  ir::GraphBuilder b("attention");
+  auto q = b.input("q", {2 * sq, 4 * d}, dt);
+  auto k = b.input("k", {2 * sk, 2 * d}, dt);
+  auto v = b.input("v", {2 * sk, 2 * d}, dt);
+  ir::Value m;
+  if (causal) {
+    std::vector<float> data(static_cast<size_t>(sq * sk));
+    for (int64_t i = 0; i < sq; ++i)
+      for (int64_t j = 0; j < sk; ++j)
+        data[static_cast<size_t>(i * sk + j)] =
+            j > i + sk - sq ? -std::numeric_limits<float>::infinity() : 0.0f;
+    m = b.weight("mask", {1, 1, sq, sk}, dt, data);
+  } else {
+    m = b.constant(0.0, {}, dt);
+  }
+  b.output(b.attention(q, k, v, m, b.constant(0.125, {}, dt), 2, d, "o"));
+  return b.build();
+}
+
+} // namespace
+
+BOOST_AUTO_TEST_CASE(flash_configurations_round_trip_their_names) {
+  using codegen::FlashConfig;
+  for (const char* name : {"128oprd", "128oprdt", "176opr", "64sp", "192o", "128oprt"}) {
+    auto f = FlashConfig::parse(name);
+    BOOST_TEST_REQUIRE(f.has_value(), name);
+    BOOST_TEST(f->str() == name);
+  }
+  // FPAT_FLASH's spelling: "o" optional, letters in any order.
+  BOOST_TEST(FlashConfig::parse("128prdt")->str() == "128oprdt");
+  BOOST_TEST(FlashConfig::parse("128tdrp")->str() == "128oprdt");
+  // Not a configuration: other block sizes, unknown or repeated letters, "o" with "s", the
+  // counter without resident CTAs, three consumers with blocks of more than 128 keys.
+  for (const char* bad : {"", "p", "96p", "128x", "128pp", "128os", "128pd", "176prt", "1280",
+                          "128prd\xff", "00128p"})
+    BOOST_TEST(!FlashConfig::parse(bad).has_value(), bad);
+}
+
+BOOST_AUTO_TEST_CASE(attention_ops_on_the_flash_kernel_are_tunable) {
+  // The heuristic's configuration first, then each variant once, each one the kernel
+  // implements at these sizes: at d 128 no three consumers, at d 64 none with 176-key blocks.
+  for (auto [d, causal] : {std::pair{int64_t{64}, true},
+                           {int64_t{64}, false},
+                           {int64_t{128}, true},
+                           {int64_t{128}, false}})
+    BOOST_TEST_CONTEXT("d " << d << (causal ? ", causal" : "")) {
+      const ir::Graph g = attentionOp(600, 600, d, causal);
+      const ir::Vertex v = g.outputs()[0];
+      BOOST_TEST(tunable(g, v, 90));
+      BOOST_TEST(!tunable(g, v, 80)); // the CUDA-core kernel has nothing to choose
+      auto t = codegen::flashTuning(g, v, 90);
+      BOOST_TEST_REQUIRE(t.has_value());
+      BOOST_TEST(t->m == 1200);
+      BOOST_TEST(t->n == 4 * d);
+      BOOST_TEST(t->k == 600);
+      codegen::CodegenOptions o;
+      const std::string heuristic =
+          codegen::generate(g, v, testing::builtinLibrary().activations, o).name;
+      BOOST_TEST(heuristic.ends_with("_" + t->candidates.at(0).str()), heuristic);
+      std::set<std::string> names;
+      for (const codegen::FlashConfig& f : t->candidates) {
+        BOOST_TEST(names.insert(f.str()).second, f.str() << " twice");
+        BOOST_TEST((f.consumers == 2 || (d == 64 && f.bn <= 128)), f.str());
+        BOOST_TEST((f.resident || causal), f.str()); // one CTA a tile: only for causal tiles
+        // The configuration reaches the kernel.
+        o.flash = &f;
+        BOOST_TEST(codegen::generate(g, v, testing::builtinLibrary().activations, o)
+                       .name.ends_with("_" + f.str()));
+      }
+      BOOST_TEST(names.size() == (d == 64 ? 6u : 4u) + (causal ? 1u : 0u));
+    }
+  // The decode kernel (one query row) and other head dimensions: nothing to tune.
+  const ir::Graph decode = attentionOp(1, 600, 128, false);
+  BOOST_TEST(!tunable(decode, decode.outputs()[0], 90));
+  const ir::Graph d80 = attentionOp(600, 600, 80, false);
+  BOOST_TEST(!tunable(d80, d80.outputs()[0], 90));
+}
+
+BOOST_AUTO_TEST_CASE(flash_configurations_are_cached_and_chosen) {
+  TempCache tc;
+  TuningCache c(tc.path);
+  const ir::Graph g = attentionOp(600, 600, 64, true);
+  const ir::Vertex v = g.outputs()[0];
+  const auto& acts = testing::builtinLibrary().activations;
+  Choice ch = choose(g, v, acts, c, 90, 132, "nvcc-x", false);
+  BOOST_TEST(ch.source == "heuristic");
+  BOOST_TEST_REQUIRE(ch.flash.has_value());
+  BOOST_TEST(ch.configName() == codegen::flashTuning(g, v, 90)->candidates.at(0).str());
+  // The key says what the kernel computes: sizes, mask, element type, scale.
+  const Key k = keyFor(g, v, acts, 90, "nvcc-x");
+  BOOST_TEST(k.signature == "flash_attention_b2_h4_kv2_q600_k600_d64_causal_f16");
+  BOOST_TEST((k.m == 1200 && k.n == 256 && k.k == 600));
+  const ir::Graph bf = attentionOp(600, 600, 64, true, ir::DType::BF16);
+  BOOST_TEST(keyFor(bf, bf.outputs()[0], acts, 90, "nvcc-x").signature ==
+             "flash_attention_b2_h4_kv2_q600_k600_d64_causal_bf16");
+  const ir::Graph none = attentionOp(600, 600, 64, false);
+  BOOST_TEST(keyFor(none, none.outputs()[0], acts, 90, "nvcc-x").signature ==
+             "flash_attention_b2_h4_kv2_q600_k600_d64_none_f16");
+  // Stored (here by hand), read back from the file, chosen; --retune ignores it.
+  Entry e;
+  e.flash = codegen::FlashConfig::parse("128opd");
+  BOOST_TEST(!e.flash.has_value()); // (the counter needs resident CTAs)
+  e.flash = codegen::FlashConfig::parse("176oprd");
+  e.ms = 0.2;
+  e.heuristicMs = 0.25;
+  e.candidates = 7;
+  c.store(k, e);
+  TuningCache again(tc.path);
+  ch = choose(g, v, acts, again, 90, 132, "nvcc-x", false);
+  BOOST_TEST(ch.source == "cache");
+  BOOST_TEST(ch.configName() == "176oprd");
+  BOOST_TEST(ch.ms == 0.2);
+  BOOST_TEST(choose(g, v, acts, again, 90, 132, "nvcc-x", true).source == "heuristic");
+  std::string text;
+  BOOST_TEST_REQUIRE(readFile(tc.path, text));
+  BOOST_TEST(text.find("\"walk\": \"counter\"") != std::string::npos);
+  BOOST_TEST(text.find("\"config_name\": \"176oprd\"") != std::string::npos);
+}
+
+BOOST_AUTO_TEST_CASE(malformed_flash_entries_are_ignored_with_a_warning) {
+  // A flash entry the kernel does not implement, or with fields missing, is reported and
+  // left out; the heuristic picks instead.
+  const ir::Graph g = attentionOp(600, 600, 128, false);
+  const ir::Vertex v = g.outputs()[0];
+  const auto& acts = testing::builtinLibrary().activations;
+  const Key k = keyFor(g, v, acts, 90, "nvcc-x");
+  for (
+      const char* config :
+      {R"({"kernel": "flash_attention", "bn": 96, "consumers": 2, "overlap": true, "turns": true, "walk": "stride"})",
+       R"({"kernel": "flash_attention", "bn": 176, "consumers": 3, "overlap": true, "turns": true, "walk": "stride"})",
+       R"({"kernel": "flash_attention", "bn": 128, "consumers": 2, "overlap": true, "turns": true, "walk": "sideways"})",
+       R"({"kernel": "flash_attention", "bn": 128, "consumers": 4, "overlap": true, "turns": true, "walk": "grid"})",
+       R"({"kernel": "flash_attention", "bn": 128})", R"({"kernel": "conv", "bn": 128})"})
+    BOOST_TEST_CONTEXT(config) {
+      TempCache tc;
+      {
+        std::ofstream f(tc.path);
+        f << R"({"schema": 1, "entries": {")" << k.str() << R"(": {"config": )" << config
+          << R"(, "ms": 0.1}}})";
+      }
+      TuningCache c(tc.path);
+      BOOST_TEST(!c.lookup(k).has_value());
+      const std::vector<std::string> w = c.takeWarnings();
+      BOOST_TEST_REQUIRE(w.size() == 1u);
+      BOOST_TEST(w[0].find("is malformed") != std::string::npos, w[0]);
+      BOOST_TEST(choose(g, v, acts, c, 90, 132, "nvcc-x", false).source == "heuristic");
+    }
+}

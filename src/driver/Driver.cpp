@@ -817,7 +817,7 @@ int gpuStages(const FpatcOptions& opts, const ir::Graph& fusedIn, const Patterns
   for (const dsl::PatternMeta& m : pats.table.patterns)
     bopts.patternSources[m.name] = displayPath(m.file) + ":" + std::to_string(m.line);
 
-  // GEMM configurations: tuned now (fpatc tune), from the tuning cache, or the heuristic.
+  // Kernel configurations: tuned now (fpatc tune), from the tuning cache, or the heuristic.
   std::map<ir::Vertex, tune::Choice> choices;
   if (!chooseConfigs(opts, drv, why, fused, pats, arch, bopts, choices, out, err))
     return 1;
@@ -1045,15 +1045,10 @@ bool checkEnvironment(std::ostream& err) {
     bad("FPAT_NVCC", v, "no such program (unset it to use nvcc on PATH)");
   if (std::string v = value("FPAT_NORM_STATS"); !v.empty() && v != "loop" && v != "launch")
     bad("FPAT_NORM_STATS", v, "expected loop or launch");
-  if (std::string v = value("FPAT_FLASH"); !v.empty()) {
-    const size_t digits = v.find_first_not_of("0123456789");
-    const std::string bn = v.substr(0, digits),
-                      rest = digits == std::string::npos ? "" : v.substr(digits);
-    if ((bn != "64" && bn != "128" && bn != "176" && bn != "192") ||
-        rest.find_first_not_of("sprdt") != std::string::npos)
-      bad("FPAT_FLASH", v,
-          "expected a key block of 64, 128, 176 or 192, then any of s, p, r, d and t");
-  }
+  if (std::string v = value("FPAT_FLASH"); !v.empty() && !codegen::FlashConfig::parse(v))
+    bad("FPAT_FLASH", v,
+        "expected a key block of 64, 128, 176 or 192, then each at most once any of o or s, p, "
+        "r, d (with r) and t (with blocks of at most 128 keys)");
   if (std::string v = value("FPAT_DECODE_SPLITS");
       !v.empty() &&
       (v.find_first_not_of("0123456789") != std::string::npos || v.size() > 4 || std::stoi(v) == 0))

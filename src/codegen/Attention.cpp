@@ -311,12 +311,8 @@ std::optional<FlashTuning> flashTuning(const ir::Graph& g, ir::Vertex v, int arc
   if (op.kind != ir::OpKind::Attention)
     return std::nullopt;
   const std::vector<ir::Vertex> ins = g.operands(v);
-  std::vector<ir::OperandInfo> infos;
-  for (ir::Vertex w : ins)
-    infos.push_back({g.op(w).name, g.op(w).type});
   std::string why;
-  int bad = -1;
-  const std::optional<ir::AttnShape> s = ir::attnShape(op, infos, why, bad);
+  const std::optional<ir::AttnShape> s = ir::attnShape(g, v, why);
   if (!s || !detail::flashAttentionFits(*s, arch))
     return std::nullopt;
   const detail::FlashMask mask = detail::flashMask(g, ins[3], *s);

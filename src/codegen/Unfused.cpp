@@ -289,12 +289,8 @@ KernelUnit generateAttentionOp(const ir::Graph& g, ir::Vertex v, const CodegenOp
     u.source = body.str();
     return u;
   }
-  std::vector<ir::OperandInfo> infos;
-  for (ir::Vertex w : ins)
-    infos.push_back({g.op(w).name, g.op(w).type});
   std::string why;
-  int bad = -1;
-  const std::optional<ir::AttnShape> s = ir::attnShape(op, infos, why, bad);
+  const std::optional<ir::AttnShape> s = ir::attnShape(g, v, why);
   if (!s)
     throw CodegenError(ref(g, v) + ": " + why);
   // The bias's strides over the scores [B, H, Sq, Sk] (0 where it broadcasts).

@@ -81,12 +81,8 @@ std::optional<double> attentionMs(const ir::Graph& g, ir::Vertex v, const Calibr
   if (op.kind != ir::OpKind::Attention && op.kind != ir::OpKind::AttnQk &&
       op.kind != ir::OpKind::AttnPv)
     return std::nullopt;
-  std::vector<ir::OperandInfo> infos;
-  for (ir::Vertex u : g.operands(v))
-    infos.push_back({g.op(u).name, g.op(u).type});
   std::string why;
-  int bad = -1;
-  const std::optional<ir::AttnShape> s = ir::attnShape(op, infos, why, bad);
+  const std::optional<ir::AttnShape> s = ir::attnShape(g, v, why);
   if (!s)
     return std::nullopt;
   const double products = op.kind == ir::OpKind::Attention ? 2.0 : 1.0;

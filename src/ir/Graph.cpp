@@ -208,6 +208,14 @@ std::string operandRef(const std::vector<OperandInfo>& ops, size_t i) {
   return "operand " + std::to_string(i) + " (%" + ops[i].name + ": " + ops[i].type.str() + ")";
 }
 
+std::optional<AttnShape> attnShape(const Graph& g, Vertex v, std::string& why) {
+  std::vector<OperandInfo> infos;
+  for (Vertex w : g.operands(v))
+    infos.push_back({g.op(w).name, g.op(w).type});
+  int bad = -1;
+  return attnShape(g.op(v), infos, why, bad);
+}
+
 std::optional<AttnShape> attnShape(const Op& op, const std::vector<OperandInfo>& in,
                                    std::string& why, int& operand) {
   auto fail = [&](int i, std::string msg) -> std::optional<AttnShape> {

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <set>
 #include <stdexcept>
@@ -120,6 +121,70 @@ double median(std::vector<float> v) {
   return v.empty() ? 0.0 : v[v.size() / 2];
 }
 
+/// The inputs as the kernels read them (f16 or bf16), converted once.
+std::map<std::string, std::vector<uint16_t>>
+inputBits(const std::map<std::string, ir::Tensor>& inputs) {
+  std::map<std::string, std::vector<uint16_t>> bits;
+  for (auto& [name, t] : inputs) {
+    auto& b = bits[name];
+    b.resize(t.data.size());
+    for (size_t i = 0; i < b.size(); ++i)
+      b[i] = ir::toBits(t.data[i], t.desc.dtype);
+  }
+  return bits;
+}
+
+/// 16 evenly spaced rows of `m` (all of them when m <= 16), the first and last included.
+std::vector<int64_t> sampleRows(int64_t m) {
+  std::vector<int64_t> rows;
+  for (int64_t r = 0; r < std::min<int64_t>(m, 16); ++r)
+    rows.push_back(m <= 16 ? r : r * (m - 1) / 15);
+  return rows;
+}
+
+/// What the inputs and the reference are for every candidate of one op.
+struct Trial {
+  const ir::Graph& sub; // the op alone
+  ir::Vertex op;
+  std::map<std::string, std::vector<uint16_t>> bits;
+  std::vector<int64_t> rows; // output rows checked
+  int64_t width = 0;         // elements of an output row
+  ir::Tensor want;           // those rows of the reference
+};
+
+/// One candidate kernel of `t.op` run alone: its median time, or "" and why it is rejected
+/// (`registers(regs, localBytes)` says why its registers rule it out, or "").
+std::pair<double, std::string> runCandidate(cuda::Driver& drv, const Trial& t,
+                                            const codegen::KernelUnit& unit,
+                                            const runtime::CompiledKernel& compiled,
+                                            const std::function<std::string(int, int)>& registers,
+                                            const TuneOptions& o, const DeviceLimits& lim) {
+  if (!compiled.error.empty())
+    return {0, "nvcc failed"};
+  runtime::CompiledGraph cg{t.sub, {}, {}};
+  for (ir::Vertex u : t.sub.vertices())
+    cg.units.push_back(u == t.op ? unit : codegen::KernelUnit{});
+  cg.cubins[unit.name] = compiled.cubinPath;
+  try {
+    runtime::Executor ex(drv, cg);
+    auto [regs, local] = ex.registersAndLocalBytes();
+    if (std::string why = registers(regs, local); !why.empty())
+      return {0, why};
+    runtime::RunResult r = ex.runBits(t.bits, /*poison=*/true);
+    ir::Tensor got{t.want.desc, {}};
+    for (int64_t row : t.rows)
+      got.data.insert(got.data.end(), r.outputs[0].data.begin() + row * t.width,
+                      r.outputs[0].data.begin() + (row + 1) * t.width);
+    runtime::Agreement a = runtime::compareToReference(got, t.want);
+    if (!a.pass)
+      return {0, "wrong results (max rel err " + std::to_string(a.maxRel) + ", " +
+                     std::to_string(a.nonFinite) + " non-finite)"};
+    return {median(ex.time(o.warmup, o.reps, 2 * static_cast<size_t>(lim.l2Bytes))), ""};
+  } catch (const cuda::CudaError& e) {
+    return {0, e.what()};
+  }
+}
+
 /// Attention op `v` alone: its constants and weights with values kept as they are (the flash
 /// kernel reads a causal mask and a positive scale from their values), other operands inputs.
 ir::Graph isolateAttention(const ir::Graph& g, ir::Vertex v) {
@@ -149,17 +214,11 @@ Choice tuneFlash(cuda::Driver& drv, const ir::Graph& g, ir::Vertex v, dsl::Activ
                  const codegen::FlashTuning& ft, const DeviceLimits& lim, const Key& key,
                  TuningCache& cache, const TuneOptions& o) {
   const ir::Graph sub = isolateAttention(g, v);
-  const ir::Vertex subOp = sub.outputs()[0];
+  Trial trial{sub, sub.outputs()[0], {}, sampleRows(ft.m), ft.n, {}};
   const auto inputs = ir::randomInputs(sub, 17);
-  std::map<std::string, std::vector<uint16_t>> bits;
-  for (auto& [name, t] : inputs) {
-    auto& b = bits[name];
-    b.resize(t.data.size());
-    for (size_t i = 0; i < b.size(); ++i)
-      b[i] = ir::toBits(t.data[i], t.desc.dtype);
-  }
+  trial.bits = inputBits(inputs);
   std::vector<ir::Tensor> operands;
-  for (ir::Vertex w : sub.operands(subOp)) {
+  for (ir::Vertex w : sub.operands(trial.op)) {
     const ir::Op& op = sub.op(w);
     operands.push_back(
         op.kind == ir::OpKind::Constant
@@ -171,10 +230,7 @@ Choice tuneFlash(cuda::Driver& drv, const ir::Graph& g, ir::Vertex v, dsl::Activ
   std::vector<const ir::Tensor*> ptrs;
   for (const ir::Tensor& t : operands)
     ptrs.push_back(&t);
-  std::vector<int64_t> rows;
-  for (int64_t r = 0; r < std::min<int64_t>(ft.m, 16); ++r)
-    rows.push_back(ft.m <= 16 ? r : r * (ft.m - 1) / 15);
-  const ir::Tensor want = ir::attentionRows(sub.op(subOp), ptrs, rows);
+  trial.want = ir::attentionRows(sub.op(trial.op), ptrs, trial.rows);
 
   std::vector<codegen::KernelUnit> units;
   codegen::CodegenOptions base;
@@ -183,7 +239,7 @@ Choice tuneFlash(cuda::Driver& drv, const ir::Graph& g, ir::Vertex v, dsl::Activ
   for (const codegen::FlashConfig& f : ft.candidates) {
     codegen::CodegenOptions c = base;
     c.flash = &f;
-    units.push_back(codegen::generate(sub, subOp, defs, c));
+    units.push_back(codegen::generate(sub, trial.op, defs, c));
   }
   runtime::NvccOptions n;
   n.arch = lim.arch;
@@ -191,6 +247,11 @@ Choice tuneFlash(cuda::Driver& drv, const ir::Graph& g, ir::Vertex v, dsl::Activ
   n.jobs = o.jobs;
   n.extraFlags = o.nvccFlags;
   const std::vector<runtime::CompiledKernel> compiled = runtime::compileAll(units, n);
+  auto spills = [](int, int local) {
+    return local > kMaxSpillBytes
+               ? "spills (" + std::to_string(local) + " bytes of local memory per thread)"
+               : std::string();
+  };
 
   Choice best;
   best.source = "tuned";
@@ -199,55 +260,25 @@ Choice tuneFlash(cuda::Driver& drv, const ir::Graph& g, ir::Vertex v, dsl::Activ
   for (size_t i = 0; i < ft.candidates.size(); ++i) {
     const std::string name = ft.candidates[i].str();
     ++best.tried;
-    auto reject = [&](const std::string& why) {
+    auto [ms, why] = runCandidate(drv, trial, units[i], compiled[i], spills, o, lim);
+    if (o.log)
+      *o.log << "    " << i + 1 << "/" << ft.candidates.size() << " " << name << ": ";
+    if (!why.empty()) {
       ++best.rejected;
       if (firstReject.empty())
         firstReject = name + ": " + why;
       if (o.log)
-        *o.log << "    " << i + 1 << "/" << ft.candidates.size() << " " << name
-               << ": rejected: " << why << "\n";
-    };
-    if (!compiled[i].error.empty()) {
-      reject("nvcc failed");
+        *o.log << "rejected: " << why << "\n";
       continue;
     }
-    runtime::CompiledGraph cg{sub, {}, {}};
-    for (ir::Vertex u : sub.vertices())
-      cg.units.push_back(u == subOp ? units[i] : codegen::KernelUnit{});
-    cg.cubins[units[i].name] = compiled[i].cubinPath;
-    try {
-      runtime::Executor ex(drv, cg);
-      if (auto [regs, local] = ex.registersAndLocalBytes(); local > kMaxSpillBytes) {
-        reject("spills (" + std::to_string(local) + " bytes of local memory per thread)");
-        continue;
-      }
-      runtime::RunResult r = ex.runBits(bits, /*poison=*/true);
-      ir::Tensor got{want.desc, {}};
-      const auto width = static_cast<size_t>(ft.n);
-      for (int64_t row : rows)
-        got.data.insert(got.data.end(),
-                        r.outputs[0].data.begin() + static_cast<std::ptrdiff_t>(row) * ft.n,
-                        r.outputs[0].data.begin() +
-                            static_cast<std::ptrdiff_t>(static_cast<size_t>(row) * width + width));
-      runtime::Agreement a = runtime::compareToReference(got, want);
-      if (!a.pass) {
-        reject("wrong results (max rel err " + std::to_string(a.maxRel) + ", " +
-               std::to_string(a.nonFinite) + " non-finite)");
-        continue;
-      }
-      const double ms = median(ex.time(o.warmup, o.reps, 2 * static_cast<size_t>(lim.l2Bytes)));
-      if (i == 0)
-        best.heuristicMs = ms; // the heuristic's configuration comes first
-      if (ms < best.ms) {
-        best.ms = ms;
-        best.flash = ft.candidates[i];
-      }
-      if (o.log)
-        *o.log << "    " << i + 1 << "/" << ft.candidates.size() << " " << name << ": " << ms
-               << " ms (best so far " << best.flash->str() << ", " << best.ms << " ms)\n";
-    } catch (const cuda::CudaError& e) {
-      reject(e.what());
+    if (i == 0)
+      best.heuristicMs = ms; // the heuristic's configuration comes first
+    if (ms < best.ms) {
+      best.ms = ms;
+      best.flash = ft.candidates[i];
     }
+    if (o.log)
+      *o.log << ms << " ms (best so far " << best.flash->str() << ", " << best.ms << " ms)\n";
   }
   if (!best.flash)
     throw std::runtime_error("no configuration of %" + g.op(v).name + " ran correctly: all " +
@@ -300,17 +331,7 @@ Choice tune(cuda::Driver& drv, const ir::Graph& g, ir::Vertex v, dsl::Activation
 
   // Inputs (converted to f16 or bf16 once) and the CPU reference of 16 sampled output rows.
   const auto inputs = ir::randomInputs(sub, 17);
-  std::map<std::string, std::vector<uint16_t>> bits;
-  for (auto& [name, t] : inputs) {
-    auto& b = bits[name];
-    b.resize(t.data.size());
-    for (size_t i = 0; i < b.size(); ++i)
-      b[i] = ir::toBits(t.data[i], t.desc.dtype);
-  }
-  const int64_t M = probe.M, N = probe.N;
-  std::vector<int64_t> rows;
-  for (int64_t r = 0; r < std::min<int64_t>(M, 16); ++r)
-    rows.push_back(M <= 16 ? r : r * (M - 1) / 15);
+  const std::vector<int64_t> rows = sampleRows(probe.M);
   ir::Graph sampled = isolate(g, v, static_cast<int64_t>(rows.size()));
   std::map<std::string, ir::Tensor> sampledInputs;
   for (ir::Vertex in : sampled.vertices()) {
@@ -328,8 +349,13 @@ Choice tune(cuda::Driver& drv, const ir::Graph& g, ir::Vertex v, dsl::Activation
       t.data.insert(t.data.end(), full.data.begin() + r * cols, full.data.begin() + (r + 1) * cols);
     sampledInputs[iop.name] = std::move(t);
   }
-  const ir::Tensor want =
-      ir::evaluate(sampled, sampledInputs, dsl::referenceActivations(defs))[sampled.outputs()[0]];
+  const Trial trial{
+      sub,
+      subOp,
+      inputBits(inputs),
+      rows,
+      probe.N,
+      ir::evaluate(sampled, sampledInputs, dsl::referenceActivations(defs))[sampled.outputs()[0]]};
 
   // A batch of candidates' kernels, compiled together.
   runtime::NvccOptions n;
@@ -386,49 +412,26 @@ Choice tune(cuda::Driver& drv, const ir::Graph& g, ir::Vertex v, dsl::Activation
         *o.log << "    " << i + 1 << "/" << offered << " " << t.str() << ": rejected: " << why
                << "\n";
     };
-    if (!compiled[i].error.empty()) {
-      reject("nvcc failed");
-      continue;
-    }
-    if (!(units[i].tile == t)) { // e.g. wgmma asked for where TMA cannot run
+    if (!(units[i].tile == t) && compiled[i].error.empty()) { // e.g. wgmma where TMA cannot run
       reject("runs as " + units[i].tile.str() + " for this shape");
       continue;
     }
-    runtime::CompiledGraph cg{sub, {}, {}};
-    for (ir::Vertex u : sub.vertices())
-      cg.units.push_back(u == subOp ? units[i] : codegen::KernelUnit{});
-    cg.cubins[units[i].name] = compiled[i].cubinPath;
-    try {
-      runtime::Executor ex(drv, cg);
-      auto [regs, local] = ex.registersAndLocalBytes();
-      if (std::string why = compiledReject(t, regs, local, lim); !why.empty()) {
-        reject(why);
-        continue;
-      }
-      runtime::RunResult r = ex.runBits(bits, /*poison=*/true);
-      ir::Tensor got{want.desc, {}};
-      for (int64_t row : rows)
-        got.data.insert(got.data.end(), r.outputs[0].data.begin() + row * N,
-                        r.outputs[0].data.begin() + (row + 1) * N);
-      runtime::Agreement a = runtime::compareToReference(got, want);
-      if (!a.pass) {
-        reject("wrong results (max rel err " + std::to_string(a.maxRel) + ", " +
-               std::to_string(a.nonFinite) + " non-finite)");
-        continue;
-      }
-      const double ms = median(ex.time(o.warmup, o.reps, 2 * static_cast<size_t>(lim.l2Bytes)));
-      if (i == 0)
-        best.heuristicMs = ms; // candidates[0] is the heuristic's choice
-      if (ms < best.ms) {
-        best.ms = ms;
-        best.config = t;
-      }
-      if (o.log)
-        *o.log << "    " << i + 1 << "/" << offered << " " << t.str() << ": " << ms
-               << " ms (best so far " << best.config.str() << ", " << best.ms << " ms)\n";
-    } catch (const cuda::CudaError& e) {
-      reject(e.what());
+    auto [ms, why] = runCandidate(
+        drv, trial, units[i], compiled[i],
+        [&](int regs, int local) { return compiledReject(t, regs, local, lim); }, o, lim);
+    if (!why.empty()) {
+      reject(why);
+      continue;
     }
+    if (i == 0)
+      best.heuristicMs = ms; // candidates[0] is the heuristic's choice
+    if (ms < best.ms) {
+      best.ms = ms;
+      best.config = t;
+    }
+    if (o.log)
+      *o.log << "    " << i + 1 << "/" << offered << " " << t.str() << ": " << ms
+             << " ms (best so far " << best.config.str() << ", " << best.ms << " ms)\n";
   }
   if (!std::isfinite(best.ms))
     throw std::runtime_error("no configuration of %" + op.name + " ran correctly: all " +

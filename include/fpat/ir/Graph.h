@@ -219,6 +219,8 @@ std::optional<TensorDesc> inferType(const Op& op, const std::vector<OperandInfo>
 /// with the reason (`operand`: the offending operand, or -1).
 std::optional<AttnShape> attnShape(const Op& op, const std::vector<OperandInfo>& operands,
                                    std::string& why, int& operand);
+/// The same for op `v` of `g` (its operands' names and types).
+std::optional<AttnShape> attnShape(const Graph& g, Vertex v, std::string& why);
 
 /// Values that stay the same from run to run: weights, constants, and ops all of whose operands
 /// are such values. fpat computes the ops among them once per set of weights, when the weights

@@ -335,6 +335,8 @@ std::optional<FlashTuning> flashTuning(const ir::Graph& g, ir::Vertex v, int arc
   // and three (d 64), tiles walked in a fixed stride and from the counter, and with a causal
   // mask one CTA a tile (the hardware's balance). Each made what the kernel implements here.
   t.candidates.push_back(detail::flashConfig(*s, mask, nullptr));
+  const char* env = std::getenv("FPAT_FLASH");
+  t.forced = env && FlashConfig::parse(env).has_value();
   auto add = [&](const FlashConfig& f) {
     const FlashConfig c = detail::fitted(f, *s);
     if (std::find(t.candidates.begin(), t.candidates.end(), c) == t.candidates.end())

@@ -71,7 +71,7 @@ Choice choose(const ir::Graph& g, ir::Vertex v, dsl::Activations defs, TuningCac
               int sms, const std::string& nvccVersion, bool retune) {
   Choice c;
   const std::optional<codegen::FlashTuning> flash = codegen::flashTuning(g, v, arch);
-  if (!retune && !retuneFromEnvironment())
+  if (!retune && !retuneFromEnvironment() && !(flash && flash->forced))
     if (auto e = cache.lookup(keyFor(g, v, defs, arch, nvccVersion)); e && !e->flash == !flash)
       return fromCache(*e);
   // The code generator's own default for the op (its family's heuristic).

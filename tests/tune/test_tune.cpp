@@ -672,6 +672,12 @@ BOOST_AUTO_TEST_CASE(flash_configurations_are_cached_and_chosen) {
   BOOST_TEST(ch.configName() == "176oprd");
   BOOST_TEST(ch.ms == 0.2);
   BOOST_TEST(choose(g, v, acts, again, 90, 132, "nvcc-x", true).source == "heuristic");
+  // FPAT_FLASH (an experiment's knob) wins over the cache.
+  setenv("FPAT_FLASH", "64prd", 1);
+  ch = choose(g, v, acts, again, 90, 132, "nvcc-x", false);
+  unsetenv("FPAT_FLASH");
+  BOOST_TEST(ch.source == "heuristic");
+  BOOST_TEST(ch.configName() == "64oprd");
   std::string text;
   BOOST_TEST_REQUIRE(readFile(tc.path, text));
   BOOST_TEST(text.find("\"walk\": \"counter\"") != std::string::npos);

@@ -303,6 +303,7 @@ struct FlashTuning {
   std::string signature;
   int64_t m = 0, n = 0, k = 0;
   std::vector<FlashConfig> candidates;
+  bool forced = false; // FPAT_FLASH names the first: it wins over a cached choice
 };
 /// nullopt where op `v` runs on no flash-attention kernel on sm_`arch` (other ops, the decode
 /// kernel, other head dimensions and targets).

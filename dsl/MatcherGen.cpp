@@ -58,6 +58,9 @@ void put32(std::vector<uint8_t>& b, size_t v) {
     b.push_back(static_cast<uint8_t>((v >> (8 * k)) & 0xff));
 }
 
+/// Commutative ops whose operand orders are tried (a variant bit each, in pre-order).
+constexpr int kMaxCommutative = 8;
+
 class ProgramBuilder {
 public:
   ProgramBuilder(const PatternDef& p, unsigned patternIdx, uint32_t variant,
@@ -119,10 +122,11 @@ private:
     if (!root && p_.singleUse)
       prog_.push_back({{OPC_CheckOneUse}, ""});
     record(root ? SlotInfo::Root : SlotInfo::Internal, n.binding);
-    // Commutative binary nodes consume one variant bit, in pre-order.
+    // Commutative binary nodes consume one variant bit, in pre-order; those past the first
+    // kMaxCommutative keep their written order (a shift past the variant's width was UB).
     bool swap = false;
     if (n.commutative && n.operands.size() == 2) {
-      swap = (variant_ >> commBit_) & 1;
+      swap = commBit_ < kMaxCommutative && ((variant_ >> commBit_) & 1);
       ++commBit_;
     }
     for (size_t i = 0; i < n.operands.size(); ++i) {
@@ -168,8 +172,6 @@ private:
   std::vector<SlotInfo> slotInfo_;
   int commBit_ = 0;
 };
-
-constexpr int kMaxCommutative = 8;
 
 int countCommutative(const MatchNode& n) {
   int c = n.commutative && n.operands.size() == 2 ? 1 : 0;

@@ -74,6 +74,15 @@ std::string sizesName(const ir::AttnShape& s, FlashMask mask) {
                       : "bias");
 }
 
+/// sizesName, and for a bias tensor its strides over [B, H, Sq, Sk]: the flash kernel's sizes.
+std::string flashSizesName(const ir::AttnShape& s, FlashMask mask, const int64_t (&bias)[4]) {
+  std::string sizes = sizesName(s, mask);
+  if (mask == FlashMask::Bias)
+    for (int64_t b : bias)
+      sizes += "_" + std::to_string(b);
+  return sizes;
+}
+
 namespace {
 
 /// The header lines both kernels' files start with.
@@ -132,6 +141,11 @@ int64_t flashSmem(int64_t d, int64_t rows, int64_t keys) {
 
 } // namespace
 
+std::optional<FlashConfig> flashFromEnvironment() {
+  const char* env = std::getenv("FPAT_FLASH");
+  return env ? FlashConfig::parse(env) : std::nullopt;
+}
+
 /// `f` made one the kernel implements at these sizes.
 FlashConfig fitted(FlashConfig f, const ir::AttnShape& s) {
   if (flashSmem(s.headDim, 128, f.bn) > FPAT_SM90_SMEM_BYTES)
@@ -168,9 +182,8 @@ FlashConfig flashConfig(const ir::AttnShape& s, FlashMask mask, const FlashConfi
   // `chosen` (the tuner's) comes before both.
   if (chosen)
     return fitted(*chosen, s);
-  if (const char* env = std::getenv("FPAT_FLASH"); env && *env)
-    if (std::optional<FlashConfig> f = FlashConfig::parse(env))
-      return fitted(*f, s);
+  if (std::optional<FlashConfig> f = flashFromEnvironment())
+    return fitted(*f, s);
   FlashConfig f;
   f.consumers = s.headDim == 64 && s.sk >= (mask == FlashMask::Causal ? 4096 : 512) ? 3 : 2;
   f.dynamic = mask == FlashMask::Causal || f.consumers == 3;
@@ -187,12 +200,8 @@ KernelUnit generateFlashAttention(const ir::Graph& g, ir::Vertex v, const Codege
   const int bm = 64 * consumers, threads = 128 * (consumers + 1);
   const int smemBytes = static_cast<int>(flashSmem(d, bm, bn));
   KernelUnit u = attentionUnit(g, v, s);
-  std::string sizes = sizesName(s, mask);
-  if (mask == FlashMask::Bias)
-    for (int64_t b : bias)
-      sizes += "_" + std::to_string(b);
   const std::string tile = f.str();
-  u.name = "fpat_flash_attention_" + sizes + "_sm90a_" + tile;
+  u.name = "fpat_flash_attention_" + flashSizesName(s, mask, bias) + "_sm90a_" + tile;
   std::ostringstream body;
   body << header("attention (flash attention)", o,
                  headerLines("sm_90a: TMA, wgmma for Q K^T and P V, online softmax in registers", s,
@@ -325,18 +334,16 @@ std::optional<FlashTuning> flashTuning(const ir::Graph& g, ir::Vertex v, int arc
   // What the kernel's source depends on besides its configuration: the sizes and mask (its
   // name), the bias's strides, the element type and whether the scale is a positive constant.
   const ir::Op& scale = g.op(ins[4]);
-  t.signature = "flash_attention_" + detail::sizesName(*s, mask);
-  if (mask == detail::FlashMask::Bias)
-    for (int64_t b : detail::broadcastStrides(g.op(ins[3]).type.shape))
-      t.signature += "_" + std::to_string(b);
-  t.signature += std::string("_") + ir::dtypeName(op.type.dtype) +
-                 (scale.kind == ir::OpKind::Constant && scale.value > 0 ? "" : "_scale");
+  const std::array<int64_t, 4> st = detail::broadcastStrides(g.op(ins[3]).type.shape);
+  const int64_t bias[4] = {st[0], st[1], st[2], st[3]};
+  t.signature = "flash_attention_" + detail::flashSizesName(*s, mask, bias) + "_" +
+                ir::dtypeName(op.type.dtype) +
+                (scale.kind == ir::OpKind::Constant && scale.value > 0 ? "" : "_scale");
   // The heuristic's first; then blocks of 128 and 176 keys (FA3's d 128 tile), two consumers
   // and three (d 64), tiles walked in a fixed stride and from the counter, and with a causal
   // mask one CTA a tile (the hardware's balance). Each made what the kernel implements here.
   t.candidates.push_back(detail::flashConfig(*s, mask, nullptr));
-  const char* env = std::getenv("FPAT_FLASH");
-  t.forced = env && FlashConfig::parse(env).has_value();
+  t.forced = detail::flashFromEnvironment().has_value();
   auto add = [&](const FlashConfig& f) {
     const FlashConfig c = detail::fitted(f, *s);
     if (std::find(t.candidates.begin(), t.candidates.end(), c) == t.candidates.end())

@@ -4,6 +4,7 @@
 #include "fpat/codegen/Codegen.h"
 
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -93,5 +94,9 @@ FlashConfig flashConfig(const ir::AttnShape& s, FlashMask mask, const FlashConfi
 FlashConfig fitted(FlashConfig f, const ir::AttnShape& s);
 /// b2_h8_kv2_q333_k333_d128_causal: an attention's sizes and mask in kernel names.
 std::string sizesName(const ir::AttnShape& s, FlashMask mask);
+/// The same, and for a bias tensor its strides over [B, H, Sq, Sk]: the flash kernel's sizes.
+std::string flashSizesName(const ir::AttnShape& s, FlashMask mask, const int64_t (&bias)[4]);
+/// FPAT_FLASH's configuration, or nullopt (unset, or not one: fpatc refuses those).
+std::optional<FlashConfig> flashFromEnvironment();
 
 } // namespace fpat::codegen::detail

@@ -1043,8 +1043,9 @@ bool checkEnvironment(std::ostream& err) {
   }
   if (std::string v = value("FPAT_NVCC"); !v.empty() && findProgram(v).empty())
     bad("FPAT_NVCC", v, "no such program (unset it to use nvcc on PATH)");
-  if (std::string v = value("FPAT_NORM_STATS"); !v.empty() && v != "loop" && v != "launch")
-    bad("FPAT_NORM_STATS", v, "expected loop or launch");
+  if (std::string v = value("FPAT_NORM_STATS");
+      !v.empty() && v != "loop" && v != "launch" && v != "grid")
+    bad("FPAT_NORM_STATS", v, "expected launch, loop or grid");
   if (std::string v = value("FPAT_FLASH"); !v.empty() && !codegen::FlashConfig::parse(v))
     bad("FPAT_FLASH", v,
         "expected a key block of 64, 128, 176 or 192, then each at most once any of o or s, p, "

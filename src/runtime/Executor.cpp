@@ -210,7 +210,7 @@ Executor::Executor(cuda::Driver& drv, const CompiledGraph& cg) : drv_(drv), cg_(
       drv_.fill16(scratch_.back(), 0, (u.scratchBytes + 1) / 2); // counters start at zero
       a.scratch[0] = reinterpret_cast<void*>(scratch_.back());
     }
-    if (u.normStatsLaunch)
+    if (u.normStats == codegen::NormStats::Launch || u.normStats == codegen::NormStats::Grid)
       for (int s = 0; s < 2; ++s) {
         scratch_.push_back(drv_.alloc(static_cast<size_t>(u.M) * sizeof(float)));
         a.rowStats[s] = reinterpret_cast<void*>(scratch_.back());

@@ -163,8 +163,7 @@ BOOST_AUTO_TEST_CASE(gemm_plans_are_data) {
   const codegen::detail::GemmPlan norm = plan("rmsnorm_gemm", {4096, 4096, 4096}, 90, true);
   BOOST_TEST(norm.deferNorm);
   BOOST_TEST(norm.normKind == 2);
-  BOOST_TEST(norm.unit.normStatsLaunch);
-  BOOST_TEST(!norm.statsInLoop);
+  BOOST_TEST((norm.unit.normStats == codegen::NormStats::Launch));
   BOOST_TEST(norm.unit.preparedB);
   BOOST_TEST(norm.unit.tile.wgmma());
   BOOST_TEST(norm.smemBytes > 0);
@@ -607,7 +606,7 @@ BOOST_AUTO_TEST_CASE(norm_gemm_defers_its_norm_where_its_weights_are_known) {
       BOOST_TEST(u.tile.wgmma());
       BOOST_TEST((u.deferredNorm == ir::NormKind::RmsNorm));
       BOOST_TEST(!u.needsRowStats);
-      BOOST_TEST(u.normStatsLaunch);
+      BOOST_TEST((u.normStats == codegen::NormStats::Launch));
       BOOST_TEST(u.preparedB);
       BOOST_TEST((entries(u) == std::vector<std::string>{"_prep", "_rowstats", ""}));
       BOOST_TEST((u.launches[1].grid == codegen::Launch::Rows));
@@ -629,13 +628,37 @@ BOOST_AUTO_TEST_CASE(norm_gemm_defers_its_norm_where_its_weights_are_known) {
     setenv("FPAT_NORM_STATS", "loop", 1);
     const codegen::KernelUnit u = unitsFor("rmsnorm_gemm", s, 90, nullptr, true).at(0);
     unsetenv("FPAT_NORM_STATS");
-    BOOST_TEST(!u.normStatsLaunch);
+    BOOST_TEST((u.normStats == codegen::NormStats::Loop));
     BOOST_TEST(!u.splitLastWave);
     BOOST_TEST((entries(u) == std::vector<std::string>{"_prep", ""}));
     BOOST_TEST(!u.launches.back().overlapsPrevious);
     BOOST_TEST(u.source.find("kNormStats = true;") != std::string::npos);
     BOOST_TEST(u.source.find("kSplit = false;") != std::string::npos);
     BOOST_TEST(u.name.find("_statsloop") != std::string::npos, u.name);
+  }
+  // FPAT_NORM_STATS=grid: read by the GEMM's own statistics warps (no launch, whole tiles,
+  // a zeroed block of counters sized by the tiles' rows), except where those warps apply a
+  // deferred epilogue (layernorm_gemm_bias_gelu keeps the launch).
+  for (Shape s : {Shape{1024, 4096, 4096}, Shape{2047, 5120, 2048}, Shape{1, 4104, 4096}}) {
+    setenv("FPAT_NORM_STATS", "grid", 1);
+    const codegen::KernelUnit u = unitsFor("rmsnorm_gemm", s, 90, nullptr, true).at(0);
+    const codegen::KernelUnit gelu =
+        unitsFor("layernorm_gemm_bias_gelu", s, 90, nullptr, true).at(0);
+    unsetenv("FPAT_NORM_STATS");
+    BOOST_TEST((u.normStats == codegen::NormStats::Grid));
+    BOOST_TEST(!u.splitLastWave);
+    BOOST_TEST((entries(u) == std::vector<std::string>{"_prep", ""}));
+    BOOST_TEST(!u.launches.back().overlapsPrevious);
+    BOOST_TEST(u.scratchBytes ==
+               (2 + static_cast<size_t>((s.m + u.tile.bm - 1) / u.tile.bm)) * sizeof(unsigned));
+    BOOST_TEST(u.source.find("kNormGrid = true;") != std::string::npos);
+    BOOST_TEST(u.name.find("_statsgrid") != std::string::npos, u.name);
+    if (gelu.source.find("kDefer = true;") != std::string::npos) {
+      BOOST_TEST((gelu.normStats == codegen::NormStats::Launch));
+      BOOST_TEST(gelu.source.find("kNormGrid") == std::string::npos);
+    } else {
+      BOOST_TEST((gelu.normStats == codegen::NormStats::Grid));
+    }
   }
   // LayerNorm: the column terms prepared too; K % 8 != 0 pads A before the statistics.
   {
@@ -1022,7 +1045,19 @@ BOOST_AUTO_TEST_CASE(wgmma_backend_compiles_for_sm90a_without_serialization,
       o.arch = 90;
       o.tile = &tile;
       units.push_back(codegen::generate(f, f.outputs()[0], builtinLibrary().activations, o));
-      BOOST_TEST(!units.back().normStatsLaunch, name << " " << tile.str());
+      BOOST_TEST(!(units.back().normStats == codegen::NormStats::Launch),
+                 name << " " << tile.str());
+    }
+  // FPAT_NORM_STATS=grid on the same configurations and the dual GEMM with its RMSNorm.
+  setenv("FPAT_NORM_STATS", "grid", 1);
+  for (const char* name : {"rmsnorm_gemm", "layernorm_gemm", "rmsnorm_gemm_swiglu"})
+    for (const codegen::TileConfig& tile : statsTiles) {
+      ir::Graph f = fuse(caseGraph(name, {tile.aRows > 0 ? 16 : 2047, 5120, 2048}, true));
+      codegen::CodegenOptions o;
+      o.arch = 90;
+      o.tile = &tile;
+      units.push_back(codegen::generate(f, f.outputs()[0], builtinLibrary().activations, o));
+      BOOST_TEST((units.back().normStats == codegen::NormStats::Grid), name << " " << tile.str());
     }
   unsetenv("FPAT_NORM_STATS");
   // The dual GEMMs: both B layouts, tiles whose result is whole slabs of 64 columns and not

@@ -228,6 +228,16 @@ struct Launch {
   bool preparesWeights() const { return grid == PreparedWeight || grid == PreparedColumns; }
 };
 
+/// Where a deferred norm's row statistics come from (fpat_wgmma.cuh). Launch and Grid write
+/// them to two f32 [M] buffers (FpatKernelArgs::rowStats).
+enum class NormStats {
+  None,   // no deferred norm
+  Launch, // a launch of their own before the GEMM, which the GEMM overlaps
+  Loop,   // summed from the A tiles of the main loop (FPAT_NORM_STATS=loop)
+  Grid,   // read by the GEMM's own statistics warps, each row once in the grid (counters in
+          // scratchBytes)
+};
+
 /// One generated translation unit and how to run it for one op.
 struct KernelUnit {
   std::string name;   // unique per source; also the .cu stem
@@ -248,12 +258,10 @@ struct KernelUnit {
   float eps = 0;
   std::vector<float> params;
   bool needsRowStats = false; // norm_gemm: two f32 [M] scratch buffers
-  // wgmma norm_gemm: the norm deferred to the epilogue (codegen::defersNorm); its statistics
-  // from a launch into two f32 [M] buffers (FpatKernelArgs::rowStats, normStatsLaunch) or, with
-  // FPAT_NORM_STATS=loop, summed in the GEMM's main loop; the prepared B carries LayerNorm's
-  // column terms behind it (preparedBBytes).
+  // wgmma norm_gemm: the norm deferred to the epilogue (codegen::defersNorm), its statistics
+  // from normStats; the prepared B carries LayerNorm's column terms behind it (preparedBBytes).
   ir::NormKind deferredNorm = ir::NormKind::None;
-  bool normStatsLaunch = false; // the deferred norm's statistics from a launch of their own
+  NormStats normStats = NormStats::None;
   // The dual families: the GEMM runs on a prepared copy of Bg and Bu interleaved in 8-column
   // blocks, dualColumns(N) columns, and its epilogue combines each gate block with its up
   // block into the N columns of the result.

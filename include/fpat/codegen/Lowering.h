@@ -41,16 +41,15 @@ struct GemmPlan {
   bool norm = false;      // the family normalises A (norm_gemm)
   bool dual = false;      // two GEMMs over one A (dual_gemm, norm_dual_gemm)
   bool deferNorm = false; // the norm applied in the wgmma epilogue (weights prepared)
-  bool statsInLoop = false; // its statistics summed in the main loop (FPAT_NORM_STATS=loop)
-  bool epiTile = false;     // the epilogue goes through the TMA-stored shared-memory tile
-  int staged = -1;          // the [M, N] operand loaded into that tile (-1: none)
-  bool side = false;        // the staged operand reaches the deferred epilogue in TMA boxes
-  bool defer = false;       // the epilogue runs on the producer warpgroup's idle warps
-  bool padK = false;        // K % 8 != 0: A (and B [N, K]) copied into padded rows first
-  bool padB = false;        // B among those copies
-  bool kMajorB = false;     // the wgmma kernel reads B as [N, K]
-  int smemBytes = 0;        // the wgmma launch's dynamic shared memory
-  size_t bIdx = 0;          // B's operand index
+  bool epiTile = false;   // the epilogue goes through the TMA-stored shared-memory tile
+  int staged = -1;        // the [M, N] operand loaded into that tile (-1: none)
+  bool side = false;      // the staged operand reaches the deferred epilogue in TMA boxes
+  bool defer = false;     // the epilogue runs on the producer warpgroup's idle warps
+  bool padK = false;      // K % 8 != 0: A (and B [N, K]) copied into padded rows first
+  bool padB = false;      // B among those copies
+  bool kMajorB = false;   // the wgmma kernel reads B as [N, K]
+  int smemBytes = 0;      // the wgmma launch's dynamic shared memory
+  size_t bIdx = 0;        // B's operand index
 };
 GemmPlan planGemm(const ir::Graph& g, ir::Vertex v, const CodegenOptions& o);
 

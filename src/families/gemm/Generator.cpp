@@ -259,14 +259,24 @@ GemmPlan planGemm(const ir::Graph& g, ir::Vertex v, const CodegenOptions& o) {
           : LastWaveSplit{};
   // The deferred norm's statistics: from a launch before the GEMM, which the GEMM overlaps, or
   // (FPAT_NORM_STATS=loop) summed from the A tiles of the main loop by the producer warpgroup's
-  // idle warps (by the consumers where those apply deferred epilogues). Summed by the consumers
-  // it measured slower: their shared-memory reads beside the MMAs cost more than reading x once
-  // more (+18-29% over the plain GEMM against +5-10% at M >= 1024; bench/RESULTS.md, session 26).
+  // idle warps (by the consumers where those apply deferred epilogues), or (FPAT_NORM_STATS=grid,
+  // where those warps are idle) read from global memory by the idle warps of the whole grid.
+  // Summed by the consumers it measured slower: their shared-memory reads beside the MMAs cost
+  // more than reading x once more (+18-29% over the plain GEMM against +5-10% at M >= 1024;
+  // bench/RESULTS.md, session 26).
   const char* statsEnv = std::getenv("FPAT_NORM_STATS");
-  u.normStatsLaunch = deferNorm && !(statsEnv && std::string(statsEnv) == "loop");
-  const bool statsInLoop = deferNorm && !u.normStatsLaunch;
-  // Statistics summed in the main loop need every tile whole.
-  u.splitLastWave = split.tiles > 0 && !statsInLoop;
+  const std::string statsForm = statsEnv ? statsEnv : "";
+  u.normStats = !deferNorm                      ? NormStats::None
+                : statsForm == "loop"           ? NormStats::Loop
+                : statsForm == "grid" && !defer ? NormStats::Grid
+                                                : NormStats::Launch;
+  const bool statsInLoop = u.normStats == NormStats::Loop;
+  const bool statsInGrid = u.normStats == NormStats::Grid;
+  // Statistics from the kernel itself need every tile whole (the grid's counters are in the
+  // split's workspace argument).
+  u.splitLastWave = split.tiles > 0 && !statsInLoop && !statsInGrid;
+  if (statsInGrid)
+    u.scratchBytes = static_cast<size_t>(2 + (u.M + t.bm - 1) / t.bm) * sizeof(unsigned);
   // K % 8 != 0: TMA reads padded copies of A (and B [N, K]) that a first launch writes. A weight
   // B that TMA reads badly as given is read from a copy in [N, K] rows made when it is uploaded.
   const bool padK = t.wgmma() && wgmmaPadsK(u.K);
@@ -282,7 +292,9 @@ GemmPlan planGemm(const ir::Graph& g, ir::Vertex v, const CodegenOptions& o) {
       (t.wgmma()
            ? std::string(epiTile ? "_tilestore" : "") + (u.splitLastWave ? "_splitk" : "") +
                  (padK ? "_padk" : "") + (u.preparedB && !deferNorm && !dual ? "_bprep" : "") +
-                 (statsInLoop ? "_statsloop" : "")
+                 (statsInLoop   ? "_statsloop"
+                  : statsInGrid ? "_statsgrid"
+                                : "")
        : u.vec ? "_vec"
                : "_any");
   u.name = "fpat_" + base + "_" + (t.wgmma() ? std::string("sm90a") : arch) + "_" + cfg;
@@ -305,7 +317,6 @@ GemmPlan planGemm(const ir::Graph& g, ir::Vertex v, const CodegenOptions& o) {
   p.norm = norm;
   p.dual = dual;
   p.deferNorm = deferNorm;
-  p.statsInLoop = statsInLoop;
   p.epiTile = epiTile;
   p.staged = staged;
   p.side = side;
@@ -355,8 +366,11 @@ std::vector<std::string> headerLines(const GemmPlan& p, const ir::Op& op) {
       lines.push_back(std::string("norm:     deferred: the GEMM reads the raw rows of x and a copy "
                                   "of B in [N, K] rows with gamma folded in, made once when the "
                                   "weights are uploaded; ") +
-                      (u.normStatsLaunch
+                      (u.normStats == NormStats::Launch
                            ? "a statistics launch before it (which it overlaps) gives each row's "
+                       : u.normStats == NormStats::Grid
+                           ? "the producer warpgroup's idle warps of every CTA read each row once "
+                             "(rows dealt out by a counter) for its "
                            : "the producer's idle warps sum each row's statistics from the A "
                              "tiles of the main loop: ") +
                       (normKind == 1 ? "mean and rstd; acc = rstd (acc - mean colsum(B')) + "
@@ -413,7 +427,7 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, dsl::Activations defs,
   const TileConfig& t = u.tile;
   const bool dual = p.dual, deferNorm = p.deferNorm, epiTile = p.epiTile, padK = p.padK,
              padB = p.padB, defer = p.defer, side = p.side, norm = p.norm, kMajorB = p.kMajorB,
-             statsInLoop = p.statsInLoop;
+             statsInLoop = u.normStats == NormStats::Loop;
   const int staged = p.staged, normKind = p.normKind, smemBytes = p.smemBytes;
   const size_t bIdx = p.bIdx;
   const std::string& where = p.where;
@@ -456,6 +470,10 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, dsl::Activations defs,
          << "  static constexpr int kNorm = " << deferredKind << ";\n"
          << "  // Its row statistics summed by the consumers in the main loop (else: rowStats).\n"
          << "  static constexpr bool kNormStats = " << (statsInLoop ? "true" : "false") << ";\n"
+         << (u.normStats == NormStats::Grid
+                 ? "  // Its row statistics read by the statistics warps of the whole grid.\n"
+                   "  static constexpr bool kNormGrid = true;\n"
+                 : "")
          << "  // Column pairs; s: operand kStaged's pair, read from the tile. kFma: the second\n"
          << "  // element's exp and division on the FMA pipe (fpat_common.cuh).\n"
          << "  template <bool kFma = true>\n"
@@ -520,7 +538,7 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, dsl::Activations defs,
                        "_prepcols(const FpatKernelArgs a) {\n  fpat::prepareNormColumns<" +
                        (u.transB ? "false" : "true") + ", " + std::to_string(bIdx) + ">(a);\n}\n\n"
                  : std::string())
-         << (u.normStatsLaunch
+         << (u.normStats == NormStats::Launch
                  ? "extern \"C\" __global__ void __launch_bounds__(256) " + u.name +
                        "_rowstats(const FpatKernelArgs a) {\n  fpat::deferredNormStats<" +
                        (normKind == 1 ? "true" : "false") + ">(a);\n}\n\n"
@@ -538,10 +556,10 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, dsl::Activations defs,
       u.launches.push_back({Launch::PaddedRows, u.name + "_pad", 256, 0, {}});
     // The statistics launch goes last before the GEMM, which overlaps it: the GEMM's main loop
     // needs only x and B, its epilogue waits for the statistics.
-    if (u.normStatsLaunch)
+    if (u.normStats == NormStats::Launch)
       u.launches.push_back({Launch::Rows, u.name + "_rowstats", 256, 0, {}});
     Launch l{Launch::Persistent, u.name, t.threads(), smemBytes, {}};
-    l.overlapsPrevious = u.normStatsLaunch;
+    l.overlapsPrevious = u.normStats == NormStats::Launch;
     // Box shapes as fpat_wgmma.cuh loads them: A in BK x BM boxes (BK x aRows with a short A
     // box); B [N, K] in BK x BN boxes (half of them per CTA of a cluster), B [K, N] in
     // 64-column x BK boxes (its rows past K are TMA's zeros: no copy).

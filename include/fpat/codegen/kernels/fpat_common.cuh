@@ -114,6 +114,46 @@ __device__ __forceinline__ float2 ldh2(const void* p, int64_t i) {
   return toF2(*reinterpret_cast<const elem2*>(static_cast<const elem*>(p) + i));
 }
 
+/// The deferred norm's statistics of one row x[0, K) (a warp's, every lane the same result):
+/// the mean (LAYER; else 0) and rstd, in one pass of 16-byte loads where the row is 16-byte
+/// aligned (K % 8 == 0), summing the row less its first element (a shift close to the mean, so
+/// that the variance's difference does not cancel). The statistics launch and the GEMM's own
+/// statistics warps (fpat_wgmma_mainloop.cuh) share it, so that both give the same bits.
+template <bool LAYER>
+__device__ __forceinline__ void deferredRowStats(const elem* x, int64_t K, float eps, float& mean,
+                                                 float& rstd) {
+  const int lane = threadIdx.x % 32;
+  const float c = LAYER ? toF(x[0]) : 0.0f;
+  float s = 0.0f, q = 0.0f;
+  auto add = [&](float v) {
+    const float d = v - c;
+    s += d;
+    q += d * d;
+  };
+  if (K % 8 == 0) {
+    const uint4* x8 = reinterpret_cast<const uint4*>(x);
+#pragma unroll 4
+    for (int64_t j = lane; j < K / 8; j += 32) {
+      Half8 h;
+      h.u = __ldcg(x8 + j);
+#pragma unroll
+      for (int e = 0; e < 8; ++e)
+        add(toF(h.h[e]));
+    }
+  } else {
+    for (int64_t j = lane; j < K; j += 32)
+      add(toF(x[j]));
+  }
+  for (int o = 16; o > 0; o /= 2) {
+    s += __shfl_xor_sync(0xffffffffu, s, o);
+    q += __shfl_xor_sync(0xffffffffu, q, o);
+  }
+  const float n = static_cast<float>(K), ms = s / n;
+  const float var = LAYER ? fmaxf(q / n - ms * ms, 0.0f) : q / n;
+  mean = LAYER ? c + ms : 0.0f;
+  rstd = rsqrtf(var + eps);
+}
+
 /// The element pairs a + b, rounded once (the unfused path's add of two stored tensors).
 __device__ __forceinline__ unsigned addPairBits(unsigned a, unsigned b) {
   unsigned r;

@@ -48,47 +48,18 @@ template <bool LAYER> __device__ __forceinline__ void rowStatsPass(const FpatKer
 }
 
 /// The deferred norm's statistics (wgmma norm_gemm): rowStats[0][r] = mean, rowStats[1][r] =
-/// rstd of row r of A = in[0] ([M, K]), one warp per row, in one pass over the row: 16-byte
-/// loads where rows are 16-byte aligned (K % 8 == 0), and sums of the row less its first
-/// element (a shift close to the mean, so that the variance's difference does not cancel).
+/// rstd of row r of A = in[0] ([M, K]), one warp per row (deferredRowStats).
 /// The GEMM after it starts while this runs and waits for it only in its epilogue.
 template <bool LAYER> __device__ __forceinline__ void deferredNormStats(const FpatKernelArgs& a) {
   allowDependentGrid();
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kRowWarps + threadIdx.x / 32;
   if (r >= a.M)
     return;
-  const int lane = threadIdx.x % 32;
-  const int64_t K = a.K;
-  const elem* x = static_cast<const elem*>(a.in[0]) + r * K;
-  const float c = LAYER ? toF(x[0]) : 0.0f;
-  float s = 0.0f, q = 0.0f;
-  auto add = [&](float v) {
-    const float d = v - c;
-    s += d;
-    q += d * d;
-  };
-  if (K % 8 == 0) {
-    const uint4* x8 = reinterpret_cast<const uint4*>(x);
-    for (int64_t j = lane; j < K / 8; j += 32) {
-      Half8 h;
-      h.u = __ldg(x8 + j);
-#pragma unroll
-      for (int e = 0; e < 8; ++e)
-        add(toF(h.h[e]));
-    }
-  } else {
-    for (int64_t j = lane; j < K; j += 32)
-      add(toF(x[j]));
-  }
-  for (int o = 16; o > 0; o /= 2) {
-    s += __shfl_xor_sync(0xffffffffu, s, o);
-    q += __shfl_xor_sync(0xffffffffu, q, o);
-  }
-  if (lane == 0) {
-    const float n = static_cast<float>(K), ms = s / n;
-    const float var = LAYER ? fmaxf(q / n - ms * ms, 0.0f) : q / n;
-    static_cast<float*>(a.rowStats[0])[r] = LAYER ? c + ms : 0.0f;
-    static_cast<float*>(a.rowStats[1])[r] = rsqrtf(var + a.eps);
+  float mean, rstd;
+  deferredRowStats<LAYER>(static_cast<const elem*>(a.in[0]) + r * a.K, a.K, a.eps, mean, rstd);
+  if (threadIdx.x % 32 == 0) {
+    static_cast<float*>(a.rowStats[0])[r] = mean;
+    static_cast<float*>(a.rowStats[1])[r] = rstd;
   }
 }
 

@@ -101,6 +101,13 @@ template <class E> struct DualEpilogue<E, decltype(void(E::kDual))> {
   static constexpr bool value = E::kDual;
 };
 
+/// Whether an Epilogue's deferred norm takes its statistics from the grid's own statistics
+/// warps (Epilogue::kNormGrid, which only those define; gridRowStats).
+template <class E, class = void> struct GridStatsEpilogue { static constexpr bool value = false; };
+template <class E> struct GridStatsEpilogue<E, decltype(void(E::kNormGrid))> {
+  static constexpr bool value = E::kNormGrid;
+};
+
 /// The kernel body; `p` must be the kernel's __grid_constant__ parameter (TMA reads the tensor
 /// maps from parameter space). Launch with T::THREADS threads, wgmmaSmemBytes<T>() bytes of
 /// dynamic shared memory and at most one CTA per SM (grid: min(tiles, SMs), in whole clusters).
@@ -119,12 +126,18 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
   //   DUAL): N is that copy's columns here, a.N the result's;
   //   kStats: the deferred norm's row sums taken from the main loop's A boxes (else: a launch
   //   before), by the producer's idle warps (kProducerStats) unless they apply deferred
-  //   epilogues; then by the consumers.
+  //   epilogues; then by the consumers;
+  //   kGridStats: those statistics read from global memory by the producer's idle warps of
+  //   every CTA, each row once in the grid (gridRowStats).
   constexpr bool kTile = Epilogue::kTile;
   constexpr bool kPre = kTile && Epilogue::kStaged >= 0;
   constexpr bool kDefer = kTile && Epilogue::kDefer;
   constexpr bool kSide = kDefer && kPre;
   constexpr bool kStats = Epilogue::kNorm != 0 && Epilogue::kNormStats;
+  constexpr bool kGridStats = Epilogue::kNorm != 0 && GridStatsEpilogue<Epilogue>::value;
+  static_assert(!(kGridStats && (kStats || kDefer || Epilogue::kSplit)),
+                "the grid's statistics warps are the producer's idle warps, and they need whole "
+                "tiles (their counters are the split's workspace)");
   constexpr bool kProducerStats =
       kStats && !kDefer &&
       wgmmaSmemBytes<T, kTile, kSide>() + sizeof(WgmmaStats<BM, T::A_ROWS>) + 1024 <=
@@ -206,7 +219,7 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
     // kProducerStats sum the deferred norm's row statistics.
     // The statistics warps keep 56 registers (sums, shifts and unrolled loads); the consumers
     // then take 224, which their accumulators fit.
-    if constexpr (T::CONSUMERS == 2 && kProducerStats)
+    if constexpr (T::CONSUMERS == 2 && (kProducerStats || kGridStats))
       asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n");
     else if constexpr (T::CONSUMERS == 2)
       asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
@@ -217,9 +230,12 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
     else if constexpr (kProducerStats) {
       if (threadIdx.x >= 32)
         producerRowStats<T, Epilogue::kNorm>(sm, sched, stats, a.eps);
+    } else if constexpr (kGridStats) {
+      if (threadIdx.x >= 32)
+        gridRowStats<BM, Epilogue::kNorm>(a, M, K);
     }
   } else {
-    if constexpr (T::CONSUMERS == 2 && kProducerStats)
+    if constexpr (T::CONSUMERS == 2 && (kProducerStats || kGridStats))
       asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n");
     else if constexpr (T::CONSUMERS == 2)
       asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
@@ -260,8 +276,10 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
       if (sched.sk && t >= sched.dpTiles && exchangePartials<T>(a, sched, d, t, w, k1, c))
         continue;
       if constexpr (Epilogue::kNorm != 0)
-        applyDeferredNorm<T, Epilogue::kNorm, kStats ? (kProducerStats ? 2 : 1) : 0>(
-            a, sched, sums, stats, local, d, tm, tn, row0);
+        applyDeferredNorm<T, Epilogue::kNorm,
+                          kGridStats ? 3
+                          : kStats   ? (kProducerStats ? 2 : 1)
+                                     : 0>(a, sched, sums, stats, local, d, tm, tn, row0);
       if constexpr (kDual)
         storeDual<T>(a, epi, d, slab, M, tm, tn, row0);
       else if constexpr (kTile)
@@ -274,6 +292,11 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
       if (threadIdx.x % 128 == 0)
         bulkWait(); // the last tile's stores complete before the CTA leaves
     }
+  }
+  if constexpr (kGridStats) {
+    __syncthreads(); // this CTA's statistics warps and waits are over
+    if (threadIdx.x == 0)
+      gridStatsReset(a, (M + BM - 1) / BM);
   }
   if constexpr (CL > 1)
     clusterSync(); // no CTA leaves while the peer may still write its stages or barriers

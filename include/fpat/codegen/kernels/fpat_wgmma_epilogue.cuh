@@ -150,8 +150,8 @@ __device__ __forceinline__ bool exchangePartials(const FpatKernelArgs& a, const 
 /// mean[row] colsum[col]) + (beta W)[col], or rstd[row] * acc, before any epilogue (the helpers
 /// of a deferred tile then see the normalised GEMM, as rounded as the unfused one's). The
 /// statistics come from the launch before, which this kernel overlaps (FROM 0), from the
-/// consumer's own row sums (1) or from the producer's statistics warps (2: `stats`, item
-/// `local`'s buffer).
+/// consumer's own row sums (1), from the producer's statistics warps (2: `stats`, item
+/// `local`'s buffer) or from the statistics warps of the whole grid (3: gridRowStats).
 template <class T, int NORM, int FROM, class Sched, class Stats>
 __device__ __forceinline__ void
 applyDeferredNorm(const FpatKernelArgs& a, const Sched& sched,
@@ -175,14 +175,22 @@ applyDeferredNorm(const FpatKernelArgs& a, const Sched& sched,
       }
     sm90::mbarArrive(&stats.empty[b]);
   } else {
-    waitPriorGrid();
+    if constexpr (FROM == 3) {
+      // The tile's block (a tile below the matrix reads the last one's rows, unused).
+      const int b = min(tm, (M - 1) / T::BM);
+      gridStatsWait(a, b, static_cast<unsigned>(min(T::BM, M - b * T::BM)));
+    } else {
+      waitPriorGrid();
+    }
 #pragma unroll
     for (int m = 0; m < MI; ++m)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int row = min(tm * T::BM + row0 + m * 64 + warp * 16 + lane / 4 + 8 * h, M - 1);
-        rs[m][h] = static_cast<const float*>(a.rowStats[1])[row];
-        mr[m][h] = NORM == 1 ? static_cast<const float*>(a.rowStats[0])[row] * rs[m][h] : 0.0f;
+        // __ldcg: written during this kernel where FROM == 3 (not through the read-only path)
+        rs[m][h] = __ldcg(static_cast<const float*>(a.rowStats[1]) + row);
+        mr[m][h] =
+            NORM == 1 ? __ldcg(static_cast<const float*>(a.rowStats[0]) + row) * rs[m][h] : 0.0f;
       }
   }
   // This thread's columns of the tile: pairs 8 apart (their offsets fold into immediates).

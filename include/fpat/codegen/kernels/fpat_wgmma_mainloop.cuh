@@ -305,6 +305,75 @@ __device__ __forceinline__ void producerRowStats(const WgmmaSmem<T>& sm, const S
   }
 }
 
+/// The deferred norm's statistics read by the GEMM itself (Epilogue::kNormGrid): the producer
+/// warpgroup's three idle warps of every CTA take chunks of kGridStatsRows rows in order from a
+/// counter in global memory (so that each row is read once in the whole grid, from L2 or HBM,
+/// not from the ring: the ring's shared memory is the MMAs', and reading it beside them slowed
+/// them), write each row's mean and rstd to rowStats[0], rowStats[1], and count the rows done
+/// per BM-row block, which the consumers wait for before their epilogue (gridStatsWait). A
+/// chunk is only ever claimed by a running warp, so the waits end whatever the residency.
+/// Counters (FpatKernelArgs::scratch[0], zero before the launch and left zero by it): [0] the
+/// next chunk, [1] the CTAs that finished, [2 + b] the rows done of block b.
+constexpr int kGridStatsRows = 8; // divides every BM
+
+template <int BM, int NORM>
+__device__ __forceinline__ void gridRowStats(const FpatKernelArgs& a, int M, int K) {
+  static_assert(BM % kGridStatsRows == 0, "a chunk lies in one block");
+  unsigned* const ctr = static_cast<unsigned*>(a.scratch[0]);
+  const int lane = threadIdx.x % 32;
+  const unsigned chunks = static_cast<unsigned>((M + kGridStatsRows - 1) / kGridStatsRows);
+  const elem* const x = static_cast<const elem*>(a.in[0]);
+  waitPriorGrid(); // x may come from the launch before
+  for (;;) {
+    unsigned c = 0;
+    if (lane == 0)
+      c = atomicAdd(ctr, 1u);
+    c = __shfl_sync(0xffffffffu, c, 0);
+    if (c >= chunks)
+      return;
+    const int r0 = static_cast<int>(c) * kGridStatsRows;
+    const int r1 = min(r0 + kGridStatsRows, M);
+    for (int r = r0; r < r1; ++r) {
+      float mean, rstd;
+      deferredRowStats<NORM == 1>(x + static_cast<int64_t>(r) * K, K, a.eps, mean, rstd);
+      if (lane == 0) {
+        static_cast<float*>(a.rowStats[0])[r] = mean;
+        static_cast<float*>(a.rowStats[1])[r] = rstd;
+      }
+    }
+    if (lane == 0) // the stores above are lane 0's own: release them with the count
+      asm volatile("red.release.gpu.global.add.u32 [%0], %1;\n" ::"l"(ctr + 2 + r0 / BM),
+                   "r"(static_cast<unsigned>(r1 - r0))
+                   : "memory");
+  }
+}
+
+/// A consumer's wait for block `b`'s statistics (gridRowStats); every lane acquires the count
+/// itself, so that its loads of the statistics after it see them.
+__device__ __forceinline__ void gridStatsWait(const FpatKernelArgs& a, int b, unsigned rows) {
+  const unsigned* const cnt = static_cast<const unsigned*>(a.scratch[0]) + 2 + b;
+  for (;;) {
+    unsigned seen;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(seen) : "l"(cnt) : "memory");
+    if (seen >= rows)
+      return;
+    __nanosleep(64);
+  }
+}
+
+/// The grid's last CTA to finish returns the counters to zero for the next launch (every
+/// statistics warp and every wait is over once all CTAs have counted themselves). Called by one
+/// thread per CTA after a barrier of the whole CTA.
+__device__ __forceinline__ void gridStatsReset(const FpatKernelArgs& a, int blocks) {
+  unsigned* const ctr = static_cast<unsigned*>(a.scratch[0]);
+  __threadfence();
+  if (atomicAdd(ctr + 1, 1u) != gridDim.x - 1)
+    return;
+  __threadfence();
+  for (int i = 0; i < blocks + 2; ++i)
+    ctr[i] = 0;
+}
+
 /// fenceOperand on every accumulator: no access to them moves across the wgmma issue or wait
 /// next to it.
 template <int MI, int W> __device__ __forceinline__ void fenceAccumulators(float (&d)[MI][W]) {

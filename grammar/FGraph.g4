@@ -9,7 +9,8 @@
 //   }
 //
 // Result types after ':' are optional except on inputs, weights, constants and fused ops; when
-// given they are checked. `f32[]` is a scalar (constants only).
+// given they are checked. `f32[]` is a scalar (constants only). A dimension may be a name, e.g.
+// `f16[T, 4096]`, whose size the reader gives (fpatc --dim T=333).
 grammar FGraph;
 
 file        : graphDecl EOF ;
@@ -22,7 +23,8 @@ attrDict    : '{' (attr (',' attr)*)? '}' ;
 attr        : key=IDENT ('=' attrValue)? ;
 attrValue   : number | IDENT | STRING | 'true' | 'false' ;
 number      : '-'? (INT | FLOAT) ;
-tensorType  : dtype=IDENT '[' (INT (',' INT)*)? ']' ;
+tensorType  : dtype=IDENT '[' (dim (',' dim)*)? ']' ;
+dim         : INT | IDENT ;
 
 VALUE        : '%' [A-Za-z0-9_.]+ ;
 IDENT        : [A-Za-z_] [A-Za-z0-9_]* ;

@@ -1408,7 +1408,7 @@ int runFpatc(const FpatcOptions& opts, std::ostream& out, std::ostream& err) {
             " s");
   } else {
     fileId = sm.addBuffer(inputName(opts.input), std::move(text));
-    g = ir::parseGraph(fileId, diags, pats.activations);
+    g = ir::parseGraph(fileId, diags, pats.activations, opts.dims);
   }
   if (fileId >= 0 && !opts.precision.empty()) {
     diags.flush();

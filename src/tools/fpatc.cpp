@@ -74,8 +74,8 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"f16", "f32", "bf16"}));
   std::vector<std::string> dims;
   app.add_option("--dim", dims,
-                 "ONNX models: the size of a symbolic dimension, NAME=SIZE (repeatable), e.g. "
-                 "--dim seq=128");
+                 "the size of an ONNX model's symbolic dimension or of an .fgraph file's named "
+                 "one (f16[T, 4096]), NAME=SIZE (repeatable), e.g. --dim seq=128");
   app.add_option("--seed", opts.seed, "seed of the random inputs")
       ->capture_default_str()
       ->check(fpat::atLeast(0));

@@ -19,12 +19,13 @@ struct Parsed {
 };
 
 Parsed parse(const std::string& text, const std::string& name = "t.fgraph",
-             const ActivationSet& acts = ActivationSet::builtin()) {
+             const ActivationSet& acts = ActivationSet::builtin(),
+             const std::map<std::string, int64_t>& dims = {}) {
   SourceManager sm;
   int f = sm.addBuffer(name, text);
   DiagEngine d(sm);
   Parsed p;
-  p.graph = parseGraph(f, d, acts);
+  p.graph = parseGraph(f, d, acts, dims);
   p.diags = d.diagnostics();
   return p;
 }
@@ -167,6 +168,38 @@ BOOST_AUTO_TEST_CASE(errors_carry_locations_and_all_are_reported) {
   BOOST_REQUIRE(p.diags[2].notes.size() == 1u);
   BOOST_TEST(p.diags[2].notes[0].loc.line == 2);
   // %a is poisoned by the undefined operand: 'output %a' adds no second error.
+}
+
+BOOST_AUTO_TEST_CASE(named_dimensions_take_their_size_from_the_reader) {
+  const std::string text = "graph g {\n"
+                           "  %x = input : f16[T, 64]\n"
+                           "  %w = weight : f16[64, N]\n"
+                           "  %y = gemm %x, %w : f16[T, N]\n"
+                           "  output %y\n"
+                           "}\n";
+  Parsed p = parse(text, "t.fgraph", ActivationSet::builtin(), {{"T", 333}, {"N", 40}, {"B", 2}});
+  BOOST_TEST_REQUIRE(p.graph.has_value());
+  BOOST_TEST(p.graph->op(p.graph->outputs()[0]).type.str() == "f16[333, 40]");
+  // The printed graph states the sizes; it parses without them.
+  BOOST_TEST(printGraph(*p.graph).find("f16[333, 64]") != std::string::npos);
+  BOOST_TEST(parse(printGraph(*p.graph)).graph.has_value());
+  // A name without a size: an error at each use that a type needs, with its location.
+  Parsed missing = parse(text, "t.fgraph", ActivationSet::builtin(), {{"N", 40}});
+  BOOST_TEST(!missing.graph);
+  BOOST_TEST_REQUIRE(missing.diags.size() >= 1u);
+  BOOST_TEST(missing.diags[0].message == "dimension 'T' has no size; give it, e.g. --dim T=128");
+  BOOST_TEST(missing.diags[0].loc.line == 2);
+  BOOST_TEST(missing.diags[0].loc.col == 20);
+  BOOST_TEST(missing.diags[0].loc.len == 1);
+  // Sizes out of range, and a rank past 4 through names.
+  Parsed zero = parse(text, "t.fgraph", ActivationSet::builtin(), {{"T", 0}, {"N", 40}});
+  BOOST_TEST_REQUIRE(zero.diags.size() >= 1u);
+  BOOST_TEST(zero.diags[0].message == "dimension 'T' is 0, out of range (1 to 2^40)");
+  Parsed rank = parse("graph g {\n  %x = input : f16[A, A, A, A, A]\n  output %x\n}\n",
+                      "t.fgraph", ActivationSet::builtin(), {{"A", 2}});
+  BOOST_TEST_REQUIRE(rank.diags.size() == 1u);
+  BOOST_TEST(rank.diags[0].message == "tensors have rank 4 at most; this type has rank 5");
+  BOOST_TEST(rank.diags[0].loc.col == 32); // the fifth
 }
 
 BOOST_AUTO_TEST_CASE(hostile_inputs_never_crash) {

@@ -46,7 +46,7 @@ struct FpatcOptions {
   bool noRaise = false;                  // skip the raising patterns
   bool noRewrite = false;                // skip the weight rewrites
   std::string precision;                 // ONNX models: f32, f16 ("" : f16)
-  std::map<std::string, int64_t> dims;   // ONNX models: sizes of symbolic dimensions
+  std::map<std::string, int64_t> dims;   // sizes of symbolic (ONNX) and named (.fgraph) dimensions
 };
 
 /// Directory of the built-in .fpat files: $FPAT_PATTERNS_DIR, or "" for the embedded ones.

@@ -64,8 +64,9 @@ bool subtreeHasErrors(antlr4::tree::ParseTree* t) {
 /// every problem reported at its token.
 class IrBuilder : public FGraphBaseVisitor {
 public:
-  IrBuilder(int fileId, DiagEngine& diags, const ActivationSet& acts)
-      : fileId_(fileId), diags_(diags), acts_(acts) {}
+  IrBuilder(int fileId, DiagEngine& diags, const ActivationSet& acts,
+            const std::map<std::string, int64_t>& dims)
+      : fileId_(fileId), diags_(diags), acts_(acts), dims_(dims) {}
 
   Graph graph;
 
@@ -239,18 +240,37 @@ private:
       return std::nullopt;
     }
     t.dtype = *dt;
-    for (auto* d : tt->INT()) {
+    for (auto* d : tt->dim()) {
+      if (d->IDENT()) {
+        // A named dimension: its size comes from the reader (fpatc --dim NAME=SIZE).
+        const std::string name = d->IDENT()->getText();
+        auto it = dims_.find(name);
+        if (it == dims_.end()) {
+          diags_.error(tokenLoc(fileId_, d->IDENT()->getSymbol()),
+                       "dimension '" + name + "' has no size; give it, e.g. --dim " + name +
+                           "=128");
+          return std::nullopt;
+        }
+        if (it->second < 1 || it->second > (int64_t{1} << 40)) {
+          diags_.error(tokenLoc(fileId_, d->IDENT()->getSymbol()),
+                       "dimension '" + name + "' is " + std::to_string(it->second) +
+                           ", out of range (1 to 2^40)");
+          return std::nullopt;
+        }
+        t.shape.push_back(it->second);
+        continue;
+      }
       const std::string s = d->getText();
       // 2^40 elements per dimension is far beyond any device; it also keeps numel() exact.
       if (s.size() > 12 || std::stoll(s) > (int64_t{1} << 40) || std::stoll(s) < 1) {
-        diags_.error(tokenLoc(fileId_, d->getSymbol()),
+        diags_.error(tokenLoc(fileId_, d->getStart()),
                      "dimension " + s + " is out of range (1 to 2^40)");
         return std::nullopt;
       }
       t.shape.push_back(std::stoll(s));
     }
     if (t.rank() > kMaxRank) {
-      diags_.error(tokenLoc(fileId_, tt->INT(kMaxRank)->getSymbol()),
+      diags_.error(tokenLoc(fileId_, tt->dim(kMaxRank)->getStart()),
                    "tensors have rank 4 at most; this type has rank " + std::to_string(t.rank()));
       return std::nullopt;
     }
@@ -514,6 +534,7 @@ private:
   int fileId_;
   DiagEngine& diags_;
   const ActivationSet& acts_;
+  const std::map<std::string, int64_t>& dims_;
   std::map<std::string, Vertex> defs_;
   std::set<std::string> poisoned_;
   bool sawOutput_ = false;
@@ -521,7 +542,8 @@ private:
 
 } // namespace
 
-std::optional<Graph> parseGraph(int fileId, DiagEngine& diags, const ActivationSet& acts) {
+std::optional<Graph> parseGraph(int fileId, DiagEngine& diags, const ActivationSet& acts,
+                                const std::map<std::string, int64_t>& dims) {
   const SourceFile& src = diags.sources().file(fileId);
   const int errorsBefore = diags.errorCount();
   size_t bad = 0;
@@ -545,7 +567,7 @@ std::optional<Graph> parseGraph(int fileId, DiagEngine& diags, const ActivationS
   parser.removeErrorListeners();
   parser.addErrorListener(&listener);
   FGraphParser::FileContext* tree = parser.file();
-  IrBuilder builder(fileId, diags, acts);
+  IrBuilder builder(fileId, diags, acts, dims);
   if (tree->graphDecl() && !diags.limitReached())
     builder.visitGraphDecl(tree->graphDecl());
   if (diags.errorCount() > errorsBefore)

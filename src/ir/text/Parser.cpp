@@ -260,10 +260,12 @@ private:
         t.shape.push_back(it->second);
         continue;
       }
-      const std::string s = d->getText();
+      if (!d->INT())
+        return std::nullopt; // a dimension the parser's recovery made up: already reported
+      const std::string s = d->INT()->getText();
       // 2^40 elements per dimension is far beyond any device; it also keeps numel() exact.
       if (s.size() > 12 || std::stoll(s) > (int64_t{1} << 40) || std::stoll(s) < 1) {
-        diags_.error(tokenLoc(fileId_, d->getStart()),
+        diags_.error(tokenLoc(fileId_, d->INT()->getSymbol()),
                      "dimension " + s + " is out of range (1 to 2^40)");
         return std::nullopt;
       }

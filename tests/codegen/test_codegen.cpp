@@ -159,11 +159,12 @@ BOOST_AUTO_TEST_CASE(gemm_plans_are_data) {
     o.arch = arch;
     return codegen::detail::planGemm(f, v, o);
   };
-  // A deferred RMSNorm (weights) on Hopper: the statistics launch, gamma folded into B.
+  // A deferred RMSNorm (weights) on Hopper: the statistics from the grid's own warps, gamma
+  // folded into B.
   const codegen::detail::GemmPlan norm = plan("rmsnorm_gemm", {4096, 4096, 4096}, 90, true);
   BOOST_TEST(norm.deferNorm);
   BOOST_TEST(norm.normKind == 2);
-  BOOST_TEST((norm.unit.normStats == codegen::NormStats::Launch));
+  BOOST_TEST((norm.unit.normStats == codegen::NormStats::Grid));
   BOOST_TEST(norm.unit.preparedB);
   BOOST_TEST(norm.unit.tile.wgmma());
   BOOST_TEST(norm.smemBytes > 0);
@@ -599,10 +600,13 @@ BOOST_AUTO_TEST_CASE(norm_gemm_defers_its_norm_where_its_weights_are_known) {
       e.push_back(l.entry.substr(u.name.size()));
     return e;
   };
-  // RMSNorm: gamma folded into the prepared B, a statistics launch, the GEMM overlapping it.
+  // RMSNorm with FPAT_NORM_STATS=launch: gamma folded into the prepared B, a statistics
+  // launch, the GEMM overlapping it.
   for (Shape s : {Shape{1024, 4096, 4096}, Shape{333, 1000, 1032}, Shape{1, 4104, 4096}})
     BOOST_TEST_CONTEXT(s.m << "x" << s.n << "x" << s.k) {
+      setenv("FPAT_NORM_STATS", "launch", 1);
       const codegen::KernelUnit u = unitsFor("rmsnorm_gemm", s, 90, nullptr, true).at(0);
+      unsetenv("FPAT_NORM_STATS");
       BOOST_TEST(u.tile.wgmma());
       BOOST_TEST((u.deferredNorm == ir::NormKind::RmsNorm));
       BOOST_TEST(!u.needsRowStats);
@@ -636,30 +640,31 @@ BOOST_AUTO_TEST_CASE(norm_gemm_defers_its_norm_where_its_weights_are_known) {
     BOOST_TEST(u.source.find("kSplit = false;") != std::string::npos);
     BOOST_TEST(u.name.find("_statsloop") != std::string::npos, u.name);
   }
-  // FPAT_NORM_STATS=grid: read by the GEMM's own statistics warps (no launch, whole tiles,
-  // a zeroed block of counters sized by the tiles' rows), except where those warps apply a
-  // deferred epilogue (layernorm_gemm_bias_gelu keeps the launch).
-  for (Shape s : {Shape{1024, 4096, 4096}, Shape{2047, 5120, 2048}, Shape{1, 4104, 4096}}) {
-    setenv("FPAT_NORM_STATS", "grid", 1);
-    const codegen::KernelUnit u = unitsFor("rmsnorm_gemm", s, 90, nullptr, true).at(0);
-    const codegen::KernelUnit gelu =
-        unitsFor("layernorm_gemm_bias_gelu", s, 90, nullptr, true).at(0);
-    unsetenv("FPAT_NORM_STATS");
-    BOOST_TEST((u.normStats == codegen::NormStats::Grid));
-    BOOST_TEST(!u.splitLastWave);
-    BOOST_TEST((entries(u) == std::vector<std::string>{"_prep", ""}));
-    BOOST_TEST(!u.launches.back().overlapsPrevious);
-    BOOST_TEST(u.scratchBytes ==
-               (2 + static_cast<size_t>((s.m + u.tile.bm - 1) / u.tile.bm)) * sizeof(unsigned));
-    BOOST_TEST(u.source.find("kNormGrid = true;") != std::string::npos);
-    BOOST_TEST(u.name.find("_statsgrid") != std::string::npos, u.name);
-    if (gelu.source.find("kDefer = true;") != std::string::npos) {
-      BOOST_TEST((gelu.normStats == codegen::NormStats::Launch));
-      BOOST_TEST(gelu.source.find("kNormGrid") == std::string::npos);
-    } else {
-      BOOST_TEST((gelu.normStats == codegen::NormStats::Grid));
+  // By default (and FPAT_NORM_STATS=grid): read by the GEMM's own statistics warps (no launch,
+  // whole tiles, a zeroed block of counters sized by the tiles' rows), except where those warps
+  // apply a deferred epilogue (layernorm_gemm_bias_gelu keeps the launch).
+  for (const char* form : {"", "grid"})
+    for (Shape s : {Shape{1024, 4096, 4096}, Shape{2047, 5120, 2048}, Shape{1, 4104, 4096}}) {
+      setenv("FPAT_NORM_STATS", form, 1);
+      const codegen::KernelUnit u = unitsFor("rmsnorm_gemm", s, 90, nullptr, true).at(0);
+      const codegen::KernelUnit gelu =
+          unitsFor("layernorm_gemm_bias_gelu", s, 90, nullptr, true).at(0);
+      unsetenv("FPAT_NORM_STATS");
+      BOOST_TEST((u.normStats == codegen::NormStats::Grid));
+      BOOST_TEST(!u.splitLastWave);
+      BOOST_TEST((entries(u) == std::vector<std::string>{"_prep", ""}));
+      BOOST_TEST(!u.launches.back().overlapsPrevious);
+      BOOST_TEST(u.scratchBytes ==
+                 (2 + static_cast<size_t>((s.m + u.tile.bm - 1) / u.tile.bm)) * sizeof(unsigned));
+      BOOST_TEST(u.source.find("kNormGrid = true;") != std::string::npos);
+      BOOST_TEST(u.name.find("_statsgrid") != std::string::npos, u.name);
+      if (gelu.source.find("kDefer = true;") != std::string::npos) {
+        BOOST_TEST((gelu.normStats == codegen::NormStats::Launch));
+        BOOST_TEST(gelu.source.find("kNormGrid") == std::string::npos);
+      } else {
+        BOOST_TEST((gelu.normStats == codegen::NormStats::Grid));
+      }
     }
-  }
   // LayerNorm: the column terms prepared too; K % 8 != 0 pads A before the statistics.
   {
     const codegen::KernelUnit u =
@@ -732,12 +737,13 @@ BOOST_AUTO_TEST_CASE(dual_gemms_are_one_wgmma_kernel_over_interleaved_weights) {
   const codegen::KernelUnit small = unitsFor("gemm_swiglu", {16, 4099, 1024}, 90, &t64, true).at(0);
   BOOST_TEST(big.name == small.name);
   BOOST_TEST(big.source == small.source);
-  // With the RMSNorm in front: gamma folded into both halves, the statistics launch shared.
+  // With the RMSNorm in front: gamma folded into both halves, one statistics read for both.
   const codegen::KernelUnit n =
       unitsFor("rmsnorm_gemm_geglu", {200, 2752, 1024}, 90, nullptr, true).at(0);
   BOOST_TEST(n.dual);
   BOOST_TEST((n.deferredNorm == ir::NormKind::RmsNorm));
-  BOOST_TEST((entries(n) == std::vector<std::string>{"_prep", "_rowstats", ""}));
+  BOOST_TEST((n.normStats == codegen::NormStats::Grid));
+  BOOST_TEST((entries(n) == std::vector<std::string>{"_prep", ""}));
   BOOST_TEST(n.source.find("fpat::prepareWeightB<true, 2, true, true>(a)") != std::string::npos);
   // A forced configuration of another backend falls back to a wgmma one and says why.
   const codegen::TileConfig mma = *codegen::TileConfig::parse("128x128x32_w2x4_s3");

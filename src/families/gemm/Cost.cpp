@@ -60,7 +60,8 @@ public:
         c.launchUs * 1e-3 + core * (1 + c.epiloguePerNode * static_cast<double>(epilogueOps));
     if (split) // the second GEMM as a kernel of its own, its result read back by the first
       ms += c.launchUs * 1e-3 + core + 2 * m * n * elt / (c.streamTBs * 1e12) * 1e3;
-    if (deferred) { // the row statistics launch reads x once more
+    if (deferred) { // the row statistics read x once more: priced as the launch form, which
+                    // costs more than the grid form read beside the main loop (session 45)
       ms += c.launchUs * 1e-3 + m * k * elt / (c.streamTBs * 1e12) * 1e3;
       if (ir::normKindOf(op) == ir::NormKind::LayerNorm)
         ms += c.lnColumnPs * 1e-9 * m * n;
@@ -76,7 +77,7 @@ public:
       return "split into two GEMMs (no dual kernel before sm_90)";
     const bool wgmma = arch >= 90 && codegen::gemmProblemOf(g, v).tma;
     return std::string(wgmma ? "wgmma" : "cp.async") + " GEMM" +
-           (deferred ? ", norm deferred (statistics launch)" : "");
+           (deferred ? ", norm deferred (statistics priced as a launch)" : "");
   }
 
 private:

@@ -257,19 +257,19 @@ GemmPlan planGemm(const ir::Graph& g, ir::Vertex v, const CodegenOptions& o) {
           ? lastWaveSplit(((u.M + t.bm - 1) / t.bm) * ((gemmN + t.bn - 1) / t.bn), o.sms,
                           (u.K + t.bk - 1) / t.bk)
           : LastWaveSplit{};
-  // The deferred norm's statistics: from a launch before the GEMM, which the GEMM overlaps, or
-  // (FPAT_NORM_STATS=loop) summed from the A tiles of the main loop by the producer warpgroup's
-  // idle warps (by the consumers where those apply deferred epilogues), or (FPAT_NORM_STATS=grid,
-  // where those warps are idle) read from global memory by the idle warps of the whole grid.
-  // Summed by the consumers it measured slower: their shared-memory reads beside the MMAs cost
-  // more than reading x once more (+18-29% over the plain GEMM against +5-10% at M >= 1024;
-  // bench/RESULTS.md, session 26).
+  // The deferred norm's statistics: read by the producer warpgroup's idle warps of the whole
+  // grid (each row once, from global memory, beside the main loop), or, where those warps
+  // apply deferred epilogues or with FPAT_NORM_STATS=launch, from a launch before the GEMM,
+  // which the GEMM overlaps. The grid's form measured +6-7% over the plain GEMM for RMSNorm
+  // where the launch cost +8-29% (H100, bench/RESULTS.md session 45). FPAT_NORM_STATS=loop
+  // sums them from the A tiles of the main loop instead: their shared-memory reads beside the
+  // MMAs cost more (sessions 26, 37, 40).
   const char* statsEnv = std::getenv("FPAT_NORM_STATS");
   const std::string statsForm = statsEnv ? statsEnv : "";
-  u.normStats = !deferNorm                      ? NormStats::None
-                : statsForm == "loop"           ? NormStats::Loop
-                : statsForm == "grid" && !defer ? NormStats::Grid
-                                                : NormStats::Launch;
+  u.normStats = !deferNorm                       ? NormStats::None
+                : statsForm == "loop"            ? NormStats::Loop
+                : statsForm == "launch" || defer ? NormStats::Launch
+                                                 : NormStats::Grid;
   const bool statsInLoop = u.normStats == NormStats::Loop;
   const bool statsInGrid = u.normStats == NormStats::Grid;
   // Statistics from the kernel itself need every tile whole (the grid's counters are in the

@@ -306,15 +306,17 @@ __device__ __forceinline__ void producerRowStats(const WgmmaSmem<T>& sm, const S
 }
 
 /// The deferred norm's statistics read by the GEMM itself (Epilogue::kNormGrid): the producer
-/// warpgroup's three idle warps of every CTA take chunks of kGridStatsRows rows in order from a
-/// counter in global memory (so that each row is read once in the whole grid, from L2 or HBM,
+/// warpgroup's three idle warps of every CTA take rows one at a time, in order, from a counter
+/// in global memory (so that each row is read once in the whole grid, from L2 or HBM,
 /// not from the ring: the ring's shared memory is the MMAs', and reading it beside them slowed
 /// them), write each row's mean and rstd to rowStats[0], rowStats[1], and count the rows done
 /// per BM-row block, which the consumers wait for before their epilogue (gridStatsWait). A
 /// chunk is only ever claimed by a running warp, so the waits end whatever the residency.
 /// Counters (FpatKernelArgs::scratch[0], zero before the launch and left zero by it): [0] the
 /// next chunk, [1] the CTAs that finished, [2 + b] the rows done of block b.
-constexpr int kGridStatsRows = 8; // divides every BM
+/// A chunk is one row: with 8 (one warp reading them in turn) the first tiles' epilogues waited
+/// at M = 512 (H100: +21% over the plain GEMM against +7% with 1; bench/RESULTS.md session 45).
+constexpr int kGridStatsRows = 1; // divides every BM
 
 template <int BM, int NORM>
 __device__ __forceinline__ void gridRowStats(const FpatKernelArgs& a, int M, int K) {

@@ -1026,7 +1026,9 @@ BOOST_AUTO_TEST_CASE(wgmma_backend_compiles_for_sm90a_without_serialization,
         BOOST_TEST(u.sm90a, name << " " << t.str());
         BOOST_TEST((u.deferredNorm != ir::NormKind::None) == norm, name << " " << t.str());
         BOOST_TEST(u.tile.str() == t.str());
-        BOOST_TEST(u.splitLastWave == (sh.m == 2047), name << " " << t.str() << " " << sh.str());
+        // (A deferred norm whose statistics the grid's warps read keeps every tile whole.)
+        BOOST_TEST(u.splitLastWave == (sh.m == 2047 && u.normStats != codegen::NormStats::Grid),
+                   name << " " << t.str() << " " << sh.str());
         units.push_back(std::move(u));
       }
     }

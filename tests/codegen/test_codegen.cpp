@@ -1046,27 +1046,24 @@ BOOST_AUTO_TEST_CASE(wgmma_backend_compiles_for_sm90a_without_serialization,
         (t.aRows == 16 && t.bn == 64 && statsTiles.size() == 5))
       statsTiles.push_back(t);
   BOOST_TEST_REQUIRE(statsTiles.size() == 6u);
-  for (const char* name : {"rmsnorm_gemm", "layernorm_gemm", "layernorm_gemm_bias_gelu"})
-    for (const codegen::TileConfig& tile : statsTiles) {
-      ir::Graph f = fuse(caseGraph(name, {tile.aRows > 0 ? 16 : 2047, 5120, 2048}, true));
-      codegen::CodegenOptions o;
-      o.arch = 90;
-      o.tile = &tile;
-      units.push_back(codegen::generate(f, f.outputs()[0], builtinLibrary().activations, o));
-      BOOST_TEST(!(units.back().normStats == codegen::NormStats::Launch),
-                 name << " " << tile.str());
-    }
-  // FPAT_NORM_STATS=grid on the same configurations and the dual GEMM with its RMSNorm.
-  setenv("FPAT_NORM_STATS", "grid", 1);
-  for (const char* name : {"rmsnorm_gemm", "layernorm_gemm", "rmsnorm_gemm_swiglu"})
-    for (const codegen::TileConfig& tile : statsTiles) {
-      ir::Graph f = fuse(caseGraph(name, {tile.aRows > 0 ? 16 : 2047, 5120, 2048}, true));
-      codegen::CodegenOptions o;
-      o.arch = 90;
-      o.tile = &tile;
-      units.push_back(codegen::generate(f, f.outputs()[0], builtinLibrary().activations, o));
-      BOOST_TEST((units.back().normStats == codegen::NormStats::Grid), name << " " << tile.str());
-    }
+  // Then FPAT_NORM_STATS=grid (the default) on the same configurations, with the dual GEMM.
+  const std::pair<const char*, std::vector<const char*>> forms[] = {
+      {"loop", {"rmsnorm_gemm", "layernorm_gemm", "layernorm_gemm_bias_gelu"}},
+      {"grid", {"rmsnorm_gemm", "layernorm_gemm", "rmsnorm_gemm_swiglu"}}};
+  for (const auto& [form, names] : forms) {
+    setenv("FPAT_NORM_STATS", form, 1);
+    for (const char* name : names)
+      for (const codegen::TileConfig& tile : statsTiles) {
+        ir::Graph f = fuse(caseGraph(name, {tile.aRows > 0 ? 16 : 2047, 5120, 2048}, true));
+        codegen::CodegenOptions o;
+        o.arch = 90;
+        o.tile = &tile;
+        units.push_back(codegen::generate(f, f.outputs()[0], builtinLibrary().activations, o));
+        const codegen::NormStats want =
+            std::string(form) == "grid" ? codegen::NormStats::Grid : codegen::NormStats::Loop;
+        BOOST_TEST((units.back().normStats == want), form << " " << name << " " << tile.str());
+      }
+  }
   unsetenv("FPAT_NORM_STATS");
   // The dual GEMMs: both B layouts, tiles whose result is whole slabs of 64 columns and not
   // (128x192: 96), ping-pong, and the last wave split.

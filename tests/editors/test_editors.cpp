@@ -150,8 +150,9 @@ BOOST_AUTO_TEST_CASE(fgraph_grammar_covers_the_language) {
   }
   for (const fpat::ir::OpKindInfo& op : fpat::ir::opKinds())
     expectHighlighted(tm, vim, op.name, "support.function", "IR op");
-  for (const char* t : {"f16", "f32"})
-    expectHighlighted(tm, vim, t, "storage.type", "dtype");
+  // Every element type the IR has (bf16 had been left out).
+  for (fpat::ir::DType t : {fpat::ir::DType::F16, fpat::ir::DType::F32, fpat::ir::DType::BF16})
+    expectHighlighted(tm, vim, fpat::ir::dtypeName(t), "storage.type", "dtype");
   BOOST_TEST(tm.scopeOf("%x.1").rfind("variable", 0) == 0u);
   BOOST_TEST(tm.scopeOf("gelu") == "");
 }

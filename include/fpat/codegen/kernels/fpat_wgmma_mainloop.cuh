@@ -310,43 +310,33 @@ __device__ __forceinline__ void producerRowStats(const WgmmaSmem<T>& sm, const S
 /// in global memory (so that each row is read once in the whole grid, from L2 or HBM,
 /// not from the ring: the ring's shared memory is the MMAs', and reading it beside them slowed
 /// them), write each row's mean and rstd to rowStats[0], rowStats[1], and count the rows done
-/// per BM-row block, which the consumers wait for before their epilogue (gridStatsWait). A
-/// chunk is only ever claimed by a running warp, so the waits end whatever the residency.
+/// per BM-row block, which the consumers wait for before their epilogue (gridStatsWait). A row
+/// is only ever claimed by a running warp, so the waits end whatever the residency.
 /// Counters (FpatKernelArgs::scratch[0], zero before the launch and left zero by it): [0] the
-/// next chunk, [1] the CTAs that finished, [2 + b] the rows done of block b.
-/// A chunk is one row: with 8 (one warp reading them in turn) the first tiles' epilogues waited
+/// next row, [1] the CTAs that finished, [2 + b] the rows done of block b.
+/// One row a claim: with 8 (one warp reading them in turn) the first tiles' epilogues waited
 /// at M = 512 (H100: +21% over the plain GEMM against +7% with 1; bench/RESULTS.md session 45).
-constexpr int kGridStatsRows = 1; // divides every BM
-
 template <int BM, int NORM>
 __device__ __forceinline__ void gridRowStats(const FpatKernelArgs& a, int M, int K) {
-  static_assert(BM % kGridStatsRows == 0, "a chunk lies in one block");
   unsigned* const ctr = static_cast<unsigned*>(a.scratch[0]);
   const int lane = threadIdx.x % 32;
-  const unsigned chunks = static_cast<unsigned>((M + kGridStatsRows - 1) / kGridStatsRows);
   const elem* const x = static_cast<const elem*>(a.in[0]);
   waitPriorGrid(); // x may come from the launch before
   for (;;) {
-    unsigned c = 0;
+    unsigned r = 0;
     if (lane == 0)
-      c = atomicAdd(ctr, 1u);
-    c = __shfl_sync(0xffffffffu, c, 0);
-    if (c >= chunks)
+      r = atomicAdd(ctr, 1u);
+    r = __shfl_sync(0xffffffffu, r, 0);
+    if (r >= static_cast<unsigned>(M))
       return;
-    const int r0 = static_cast<int>(c) * kGridStatsRows;
-    const int r1 = min(r0 + kGridStatsRows, M);
-    for (int r = r0; r < r1; ++r) {
-      float mean, rstd;
-      deferredRowStats<NORM == 1>(x + static_cast<int64_t>(r) * K, K, a.eps, mean, rstd);
-      if (lane == 0) {
-        static_cast<float*>(a.rowStats[0])[r] = mean;
-        static_cast<float*>(a.rowStats[1])[r] = rstd;
-      }
-    }
-    if (lane == 0) // the stores above are lane 0's own: release them with the count
-      asm volatile("red.release.gpu.global.add.u32 [%0], %1;\n" ::"l"(ctr + 2 + r0 / BM),
-                   "r"(static_cast<unsigned>(r1 - r0))
+    float mean, rstd;
+    deferredRowStats<NORM == 1>(x + static_cast<int64_t>(r) * K, K, a.eps, mean, rstd);
+    if (lane == 0) { // the stores are lane 0's own: release them with the count
+      static_cast<float*>(a.rowStats[0])[r] = mean;
+      static_cast<float*>(a.rowStats[1])[r] = rstd;
+      asm volatile("red.release.gpu.global.add.u32 [%0], %1;\n" ::"l"(ctr + 2 + r / BM), "r"(1u)
                    : "memory");
+    }
   }
 }
 

@@ -1043,8 +1043,7 @@ bool checkEnvironment(std::ostream& err) {
   }
   if (std::string v = value("FPAT_NVCC"); !v.empty() && findProgram(v).empty())
     bad("FPAT_NVCC", v, "no such program (unset it to use nvcc on PATH)");
-  if (std::string v = value("FPAT_NORM_STATS");
-      !v.empty() && v != "loop" && v != "launch" && v != "grid")
+  if (std::string v = value("FPAT_NORM_STATS"); !v.empty() && !codegen::normStatsFromEnv())
     bad("FPAT_NORM_STATS", v, "expected launch, loop or grid");
   if (std::string v = value("FPAT_FLASH"); !v.empty() && !codegen::FlashConfig::parse(v))
     bad("FPAT_FLASH", v,

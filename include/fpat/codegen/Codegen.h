@@ -118,6 +118,27 @@ inline bool wgmmaPadsK(int64_t k) {
 /// with K % 8 != 0 (padded once instead of on every run).
 bool preparesWeightB(const ir::Graph& g, ir::Vertex v);
 
+/// Where a deferred norm's row statistics come from (fpat_wgmma.cuh). Launch and Grid write
+/// them to two f32 [M] buffers (FpatKernelArgs::rowStats).
+enum class NormStats {
+  None,   // no deferred norm
+  Launch, // a launch of their own before the GEMM, which the GEMM overlaps
+  Loop,   // summed from the A tiles of the main loop (FPAT_NORM_STATS=loop)
+  Grid,   // read by the GEMM's own statistics warps, each row once in the grid (counters in
+          // scratchBytes)
+};
+
+/// The form FPAT_NORM_STATS asks for (launch, loop or grid); nullopt when it is unset or names
+/// none of them (the driver rejects such a value before any code is generated).
+std::optional<NormStats> normStatsFromEnv();
+
+/// The form the generator will pick for deferred-norm op `v` (None if its norm is not
+/// deferred), for the cost model, which knows no tile: Grid unless FPAT_NORM_STATS asks for
+/// launch or loop, or the epilogue holds an activation, which the statistics warps would apply
+/// instead (the generator then picks Launch, even if grid is asked for, for the tiles that
+/// stage the epilogue, which are the heuristic's at every shape that matters).
+NormStats expectedNormStats(const ir::Graph& g, ir::Vertex v);
+
 /// Whether the wgmma kernel for norm_gemm op `v` defers its normalisation: it runs on the raw
 /// rows of x with gamma folded into B (x (diag(gamma) W)), scales each row by rstd in its
 /// epilogue and, for LayerNorm, subtracts mean rstd colsum(diag(gamma) W) and adds beta W;
@@ -226,16 +247,6 @@ struct Launch {
   int64_t blocks[3] = {1, 1, 1}; // Fixed: the grid
   /// Whether the runtime runs it when weights are uploaded rather than on every run.
   bool preparesWeights() const { return grid == PreparedWeight || grid == PreparedColumns; }
-};
-
-/// Where a deferred norm's row statistics come from (fpat_wgmma.cuh). Launch and Grid write
-/// them to two f32 [M] buffers (FpatKernelArgs::rowStats).
-enum class NormStats {
-  None,   // no deferred norm
-  Launch, // a launch of their own before the GEMM, which the GEMM overlaps
-  Loop,   // summed from the A tiles of the main loop (FPAT_NORM_STATS=loop)
-  Grid,   // read by the GEMM's own statistics warps, each row once in the grid (counters in
-          // scratchBytes)
 };
 
 /// One generated translation unit and how to run it for one op.

@@ -1,6 +1,6 @@
 // The GEMM families' cost part: launch + max(FLOPs / compute, bytes / bandwidth) for the kernel
 // the code generator will choose (wgmma, cp.async, the norm in shared memory), the epilogue's
-// share, the dual GEMM split before sm_90, a deferred norm's statistics launch.
+// share, the dual GEMM split before sm_90, a deferred norm's statistics.
 #include "Gemm.h"
 #include "fpat/codegen/Codegen.h"
 #include "fpat/cost/Family.h"
@@ -60,9 +60,12 @@ public:
         c.launchUs * 1e-3 + core * (1 + c.epiloguePerNode * static_cast<double>(epilogueOps));
     if (split) // the second GEMM as a kernel of its own, its result read back by the first
       ms += c.launchUs * 1e-3 + core + 2 * m * n * elt / (c.streamTBs * 1e12) * 1e3;
-    if (deferred) { // the row statistics read x once more: priced as the launch form, which
-                    // costs more than the grid form read beside the main loop (session 45)
-      ms += c.launchUs * 1e-3 + m * k * elt / (c.streamTBs * 1e12) * 1e3;
+    if (deferred) { // the row statistics read x once more: beside the main loop by the GEMM's
+                    // own warps, or in a launch of their own (the loop form priced as one)
+      if (wgmma && codegen::expectedNormStats(g, v) == codegen::NormStats::Grid)
+        ms += core * c.gridStatsShare;
+      else
+        ms += c.launchUs * 1e-3 + m * k * elt / (c.streamTBs * 1e12) * 1e3;
       if (ir::normKindOf(op) == ir::NormKind::LayerNorm)
         ms += c.lnColumnPs * 1e-9 * m * n;
     }
@@ -76,8 +79,12 @@ public:
     if (kind_.gemms == 2 && arch < 90)
       return "split into two GEMMs (no dual kernel before sm_90)";
     const bool wgmma = arch >= 90 && codegen::gemmProblemOf(g, v).tma;
-    return std::string(wgmma ? "wgmma" : "cp.async") + " GEMM" +
-           (deferred ? ", norm deferred (statistics priced as a launch)" : "");
+    if (!deferred)
+      return std::string(wgmma ? "wgmma" : "cp.async") + " GEMM";
+    return std::string(wgmma ? "wgmma" : "cp.async") + " GEMM, norm deferred" +
+           (wgmma && codegen::expectedNormStats(g, v) == codegen::NormStats::Grid
+                ? " (statistics read by its own warps)"
+                : " (statistics in a launch before it)");
   }
 
 private:

@@ -264,12 +264,11 @@ GemmPlan planGemm(const ir::Graph& g, ir::Vertex v, const CodegenOptions& o) {
   // where the launch cost +8-29% (H100, bench/RESULTS.md session 45). FPAT_NORM_STATS=loop
   // sums them from the A tiles of the main loop instead: their shared-memory reads beside the
   // MMAs cost more (sessions 26, 37, 40).
-  const char* statsEnv = std::getenv("FPAT_NORM_STATS");
-  const std::string statsForm = statsEnv ? statsEnv : "";
-  u.normStats = !deferNorm                       ? NormStats::None
-                : statsForm == "loop"            ? NormStats::Loop
-                : statsForm == "launch" || defer ? NormStats::Launch
-                                                 : NormStats::Grid;
+  const std::optional<NormStats> asked = normStatsFromEnv();
+  u.normStats = !deferNorm                            ? NormStats::None
+                : asked == NormStats::Loop            ? NormStats::Loop
+                : asked == NormStats::Launch || defer ? NormStats::Launch
+                                                      : NormStats::Grid;
   const bool statsInLoop = u.normStats == NormStats::Loop;
   const bool statsInGrid = u.normStats == NormStats::Grid;
   // Statistics from the kernel itself need every tile whole (the grid's counters are in the
@@ -623,6 +622,35 @@ bool defersNorm(const ir::Graph& g, ir::Vertex v) {
       return false;
   }
   return true;
+}
+
+std::optional<NormStats> normStatsFromEnv() {
+  const char* e = std::getenv("FPAT_NORM_STATS");
+  const std::string form = e ? e : "";
+  if (form == "launch")
+    return NormStats::Launch;
+  if (form == "loop")
+    return NormStats::Loop;
+  if (form == "grid")
+    return NormStats::Grid;
+  return std::nullopt;
+}
+
+NormStats expectedNormStats(const ir::Graph& g, ir::Vertex v) {
+  if (!defersNorm(g, v))
+    return NormStats::None;
+  const std::optional<NormStats> asked = normStatsFromEnv();
+  if (asked == NormStats::Loop || asked == NormStats::Launch)
+    return *asked;
+  const ir::Op& op = g.op(v);
+  const auto kind = families::gemm::kindOf(op);
+  // generateGemm's `defer`: an activation in a staged epilogue tile (not the dual GEMM's).
+  const bool activation =
+      op.kind == ir::OpKind::Fused &&
+      std::any_of(op.fused.epilogue.nodes.begin(), op.fused.epilogue.nodes.end(),
+                  [](const ir::EpilogueNode& n) { return n.kind == ir::EpiKind::Activation; });
+  return activation && kind && kind->gemms == 1 && op.type.shape[1] % 8 == 0 ? NormStats::Launch
+                                                                             : NormStats::Grid;
 }
 
 size_t preparedBBytes(const KernelUnit& u) {

@@ -146,7 +146,12 @@ int main(int argc, char** argv) {
                 << "--dim seq=128\n";
       return 2;
     }
-    opts.dims[d.substr(0, eq)] = std::stoll(size);
+    const auto [it, fresh] = opts.dims.emplace(d.substr(0, eq), std::stoll(size));
+    if (!fresh && it->second != std::stoll(size)) {
+      std::cerr << "fpatc: error: --dim " << d << ": " << it->first << " is already given as "
+                << it->second << "\n";
+      return 2;
+    }
   }
   if (opts.time && (noRun || noCompile || !opts.emit.empty())) {
     std::cerr << "fpatc: error: --time runs the graph on the GPU; it cannot be combined with "

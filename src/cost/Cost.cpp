@@ -30,10 +30,6 @@ const Calibration kH200{
     // rmsnorm_gemm 0.200 at 4096^3 (session 26: 8 us over 16.8M outputs, 0.48 ps each); their
     // share grows as K shrinks (GPT-2-XL's 4096x6400x1600: ~0.65 ps, session 30)
     0.5,
-    // gridStatsShare: rmsnorm_gemm with its statistics read by the GEMM's own warps against
-    // the plain GEMM: +5.7-7.1% at M 512-4096, N 4096 and 11008 (session 45, H100; its first
-    // form +4.6-5.7% on the H200 but at M = 512)
-    0.06,
     // rowLatencyUs: a norm kernel apart, beyond its launch and bytes (session 30's fpatc
     // --time: layernorm [1, 768] 0.0079-0.0086 ms against 0.0034-0.0048 for an elementwise
     // kernel as small; in whole graphs a LayerNorm apart cost 1.2-5.8 us more than deferring
@@ -65,7 +61,6 @@ const Calibration kAmpereGuess{
     70.0,
     0.02,
     0.5,
-    0.06,
     4.0,
     0.95,
     0.0, // no flash kernel below sm_90

@@ -26,8 +26,6 @@ struct Calibration {
   double normSmemTflops;  // rmsnorm_gemm normalising A in shared memory (weights not constant)
   double epiloguePerNode; // each epilogue op adds this share of the GEMM's time
   double lnColumnPs;      // a deferred LayerNorm's column terms: ps per output element
-  double gridStatsShare;  // a deferred norm's statistics read by the GEMM's own warps: this
-                          // share of the GEMM's time (codegen::NormStats::Grid)
   double rowLatencyUs;    // a row-wise kernel's own chain: read the row, reduce, then write
   double normSmemStepUs;  // norm_gemm in shared memory: each k-tile's latency (small shapes)
   double flashTflops;     // the flash-attention kernel (sm_90, head dimension 64 or 128)

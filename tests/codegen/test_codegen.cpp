@@ -593,6 +593,33 @@ BOOST_AUTO_TEST_CASE(weights_that_tma_reads_badly_are_prepared_once) {
   BOOST_TEST(!unitsFor("gemm", {1536, 4104, 4096}, 80, nullptr, true).at(0).preparedB);
 }
 
+// The cost model prices a deferred norm's statistics by the form codegen::expectedNormStats
+// predicts without a tile; the generator decides with the heuristic's tile. They must agree.
+BOOST_AUTO_TEST_CASE(the_cost_models_statistics_form_is_the_generators) {
+  for (const char* form : {"", "grid", "launch", "loop"})
+    for (const char* name : {"rmsnorm_gemm", "layernorm_gemm", "layernorm_gemm_bias_gelu",
+                             "rmsnorm_gemm_swiglu", "rmsnorm_gemm_geglu"})
+      for (Shape s : {Shape{1, 4096, 4096}, Shape{333, 1000, 1003}, Shape{512, 11008, 4096},
+                      Shape{4096, 4096, 1600}, Shape{77, 36, 64}})
+        BOOST_TEST_CONTEXT(form << " " << name << " " << s.m << "x" << s.n << "x" << s.k) {
+          setenv("FPAT_NORM_STATS", form, 1);
+          const ir::Graph f = fuse(caseGraph(name, s, true));
+          codegen::CodegenOptions o;
+          o.arch = 90;
+          size_t fused = 0;
+          for (ir::Vertex v : f.vertices()) {
+            if (f.op(v).kind != ir::OpKind::Fused)
+              continue;
+            ++fused;
+            const codegen::KernelUnit u = codegen::generate(f, v, builtinLibrary().activations, o);
+            BOOST_TEST((u.normStats == codegen::expectedNormStats(f, v)));
+            BOOST_TEST((u.normStats != codegen::NormStats::None)); // the norm deferred
+          }
+          unsetenv("FPAT_NORM_STATS");
+          BOOST_TEST(fused == 1u);
+        }
+}
+
 BOOST_AUTO_TEST_CASE(norm_gemm_defers_its_norm_where_its_weights_are_known) {
   auto entries = [](const codegen::KernelUnit& u) {
     std::vector<std::string> e;

@@ -81,8 +81,10 @@ public:
     const bool wgmma = arch >= 90 && codegen::gemmProblemOf(g, v).tma;
     if (!deferred)
       return std::string(wgmma ? "wgmma" : "cp.async") + " GEMM";
-    return std::string(wgmma ? "wgmma" : "cp.async") + " GEMM, norm deferred" +
-           (wgmma && codegen::expectedNormStats(g, v) == codegen::NormStats::Grid
+    if (!wgmma) // the cp.async kernels normalise A as they load it (Generator.cpp)
+      return "cp.async GEMM normalising A, statistics in a launch before it";
+    return std::string("wgmma GEMM, norm deferred") +
+           (codegen::expectedNormStats(g, v) == codegen::NormStats::Grid
                 ? " (statistics read by its own warps)"
                 : " (statistics in a launch before it)");
   }

@@ -149,6 +149,23 @@ int stagedOperand(const ir::Graph& g, ir::Vertex v) {
   return -1;
 }
 
+/// Whether fused op `op`'s epilogue applies an activation: the costly part of an epilogue, which
+/// the producer warpgroup's idle warps take over where the result tile is staged.
+bool appliesActivation(const ir::Op& op) {
+  return op.kind == ir::OpKind::Fused &&
+         std::any_of(op.fused.epilogue.nodes.begin(), op.fused.epilogue.nodes.end(),
+                     [](const ir::EpilogueNode& n) { return n.kind == ir::EpiKind::Activation; });
+}
+
+/// A deferred norm's statistics form: FPAT_NORM_STATS's loop or launch, else a launch where the
+/// statistics warps apply deferred epilogues instead (`helpersBusy`), else the grid's.
+NormStats deferredStatsForm(bool helpersBusy) {
+  const std::optional<NormStats> asked = normStatsFromEnv();
+  if (asked == NormStats::Loop)
+    return NormStats::Loop;
+  return asked == NormStats::Launch || helpersBusy ? NormStats::Launch : NormStats::Grid;
+}
+
 } // namespace
 
 /// Every decision of the GEMM code generator for one op, as data: configuration, fallback,
@@ -244,10 +261,7 @@ GemmPlan planGemm(const ir::Graph& g, ir::Vertex v, const CodegenOptions& o) {
   // loads fell behind). Cheap epilogues stay with the consumers (bench/RESULTS.md, session 10).
   const int staged = epiTile ? stagedOperand(g, v) : -1;
   const bool side = staged >= 0 && wgmmaSideBox(t, u.N);
-  const bool defer =
-      epiTile && op.kind == ir::OpKind::Fused && (staged < 0 || side) &&
-      std::any_of(op.fused.epilogue.nodes.begin(), op.fused.epilogue.nodes.end(),
-                  [](const ir::EpilogueNode& n) { return n.kind == ir::EpiKind::Activation; });
+  const bool defer = epiTile && (staged < 0 || side) && appliesActivation(op);
   const int smemBytes = gemmSmemBytes(t, u.transB) + (epiTile ? t.bm * t.bn * 2 : 0) +
                         (defer && side ? t.bm * 128 : 0);
   // The last wave split in k, compiled in only where it is planned for this shape on o.sms SMs:
@@ -264,11 +278,7 @@ GemmPlan planGemm(const ir::Graph& g, ir::Vertex v, const CodegenOptions& o) {
   // where the launch cost +8-29% (H100, bench/RESULTS.md session 45). FPAT_NORM_STATS=loop
   // sums them from the A tiles of the main loop instead: their shared-memory reads beside the
   // MMAs cost more (sessions 26, 37, 40).
-  const std::optional<NormStats> asked = normStatsFromEnv();
-  u.normStats = !deferNorm                            ? NormStats::None
-                : asked == NormStats::Loop            ? NormStats::Loop
-                : asked == NormStats::Launch || defer ? NormStats::Launch
-                                                      : NormStats::Grid;
+  u.normStats = deferNorm ? deferredStatsForm(defer) : NormStats::None;
   const bool statsInLoop = u.normStats == NormStats::Loop;
   const bool statsInGrid = u.normStats == NormStats::Grid;
   // Statistics from the kernel itself need every tile whole (the grid's counters are in the
@@ -639,18 +649,12 @@ std::optional<NormStats> normStatsFromEnv() {
 NormStats expectedNormStats(const ir::Graph& g, ir::Vertex v) {
   if (!defersNorm(g, v))
     return NormStats::None;
-  const std::optional<NormStats> asked = normStatsFromEnv();
-  if (asked == NormStats::Loop || asked == NormStats::Launch)
-    return *asked;
   const ir::Op& op = g.op(v);
   const auto kind = families::gemm::kindOf(op);
-  // generateGemm's `defer`: an activation in a staged epilogue tile (not the dual GEMM's).
-  const bool activation =
-      op.kind == ir::OpKind::Fused &&
-      std::any_of(op.fused.epilogue.nodes.begin(), op.fused.epilogue.nodes.end(),
-                  [](const ir::EpilogueNode& n) { return n.kind == ir::EpiKind::Activation; });
-  return activation && kind && kind->gemms == 1 && op.type.shape[1] % 8 == 0 ? NormStats::Launch
-                                                                             : NormStats::Grid;
+  // planGemm's `defer` without a tile: an activation where the result tile is staged (not the
+  // dual GEMM's, N % 8 == 0).
+  return detail::deferredStatsForm(detail::appliesActivation(op) && kind && kind->gemms == 1 &&
+                                   op.type.shape[1] % 8 == 0);
 }
 
 size_t preparedBBytes(const KernelUnit& u) {

@@ -149,6 +149,14 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
                                                   kStatsBytes <=
                                               FPAT_SM90_SMEM_BYTES;
   constexpr bool kDual = DualEpilogue<Epilogue>::value;
+  //   kStageCols: the deferred LayerNorm's column terms of each tile staged in shared memory,
+  //   two tiles' per consumer (applyDeferredNorm), where it has room.
+  constexpr int kColBytes = T::CONSUMERS * 2 * 2 * T::BN * 4;
+  constexpr bool kStageCols =
+      Epilogue::kNorm == 1 && wgmmaSmemBytes<T, kTile, kSide>() +
+                                      (kStagedStore ? kSlabs * kSlabRows * kSlabPitch * 2 : 0) +
+                                      kStatsBytes + 1024 + kColBytes <=
+                                  FPAT_SM90_SMEM_BYTES;
   // The last wave split in k: cooperative tiles without clusters, where the code generator
   // planned it.
   constexpr bool kSplitLast = !T::PINGPONG && CL == 1 && Epilogue::kSplit;
@@ -163,6 +171,8 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
   extern __shared__ __align__(1024) unsigned char smemRaw[];
   __shared__ __align__(8) uint64_t full[S], empty[S], order[2], tileFull, tileEmpty, sideFull;
   __shared__ __align__(16) elem epiSlab[kStagedStore ? kSlabs : 1][kSlabRows * kSlabPitch];
+  __shared__ __align__(
+      16) float normCols[kStageCols ? T::CONSUMERS * 2 : 1][kStageCols ? 2 * T::BN : 4];
   __shared__ __align__(16) WgmmaStats<kProducerStats ? BM : 1, kProducerStats ? T::A_ROWS : 0>
       stats;
   const WgmmaSmem<T> sm{smemRaw + ((1024 - (smemAddr(smemRaw) & 1023)) & 1023),
@@ -251,8 +261,9 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
     elem* const slab = kStagedStore ? epiSlab[c * 4 + warp] : nullptr;
     WgmmaRowSums<MI, Epilogue::kNorm> sums;
     TileStoreState tileState;
-    int local = 0; // the item's place in this CTA's sequence
-    int tiled = 0; // items before this one that stored through the tile
+    int local = 0;  // the item's place in this CTA's sequence
+    int normed = 0; // tiles this consumer normalised: their column terms alternate buffers
+    int tiled = 0;  // items before this one that stored through the tile
     unsigned orderPhase = 0;
     long long ring = 0; // k-tiles of this CTA's earlier items: the ring holds them in turn
     int t, k0, k1;
@@ -280,7 +291,9 @@ __device__ __forceinline__ void gemmWgmma(const FpatTmaArgs& p) {
         applyDeferredNorm<T, Epilogue::kNorm,
                           kGridStats ? 3
                           : kStats   ? (kProducerStats ? 2 : 1)
-                                     : 0>(a, sched, sums, stats, local, d, tm, tn, row0);
+                                     : 0,
+                          kStageCols>(a, sched, sums, stats, local, d, tm, tn, row0,
+                                      kStageCols ? normCols[c * 2 + (normed++ & 1)] : nullptr, c);
       if constexpr (kDual)
         storeDual<T>(a, epi, d, slab, M, tm, tn, row0);
       else if constexpr (kTile)

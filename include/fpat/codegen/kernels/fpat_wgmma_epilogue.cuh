@@ -152,13 +152,31 @@ __device__ __forceinline__ bool exchangePartials(const FpatKernelArgs& a, const 
 /// statistics come from the launch before, which this kernel overlaps (FROM 0), from the
 /// consumer's own row sums (1), from the producer's statistics warps (2: `stats`, item
 /// `local`'s buffer) or from the statistics warps of the whole grid (3: gridRowStats).
-template <class T, int NORM, int FROM, class Sched, class Stats>
+/// STAGE_COLS (LayerNorm, where shared memory has room; `colTile`: 2 BN floats of the consumer's,
+/// not read by it since its barrier of the tile before): the tile's column terms staged there, one
+/// 16-byte load per thread issued before the statistics wait, where each thread would
+/// otherwise load 2 BN / 4 float2 of them from L2 after it.
+template <class T, int NORM, int FROM, bool STAGE_COLS, class Sched, class Stats>
 __device__ __forceinline__ void
 applyDeferredNorm(const FpatKernelArgs& a, const Sched& sched,
                   const WgmmaRowSums<T::MI, NORM>& sums, Stats& stats, int local,
-                  float (&d)[T::MI][T::BN / 2], int tm, int tn, int row0) {
+                  float (&d)[T::MI][T::BN / 2], int tm, int tn, int row0, float* colTile, int c) {
   constexpr int MI = T::MI, BN = T::BN;
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, M = sched.M;
+  const int64_t pitch = normColumnsPitch(sched.N);
+  // The staged column terms: colsum in colTile[0, BN), beta W in [BN, 2 BN).
+  constexpr int kColLoads = (BN / 2 + 127) / 128;
+  [[maybe_unused]] float4 colv[kColLoads];
+  if constexpr (NORM == 1 && STAGE_COLS) {
+    const float* const src = normColumns(a) + tn * BN;
+#pragma unroll
+    for (int n = 0; n < kColLoads; ++n) {
+      const int i = tid + 128 * n;
+      if (i < BN / 2)
+        colv[n] = __ldg(reinterpret_cast<const float4*>(
+            i < BN / 4 ? src + 4 * i : src + pitch + 4 * (i - BN / 4)));
+    }
+  }
   float rs[MI][2], mr[MI][2];
   if constexpr (FROM == 1) {
     sums.finish(sched.K, sched.KT, T::BK, a.eps, rs, mr);
@@ -193,15 +211,23 @@ applyDeferredNorm(const FpatKernelArgs& a, const Sched& sched,
             NORM == 1 ? __ldcg(static_cast<const float*>(a.rowStats[0]) + row) * rs[m][h] : 0.0f;
       }
   }
+  if constexpr (NORM == 1 && STAGE_COLS) {
+#pragma unroll
+    for (int n = 0; n < kColLoads; ++n)
+      if (tid + 128 * n < BN / 2)
+        reinterpret_cast<float4*>(colTile)[tid + 128 * n] = colv[n];
+    namedBarrier(1 + c, 128);
+  }
   // This thread's columns of the tile: pairs 8 apart (their offsets fold into immediates).
-  const float* const cols = NORM == 1 ? normColumns(a) + tn * BN + 2 * (lane % 4) : nullptr;
-  const int64_t pitch = normColumnsPitch(sched.N);
+  const float* const cols =
+      NORM != 1 ? nullptr : (STAGE_COLS ? colTile : normColumns(a) + tn * BN) + 2 * (lane % 4);
+  const int64_t colPitch = STAGE_COLS ? BN : pitch;
 #pragma unroll
   for (int j = 0; j < BN / 8; ++j) {
     float2 cs = make_float2(0.0f, 0.0f), bw = cs;
     if constexpr (NORM == 1) {
       cs = *reinterpret_cast<const float2*>(cols + 8 * j);
-      bw = *reinterpret_cast<const float2*>(cols + pitch + 8 * j);
+      bw = *reinterpret_cast<const float2*>(cols + colPitch + 8 * j);
     }
 #pragma unroll
     for (int m = 0; m < MI; ++m)

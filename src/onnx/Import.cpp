@@ -1916,6 +1916,13 @@ private:
   }
 
   void slice(const NodeProto& n) {
+    if (!in(n, 0).isConst) {
+      // An empty window of an activation (x[..., rot:] where the rotary covers the whole
+      // head): no elements, which a Concat then drops.
+      const SliceWindow w = sliceWindow(n, in(n, 0).shape);
+      if (numel(w.shape) == 0)
+        return define(n, constOf(w.shape, {}, false));
+    }
     if (in(n, 0).view != Val::View::None)
       return headsSlice(n);
     if (!in(n, 0).isConst) {
@@ -2257,6 +2264,17 @@ private:
   void concat(const NodeProto& n) {
     if (n.input_size() == 0)
       throw UnsupportedError{"it has no inputs"};
+    // Parts without elements (empty slices) add nothing: the others are joined, or one alone
+    // passes through.
+    NodeProto kept = n;
+    kept.clear_input();
+    for (int i = 0; i < n.input_size(); ++i)
+      if (!in(n, i).isConst || numel(in(n, i).shape) != 0)
+        kept.add_input(n.input(i));
+    if (kept.input_size() == 1 && n.input_size() > 1)
+      return define(n, Val(in(kept, 0)));
+    if (kept.input_size() > 0 && kept.input_size() < n.input_size())
+      return concat(kept);
     for (int i = 0; i < n.input_size(); ++i)
       if (in(n, i).view != Val::View::None)
         return headsConcat(n);

@@ -30,7 +30,10 @@ written into it through a slice assignment), hf_causal_{sum,and}_dyn_opset17, Mi
 window, hf_sliding_dyn_opset17, and 4.35-4.37's to_4d, hf_to4d_dyn_opset17, and Llama's rotary
 as 4.38-4.44 compute it (inv_freq @ position_ids), hf_rotary_dyn_opset17, or as 4.45 on take it
 (cos and sin inputs), hf_posemb_dyn_opset17, a padding mask Or-ed with a causal one and given to
-masked_fill, or_mask_dyn_opset17, and GPT-J's
+masked_fill, or_mask_dyn_opset17, Qwen2's attention (biases, GQA, its rotary written the
+partial way over the whole head: an empty slice joined), qwen2_attn_dyn_opset17, Phi-2's
+parallel block, phi2_block_dyn_opset17, Gemma's MLP (RMSNorm by 1 + weight, GeGLU),
+gemma_mlp_dyn_opset17, and GPT-J's
 attention (interleaved rotary on part of each head), gptj_attn_dyn_opset17, with
 torch's output at length 7 in OUTDIR/../expect (fpatc --inputs/--expect). Needs
 Debian's python3-torch (1.13, which has no scaled_dot_product_attention) and python3-onnx;
@@ -707,6 +710,90 @@ class SplitHeadsAttn(nn.Module):
         return x + self.o(torch.matmul(w, v).transpose(1, 2).reshape(b, s, D))
 
 
+def causal_bias(s, dtype):
+    """Hugging Face's _make_causal_mask: finfo.min above the diagonal, 0 elsewhere."""
+    mask = torch.full((s, s), torch.finfo(dtype).min)
+    cond = torch.arange(s)
+    return mask.masked_fill(cond < (cond + 1).view(s, 1), 0)
+
+
+def partial_rotary(q, k, s, rot):
+    """RoPE on the first `rot` dims of each head, the rest passed through and joined again, as
+    Phi, StableLM and Persimmon write it (rot may be the whole head: the rest is then empty)."""
+    inv = 1.0 / (10000 ** (torch.arange(0, rot, 2).float() / rot))
+    emb = torch.cat((torch.outer(torch.arange(s, dtype=torch.float32), inv),) * 2, dim=-1)
+    cos, sin = emb.cos()[None, None], emb.sin()[None, None]
+
+    def apply(t):
+        tr, tp = t[..., :rot], t[..., rot:]
+        return torch.cat((tr * cos + rotate_half(tr) * sin, tp), dim=-1)
+    return apply(q), apply(k)
+
+
+class Qwen2Attn(nn.Module):
+    """Qwen2's attention: RMSNorm, q, k and v with biases, GQA by repeat_kv, softmax in f32;
+    its rotary written the partial way over the whole head (x[..., rot:] is empty)."""
+
+    def __init__(self):
+        super().__init__()
+        dh = D // HEADS
+        self.norm = RmsNorm()
+        self.q, self.o = nn.Linear(D, D), nn.Linear(D, D, bias=False)
+        self.k, self.v = nn.Linear(D, KV_HEADS * dh), nn.Linear(D, KV_HEADS * dh)
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        dh, rep = D // HEADS, HEADS // KV_HEADS
+        n = self.norm(x)
+        q = self.q(n).view(b, s, HEADS, dh).transpose(1, 2)
+        k = self.k(n).view(b, s, KV_HEADS, dh).transpose(1, 2)
+        v = self.v(n).view(b, s, KV_HEADS, dh).transpose(1, 2)
+        q, k = partial_rotary(q, k, s, dh)
+        k = k[:, :, None].expand(b, KV_HEADS, rep, s, dh).reshape(b, HEADS, s, dh)
+        v = v[:, :, None].expand(b, KV_HEADS, rep, s, dh).reshape(b, HEADS, s, dh)
+        w = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(dh) + causal_bias(s, q.dtype)[None, None]
+        w = nn.functional.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype)
+        return x + self.o(torch.matmul(w, v).transpose(1, 2).reshape(b, s, D))
+
+
+class Phi2Block(nn.Module):
+    """Phi-2's decoder block: one LayerNorm feeding attention (rotary on half of each head,
+    biases) and a gelu_new MLP in parallel, both added to the residual."""
+
+    def __init__(self):
+        super().__init__()
+        self.ln = nn.LayerNorm(D)
+        self.q, self.k, self.v, self.dense = (nn.Linear(D, D) for _ in range(4))
+        self.fc1, self.fc2, self.act = nn.Linear(D, HIDDEN), nn.Linear(HIDDEN, D), NewGelu()
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        dh = D // HEADS
+        h = self.ln(x)
+        q, k, v = (f(h).view(b, s, HEADS, dh).transpose(1, 2) for f in (self.q, self.k, self.v))
+        q, k = partial_rotary(q, k, s, dh // 2)
+        w = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(dh) + causal_bias(s, q.dtype)[None, None]
+        w = nn.functional.softmax(w.float(), dim=-1).to(v.dtype)
+        a = self.dense(torch.matmul(w, v).transpose(1, 2).reshape(b, s, D))
+        return a + self.fc2(self.act(self.fc1(h))) + x
+
+
+class GemmaMlp(nn.Module):
+    """Gemma's MLP: RMSNorm scaling by (1 + weight) in f32, GeGLU with the tanh GeLU."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(D))
+        self.gate, self.up = nn.Linear(D, HIDDEN, bias=False), nn.Linear(D, HIDDEN, bias=False)
+        self.down = nn.Linear(HIDDEN, D, bias=False)
+
+    def forward(self, x):
+        xf = x.float()
+        n = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)) * (1.0 + self.weight.float())
+        n = n.type_as(x)
+        return x + self.down(nn.functional.gelu(self.gate(n), approximate="tanh") * self.up(n))
+
+
 def export_opsets(m, out, name):
     """Writes NAME_opset13.onnx and NAME_opset17.onnx of `m` (one input drawn for both)."""
     x = torch.randn(BATCH, SEQ, D)
@@ -828,7 +915,8 @@ def main():
                  "hf_causal_and_dyn_opset17": 59, "gptj_attn_dyn_opset17": 61,
                  "hf_sliding_dyn_opset17": 67, "hf_to4d_dyn_opset17": 71,
                  "hf_rotary_dyn_opset17": 73, "hf_posemb_dyn_opset17": 79,
-                 "or_mask_dyn_opset17": 83}
+                 "or_mask_dyn_opset17": 83, "qwen2_attn_dyn_opset17": 89,
+                 "phi2_block_dyn_opset17": 97, "gemma_mlp_dyn_opset17": 101}
     made = {"falcon_layer_dyn_opset17": FalconLayer, "mqa_attn_dyn_opset17": MqaAttn,
             "split_heads_dyn_opset17": SplitHeadsAttn, "hf_bert_dyn_opset17": HfBertLayer,
             "distil_attn_dyn_opset17": DistilAttn, "bloom_attn_dyn_opset17": BloomAttn,
@@ -840,7 +928,8 @@ def main():
             "hf_sliding_dyn_opset17": lambda: HfCausalMaskAttn("sliding"),
             "hf_to4d_dyn_opset17": lambda: HfCausalMaskAttn("to4d"),
             "hf_rotary_dyn_opset17": HfRotaryAttn, "hf_posemb_dyn_opset17": HfPosEmbAttn,
-            "or_mask_dyn_opset17": OrMaskAttn}
+            "or_mask_dyn_opset17": OrMaskAttn, "qwen2_attn_dyn_opset17": Qwen2Attn,
+            "phi2_block_dyn_opset17": Phi2Block, "gemma_mlp_dyn_opset17": GemmaMlp}
     for name, m in list(last.items()) + [(n, None) for n in last_seed]:
         if m is None:
             torch.manual_seed(last_seed[name])

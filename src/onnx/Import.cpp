@@ -63,6 +63,13 @@ struct Val {
   // Heads or HeadsT with batch and heads merged into one leading dimension: [B*H, S, d] or
   // [B*H, d, S] (torch.bmm's form: OPT, BART, Whisper). The same elements as the 4-D view.
   bool flatBH = false;
+  // Tokens with the sequence and heads merged: [B, S*H, d] (GPTBigCode's multi-query query,
+  // each token's heads as rows of their own). The same elements as [B, S, H, d].
+  bool flatSH = false;
+  // Scores [B, H, Sq, Sk] in the IR that the model sees query-major, as [B, Sq, H, Sk] or
+  // [B, Sq*H, Sk] (GPTBigCode's Q K^T of such a query): elementwise ops with constants (put in
+  // the IR's order), masks, softmax, reshapes between the two forms and P V only.
+  bool queryMajor = false;
   // Tokens whose ONNX shape is [B, S, H, parts, d] (BLOOM's fused q, k, v heads): the
   // projection's columns were reordered to (part, head, d) when it was viewed so, `heads` is
   // parts * H and part p is heads p H .. (p + 1) H - 1. Only a Gather of one part uses it.
@@ -643,6 +650,11 @@ private:
     if (!v.transposedOf.empty())
       throw UnsupportedError{"'" + v.name +
                              "' is a transposed activation, supported only as MatMul's B"};
+    if (v.queryMajor)
+      throw UnsupportedError{"'" + v.name + "' " + shapeStr(v.shape) +
+                             " are attention scores ordered by query, then head, which fpat "
+                             "supports in elementwise ops with constants, Where as a mask, "
+                             "Softmax, Reshape and the product with V"};
     if (v.v)
       return *v.v;
     if (v.integer)
@@ -952,6 +964,8 @@ private:
       define(n, foldBinary(k, a, b, shape));
       return;
     }
+    if (a.queryMajor || b.queryMajor)
+      return queryMajorBinary(n, k, a, b, shape);
     ir::Op op;
     op.kind = k;
     if (a.view != Val::View::None || b.view != Val::View::None) {
@@ -1006,6 +1020,60 @@ private:
     }
     const ir::Vertex va = tensor(a), vb = tensor(b);
     define(n, emit(n, op, {va, vb}, shape));
+  }
+
+  /// Constant `c` as an operand of an elementwise op on query-major scores `x`: broadcast
+  /// against x's ONNX shape ([B, Sq*H, Sk] or [B, Sq, H, Sk]) and put in the IR's order [B, H,
+  /// Sq, Sk] (a scalar stays one).
+  Val queryMajorConst(const Val& c, const Val& x) {
+    if (count(c) == 1)
+      return c;
+    const std::vector<int64_t> ir = g_.op(*x.v).type.shape; // [B, H, Sq, Sk]
+    std::vector<int64_t> cs = c.shape;
+    if (cs.size() > x.shape.size() || broadcast(cs, x.shape) != x.shape)
+      throw UnsupportedError{"'" + c.name + "' " + shapeStr(c.shape) + " does not broadcast to '" +
+                             x.name + "' " + shapeStr(x.shape)};
+    while (cs.size() < x.shape.size())
+      cs.insert(cs.begin(), 1);
+    Val c4 = c;
+    c4.v.reset();
+    if (cs.size() == 3) { // [c0, Sq*H or 1, c2]
+      if (cs[1] != 1 && cs[1] != ir[2] * ir[1])
+        throw UnsupportedError{"'" + c.name + "' " + shapeStr(c.shape) +
+                               " mixes the query and head axes of '" + x.name + "'"};
+      cs = {cs[0], cs[1] == 1 ? 1 : ir[2], cs[1] == 1 ? 1 : ir[1], cs[2]};
+    }
+    c4.shape = cs; // [c0, Sq or 1, H or 1, c3], the same elements
+    Val t = permuted(c4, {0, 2, 1, 3});
+    t.name = c.name + ".query_major";
+    return t;
+  }
+
+  /// An elementwise op of query-major scores and a constant, on the IR's [B, H, Sq, Sk]; adding
+  /// zeros (torch's baddbmm with beta = 0 adds 0 times its input) is the scores themselves.
+  void queryMajorBinary(const NodeProto& n, ir::OpKind k, Val& a, Val& b,
+                        const std::vector<int64_t>& shape) {
+    Val& x = a.queryMajor ? a : b;
+    const Val& c = a.queryMajor ? b : a;
+    if (!c.isConst || c.integer || shape != x.shape)
+      throw UnsupportedError{"'" + x.name + "' " + shapeStr(x.shape) +
+                             " are attention scores ordered by query, then head; fpat supports "
+                             "elementwise ops on them only with constants that broadcast to them"};
+    bool zeros = true;
+    for (size_t i = 0; zeros && i < count(c); ++i)
+      zeros = at(c, i) == 0.0;
+    if (zeros && (k == ir::OpKind::Add || (k == ir::OpKind::Sub && &x == &a)))
+      return define(n, Val(x));
+    const Val t = queryMajorConst(c, x);
+    ir::Op op;
+    op.kind = k;
+    Val tc = t;
+    const ir::Vertex vx = *x.v, vc = tensor(tc);
+    Val v = x;
+    v.v = emit(n, op, &x == &a ? std::vector<ir::Vertex>{vx, vc} : std::vector<ir::Vertex>{vc, vx},
+               g_.op(vx).type.shape)
+              .v;
+    define(n, std::move(v));
   }
 
   /// Max and Min, which ONNX lets take any number of operands: one is itself, two a binary op.
@@ -1088,6 +1156,15 @@ private:
                              shapeStr(shape) + ")"};
     Val v = x;
     v.shape = std::move(shape);
+    if (x.queryMajor) { // [B, Sq*H, Sk] <-> [B, Sq, H, Sk]
+      const std::vector<int64_t>& ir = g_.op(*x.v).type.shape;
+      if (v.shape != std::vector<int64_t>{ir[0], ir[2] * ir[1], ir[3]} &&
+          v.shape != std::vector<int64_t>{ir[0], ir[2], ir[1], ir[3]})
+        throw UnsupportedError{"reshaping the query-major scores '" + x.name + "' " +
+                               shapeStr(x.shape) + " to " + shapeStr(v.shape) +
+                               " is not supported"};
+      return define(n, std::move(v));
+    }
     if (!x.isConst && x.v) {
       // Scores [B, H, Sq, Sk] seen as [B*H, Sq, Sk] (torch.bmm's form) and back: the IR keeps
       // the rank-4 tensor, the value its ONNX shape.
@@ -2390,6 +2467,15 @@ private:
                          [&](const double* v) { return (v[0] != 0) == xFirst ? 0.0 : f; });
     bias.name = nodeName(n) + ".bias";
     const std::vector<int64_t> shape = broadcast(x.shape, c.shape);
+    if (x.queryMajor) {
+      Val t = queryMajorConst(bias, x);
+      ir::Op op;
+      op.kind = ir::OpKind::Add;
+      Val v = x;
+      const ir::Vertex vx = *x.v, vb = tensor(t);
+      v.v = emit(n, op, {vx, vb}, g_.op(vx).type.shape).v;
+      return define(n, std::move(v));
+    }
     if (shape.size() != 4) {
       checkFlatBroadcast(x.shape, shape);
       checkFlatBroadcast(c.shape, shape);
@@ -2724,6 +2810,11 @@ private:
                              std::to_string(axis) + " of " + std::to_string(rank) + ")"};
     ir::Op op;
     op.kind = ir::OpKind::Softmax;
+    if (x.queryMajor) { // the keys' axis is last in both orders
+      Val v = x;
+      v.v = emit(n, op, {*x.v}, g_.op(*x.v).type.shape).v;
+      return define(n, std::move(v));
+    }
     define(n, emit(n, op, {tensor(x)}, x.shape));
   }
 
@@ -2835,7 +2926,8 @@ private:
     if (!x.isConst && x.view == Val::View::None && shape.size() == 5 && shape[3] > 1 &&
         fusedParts(n, x, shape))
       return;
-    if (!x.isConst && (x.view != Val::View::None || shape.size() == 4) && reshapeHeads(n, x, shape))
+    if (!x.isConst && (x.view != Val::View::None || shape.size() == 4 || headRows(x, shape)) &&
+        reshapeHeads(n, x, shape))
       return;
     alias(n, x, std::move(shape));
   }
@@ -2941,6 +3033,18 @@ private:
     define(n, headColumns(n, x4, p * H, H, true));
   }
 
+  /// Whether reshaping activation `x` [B, S, H*d] (a token-major [B*S, H*d] in the IR) to
+  /// `shape` [B, S*H, d] gives each token's heads rows of their own (GPTBigCode's query).
+  bool headRows(const Val& x, const std::vector<int64_t>& shape) const {
+    if (x.isConst || !x.v || x.view != Val::View::None || x.queryMajor || x.shape.size() != 3 ||
+        shape.size() != 3 || shape[0] != x.shape[0] || x.shape[1] <= 0 || shape[1] <= x.shape[1] ||
+        shape[1] % x.shape[1] != 0)
+      return false;
+    const int64_t h = shape[1] / x.shape[1];
+    return shape[2] * h == x.shape[2] &&
+           g_.op(*x.v).type.shape == std::vector<int64_t>{x.shape[0] * x.shape[1], x.shape[2]};
+  }
+
   /// Reshapes that split an activation into heads or merge them back (views, no data moved):
   /// [B*S, H*d] (any leading dimensions) to [B, S, H, d] and back, and repeat_kv's
   /// Unsqueeze(2) -> Expand -> Reshape on [B, Hkv, S, d]. False: not a head reshape.
@@ -2948,7 +3052,21 @@ private:
     using View = Val::View;
     Val v = x;
     v.shape = shape;
-    if (x.view == View::None) {
+    if (headRows(x, shape)) {
+      v.view = View::Tokens; // [B, S, H*d] -> [B, S*H, d]
+      v.flatSH = true;
+      v.batch = shape[0];
+      v.seq = x.shape[1];
+      v.heads = shape[1] / x.shape[1];
+      v.headDim = shape[2];
+      v.repeat = 1;
+    } else if (x.view == View::Tokens && x.flatSH && shape.size() == 4 &&
+               shape == std::vector<int64_t>{x.batch, x.seq, x.heads, x.headDim}) {
+      v.flatSH = false; // [B, S*H, d] -> [B, S, H, d]
+    } else if (x.view == View::Tokens && !x.flatSH && x.parts == 1 && shape.size() == 3 &&
+               shape == std::vector<int64_t>{x.batch, x.seq * x.heads, x.headDim}) {
+      v.flatSH = true; // and back
+    } else if (x.view == View::None) {
       const std::vector<int64_t> ir = g_.op(*x.v).type.shape;
       if (shape.size() != 4 || ir.size() != 2 || shape[0] * shape[1] != ir[0] ||
           shape[2] * shape[3] != ir[1] || x.shape.size() == 4) {
@@ -2977,6 +3095,7 @@ private:
     } else if (x.view == View::Tokens && shape.size() >= 2 && shape.back() == x.heads * x.headDim &&
                numel(shape) == numel(x.shape)) {
       v.view = View::None; // merged back: [B, S, H*d] or [B*S, H*d]
+      v.flatSH = false;
       if (flatten(shape) != g_.op(*x.v).type.shape)
         return false;
     } else if ((x.view == View::Heads || x.view == View::HeadsT) && !x.flatBH &&
@@ -3054,6 +3173,22 @@ private:
     }
     if (x.isConst && x.shape.size() != 2)
       return define(n, permuted(x, perm));
+    if (!x.isConst && x.v && !x.queryMajor && x.shape.size() == 3 &&
+        perm == std::vector<int64_t>{0, 2, 1} &&
+        g_.op(*x.v).type.shape == std::vector<int64_t>{x.shape[0] * x.shape[1], x.shape[2]}) {
+      // [B, S, d] -> [B, d, S]: the keys of one head (GPTBigCode's multi-query K^T), as
+      // [B*H, d, S] with H = 1.
+      Val v = x;
+      v.view = Val::View::HeadsT;
+      v.flatBH = true;
+      v.batch = x.shape[0];
+      v.seq = x.shape[1];
+      v.heads = 1;
+      v.headDim = x.shape[2];
+      v.repeat = 1;
+      v.shape = {x.shape[0], x.shape[2], x.shape[1]};
+      return define(n, std::move(v));
+    }
     if (x.shape.size() != 2 || (!perm.empty() && perm != std::vector<int64_t>{1, 0}))
       throw UnsupportedError{"only the transpose of a matrix is supported"};
     if (!x.isConst) {
@@ -3120,10 +3255,11 @@ private:
     using View = Val::View;
     if (x.view == View::Dense4)
       return x;
-    if (x.flatBH)
+    if (x.flatBH || x.flatSH)
       throw UnsupportedError{"'" + x.name + "' " + shapeStr(x.shape) +
-                             " is an activation split into heads and merged with the batch; "
-                             "fpat computes on it only in attention's products"};
+                             " is an activation split into heads and merged with the " +
+                             (x.flatBH ? "batch" : "sequence") +
+                             "; fpat computes on it only in attention's products"};
     if ((x.view != View::Tokens && x.view != View::Heads) || x.repeat != 1)
       throw UnsupportedError{"'" + x.name + "' " + shapeStr(x.shape) +
                              " is an activation split into heads in a layout fpat computes on "
@@ -3280,6 +3416,22 @@ private:
   void headMatmul(const NodeProto& n, Val& a, Val& b) {
     using View = Val::View;
     ir::Op op;
+    if (a.view == View::Tokens && a.flatSH) {
+      // [B, Sq*H, d] x [B, d, Sk]: every query head against one key head (GPTBigCode's
+      // multi-query attention), scores [B, H, Sq, Sk] seen as [B, Sq*H, Sk].
+      if (b.view != View::HeadsT || !b.flatBH || b.heads != 1 || b.batch != a.batch ||
+          b.headDim != a.headDim)
+        throw UnsupportedError{"of products of '" + a.name + "' " + shapeStr(a.shape) +
+                               " (the heads of each token as rows), only that with the keys of "
+                               "one head, [B, d, Sk], is supported (multi-query Q K^T)"};
+      op.kind = ir::OpKind::AttnQk;
+      op.batch = a.batch;
+      op.headDim = a.headDim;
+      Val v = emit(n, op, {*a.v, *b.v}, {a.batch, a.heads, a.seq, b.seq});
+      v.shape = {a.batch, a.seq * a.heads, b.seq};
+      v.queryMajor = true;
+      return define(n, std::move(v));
+    }
     if (a.view == View::Heads && b.view == View::HeadsT) {
       // (K of one head against every query head: multi-query attention by broadcasting.)
       if (a.batch != b.batch || (a.heads != b.heads && (b.heads != 1 || a.flatBH)) ||
@@ -3322,6 +3474,34 @@ private:
     throw UnsupportedError{"a product of " + shapeStr(a.shape) + " and " + shapeStr(b.shape) +
                            " with heads is supported as attention's Q K^T ([B, H, Sq, d] x [B, "
                            "H, d, Sk]) and P V ([B, H, Sq, Sk] x [B, H, Sk, d]) only"};
+  }
+
+  /// P V with P query-major ([B, Sq*H, Sk]) and V one head ([B, Sk, d], multi-query): attn_pv,
+  /// whose result [B*Sq, H*d] the model sees as [B, Sq*H, d], each token's heads as rows.
+  void queryMajorPv(const NodeProto& n, Val& p, Val& v) {
+    const std::vector<int64_t> ir = g_.op(*p.v).type.shape; // [B, H, Sq, Sk]
+    if (p.shape != std::vector<int64_t>{ir[0], ir[2] * ir[1], ir[3]} || v.isConst || !v.v ||
+        v.view != Val::View::None || v.queryMajor ||
+        v.shape != std::vector<int64_t>{ir[0], ir[3], v.shape.size() == 3 ? v.shape[2] : -1} ||
+        g_.op(*v.v).type.shape != std::vector<int64_t>{ir[0] * ir[3], v.shape[2]})
+      throw UnsupportedError{"of products of the query-major scores '" + p.name + "' " +
+                             shapeStr(p.shape) + ", only that with the values of one head, [B, " +
+                             std::to_string(ir[3]) + ", d], is supported (multi-query P V), not " +
+                             shapeStr(v.shape)};
+    ir::Op op;
+    op.kind = ir::OpKind::AttnPv;
+    op.batch = ir[0];
+    op.headDim = v.shape[2];
+    Val y = emit(n, op, {*p.v, *v.v}, {ir[0] * ir[2], ir[1] * v.shape[2]});
+    y.view = Val::View::Tokens;
+    y.flatSH = true;
+    y.shape = {ir[0], ir[2] * ir[1], v.shape[2]};
+    y.batch = ir[0];
+    y.seq = ir[2];
+    y.heads = ir[1];
+    y.headDim = v.shape[2];
+    y.repeat = 1;
+    define(n, std::move(y));
   }
 
   /// MatMul of constants, in double (transformers 4.38-4.44's rotary frequencies, inv_freq @
@@ -3374,6 +3554,8 @@ private:
     Val ca, cb;
     Val& a = asHeadView(n, in(n, 0), ca);
     Val& b = asHeadView(n, in(n, 1), cb);
+    if (!gemm && a.queryMajor)
+      return queryMajorPv(n, a, b);
     if (!gemm && (a.view != Val::View::None || b.view != Val::View::None))
       return headMatmul(n, a, b);
     if (gemm && intAttr(n, "transA", 0))

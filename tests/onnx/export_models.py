@@ -33,7 +33,8 @@ as 4.38-4.44 compute it (inv_freq @ position_ids), hf_rotary_dyn_opset17, or as 
 masked_fill, or_mask_dyn_opset17, Qwen2's attention (biases, GQA, its rotary written the
 partial way over the whole head: an empty slice joined), qwen2_attn_dyn_opset17, Phi-2's
 parallel block, phi2_block_dyn_opset17, Gemma's MLP (RMSNorm by 1 + weight, GeGLU),
-gemma_mlp_dyn_opset17, and GPT-J's
+gemma_mlp_dyn_opset17, GPTBigCode's multi-query attention (the query's heads as rows,
+baddbmm), bigcode_attn_dyn_opset17, and GPT-J's
 attention (interleaved rotary on part of each head), gptj_attn_dyn_opset17, with
 torch's output at length 7 in OUTDIR/../expect (fpatc --inputs/--expect). Needs
 Debian's python3-torch (1.13, which has no scaled_dot_product_attention) and python3-onnx;
@@ -794,6 +795,32 @@ class GemmaMlp(nn.Module):
         return x + self.down(nn.functional.gelu(self.gate(n), approximate="tanh") * self.up(n))
 
 
+class BigCodeAttn(nn.Module):
+    """GPTBigCode's (StarCoder's) multi-query attention as its eager code writes it: one c_attn
+    projection split into q and one key and value head, the query's heads made rows of their
+    own ([B, S*H, d]) for baddbmm against K^T (beta 0: torch.empty's values times 0), viewed
+    [B, S, H, S] for a bool causal mask by torch.where, softmax, then bmm with V."""
+
+    def __init__(self):
+        super().__init__()
+        dh = D // HEADS
+        self.ln = nn.LayerNorm(D)
+        self.c_attn, self.c_proj = nn.Linear(D, D + 2 * dh), nn.Linear(D, D)
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        dh = D // HEADS
+        q, kv = self.c_attn(self.ln(x)).split((D, 2 * dh), dim=2)
+        k, v = kv.split((dh, dh), dim=-1)
+        scores = torch.empty(b, s * HEADS, s)
+        w = torch.baddbmm(scores, q.reshape(b, s * HEADS, dh), k.transpose(1, 2), beta=0,
+                          alpha=1.0 / math.sqrt(dh)).view(b, s, HEADS, s)
+        causal = torch.tril(torch.ones(s, s, dtype=torch.bool))[None, :, None, :]
+        w = torch.where(causal, w, torch.full([], torch.finfo(w.dtype).min))
+        w = nn.functional.softmax(w, dim=-1).view(b, s * HEADS, s)
+        return x + self.c_proj(torch.bmm(w, v).view(b, s, D))
+
+
 def export_opsets(m, out, name):
     """Writes NAME_opset13.onnx and NAME_opset17.onnx of `m` (one input drawn for both)."""
     x = torch.randn(BATCH, SEQ, D)
@@ -916,7 +943,8 @@ def main():
                  "hf_sliding_dyn_opset17": 67, "hf_to4d_dyn_opset17": 71,
                  "hf_rotary_dyn_opset17": 73, "hf_posemb_dyn_opset17": 79,
                  "or_mask_dyn_opset17": 83, "qwen2_attn_dyn_opset17": 89,
-                 "phi2_block_dyn_opset17": 97, "gemma_mlp_dyn_opset17": 101}
+                 "phi2_block_dyn_opset17": 97, "gemma_mlp_dyn_opset17": 101,
+                 "bigcode_attn_dyn_opset17": 103}
     made = {"falcon_layer_dyn_opset17": FalconLayer, "mqa_attn_dyn_opset17": MqaAttn,
             "split_heads_dyn_opset17": SplitHeadsAttn, "hf_bert_dyn_opset17": HfBertLayer,
             "distil_attn_dyn_opset17": DistilAttn, "bloom_attn_dyn_opset17": BloomAttn,
@@ -929,7 +957,8 @@ def main():
             "hf_to4d_dyn_opset17": lambda: HfCausalMaskAttn("to4d"),
             "hf_rotary_dyn_opset17": HfRotaryAttn, "hf_posemb_dyn_opset17": HfPosEmbAttn,
             "or_mask_dyn_opset17": OrMaskAttn, "qwen2_attn_dyn_opset17": Qwen2Attn,
-            "phi2_block_dyn_opset17": Phi2Block, "gemma_mlp_dyn_opset17": GemmaMlp}
+            "phi2_block_dyn_opset17": Phi2Block, "gemma_mlp_dyn_opset17": GemmaMlp,
+            "bigcode_attn_dyn_opset17": BigCodeAttn}
     for name, m in list(last.items()) + [(n, None) for n in last_seed]:
         if m is None:
             torch.manual_seed(last_seed[name])

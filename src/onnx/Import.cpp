@@ -14,6 +14,7 @@
 #include <set>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <tuple>
 #include <unistd.h>
 
 namespace fpat::onnx {
@@ -35,7 +36,11 @@ struct Val {
   std::vector<double> data; // isConst: integer tensors and attribute values, row-major
   std::shared_ptr<std::vector<float>> fdata; // isConst: float tensors (weights), row-major
   bool integer = false;                      // isConst: an integer tensor (shapes, axes)
-  std::string name;                          // ONNX name
+  // isConst: every element is data[0] (a large ConstantOfShape: torch.empty's values that
+  // baddbmm multiplies by 0), kept as one value through Add, Sub, Mul and Div; any other op
+  // gets it expanded (expandUniform).
+  bool uniform = false;
+  std::string name;         // ONNX name
   std::string transposedOf; // the transpose of this (non-constant) value: MatMul's B only
   // A run-time integer or bool input (or a move of it, or a comparison with 0 or 1), imported
   // as a float mask of 0s and 1s: only moved, expanded, compared, negated or cast until a Cast
@@ -639,6 +644,7 @@ private:
   /// The IR vertex of a value, materialising a constant: one element becomes a `constant`,
   /// anything larger a weight holding the values.
   ir::Vertex tensor(Val& v) {
+    expandUniform(v);
     if (v.view == Val::View::Dense4 && v.order == Val::View::Tokens)
       return *v.v; // heads computed on in token order: the tensor [B, S, H, d] itself
     if (v.view != Val::View::None)
@@ -942,9 +948,40 @@ private:
   }
 
   void binary(const NodeProto& n, ir::OpKind k) {
-    Val &a = in(n, 0), &b = in(n, 1);
-    legacyBroadcast(n, a.shape, b.shape);
-    const std::vector<int64_t> shape = broadcast(a.shape, b.shape);
+    Val* pa = &in(n, 0);
+    Val* pb = &in(n, 1);
+    legacyBroadcast(n, pa->shape, pb->shape);
+    const std::vector<int64_t> shape = broadcast(pa->shape, pb->shape);
+    Val scalarA, scalarB;
+    if (pa->uniform || pb->uniform) {
+      const bool oneA = pa->isConst && count(*pa) == 1, oneB = pb->isConst && count(*pb) == 1;
+      if (oneA && oneB) { // uniform (or scalar) with uniform: one value again
+        Val v = foldBinary(k, constOf({}, {at(*pa, 0)}, pa->integer),
+                           constOf({}, {at(*pb, 0)}, pb->integer), {});
+        v.integer = pa->integer && pb->integer;
+        if (v.integer)
+          for (double& d : v.data)
+            d = std::trunc(d);
+        v.shape = shape;
+        v.uniform = numel(shape) != 1;
+        return define(n, std::move(v));
+      }
+      // Beside anything else: a scalar where it does not widen the other operand.
+      for (auto [p, other, scalar] :
+           {std::tuple{&pa, pb, &scalarA}, std::tuple{&pb, pa, &scalarB}}) {
+        Val& u = **p;
+        if (!u.uniform)
+          continue;
+        if (broadcast(other->shape, u.shape) == other->shape) {
+          *scalar = constOf({}, {at(u, 0)}, u.integer);
+          scalar->name = u.name;
+          *p = scalar;
+        } else {
+          expandUniform(u);
+        }
+      }
+    }
+    Val &a = *pa, &b = *pb;
     if (a.isConst && b.isConst && a.integer && b.integer) {
       // Shape arithmetic (a dimension times the heads, a sequence length less one): integers,
       // division truncated as ONNX's integer Div.
@@ -1278,6 +1315,11 @@ private:
       throw UnsupportedError{"op type " + n.op_type() + " is not supported"};
     if (n.op_type() == "Shape") // reads the shape alone, of any value
       return it->second(*this, n);
+    static const std::set<std::string> kUniformOps = {"Add", "Sub", "Mul", "Div"};
+    if (!kUniformOps.count(n.op_type()))
+      for (const std::string& name : n.input())
+        if (auto v = vals_.find(name); v != vals_.end())
+          expandUniform(v->second);
     if (everyOtherOp(n) || ofMaskOp(n))
       return;
     for (const std::string& name : n.input()) // any other use of a value of a mask: a tensor
@@ -2635,7 +2677,31 @@ private:
     if (count(fill) != 1)
       throw UnsupportedError{"its value has " + std::to_string(count(fill)) + " elements, not one"};
     const auto total = static_cast<size_t>(numel(shape));
+    if (total > kUniformFrom) {
+      Val v = constOf(std::move(shape), {at(fill, 0)}, fill.integer);
+      v.uniform = true;
+      return define(n, std::move(v));
+    }
     define(n, constOf(std::move(shape), std::vector<double>(total, at(fill, 0)), fill.integer));
+  }
+
+  /// ConstantOfShape results of more elements than this stay one value (Val::uniform).
+  static constexpr size_t kUniformFrom = 4096;
+
+  /// A uniform constant with every element stored.
+  static void expandUniform(Val& v) {
+    if (!v.uniform)
+      return;
+    checkConstSize(v.shape);
+    const double x = v.data.at(0);
+    const auto total = static_cast<size_t>(numel(v.shape));
+    v.uniform = false;
+    if (v.integer) {
+      v.data.assign(total, x);
+    } else {
+      v.data.clear();
+      v.fdata = std::make_shared<std::vector<float>>(total, static_cast<float>(x));
+    }
   }
 
   void range(const NodeProto& n) {

@@ -1091,7 +1091,25 @@ private:
   void queryMajorBinary(const NodeProto& n, ir::OpKind k, Val& a, Val& b,
                         const std::vector<int64_t>& shape) {
     Val& x = a.queryMajor ? a : b;
-    const Val& c = a.queryMajor ? b : a;
+    Val& c = a.queryMajor ? b : a;
+    if (!c.isConst && c.view == Val::View::Tokens && !c.flatSH && c.parts == 1 && c.seq == 1 &&
+        c.heads == 1 && c.repeat == 1 && shape == x.shape) {
+      // A value computed at run time that is one for every query and head ([B, 1, 1, Sk], a
+      // padding mask's bias, which imports as a head view of one position and one head): the
+      // same in both orders, broadcast as a rank-4 tensor.
+      const std::vector<int64_t> ir = g_.op(*x.v).type.shape;
+      const ir::Vertex vc = *dense4(n, c).v;
+      if (ir::broadcastShapes(g_.op(vc).type.shape, ir) == ir) {
+        ir::Op op;
+        op.kind = k;
+        Val v = x;
+        v.v = emit(n, op,
+                   &x == &a ? std::vector<ir::Vertex>{*x.v, vc} : std::vector<ir::Vertex>{vc, *x.v},
+                   ir)
+                  .v;
+        return define(n, std::move(v));
+      }
+    }
     if (!c.isConst || c.integer || shape != x.shape)
       throw UnsupportedError{"'" + x.name + "' " + shapeStr(x.shape) +
                              " are attention scores ordered by query, then head; fpat supports "

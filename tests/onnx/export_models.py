@@ -34,7 +34,8 @@ masked_fill, or_mask_dyn_opset17, Qwen2's attention (biases, GQA, its rotary wri
 partial way over the whole head: an empty slice joined), qwen2_attn_dyn_opset17, Phi-2's
 parallel block, phi2_block_dyn_opset17, Gemma's MLP (RMSNorm by 1 + weight, GeGLU),
 gemma_mlp_dyn_opset17, GPTBigCode's multi-query attention (the query's heads as rows,
-baddbmm), bigcode_attn_dyn_opset17, and GPT-J's
+baddbmm), bigcode_attn_dyn_opset17, and given a float padding mask, bigcode_pad_dyn_opset17,
+and GPT-J's
 attention (interleaved rotary on part of each head), gptj_attn_dyn_opset17, with
 torch's output at length 7 in OUTDIR/../expect (fpatc --inputs/--expect). Needs
 Debian's python3-torch (1.13, which has no scaled_dot_product_attention) and python3-onnx;
@@ -821,6 +822,21 @@ class BigCodeAttn(nn.Module):
         return x + self.c_proj(torch.bmm(w, v).view(b, s, D))
 
 
+class BigCodePadAttn(BigCodeAttn):
+    """GPTBigCode's attention given a float padding mask (1 keep, 0 pad) as the original BERT
+    takes one: (1 - m) -10000 added to the query-major scores as [B, 1, 1, S]."""
+
+    def forward(self, x, m):
+        b, s, _ = x.shape
+        dh = D // HEADS
+        q, kv = self.c_attn(self.ln(x)).split((D, 2 * dh), dim=2)
+        k, v = kv.split((dh, dh), dim=-1)
+        w = torch.bmm(q.reshape(b, s * HEADS, dh), k.transpose(1, 2)).view(b, s, HEADS, s)
+        w = w / math.sqrt(dh) + (1.0 - m)[:, None, None, :] * -10000.0
+        w = nn.functional.softmax(w, dim=-1).view(b, s * HEADS, s)
+        return x + self.c_proj(torch.bmm(w, v).view(b, s, D))
+
+
 def export_opsets(m, out, name):
     """Writes NAME_opset13.onnx and NAME_opset17.onnx of `m` (one input drawn for both)."""
     x = torch.randn(BATCH, SEQ, D)
@@ -944,7 +960,7 @@ def main():
                  "hf_rotary_dyn_opset17": 73, "hf_posemb_dyn_opset17": 79,
                  "or_mask_dyn_opset17": 83, "qwen2_attn_dyn_opset17": 89,
                  "phi2_block_dyn_opset17": 97, "gemma_mlp_dyn_opset17": 101,
-                 "bigcode_attn_dyn_opset17": 103}
+                 "bigcode_attn_dyn_opset17": 103, "bigcode_pad_dyn_opset17": 107}
     made = {"falcon_layer_dyn_opset17": FalconLayer, "mqa_attn_dyn_opset17": MqaAttn,
             "split_heads_dyn_opset17": SplitHeadsAttn, "hf_bert_dyn_opset17": HfBertLayer,
             "distil_attn_dyn_opset17": DistilAttn, "bloom_attn_dyn_opset17": BloomAttn,
@@ -958,7 +974,7 @@ def main():
             "hf_rotary_dyn_opset17": HfRotaryAttn, "hf_posemb_dyn_opset17": HfPosEmbAttn,
             "or_mask_dyn_opset17": OrMaskAttn, "qwen2_attn_dyn_opset17": Qwen2Attn,
             "phi2_block_dyn_opset17": Phi2Block, "gemma_mlp_dyn_opset17": GemmaMlp,
-            "bigcode_attn_dyn_opset17": BigCodeAttn}
+            "bigcode_attn_dyn_opset17": BigCodeAttn, "bigcode_pad_dyn_opset17": BigCodePadAttn}
     for name, m in list(last.items()) + [(n, None) for n in last_seed]:
         if m is None:
             torch.manual_seed(last_seed[name])
@@ -972,7 +988,7 @@ def main():
         args, names = (x,), ["x"]
         i64 = isinstance(m, (HfBertLayer, DistilAttn, HfMaskAttn, HfCausalMaskAttn, OrMaskAttn))
         masked = isinstance(m, (BertLayer, DistilAttn, Gpt2AttnBoolMask, HfMaskAttn,
-                                HfCausalMaskAttn, OrMaskAttn))
+                                HfCausalMaskAttn, OrMaskAttn, BigCodePadAttn))
         kind = torch.bool if isinstance(m, Gpt2AttnBoolMask) else torch.int64 if i64 else torch.float32
         if masked:
             mask = torch.ones(BATCH, SEQ, dtype=kind)

@@ -68,6 +68,10 @@ struct Val {
   // Heads or HeadsT with batch and heads merged into one leading dimension: [B*H, S, d] or
   // [B*H, d, S] (torch.bmm's form: OPT, BART, Whisper). The same elements as the 4-D view.
   bool flatBH = false;
+  // An activation token-major in the IR ([B*S, E], rows in batch, then sequence order) that
+  // the model sees sequence-first, [S, B, E] or [S*B, E] (nn.MultiheadAttention's batch_first
+  // transposes): row-wise ops only (convert checks). A Tokens view of it: [S, B*H, d].
+  bool seqFirst = false;
   // Tokens with the sequence and heads merged: [B, S*H, d] (GPTBigCode's multi-query query,
   // each token's heads as rows of their own). The same elements as [B, S, H, d].
   bool flatSH = false;
@@ -522,6 +526,9 @@ public:
           out0.set_name(out.name());
           materialize(it->second, out0);
         }
+        if (it->second.seqFirst)
+          throw UnsupportedError{"it is sequence-first ([S, B, E]: fpat holds its rows batch "
+                                 "first); transpose it back before the output"};
         const ir::Vertex v = tensor(it->second);
         if (g_.isOutput(v)) {
           problem("", "", "graph output '" + out.name() + "' is listed twice");
@@ -1389,7 +1396,17 @@ private:
         throw UnsupportedError{"'" + name + "' " + shapeStr(v->second.shape) +
                                " holds q, k and v of each head side by side; fpat supports only "
                                "a Gather of one of them (axis 3, a scalar index)"};
+    const bool seqFirst = seqFirstInputs(n);
     it->second(*this, n);
+    // A row-wise op of sequence-first activations gives one (the ops that reshape and transpose
+    // set it themselves).
+    static const std::set<std::string> kViewOps = {"Transpose", "Reshape", "Flatten", "Squeeze",
+                                                   "Unsqueeze"};
+    if (seqFirst && !kViewOps.count(n.op_type()))
+      for (const std::string& out : n.output())
+        if (auto v = vals_.find(out);
+            v != vals_.end() && !v->second.isConst && v->second.view == Val::View::None)
+          v->second.seqFirst = true;
     // 1 - m of 0s and 1s is 0s and 1s too (Hugging Face's inverted mask).
     if (n.op_type() == "Sub" && in(n, 0).isConst && count(in(n, 0)) == 1 && at(in(n, 0), 0) == 1 &&
         (in(n, 1).binary01 || in(n, 1).intInput))
@@ -1401,6 +1418,74 @@ private:
           v->second.lazyExpand = true;
           v->second.expandedTo = *seen;
         }
+  }
+
+  /// Whether `n` reads a sequence-first activation (Val::seqFirst, no head view); refuses the
+  /// ops that would read its rows in the wrong order: only row-wise ops take one, with other
+  /// sequence-first activations, scalars, constants along the last axis or (MatMul, Gemm) a
+  /// weight.
+  bool seqFirstInputs(const NodeProto& n) {
+    bool any = false;
+    for (const std::string& name : n.input())
+      if (auto v = vals_.find(name);
+          v != vals_.end() && v->second.seqFirst && v->second.view == Val::View::None)
+        any = true;
+    if (!any)
+      return false;
+    static const std::set<std::string> kRowWise = {"MatMul",
+                                                   "Gemm",
+                                                   "Add",
+                                                   "Sub",
+                                                   "Mul",
+                                                   "Div",
+                                                   "Pow",
+                                                   "Max",
+                                                   "Min",
+                                                   "Relu",
+                                                   "Erf",
+                                                   "Tanh",
+                                                   "Sigmoid",
+                                                   "Sqrt",
+                                                   "Neg",
+                                                   "Abs",
+                                                   "Exp",
+                                                   "Log",
+                                                   "Reciprocal",
+                                                   "Cast",
+                                                   "Identity",
+                                                   "Dropout",
+                                                   "LayerNormalization",
+                                                   "ReduceMean",
+                                                   "Softmax",
+                                                   "Slice",
+                                                   "Split",
+                                                   "Clip",
+                                                   "Transpose",
+                                                   "Reshape",
+                                                   "Flatten",
+                                                   "Squeeze",
+                                                   "Unsqueeze"};
+    const std::string what = "it reads a sequence-first activation ([S, B, E], token-major rows "
+                             "seen with the first two axes swapped)";
+    if (!kRowWise.count(n.op_type()))
+      throw UnsupportedError{what + ", which fpat supports only in row-wise ops"};
+    const bool product = n.op_type() == "MatMul" || n.op_type() == "Gemm";
+    for (int i = 0; i < n.input_size(); ++i) {
+      if (n.input(i).empty())
+        continue;
+      const Val& v = in(n, i);
+      if (v.seqFirst && v.view == Val::View::None) {
+        if (product && i != 0)
+          throw UnsupportedError{what + " as the B operand of a product"};
+        continue;
+      }
+      const bool lastAxis =
+          v.isConst && (count(v) == 1 || (!v.shape.empty() && numel(v.shape) == v.shape.back()));
+      if (!lastAxis && !(product && i == 1 && v.isConst) && !(v.isConst && v.integer))
+        throw UnsupportedError{what + " beside '" + v.name + "' " + shapeStr(v.shape) +
+                               ", whose rows are in the model's order"};
+    }
+    return true;
   }
 
   /// Converts `n` as if it were `op` with these inputs and output (the mask's own arithmetic,
@@ -3010,7 +3095,9 @@ private:
     if (!x.isConst && x.view == Val::View::None && shape.size() == 5 && shape[3] > 1 &&
         fusedParts(n, x, shape))
       return;
-    if (!x.isConst && (x.view != Val::View::None || shape.size() == 4 || headRows(x, shape)) &&
+    if (!x.isConst &&
+        (x.view != Val::View::None || shape.size() == 4 || headRows(x, shape) ||
+         seqFirstHeads(x, shape)) &&
         reshapeHeads(n, x, shape))
       return;
     alias(n, x, std::move(shape));
@@ -3120,8 +3207,20 @@ private:
   /// Whether reshaping activation `x` [B, S, H*d] (a token-major [B*S, H*d] in the IR) to
   /// `shape` [B, S*H, d] gives each token's heads rows of their own (GPTBigCode's query).
   bool headRows(const Val& x, const std::vector<int64_t>& shape) const {
-    if (x.isConst || !x.v || x.view != Val::View::None || x.queryMajor || x.shape.size() != 3 ||
-        shape.size() != 3 || shape[0] != x.shape[0] || x.shape[1] <= 0 || shape[1] <= x.shape[1] ||
+    if (x.isConst || !x.v || x.view != Val::View::None || x.queryMajor || x.seqFirst ||
+        x.shape.size() != 3 || shape.size() != 3 || shape[0] != x.shape[0] || x.shape[1] <= 0 ||
+        shape[1] <= x.shape[1] || shape[1] % x.shape[1] != 0)
+      return false;
+    const int64_t h = shape[1] / x.shape[1];
+    return shape[2] * h == x.shape[2] &&
+           g_.op(*x.v).type.shape == std::vector<int64_t>{x.shape[0] * x.shape[1], x.shape[2]};
+  }
+
+  /// Whether reshaping the sequence-first activation `x` [S, B, H*d] to `shape` [S, B*H, d]
+  /// splits it into heads (nn.MultiheadAttention's view before its bmm).
+  bool seqFirstHeads(const Val& x, const std::vector<int64_t>& shape) const {
+    if (x.isConst || !x.v || x.view != Val::View::None || !x.seqFirst || x.shape.size() != 3 ||
+        shape.size() != 3 || shape[0] != x.shape[0] || x.shape[1] <= 0 ||
         shape[1] % x.shape[1] != 0)
       return false;
     const int64_t h = shape[1] / x.shape[1];
@@ -3136,7 +3235,21 @@ private:
     using View = Val::View;
     Val v = x;
     v.shape = shape;
-    if (headRows(x, shape)) {
+    if (seqFirstHeads(x, shape)) {
+      v.view = View::Tokens; // [S, B, H*d] -> [S, B*H, d], sequence-first heads
+      v.batch = x.shape[1];
+      v.seq = x.shape[0];
+      v.heads = shape[1] / x.shape[1];
+      v.headDim = shape[2];
+      v.repeat = 1;
+    } else if (x.seqFirst && x.view == View::None) {
+      return false;
+    } else if (x.seqFirst && x.view == View::Tokens &&
+               !(shape.size() >= 2 && shape.back() == x.heads * x.headDim)) {
+      throw UnsupportedError{"reshaping '" + x.name + "' " + shapeStr(x.shape) +
+                             ", sequence-first heads, to " + shapeStr(shape) +
+                             " is not supported (only merging the heads back)"};
+    } else if (headRows(x, shape)) {
       v.view = View::Tokens; // [B, S, H*d] -> [B, S*H, d]
       v.flatSH = true;
       v.batch = shape[0];
@@ -3147,7 +3260,8 @@ private:
     } else if (x.view == View::Tokens && x.flatSH && shape.size() == 4 &&
                shape == std::vector<int64_t>{x.batch, x.seq, x.heads, x.headDim}) {
       v.flatSH = false; // [B, S*H, d] -> [B, S, H, d]
-    } else if (x.view == View::Tokens && !x.flatSH && x.parts == 1 && shape.size() == 3 &&
+    } else if (x.view == View::Tokens && !x.flatSH && !x.seqFirst && x.parts == 1 &&
+               shape.size() == 3 &&
                shape == std::vector<int64_t>{x.batch, x.seq * x.heads, x.headDim}) {
       v.flatSH = true; // and back
     } else if (x.view == View::None) {
@@ -3212,6 +3326,32 @@ private:
     std::vector<int64_t> perm;
     if (const AttributeProto* p = attr(n, "perm"))
       perm.assign(p->ints().begin(), p->ints().end());
+    if (x.view == Val::View::Tokens && x.seqFirst) {
+      // Sequence-first heads [S, B*H, d] to [B*H, S, d] (the bmm's q and v) or [B*H, d, S] (k^T).
+      using P = std::vector<int64_t>;
+      if (perm != P{1, 0, 2} && perm != P{1, 2, 0})
+        throw UnsupportedError{"transposing '" + x.name + "' " + shapeStr(x.shape) +
+                               ", sequence-first heads, by " +
+                               (perm.empty() ? std::string("the reversed axes") : shapeStr(perm)) +
+                               " is not supported"};
+      Val v = x;
+      v.seqFirst = false;
+      v.flatBH = true;
+      v.view = perm == P{1, 0, 2} ? Val::View::Heads : Val::View::HeadsT;
+      v.shape = perm == P{1, 0, 2} ? P{x.batch * x.heads, x.seq, x.headDim}
+                                   : P{x.batch * x.heads, x.headDim, x.seq};
+      return define(n, std::move(v));
+    }
+    if (x.flatBH && x.view == Val::View::Heads && x.repeat == 1 &&
+        perm == std::vector<int64_t>{1, 0, 2}) {
+      // [B*H, S, d] -> [S, B*H, d]: sequence-first heads again (nn.MultiheadAttention's output).
+      Val v = x;
+      v.flatBH = false;
+      v.seqFirst = true;
+      v.view = Val::View::Tokens;
+      v.shape = {x.seq, x.batch * x.heads, x.headDim};
+      return define(n, std::move(v));
+    }
     if (x.flatBH) { // [B*H, S, d] <-> [B*H, d, S]
       using View = Val::View;
       if (perm != std::vector<int64_t>{0, 2, 1})
@@ -3258,6 +3398,15 @@ private:
     if (x.isConst && x.shape.size() != 2)
       return define(n, permuted(x, perm));
     if (!x.isConst && x.v && !x.queryMajor && x.shape.size() == 3 &&
+        perm == std::vector<int64_t>{1, 0, 2} &&
+        g_.op(*x.v).type.shape == std::vector<int64_t>{x.shape[0] * x.shape[1], x.shape[2]}) {
+      // [B, S, E] <-> [S, B, E]: the same token-major rows, seen sequence-first or not.
+      Val v = x;
+      v.seqFirst = !x.seqFirst;
+      v.shape = {x.shape[1], x.shape[0], x.shape[2]};
+      return define(n, std::move(v));
+    }
+    if (!x.isConst && x.v && !x.queryMajor && !x.seqFirst && x.shape.size() == 3 &&
         perm == std::vector<int64_t>{0, 2, 1} &&
         g_.op(*x.v).type.shape == std::vector<int64_t>{x.shape[0] * x.shape[1], x.shape[2]}) {
       // [B, S, d] -> [B, d, S]: the keys of one head (GPTBigCode's multi-query K^T), as
@@ -3339,6 +3488,10 @@ private:
     using View = Val::View;
     if (x.view == View::Dense4)
       return x;
+    if (x.seqFirst)
+      throw UnsupportedError{"'" + x.name + "' " + shapeStr(x.shape) +
+                             " are heads of a sequence-first activation; fpat computes on them "
+                             "only in attention's products"};
     if (x.flatBH || x.flatSH)
       throw UnsupportedError{"'" + x.name + "' " + shapeStr(x.shape) +
                              " is an activation split into heads and merged with the " +

@@ -36,7 +36,10 @@ parallel block, phi2_block_dyn_opset17, Gemma's MLP (RMSNorm by 1 + weight, GeGL
 gemma_mlp_dyn_opset17, GPTBigCode's multi-query attention (the query's heads as rows,
 baddbmm), bigcode_attn_dyn_opset17, and given a float padding mask, bigcode_pad_dyn_opset17,
 and GPT-J's
-attention (interleaved rotary on part of each head), gptj_attn_dyn_opset17, with
+attention (interleaved rotary on part of each head), gptj_attn_dyn_opset17, and torch.nn's own
+MultiheadAttention, TransformerEncoderLayer (post-norm ReLU, pre-norm GeLU) and
+TransformerDecoderLayer (cross-attention to a memory of length mseq), batch_first,
+torch_{mha,encoder,encoder_pre,decoder}_dyn_opset17, with
 torch's output at length 7 in OUTDIR/../expect (fpatc --inputs/--expect). Needs
 Debian's python3-torch (1.13, which has no scaled_dot_product_attention) and python3-onnx;
 the files in tests/onnx/models were made with it. Small sizes keep them small: d = 64.
@@ -837,6 +840,47 @@ class BigCodePadAttn(BigCodeAttn):
         return x + self.c_proj(torch.bmm(w, v).view(b, s, D))
 
 
+class TorchMha(nn.Module):
+    """torch.nn.MultiheadAttention (batch_first: it transposes to [S, B, E] inside, in_proj as
+    one weight, heads as [B*H, S, d] for bmm) given a causal float attn_mask of -inf."""
+
+    def __init__(self):
+        super().__init__()
+        self.m = nn.MultiheadAttention(D, HEADS, batch_first=True)
+
+    def forward(self, x):
+        s = x.shape[1]
+        mask = torch.triu(torch.full((s, s), float("-inf")), 1)
+        return self.m(x, x, x, attn_mask=mask, need_weights=False)[0]
+
+
+class TorchEncoderLayer(nn.Module):
+    """torch.nn.TransformerEncoderLayer, batch_first: post-norm with ReLU, or pre-norm with GeLU."""
+
+    def __init__(self, norm_first):
+        super().__init__()
+        self.m = nn.TransformerEncoderLayer(D, HEADS, HIDDEN, dropout=0.0, batch_first=True,
+                                            norm_first=norm_first,
+                                            activation="gelu" if norm_first else "relu")
+
+    def forward(self, x):
+        return self.m(x)
+
+
+class TorchDecoderLayer(nn.Module):
+    """torch.nn.TransformerDecoderLayer, batch_first, pre-norm: causal self-attention, then
+    cross-attention to a memory of another length (input mem, [B, M, E])."""
+
+    def __init__(self):
+        super().__init__()
+        self.m = nn.TransformerDecoderLayer(D, HEADS, HIDDEN, dropout=0.0, batch_first=True,
+                                            norm_first=True)
+
+    def forward(self, x, mem):
+        s = x.shape[1]
+        return self.m(x, mem, tgt_mask=torch.triu(torch.full((s, s), float("-inf")), 1))
+
+
 def export_opsets(m, out, name):
     """Writes NAME_opset13.onnx and NAME_opset17.onnx of `m` (one input drawn for both)."""
     x = torch.randn(BATCH, SEQ, D)
@@ -1017,6 +1061,34 @@ def main():
         with torch.no_grad():
             m(*[t.float() if t.dtype == torch.float16 else t for t in ins]).numpy().astype(
                 "float32").tofile(os.path.join(expect, "y.f32"))
+
+    # torch.nn's own attention modules (batch_first), their own seeds, with torch's output at
+    # length 7 (memory length 5); made last, so the files above come out as before.
+    for name, seed, make in [("torch_mha_dyn_opset17", 109, TorchMha),
+                             ("torch_encoder_dyn_opset17", 113, lambda: TorchEncoderLayer(False)),
+                             ("torch_encoder_pre_dyn_opset17", 127, lambda: TorchEncoderLayer(True)),
+                             ("torch_decoder_dyn_opset17", 131, TorchDecoderLayer)]:
+        torch.manual_seed(seed)
+        m = make().eval()
+        decoder = isinstance(m, TorchDecoderLayer)
+        args, names = (torch.randn(BATCH, SEQ, D),), ["x"]
+        dyn = {"x": axes, "y": axes}
+        if decoder:
+            args += (torch.randn(BATCH, 30, D),)
+            names.append("mem")
+            dyn["mem"] = {0: "batch", 1: "mseq"}
+        path = os.path.join(out, f"{name}.onnx")
+        torch.onnx.export(m, args, path, opset_version=17, input_names=names, output_names=["y"],
+                          do_constant_folding=True, dynamic_axes=dyn)
+        print(path)
+        expect = os.path.join(out, "..", "expect", f"{name}_s7")
+        os.makedirs(expect, exist_ok=True)
+        ins = [torch.randn(BATCH, 7, D).half()] + ([torch.randn(BATCH, 5, D).half()] if decoder else [])
+        for n, t in zip(names, ins):
+            t.numpy().tofile(os.path.join(expect, f"{n}.f16"))
+        with torch.no_grad():
+            m(*[t.float() for t in ins]).numpy().astype("float32").tofile(
+                os.path.join(expect, "y.f32"))
 
 
 if __name__ == "__main__":

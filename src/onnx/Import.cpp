@@ -72,6 +72,11 @@ struct Val {
   // the model sees sequence-first, [S, B, E] or [S*B, E] (nn.MultiheadAttention's batch_first
   // transposes): row-wise ops only (convert checks). A Tokens view of it: [S, B*H, d].
   bool seqFirst = false;
+  // A value the model sees in torch.bmm's form, [B*H, 1, Sk], of a rank-4 IR tensor [B, 1, 1,
+  // Sk] broadcast over the H heads (nn.MultiheadAttention's key_padding_mask, expanded to the
+  // heads and reshaped): H. Moved, cast, scaled by scalars, a Where with a zero choice, and
+  // added to scores of that form only.
+  int64_t bmmHeads = 0;
   // Tokens with the sequence and heads merged: [B, S*H, d] (GPTBigCode's multi-query query,
   // each token's heads as rows of their own). The same elements as [B, S, H, d].
   bool flatSH = false;
@@ -1010,6 +1015,8 @@ private:
     }
     if (a.queryMajor || b.queryMajor)
       return queryMajorBinary(n, k, a, b, shape);
+    if (a.bmmHeads || b.bmmHeads)
+      return bmmMaskBinary(n, k, a, b);
     ir::Op op;
     op.kind = k;
     if (a.view != Val::View::None || b.view != Val::View::None) {
@@ -1136,6 +1143,43 @@ private:
                g_.op(vx).type.shape)
               .v;
     define(n, std::move(v));
+  }
+
+  /// An elementwise op on a mask in torch.bmm's form (Val::bmmHeads): with a scalar, the same
+  /// form; with scores of that form ([B*H, Sq, Sk] of a rank-4 IR tensor), on the rank-4
+  /// tensors, broadcast.
+  void bmmMaskBinary(const NodeProto& n, ir::OpKind k, Val& a, Val& b) {
+    Val& m = a.bmmHeads ? a : b;
+    Val& o = a.bmmHeads ? b : a;
+    ir::Op op;
+    op.kind = k;
+    auto operands = [&](ir::Vertex vm, ir::Vertex vo) {
+      return &m == &a ? std::vector<ir::Vertex>{vm, vo} : std::vector<ir::Vertex>{vo, vm};
+    };
+    const std::vector<int64_t> mir = g_.op(*m.v).type.shape; // [B, 1, 1, Sk]
+    if (o.isConst && count(o) == 1) {
+      Val v = m;
+      v.intInput = false;
+      v.binary01 = false;
+      const ir::Vertex vo = tensor(o);
+      v.v = emit(n, op, operands(*m.v, vo), mir).v;
+      return define(n, std::move(v));
+    }
+    if (!o.isConst && o.v && o.view == Val::View::None && !o.bmmHeads && !o.queryMajor &&
+        !o.seqFirst && k != ir::OpKind::Pow) {
+      const std::vector<int64_t> oir = g_.op(*o.v).type.shape; // [B, H, Sq, Sk]
+      if (oir.size() == 4 && o.shape == std::vector<int64_t>{oir[0] * oir[1], oir[2], oir[3]} &&
+          oir[1] == m.bmmHeads && mir[0] == oir[0] && mir[3] == oir[3]) {
+        Val v = emit(n, op, operands(*m.v, *o.v), oir);
+        v.shape = o.shape;
+        return define(n, std::move(v));
+      }
+    }
+    throw UnsupportedError{"'" + m.name + "' " + shapeStr(m.shape) +
+                           " is a mask broadcast over the heads in torch.bmm's form; fpat "
+                           "supports elementwise ops on it with scalars and with scores of that "
+                           "form, not with '" +
+                           o.name + "' " + shapeStr(o.shape)};
   }
 
   /// Max and Min, which ONNX lets take any number of operands: one is itself, two a binary op.
@@ -1358,6 +1402,14 @@ private:
     // A mask's Expand is left to the elementwise ops after it, which broadcast it the same.
     static const std::set<std::string> kBroadcasting = {"Cast", "Equal", "Not", "Where", "Add",
                                                         "Sub",  "Mul",   "Div", "Max",   "Min"};
+    if (n.op_type() == "Reshape" && bmmFormMask(n))
+      return;
+    for (const std::string& name : n.input())
+      if (auto v = vals_.find(name);
+          v != vals_.end() && v->second.bmmHeads && !kBmmOps.count(n.op_type()))
+        throw UnsupportedError{"'" + name + "' " + shapeStr(v->second.shape) +
+                               " is a mask broadcast over the heads in torch.bmm's form; fpat "
+                               "supports only Cast, Where, Add, Sub, Mul and Div on it"};
     bool intIn = false;
     for (const std::string& name : n.input()) {
       auto v = vals_.find(name);
@@ -1485,6 +1537,29 @@ private:
         throw UnsupportedError{what + " beside '" + v.name + "' " + shapeStr(v.shape) +
                                ", whose rows are in the model's order"};
     }
+    return true;
+  }
+
+  static inline const std::set<std::string> kBmmOps = {"Cast", "Where", "Add",     "Sub",
+                                                       "Mul",  "Div",   "Identity"};
+
+  /// Reshape of a mask [B, 1, 1, Sk] (a head view of one position and one head) expanded to
+  /// [B, H, 1, Sk] into torch.bmm's form [B*H, 1, Sk]: its rank-4 tensor, Val::bmmHeads.
+  bool bmmFormMask(const NodeProto& n) {
+    Val& m = in(n, 0);
+    if (!m.lazyExpand || !m.intInput || m.view != Val::View::Tokens || m.seq != 1 || m.heads != 1 ||
+        m.shape.size() != 4 || m.expandedTo.size() != 4)
+      return false;
+    const std::vector<int64_t>& e = m.expandedTo;
+    if (reshapeTarget(n, e) != std::vector<int64_t>{e[0] * e[1], e[2], e[3]} || e[2] != 1 ||
+        m.shape != std::vector<int64_t>{e[0], 1, 1, e[3]})
+      return false;
+    Val v;
+    v.v = dense4(n, m).v;
+    v.shape = {e[0] * e[1], 1, e[3]};
+    v.intInput = true;
+    v.bmmHeads = e[1];
+    define(n, std::move(v));
     return true;
   }
 
@@ -1876,9 +1951,24 @@ private:
       if (!in(n, 0).intInput || in(n, 1).intInput || in(n, 2).intInput)
         throw UnsupportedError{"a mask (0s and 1s) is one of its choices; fpat supports it "
                                "only as the condition"};
-      const bool fillFirst = in(n, 1).isConst;
+      const bool fillFirst = in(n, 1).isConst && count(in(n, 1)) == 1 && at(in(n, 1), 0) <= -1e30;
       const Val& fill = in(n, fillFirst ? 1 : 2);
       const Val& x = in(n, fillFirst ? 2 : 1);
+      bool zeros = x.isConst && !x.integer;
+      for (size_t i = 0; zeros && i < count(x); ++i)
+        zeros = at(x, i) == 0.0;
+      if (zeros && fill.isConst && count(fill) == 1 && !fill.integer && at(fill, 0) <= -1e30 &&
+          numel(x.shape) <= numel(in(n, 0).shape) && in(n, 0).bmmHeads) {
+        // The fill where the mask says, 0 elsewhere (nn.MultiheadAttention's key padding mask
+        // made a float bias): the bias alone.
+        const double f =
+            std::max(at(fill, 0), -static_cast<double>(std::numeric_limits<float>::max()));
+        if (fillFirst)
+          return convertAs(n, "Mul", {n.input(0), scalarConst(n, ".fill", f)}, n.output(0), "");
+        const std::string keep = n.output(0) + ".keep";
+        convertAs(n, "Sub", {scalarConst(n, ".one", 1.0), n.input(0)}, keep, ".keep");
+        return convertAs(n, "Mul", {keep, scalarConst(n, ".fill", f)}, n.output(0), "");
+      }
       if (x.isConst || !fill.isConst || count(fill) != 1 || fill.integer || !(at(fill, 0) <= -1e30))
         throw UnsupportedError{"with a run-time mask as its condition, fpat supports one choice "
                                "computed at run time and the other a scalar of -inf or at most "

@@ -39,7 +39,8 @@ and GPT-J's
 attention (interleaved rotary on part of each head), gptj_attn_dyn_opset17, and torch.nn's own
 MultiheadAttention, TransformerEncoderLayer (post-norm ReLU, pre-norm GeLU) and
 TransformerDecoderLayer (cross-attention to a memory of length mseq), batch_first,
-torch_{mha,encoder,encoder_pre,decoder}_dyn_opset17, with
+torch_{mha,encoder,encoder_pre,decoder}_dyn_opset17, and the encoder layer given
+src_key_padding_mask, torch_encoder_pad_dyn_opset17, with
 torch's output at length 7 in OUTDIR/../expect (fpatc --inputs/--expect). Needs
 Debian's python3-torch (1.13, which has no scaled_dot_product_attention) and python3-onnx;
 the files in tests/onnx/models were made with it. Small sizes keep them small: d = 64.
@@ -881,6 +882,17 @@ class TorchDecoderLayer(nn.Module):
         return self.m(x, mem, tgt_mask=torch.triu(torch.full((s, s), float("-inf")), 1))
 
 
+class TorchEncoderPadded(TorchEncoderLayer):
+    """torch.nn.TransformerEncoderLayer (post-norm) given src_key_padding_mask, bool [B, S]
+    (True: padding), which MultiheadAttention expands to the heads in torch.bmm's form."""
+
+    def __init__(self):
+        super().__init__(False)
+
+    def forward(self, x, pad):
+        return self.m(x, src_key_padding_mask=pad)
+
+
 def export_opsets(m, out, name):
     """Writes NAME_opset13.onnx and NAME_opset17.onnx of `m` (one input drawn for both)."""
     x = torch.randn(BATCH, SEQ, D)
@@ -1067,16 +1079,21 @@ def main():
     for name, seed, make in [("torch_mha_dyn_opset17", 109, TorchMha),
                              ("torch_encoder_dyn_opset17", 113, lambda: TorchEncoderLayer(False)),
                              ("torch_encoder_pre_dyn_opset17", 127, lambda: TorchEncoderLayer(True)),
-                             ("torch_decoder_dyn_opset17", 131, TorchDecoderLayer)]:
+                             ("torch_decoder_dyn_opset17", 131, TorchDecoderLayer),
+                             ("torch_encoder_pad_dyn_opset17", 137, TorchEncoderPadded)]:
         torch.manual_seed(seed)
         m = make().eval()
-        decoder = isinstance(m, TorchDecoderLayer)
+        decoder, padded = isinstance(m, TorchDecoderLayer), isinstance(m, TorchEncoderPadded)
         args, names = (torch.randn(BATCH, SEQ, D),), ["x"]
         dyn = {"x": axes, "y": axes}
         if decoder:
             args += (torch.randn(BATCH, 30, D),)
             names.append("mem")
             dyn["mem"] = {0: "batch", 1: "mseq"}
+        if padded:
+            args += (torch.zeros(BATCH, SEQ, dtype=torch.bool),)
+            names.append("pad")
+            dyn["pad"] = axes
         path = os.path.join(out, f"{name}.onnx")
         torch.onnx.export(m, args, path, opset_version=17, input_names=names, output_names=["y"],
                           do_constant_folding=True, dynamic_axes=dyn)
@@ -1084,11 +1101,16 @@ def main():
         expect = os.path.join(out, "..", "expect", f"{name}_s7")
         os.makedirs(expect, exist_ok=True)
         ins = [torch.randn(BATCH, 7, D).half()] + ([torch.randn(BATCH, 5, D).half()] if decoder else [])
+        if padded:
+            pad = torch.zeros(BATCH, 7, dtype=torch.bool)
+            pad[1, 4:] = True
+            ins.append(pad)
         for n, t in zip(names, ins):
-            t.numpy().tofile(os.path.join(expect, f"{n}.f16"))
-        with torch.no_grad():
-            m(*[t.float() for t in ins]).numpy().astype("float32").tofile(
-                os.path.join(expect, "y.f32"))
+            t.numpy().tofile(os.path.join(expect, f"{n}.{'bool' if t.dtype == torch.bool else 'f16'}"))
+        # Gradients on: torch 1.13's fast path of the eval-mode layers is not what was exported.
+        x0 = ins[0].float().requires_grad_()
+        m(x0, *[t.float() if t.dtype == torch.float16 else t for t in ins[1:]]).detach().numpy(
+        ).astype("float32").tofile(os.path.join(expect, "y.f32"))
 
 
 if __name__ == "__main__":

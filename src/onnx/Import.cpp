@@ -74,8 +74,8 @@ struct Val {
   bool seqFirst = false;
   // A value the model sees in torch.bmm's form, [B*H, 1, Sk], of a rank-4 IR tensor [B, 1, 1,
   // Sk] broadcast over the H heads (nn.MultiheadAttention's key_padding_mask, expanded to the
-  // heads and reshaped): H. Moved, cast, scaled by scalars, a Where with a zero choice, and
-  // added to scores of that form only.
+  // heads and reshaped): H. Moved, cast, scaled by scalars and added to scores of that form
+  // only.
   int64_t bmmHeads = 0;
   // Tokens with the sequence and heads merged: [B, S*H, d] (GPTBigCode's multi-query query,
   // each token's heads as rows of their own). The same elements as [B, S, H, d].
@@ -1951,24 +1951,9 @@ private:
       if (!in(n, 0).intInput || in(n, 1).intInput || in(n, 2).intInput)
         throw UnsupportedError{"a mask (0s and 1s) is one of its choices; fpat supports it "
                                "only as the condition"};
-      const bool fillFirst = in(n, 1).isConst && count(in(n, 1)) == 1 && at(in(n, 1), 0) <= -1e30;
+      const bool fillFirst = in(n, 1).isConst;
       const Val& fill = in(n, fillFirst ? 1 : 2);
       const Val& x = in(n, fillFirst ? 2 : 1);
-      bool zeros = x.isConst && !x.integer;
-      for (size_t i = 0; zeros && i < count(x); ++i)
-        zeros = at(x, i) == 0.0;
-      if (zeros && fill.isConst && count(fill) == 1 && !fill.integer && at(fill, 0) <= -1e30 &&
-          numel(x.shape) <= numel(in(n, 0).shape) && in(n, 0).bmmHeads) {
-        // The fill where the mask says, 0 elsewhere (nn.MultiheadAttention's key padding mask
-        // made a float bias): the bias alone.
-        const double f =
-            std::max(at(fill, 0), -static_cast<double>(std::numeric_limits<float>::max()));
-        if (fillFirst)
-          return convertAs(n, "Mul", {n.input(0), scalarConst(n, ".fill", f)}, n.output(0), "");
-        const std::string keep = n.output(0) + ".keep";
-        convertAs(n, "Sub", {scalarConst(n, ".one", 1.0), n.input(0)}, keep, ".keep");
-        return convertAs(n, "Mul", {keep, scalarConst(n, ".fill", f)}, n.output(0), "");
-      }
       if (x.isConst || !fill.isConst || count(fill) != 1 || fill.integer || !(at(fill, 0) <= -1e30))
         throw UnsupportedError{"with a run-time mask as its condition, fpat supports one choice "
                                "computed at run time and the other a scalar of -inf or at most "

@@ -3395,6 +3395,13 @@ private:
     return true;
   }
 
+  static std::string transposeRefusal(const Val& x, const std::vector<int64_t>& perm,
+                                      const std::string& what, const std::string& only) {
+    return "transposing '" + x.name + "' " + shapeStr(x.shape) + ", " + what + ", by " +
+           (perm.empty() ? std::string("the reversed axes") : shapeStr(perm)) +
+           " is not supported" + only;
+  }
+
   void transpose(const NodeProto& n) {
     Val converted;
     Val& x = asHeadView(n, in(n, 0), converted); // heads computed on (RoPE) go on as a view
@@ -3405,10 +3412,7 @@ private:
       // Sequence-first heads [S, B*H, d] to [B*H, S, d] (the bmm's q and v) or [B*H, d, S] (k^T).
       using P = std::vector<int64_t>;
       if (perm != P{1, 0, 2} && perm != P{1, 2, 0})
-        throw UnsupportedError{"transposing '" + x.name + "' " + shapeStr(x.shape) +
-                               ", sequence-first heads, by " +
-                               (perm.empty() ? std::string("the reversed axes") : shapeStr(perm)) +
-                               " is not supported"};
+        throw UnsupportedError{transposeRefusal(x, perm, "sequence-first heads", "")};
       Val v = x;
       v.seqFirst = false;
       v.flatBH = true;
@@ -3430,10 +3434,8 @@ private:
     if (x.flatBH) { // [B*H, S, d] <-> [B*H, d, S]
       using View = Val::View;
       if (perm != std::vector<int64_t>{0, 2, 1})
-        throw UnsupportedError{"transposing '" + x.name + "' " + shapeStr(x.shape) +
-                               ", heads merged with the batch, by " +
-                               (perm.empty() ? std::string("the reversed axes") : shapeStr(perm)) +
-                               " is not supported (only the last two axes)"};
+        throw UnsupportedError{
+            transposeRefusal(x, perm, "heads merged with the batch", " (only the last two axes)")};
       Val v = x;
       v.view = x.view == View::Heads ? View::HeadsT : View::Heads;
       v.shape = {x.shape[0], x.shape[2], x.shape[1]};
@@ -3458,10 +3460,7 @@ private:
       else if (from == View::HeadsT && perm == P{0, 3, 1, 2})
         to = View::Tokens;
       if (to == View::None || (to == View::Tokens && x.repeat != 1))
-        throw UnsupportedError{"transposing '" + x.name + "' " + shapeStr(x.shape) +
-                               ", an activation split into heads, by " +
-                               (perm.empty() ? std::string("the reversed axes") : shapeStr(perm)) +
-                               " is not supported"};
+        throw UnsupportedError{transposeRefusal(x, perm, "an activation split into heads", "")};
       Val v = x;
       v.view = to;
       v.shape = to == View::Tokens  ? P{x.batch, x.seq, x.heads, x.headDim}

@@ -903,6 +903,17 @@ def export_opsets(m, out, name):
         print(path)
 
 
+def export_dynamic(m, args, names, dyn, out, name):
+    """Writes OUT/NAME.onnx of `m` at opset 17 with these dynamic axes; returns the directory
+    for torch's own output on other inputs, OUT/../expect/NAME_s7, made."""
+    path = os.path.join(out, f"{name}.onnx")
+    torch.onnx.export(m, args, path, opset_version=17, input_names=names, output_names=["y"],
+                      do_constant_folding=True, dynamic_axes=dyn)
+    print(path)
+    expect = os.path.join(out, "..", "expect", f"{name}_s7")
+    os.makedirs(expect, exist_ok=True)
+    return expect
+
 def main():
     out = sys.argv[1] if len(sys.argv) > 1 else "."
     os.makedirs(out, exist_ok=True)
@@ -1053,13 +1064,7 @@ def main():
         rotary = type(m) is HfPosEmbAttn
         if rotary:
             args, names = (x,) + rotary_tables(BATCH, SEQ, D // HEADS), ["x", "cos", "sin"]
-        dyn = {n: axes for n in names + ["y"]}
-        path = os.path.join(out, f"{name}.onnx")
-        torch.onnx.export(m, args, path, opset_version=17, input_names=names, output_names=["y"],
-                          do_constant_folding=True, dynamic_axes=dyn)
-        print(path)
-        expect = os.path.join(out, "..", "expect", f"{name}_s7")
-        os.makedirs(expect, exist_ok=True)
+        expect = export_dynamic(m, args, names, {n: axes for n in names + ["y"]}, out, name)
         ins = [torch.randn(BATCH, 7, D).half()]
         if masked:
             pad = torch.ones(BATCH, 7)
@@ -1094,12 +1099,7 @@ def main():
             args += (torch.zeros(BATCH, SEQ, dtype=torch.bool),)
             names.append("pad")
             dyn["pad"] = axes
-        path = os.path.join(out, f"{name}.onnx")
-        torch.onnx.export(m, args, path, opset_version=17, input_names=names, output_names=["y"],
-                          do_constant_folding=True, dynamic_axes=dyn)
-        print(path)
-        expect = os.path.join(out, "..", "expect", f"{name}_s7")
-        os.makedirs(expect, exist_ok=True)
+        expect = export_dynamic(m, args, names, dyn, out, name)
         ins = [torch.randn(BATCH, 7, D).half()] + ([torch.randn(BATCH, 5, D).half()] if decoder else [])
         if padded:
             pad = torch.zeros(BATCH, 7, dtype=torch.bool)

@@ -1073,6 +1073,16 @@ private:
     define(n, emit(n, op, {va, vb}, shape));
   }
 
+  /// Op `k` on `operands`, of x's IR shape: x's value (form, ONNX shape, flags) computed anew.
+  Val sameForm(const NodeProto& n, ir::OpKind k, const Val& x,
+               const std::vector<ir::Vertex>& operands) {
+    ir::Op op;
+    op.kind = k;
+    Val v = x;
+    v.v = emit(n, op, operands, g_.op(*x.v).type.shape).v;
+    return v;
+  }
+
   /// Constant `c` as an operand of an elementwise op on query-major scores `x`: broadcast
   /// against x's ONNX shape ([B, Sq*H, Sk] or [B, Sq, H, Sk]) and put in the IR's order [B, H,
   /// Sq, Sk] (a scalar stays one).
@@ -1113,16 +1123,10 @@ private:
       // same in both orders, broadcast as a rank-4 tensor.
       const std::vector<int64_t> ir = g_.op(*x.v).type.shape;
       const ir::Vertex vc = *dense4(n, c).v;
-      if (ir::broadcastShapes(g_.op(vc).type.shape, ir) == ir) {
-        ir::Op op;
-        op.kind = k;
-        Val v = x;
-        v.v = emit(n, op,
-                   &x == &a ? std::vector<ir::Vertex>{*x.v, vc} : std::vector<ir::Vertex>{vc, *x.v},
-                   ir)
-                  .v;
-        return define(n, std::move(v));
-      }
+      if (ir::broadcastShapes(g_.op(vc).type.shape, ir) == ir)
+        return define(n, sameForm(n, k, x,
+                                  &x == &a ? std::vector<ir::Vertex>{*x.v, vc}
+                                           : std::vector<ir::Vertex>{vc, *x.v}));
     }
     if (!c.isConst || c.integer || shape != x.shape)
       throw UnsupportedError{"'" + x.name + "' " + shapeStr(x.shape) +
@@ -1133,16 +1137,11 @@ private:
       zeros = at(c, i) == 0.0;
     if (zeros && (k == ir::OpKind::Add || (k == ir::OpKind::Sub && &x == &a)))
       return define(n, Val(x));
-    const Val t = queryMajorConst(c, x);
-    ir::Op op;
-    op.kind = k;
-    Val tc = t;
-    const ir::Vertex vx = *x.v, vc = tensor(tc);
-    Val v = x;
-    v.v = emit(n, op, &x == &a ? std::vector<ir::Vertex>{vx, vc} : std::vector<ir::Vertex>{vc, vx},
-               g_.op(vx).type.shape)
-              .v;
-    define(n, std::move(v));
+    Val t = queryMajorConst(c, x);
+    const ir::Vertex vx = *x.v, vc = tensor(t);
+    define(n,
+           sameForm(n, k, x,
+                    &x == &a ? std::vector<ir::Vertex>{vx, vc} : std::vector<ir::Vertex>{vc, vx}));
   }
 
   /// An elementwise op on a mask in torch.bmm's form (Val::bmmHeads): with a scalar, the same
@@ -1158,11 +1157,9 @@ private:
     };
     const std::vector<int64_t> mir = g_.op(*m.v).type.shape; // [B, 1, 1, Sk]
     if (o.isConst && count(o) == 1) {
-      Val v = m;
+      Val v = sameForm(n, k, m, operands(*m.v, tensor(o)));
       v.intInput = false;
       v.binary01 = false;
-      const ir::Vertex vo = tensor(o);
-      v.v = emit(n, op, operands(*m.v, vo), mir).v;
       return define(n, std::move(v));
     }
     if (!o.isConst && o.v && o.view == Val::View::None && !o.bmmHeads && !o.queryMajor &&
@@ -2689,12 +2686,7 @@ private:
     const std::vector<int64_t> shape = broadcast(x.shape, c.shape);
     if (x.queryMajor) {
       Val t = queryMajorConst(bias, x);
-      ir::Op op;
-      op.kind = ir::OpKind::Add;
-      Val v = x;
-      const ir::Vertex vx = *x.v, vb = tensor(t);
-      v.v = emit(n, op, {vx, vb}, g_.op(vx).type.shape).v;
-      return define(n, std::move(v));
+      return define(n, sameForm(n, ir::OpKind::Add, x, {*x.v, tensor(t)}));
     }
     if (shape.size() != 4) {
       checkFlatBroadcast(x.shape, shape);
@@ -3054,11 +3046,8 @@ private:
                              std::to_string(axis) + " of " + std::to_string(rank) + ")"};
     ir::Op op;
     op.kind = ir::OpKind::Softmax;
-    if (x.queryMajor) { // the keys' axis is last in both orders
-      Val v = x;
-      v.v = emit(n, op, {*x.v}, g_.op(*x.v).type.shape).v;
-      return define(n, std::move(v));
-    }
+    if (x.queryMajor) // the keys' axis is last in both orders
+      return define(n, sameForm(n, ir::OpKind::Softmax, x, {*x.v}));
     define(n, emit(n, op, {tensor(x)}, x.shape));
   }
 
@@ -3279,28 +3268,26 @@ private:
     define(n, headColumns(n, x4, p * H, H, true));
   }
 
-  /// Whether reshaping activation `x` [B, S, H*d] (a token-major [B*S, H*d] in the IR) to
-  /// `shape` [B, S*H, d] gives each token's heads rows of their own (GPTBigCode's query).
-  bool headRows(const Val& x, const std::vector<int64_t>& shape) const {
-    if (x.isConst || !x.v || x.view != Val::View::None || x.queryMajor || x.seqFirst ||
-        x.shape.size() != 3 || shape.size() != 3 || shape[0] != x.shape[0] || x.shape[1] <= 0 ||
-        shape[1] <= x.shape[1] || shape[1] % x.shape[1] != 0)
-      return false;
-    const int64_t h = shape[1] / x.shape[1];
-    return shape[2] * h == x.shape[2] &&
-           g_.op(*x.v).type.shape == std::vector<int64_t>{x.shape[0] * x.shape[1], x.shape[2]};
-  }
-
-  /// Whether reshaping the sequence-first activation `x` [S, B, H*d] to `shape` [S, B*H, d]
-  /// splits it into heads (nn.MultiheadAttention's view before its bmm).
-  bool seqFirstHeads(const Val& x, const std::vector<int64_t>& shape) const {
-    if (x.isConst || !x.v || x.view != Val::View::None || !x.seqFirst || x.shape.size() != 3 ||
+  /// H where reshaping activation `x` [A, C, H*d] (token-major [A*C, H*d] in the IR) to `shape`
+  /// [A, C*H, d] splits each row into H rows, else 0: GPTBigCode's query, its heads as rows of
+  /// their own ([B, S, H*d] to [B, S*H, d]), or nn.MultiheadAttention's sequence-first heads
+  /// ([S, B, H*d] to [S, B*H, d], before its bmm).
+  int64_t rowHeads(const Val& x, const std::vector<int64_t>& shape) const {
+    if (x.isConst || !x.v || x.view != Val::View::None || x.queryMajor || x.shape.size() != 3 ||
         shape.size() != 3 || shape[0] != x.shape[0] || x.shape[1] <= 0 ||
         shape[1] % x.shape[1] != 0)
-      return false;
+      return 0;
     const int64_t h = shape[1] / x.shape[1];
-    return shape[2] * h == x.shape[2] &&
-           g_.op(*x.v).type.shape == std::vector<int64_t>{x.shape[0] * x.shape[1], x.shape[2]};
+    const bool fits =
+        shape[2] * h == x.shape[2] &&
+        g_.op(*x.v).type.shape == std::vector<int64_t>{x.shape[0] * x.shape[1], x.shape[2]};
+    return fits ? h : 0;
+  }
+  bool headRows(const Val& x, const std::vector<int64_t>& shape) const {
+    return !x.seqFirst && rowHeads(x, shape) > 1;
+  }
+  bool seqFirstHeads(const Val& x, const std::vector<int64_t>& shape) const {
+    return x.seqFirst && rowHeads(x, shape) > 0;
   }
 
   /// Reshapes that split an activation into heads or merge them back (views, no data moved):

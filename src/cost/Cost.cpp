@@ -15,9 +15,14 @@ namespace {
 const Calibration kH200{
     "H200 (sm_90), fpat's kernels as measured in bench/RESULTS.md",
     90,
-    3.0,   // launchUs: a kernel more in the FFN block at M = 1 (session 27-28: 3 launches
-           // against 7) and the norm statistics launch at M = 512 (session 26: ~4 us with
-           // its drain)
+    3.0, // launchUs: a kernel more in the FFN block at M = 1 (session 27-28: 3 launches
+         // against 7) and the norm statistics launch at M = 512 (session 26: ~4 us with
+         // its drain)
+    // statsLaunchUs: GPT-2-XL's MLP at T = 1 and 7 (session 48, H100, fpatc --time):
+    // layernorm_gemm_bias_gelu with its statistics launch 0.0328-0.0336 ms, against
+    // layernorm_gemm_bias (statistics read by its own warps) and the GeLU apart 0.0357-0.0375:
+    // the launch costs ~3 us less than another kernel's
+    0.3,
     3.3,   // streamTBs: the norm statistics kernel, one pass of 16-byte loads (session 26)
     743.0, // gemmTflops: the wgmma GEMM at 4096^3 in 0.185 ms (session 26)
     3.2,   // weightTBs: the FFN block at M = 1-16 reads its weights at 3.16-3.49 TB/s
@@ -54,6 +59,7 @@ const Calibration kAmpereGuess{
     "sm_80 guess (A100 data sheet scaled by the H200's measured efficiencies)",
     80,
     3.0,
+    3.0, // the cp.async kernels' statistics launch: not measured, priced as any launch
     1.4,
     110.0,
     1.4,

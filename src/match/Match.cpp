@@ -41,9 +41,10 @@ public:
   /// Runs bytes [pos, end) from `root`; on success fills `m`.
   bool run(const std::vector<uint8_t>& bytes, Vertex root, Match& m, std::string* why) {
     State s;
-    s.cur = root;
+    s.cur = root_ = root;
     failPos_ = 0;
     failSpecific_ = specific_ = false;
+    rootNeeds_.clear();
     return exec(bytes, 0, bytes.size(), s, m, why);
   }
 
@@ -53,6 +54,9 @@ public:
   /// Whether that failure was a near one (a constant of another value): between variants that
   /// failed at the same check, it says more.
   bool failSpecific() const { return failSpecific_; }
+  /// Where the described failure was the root's own op: the op the pattern's root needs
+  /// ("mul", "activation gelu"); else empty.
+  const std::string& rootNeeds() const { return rootNeeds_; }
 
 private:
   struct State {
@@ -68,8 +72,9 @@ private:
     return op.kind == ir::OpKind::Activation ? "activation " + op.fn : ir::opKindName(op.kind);
   }
 
-  bool fail(std::string* why, std::string msg) {
+  bool fail(std::string* why, std::string msg, std::string rootNeeds = "") {
     if (why && why->empty()) {
+      rootNeeds_ = std::move(rootNeeds);
       *why = std::move(msg);
       failPos_ = pos_;
       failSpecific_ = specific_;
@@ -97,8 +102,9 @@ private:
       case OPC_CheckKind: {
         auto k = static_cast<ir::OpKind>(b[pos + 1]);
         if (g_.op(s.cur).kind != k)
-          return fail(why, ref(s.cur) + " is " + what(s.cur) + "; the pattern needs " +
-                               ir::opKindName(k));
+          return fail(
+              why, ref(s.cur) + " is " + what(s.cur) + "; the pattern needs " + ir::opKindName(k),
+              s.cur == root_ ? std::string(ir::opKindName(k)) : "");
         break;
       }
       case OPC_CheckActivation: {
@@ -106,7 +112,8 @@ private:
         const ir::Op& op = g_.op(s.cur);
         if (op.kind != ir::OpKind::Activation || op.fn != fn)
           return fail(why,
-                      ref(s.cur) + " is " + what(s.cur) + "; the pattern needs activation " + fn);
+                      ref(s.cur) + " is " + what(s.cur) + "; the pattern needs activation " + fn,
+                      s.cur == root_ ? "activation " + fn : "");
         break;
       }
       case OPC_Record:
@@ -289,6 +296,8 @@ private:
   size_t pos_ = 0;            // the check being run (for failPos)
   size_t failPos_ = 0;        // where the first described failure stood
   bool specific_ = false, failSpecific_ = false;
+  Vertex root_ = 0;
+  std::string rootNeeds_;
 };
 
 /// Per-pattern programs, for --explain (the factored table answers only "which first").
@@ -433,7 +442,7 @@ MatchResult findMatches(const Graph& g, const MatcherTable& table, const MatchOp
     if (opts.explain) {
       // Every pattern up to the chosen one, with the first check it failed.
       for (size_t p = 0; p < table.patterns.size(); ++p) {
-        std::string why;
+        std::string why, rootNeeds;
         size_t furthest = 0;
         bool specific = false;
         double progress = 0;
@@ -450,10 +459,12 @@ MatchResult findMatches(const Graph& g, const MatcherTable& table, const MatchOp
             why = w;
             furthest = interp.failPos();
             specific = interp.failSpecific();
+            rootNeeds = interp.rootNeeds();
             progress = static_cast<double>(furthest) / static_cast<double>(prog.size());
           }
         }
-        r.attempts.push_back({root, table.patterns[p].name, ok ? "" : why, ok ? 1.0 : progress});
+        r.attempts.push_back({root, table.patterns[p].name, ok ? "" : why, ok ? 1.0 : progress,
+                              ok ? "" : rootNeeds});
         if (found && p == m.pattern)
           break;
       }
@@ -1063,14 +1074,35 @@ std::vector<Attempt> raiseNearMisses(const Graph& raised, const MatcherTable& ta
 
 std::string explain(const Graph& g, const MatcherTable& table, const MatchResult& r) {
   std::ostringstream os;
-  Vertex last = static_cast<Vertex>(-1);
-  for (const Attempt& a : r.attempts) {
-    if (a.root != last) {
-      os << "  at %" << g.op(a.root).name << " (" << ir::opKindName(g.op(a.root).kind)
-         << (g.op(a.root).kind == ir::OpKind::Activation ? " " + g.op(a.root).fn : "") << "):\n";
-      last = a.root;
+  // Per root, the patterns that got past its op one per line; those whose root is another op
+  // in one line, counted by the op they need (with dozens of patterns, most are these).
+  for (size_t i = 0; i < r.attempts.size();) {
+    const Vertex root = r.attempts[i].root;
+    os << "  at %" << g.op(root).name << " (" << ir::opKindName(g.op(root).kind)
+       << (g.op(root).kind == ir::OpKind::Activation ? " " + g.op(root).fn : "") << "):\n";
+    std::vector<std::pair<std::string, int>> others;
+    size_t otherCount = 0;
+    for (; i < r.attempts.size() && r.attempts[i].root == root; ++i) {
+      const Attempt& a = r.attempts[i];
+      if (a.rootNeeds.empty()) {
+        os << "    " << a.pattern << ": " << (a.failure.empty() ? "matched" : a.failure) << "\n";
+        continue;
+      }
+      auto it = std::find_if(others.begin(), others.end(),
+                             [&](const auto& o) { return o.first == a.rootNeeds; });
+      if (it == others.end())
+        others.emplace_back(a.rootNeeds, 1);
+      else
+        ++it->second;
+      ++otherCount;
     }
-    os << "    " << a.pattern << ": " << (a.failure.empty() ? "matched" : a.failure) << "\n";
+    if (otherCount > 0) {
+      os << "    " << otherCount << " pattern" << (otherCount == 1 ? " needs" : "s need")
+         << " another op at the root:";
+      for (size_t k = 0; k < others.size(); ++k)
+        os << (k ? "," : "") << " " << others[k].first << " (" << others[k].second << ")";
+      os << "\n";
+    }
   }
   if (!r.decisions.empty() || r.components > 0) {
     auto ms = [](double t) { // three significant digits or more

@@ -53,6 +53,12 @@ inline std::vector<std::string> caseNames() {
           "layernorm_gemm",
           "rmsnorm_gemm",
           "layernorm_gemm_bias_gelu",
+          "layernorm_gemm_bias",
+          "rmsnorm_gemm_bias",
+          "layernorm_gemm_bias_relu",
+          "rmsnorm_gemm_relu",
+          "gemm_bias_gelu_erf",
+          "layernorm_gemm_gelu_erf",
           "gemm",
           "gemm_bt",
           "bias_add",
@@ -78,12 +84,34 @@ inline ir::Graph caseGraph(const std::string& name, Shape s, bool weights = fals
   };
   auto w = [&] { return in("w", {s.k, s.n}); };
   auto bias = [&] { return b.input("b", {s.n}); };
-  if (name == "gemm_bias_gelu" || name == "gemm_bias_silu" || name == "gemm_bias_relu" ||
-      name == "gemm_bias_quick_gelu") {
-    b.output(b.activation(b.bias(b.gemm(x, w()), bias()), name.substr(10), "y"));
-  } else if (name == "gemm_bias") {
-    b.output(b.bias(b.gemm(x, w()), bias(), "y"));
-  } else if (name == "gemm_bias_residual") {
+  // [layernorm_ | rmsnorm_] gemm [_bias] [_<activation>]: GemmAct's patterns and the norms'.
+  auto chain = [&](std::string rest) {
+    auto eat = [&](const std::string& p) {
+      const bool ok = rest.compare(0, p.size(), p) == 0;
+      if (ok)
+        rest.erase(0, p.size());
+      return ok;
+    };
+    const std::string norm = eat("layernorm_") ? "layernorm" : eat("rmsnorm_") ? "rmsnorm" : "";
+    if (!eat("gemm"))
+      return false;
+    const bool hasBias = eat("_bias");
+    if (!rest.empty() && (!eat("_") || !acts.contains(rest)))
+      return false;
+    auto a = norm == "layernorm" ? b.layernorm(x, in("g", {s.k}), in("be", {s.k}), 1e-5)
+             : norm == "rmsnorm" ? b.rmsnorm(x, in("g", {s.k}), 1e-6)
+                                 : x;
+    const std::string last = rest.empty() ? "y" : "";
+    auto h = b.gemm(a, w(), false, hasBias ? "" : last);
+    if (hasBias)
+      h = b.bias(h, bias(), last);
+    if (!rest.empty())
+      b.output(b.activation(h, rest, "y"));
+    else
+      b.output(h);
+    return true;
+  };
+  if (name == "gemm_bias_residual") {
     auto r = b.input("r", {s.m, s.n});
     b.output(b.add(r, b.bias(b.gemm(x, w()), bias()), "y")); // residual first: commutativity
   } else if (name == "gemm_residual") {
@@ -91,17 +119,8 @@ inline ir::Graph caseGraph(const std::string& name, Shape s, bool weights = fals
   } else if (name == "gemm_silu_mul") {
     auto up = b.input("up", {s.m, s.n});
     b.output(b.mul(up, b.activation(b.gemm(x, w()), "silu"), "y")); // up first: commutativity
-  } else if (name == "layernorm_gemm_bias_gelu") {
-    auto g = in("g", {s.k}), be = in("be", {s.k});
-    b.output(b.activation(b.bias(b.gemm(b.layernorm(x, g, be, 1e-5), w()), bias()), "gelu", "y"));
-  } else if (name == "gemm_gelu" || name == "gemm_silu" || name == "gemm_relu") {
-    b.output(b.activation(b.gemm(x, w()), name.substr(5), "y"));
-  } else if (name == "layernorm_gemm") {
-    auto g = in("g", {s.k}), be = in("be", {s.k});
-    b.output(b.gemm(b.layernorm(x, g, be, 1e-5), w(), false, "y"));
-  } else if (name == "rmsnorm_gemm") {
-    auto g = in("g", {s.k});
-    b.output(b.gemm(b.rmsnorm(x, g, 1e-6), w(), false, "y"));
+  } else if (name == "gemm_bt") {
+    b.output(b.gemm(x, in("wt", {s.n, s.k}), true, "y"));
   } else if (name == "gemm_swiglu" || name == "gemm_geglu" || name == "rmsnorm_gemm_swiglu" ||
              name == "rmsnorm_gemm_geglu") {
     // The gated MLPs: one dual GEMM where the weights are weights (else gemm_silu_mul or
@@ -111,10 +130,6 @@ inline ir::Graph caseGraph(const std::string& name, Shape s, bool weights = fals
     const std::string act = name.find("swiglu") != std::string::npos ? "silu" : "gelu";
     auto up = b.gemm(a, in("wu", {s.k, s.n}));
     b.output(b.mul(b.activation(b.gemm(a, in("wg", {s.k, s.n})), act), up, "y"));
-  } else if (name == "gemm") {
-    b.output(b.gemm(x, w(), false, "y"));
-  } else if (name == "gemm_bt") {
-    b.output(b.gemm(x, in("wt", {s.n, s.k}), true, "y"));
   } else if (name == "bias_add") {
     b.output(b.bias(b.input("h", {s.m, s.n}), bias(), "y"));
   } else if (name == "activation_gelu_erf" || name == "activation_leaky_relu") {
@@ -129,7 +144,7 @@ inline ir::Graph caseGraph(const std::string& name, Shape s, bool weights = fals
     b.output(b.rmsnorm(b.input("h", {s.m, s.n}), b.input("g", {s.n}), 1e-6, "y"));
   } else if (name == "softmax") {
     b.output(b.softmax(b.input("h", {s.m, s.n}), "y"));
-  } else {
+  } else if (!chain(name)) {
     throw std::invalid_argument("no test graph " + name);
   }
   ir::Graph g = b.build();

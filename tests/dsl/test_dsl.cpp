@@ -37,25 +37,17 @@ BOOST_AUTO_TEST_CASE(builtin_patterns_are_the_seeds_nine_and_the_llm_blocks) {
   std::vector<std::string> names;
   for (const PatternDef& p : r->c->library.patterns)
     names.push_back(p.name);
-  std::vector<std::string> want = {"gemm_bias_gelu",
-                                   "gemm_gelu",
-                                   "gemm_bias_silu",
-                                   "gemm_silu",
-                                   "gemm_bias_quick_gelu",
-                                   "gemm_quick_gelu",
-                                   "gemm_bias_relu",
-                                   "gemm_relu",
-                                   "gemm_bias",
-                                   "gemm_bias_residual",
-                                   "gemm_residual",
-                                   "gemm_silu_mul",
-                                   "gemm_swiglu",
-                                   "rmsnorm_gemm_swiglu",
-                                   "gemm_geglu",
-                                   "rmsnorm_gemm_geglu",
-                                   "layernorm_gemm",
-                                   "rmsnorm_gemm",
-                                   "layernorm_gemm_bias_gelu"};
+  // GemmAct's six per activation, in defm order, then the rest in source order.
+  std::vector<std::string> want;
+  for (const char* act : {"gelu", "gelu_erf", "silu", "quick_gelu", "relu"})
+    for (const char* form : {"gemm_bias_", "gemm_", "layernorm_gemm_bias_", "layernorm_gemm_",
+                             "rmsnorm_gemm_bias_", "rmsnorm_gemm_"})
+      want.push_back(std::string(form) + act);
+  for (const char* name :
+       {"gemm_bias", "gemm_bias_residual", "gemm_residual", "gemm_silu_mul", "gemm_swiglu",
+        "rmsnorm_gemm_swiglu", "gemm_geglu", "rmsnorm_gemm_geglu", "layernorm_gemm_bias",
+        "rmsnorm_gemm_bias", "layernorm_gemm", "rmsnorm_gemm"})
+    want.push_back(name);
   BOOST_TEST(names == want, boost::test_tools::per_element());
   BOOST_TEST(r->diags->diagnostics().empty(), r->errors());
 }
@@ -154,19 +146,28 @@ BOOST_AUTO_TEST_CASE(table_order_variants_and_round_trip) {
   BOOST_TEST_REQUIRE(r->c.has_value());
   MatcherTable t = compileMatcherTable(r->c->library, r->sm, *r->diags);
   BOOST_TEST(r->diags->warningCount() == 0);
-  BOOST_REQUIRE(t.patterns.size() == 19u);
+  BOOST_REQUIRE(t.patterns.size() == 42u);
   // Benefit first, then source order.
   for (size_t i = 1; i < t.patterns.size(); ++i)
     BOOST_TEST(t.patterns[i - 1].benefit >= t.patterns[i].benefit);
-  BOOST_TEST(t.patterns[0].name == "rmsnorm_gemm_swiglu");      // benefit 6
-  BOOST_TEST(t.patterns[4].name == "layernorm_gemm_bias_gelu"); // benefit 4, after the gated MLPs
-  BOOST_TEST(t.patterns[5].name == "gemm_bias_gelu");
-  BOOST_TEST(t.patterns[9].name == "gemm_bias_residual");
-  BOOST_TEST(t.patterns[9].numVariants == 2); // add is commutative
+  auto at = [&](const std::string& name) {
+    for (size_t i = 0; i < t.patterns.size(); ++i)
+      if (t.patterns[i].name == name)
+        return i;
+    return t.patterns.size();
+  };
+  BOOST_TEST(t.patterns[0].name == "rmsnorm_gemm_swiglu"); // benefit 6
+  BOOST_TEST(t.patterns[1].name == "rmsnorm_gemm_geglu");
+  // Benefit 4: the norms with a bias and an activation, before the dual GEMMs without a norm.
+  BOOST_TEST(t.patterns[2].name == "layernorm_gemm_bias_gelu");
+  BOOST_TEST(at("rmsnorm_gemm_bias_relu") < at("gemm_swiglu"));
+  BOOST_TEST(at("gemm_swiglu") < at("gemm_bias_gelu"));
+  BOOST_TEST(at("layernorm_gemm_bias") < at("gemm_bias"));
+  BOOST_TEST(t.patterns[at("gemm_bias_residual")].numVariants == 2); // add is commutative
   // Flattening the factored table gives one program per variant, in pattern order: the four
   // gated MLPs, gemm_bias_residual, gemm_silu_mul and gemm_residual have two each.
   auto progs = flattenPrograms(t);
-  BOOST_TEST(progs.size() == 26u);
+  BOOST_TEST(progs.size() == 49u);
   // Merging with an empty table changes nothing.
   MatcherTable merged;
   std::string clash;
@@ -233,7 +234,7 @@ BOOST_AUTO_TEST_CASE(merged_tables_order_user_patterns_by_benefit) {
   BOOST_TEST(order.front() == "top");
   // Ties keep built-ins first: "tie" (benefit 2) comes after every built-in of benefit 2.
   BOOST_TEST(order.back() == "tie");
-  BOOST_TEST(flattenPrograms(merged).size() == 28u);
+  BOOST_TEST(flattenPrograms(merged).size() == 51u);
 }
 
 BOOST_AUTO_TEST_CASE(hostile_inputs_are_diagnosed_not_crashed_on) {

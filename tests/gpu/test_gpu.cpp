@@ -69,6 +69,10 @@ const std::vector<codegen::TileConfig>& configTiles() {
 const char* const kConfigCases[] = {
     "gemm",           "gemm_bt",      "gemm_bias_gelu",          "gemm_bias_residual",
     "layernorm_gemm", "rmsnorm_gemm", "layernorm_gemm_bias_gelu"};
+/// The deferred norms' epilogues: none, bias and GeLU, a bias alone (Qwen2's QKV), bias and
+/// ReLU (OPT's fc1).
+const char* const kDeferredCases[] = {"rmsnorm_gemm", "layernorm_gemm", "layernorm_gemm_bias_gelu",
+                                      "rmsnorm_gemm_bias", "layernorm_gemm_bias_relu"};
 const Shape kConfigShapes[] = {Shape{64, 64, 64}, Shape{17, 100, 1000}, Shape{1000, 520, 64},
                                Shape{1, 17, 40}, Shape{1000, 1000, 1000}};
 
@@ -180,7 +184,7 @@ struct GpuSetup {
               units.push_back(codegen::generate(f, v, builtinLibrary().activations, ct));
           }
     if (c.arch == 90 && runs("deferred_norms_match_the_reference"))
-      for (const char* name : {"rmsnorm_gemm", "layernorm_gemm", "layernorm_gemm_bias_gelu"})
+      for (const char* name : kDeferredCases)
         for (Shape s : {Shape{1, 17, 40}, Shape{7, 100, 64}, Shape{333, 1000, 1003},
                         Shape{130, 1000, 136}, Shape{2047, 5120, 2048}, Shape{600, 4104, 3072}})
           for (const auto& t : normConfigs()) {
@@ -304,6 +308,12 @@ FPAT_GPU_CASE(gemm_silu_mul)
 FPAT_GPU_CASE(layernorm_gemm)
 FPAT_GPU_CASE(rmsnorm_gemm)
 FPAT_GPU_CASE(layernorm_gemm_bias_gelu)
+FPAT_GPU_CASE(layernorm_gemm_bias)
+FPAT_GPU_CASE(rmsnorm_gemm_bias)
+FPAT_GPU_CASE(layernorm_gemm_bias_relu)
+FPAT_GPU_CASE(rmsnorm_gemm_relu)
+FPAT_GPU_CASE(gemm_bias_gelu_erf)
+FPAT_GPU_CASE(layernorm_gemm_gelu_erf)
 FPAT_GPU_CASE(gemm)
 FPAT_GPU_CASE(gemm_bt)
 FPAT_GPU_CASE(bias_add)
@@ -489,7 +499,7 @@ BOOST_AUTO_TEST_CASE(deferred_norms_match_the_reference) {
     shapes.insert(shapes.end(),
                   {Shape{7, 100, 64}, Shape{2047, 5120, 2048}, Shape{600, 4104, 3072}});
   }
-  for (const char* name : {"rmsnorm_gemm", "layernorm_gemm", "layernorm_gemm_bias_gelu"})
+  for (const char* name : kDeferredCases)
     for (Shape s : shapes)
       for (const auto& cfg : configs)
         BOOST_TEST_CONTEXT(name << " " << s.str() << " " << (cfg ? cfg->str() : "default")) {

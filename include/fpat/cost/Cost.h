@@ -19,6 +19,7 @@ struct Calibration {
   const char* name;       // the GPU and where its numbers come from
   int arch;               // sm_XX it stands for (the nearest below is used)
   double launchUs;        // the gap one more kernel adds in a stream of launches
+  double statsLaunchUs;   // a deferred norm's statistics launch, the GEMM's own unit's first
   double streamTBs;       // elementwise and row-wise kernels: bytes moved per second
   double gemmTflops;      // the wgmma GEMM at large shapes
   double weightTBs;       // the same kernel where reading B bounds it (decode shapes)

@@ -46,7 +46,8 @@ struct Attempt {
   ir::Vertex root;
   std::string pattern;
   std::string failure;
-  double progress = 1; // the share of the pattern's checks that passed before the failure
+  double progress = 1;   // the share of the pattern's checks that passed before the failure
+  std::string rootNeeds; // failed at the root's own op: the op the pattern's root needs
 };
 
 /// One candidate of a cost-based choice and what became of it.

@@ -65,7 +65,7 @@ public:
                     // one): its bytes at the streaming rate, which matches the grid form's cost
                     // over the plain GEMM at M 512-4096 (+2-11 us measured, session 46)
       const bool grid = wgmma && codegen::expectedNormStats(g, v) == codegen::NormStats::Grid;
-      ms += (grid ? 0.0 : c.launchUs * 1e-3) + m * k * elt / (c.streamTBs * 1e12) * 1e3;
+      ms += (grid ? 0.0 : c.statsLaunchUs * 1e-3) + m * k * elt / (c.streamTBs * 1e12) * 1e3;
       if (ir::normKindOf(op) == ir::NormKind::LayerNorm)
         ms += c.lnColumnPs * 1e-9 * m * n;
     }

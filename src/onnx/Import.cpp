@@ -102,6 +102,9 @@ struct Val {
     std::shared_ptr<const Val> lo, hi, at;
   };
   std::shared_ptr<const OfMask> ofMask;
+  // A tensor materialize made of a value of a mask: that value, so that it can be made again in
+  // another order (query-major scores: permuted to the IR's [B, H, Sq, Sk]).
+  std::shared_ptr<const OfMask> madeFrom;
   // Every other element of a head value's last axis (x[..., p::2]), maybe negated, maybe with a
   // trailing axis of 1 (stacked), then two such joined along it (joined: `v` holds the result,
   // `shape` is [..., d / 2, 2]): GPT-J's rotate_every_two, stack(-x[..., 1::2], x[..., ::2],
@@ -1110,6 +1113,37 @@ private:
     return t;
   }
 
+  /// A tensor materialize made of a value of a run-time mask that is one for every head of
+  /// query-major scores `x` ([B, Sq, 1, Sk]: HF GPTBigCode's causal and padding mask), made
+  /// again in the IR's order [B, 1, Sq, Sk]; nullopt for any other value.
+  std::optional<ir::Vertex> irOrderMask(const NodeProto& n, const Val& c, const Val& x) {
+    if (c.isConst || !c.madeFrom || c.shape.size() != 4 || c.shape[2] != 1 ||
+        ir::broadcastShapes(c.shape, x.shape) != x.shape)
+      return std::nullopt;
+    const Val::OfMask& o = *c.madeFrom;
+    const std::vector<int64_t> swap{0, 2, 1, 3};
+    auto of = std::make_shared<Val::OfMask>();
+    of->mask = o.mask;
+    of->lo = std::make_shared<const Val>(permuted(*o.lo, swap));
+    of->hi = std::make_shared<const Val>(permuted(*o.hi, swap));
+    of->at = std::make_shared<const Val>(permuted(*o.at, swap));
+    Val m;
+    m.name = c.name + ".query_major";
+    m.shape = {c.shape[0], 1, c.shape[1], c.shape[3]};
+    m.ofMask = std::move(of);
+    materialize(m, n);
+    if (m.isConst || !m.v)
+      return std::nullopt;
+    const std::vector<int64_t> ir = g_.op(*x.v).type.shape;
+    ir::Vertex vm = *m.v;
+    if (ir::broadcastShapes(g_.op(vm).type.shape, ir) != ir && m.view == Val::View::Tokens &&
+        !m.flatSH && m.repeat == 1) // the mask itself, viewed: as a rank-4 tensor
+      vm = *dense4(n, m).v;
+    if (ir::broadcastShapes(g_.op(vm).type.shape, ir) != ir)
+      return std::nullopt;
+    return vm;
+  }
+
   /// An elementwise op of query-major scores and a constant, on the IR's [B, H, Sq, Sk]; adding
   /// zeros (torch's baddbmm with beta = 0 adds 0 times its input) is the scores themselves.
   void queryMajorBinary(const NodeProto& n, ir::OpKind k, Val& a, Val& b,
@@ -1128,6 +1162,10 @@ private:
                                   &x == &a ? std::vector<ir::Vertex>{*x.v, vc}
                                            : std::vector<ir::Vertex>{vc, *x.v}));
     }
+    if (std::optional<ir::Vertex> vm = irOrderMask(n, c, x))
+      return define(n, sameForm(n, k, x,
+                                &x == &a ? std::vector<ir::Vertex>{*x.v, *vm}
+                                         : std::vector<ir::Vertex>{*vm, *x.v}));
     if (!c.isConst || c.integer || shape != x.shape)
       throw UnsupportedError{"'" + x.name + "' " + shapeStr(x.shape) +
                              " are attention scores ordered by query, then head; fpat supports "
@@ -1784,6 +1822,34 @@ private:
     return true;
   }
 
+  /// Shapes of a mask's elements in their order, as a value of `shape` may read them: its own,
+  /// then its axes longer than 1 placed on axes of `shape` of the same size, in order, with
+  /// unit axes between (views that move no element).
+  static std::vector<std::vector<int64_t>> maskViews(const std::vector<int64_t>& own,
+                                                     const std::vector<int64_t>& shape) {
+    std::vector<std::vector<int64_t>> out{own};
+    std::vector<int64_t> dims;
+    for (int64_t d : own)
+      if (d != 1)
+        dims.push_back(d);
+    std::vector<int64_t> view(shape.size(), 1);
+    std::function<void(size_t, size_t)> place = [&](size_t i, size_t from) {
+      if (i == dims.size()) {
+        if (view != own)
+          out.push_back(view);
+        return;
+      }
+      for (size_t a = from; a < shape.size(); ++a)
+        if (shape[a] == dims[i]) {
+          view[a] = dims[i];
+          place(i + 1, a + 1);
+          view[a] = 1;
+        }
+    };
+    place(0, 0);
+    return out;
+  }
+
   /// A value of a mask m made a tensor where `n` uses it: c + d m + (a + b m) fill, with
   /// constants c, d, a, b (a + b m: 1 where masked), fill float's lowest. An element of at most
   /// -1e30 (finfo.min, -inf) is masked: the fill, which the softmax after it reads alike; the rest
@@ -1799,11 +1865,31 @@ private:
                               shapeStr(m.shape) +
                               " it is computed from; fpat supports values of a mask that read "
                               "it where it broadcasts";
-    if (auto b = ir::broadcastShapes(m.shape, shape); !b || *b != shape)
-      throw UnsupportedError{moved};
-    const std::vector<double> want = valuesOf(broadcastIndices(m.shape, shape));
     const double lowest = -static_cast<double>(std::numeric_limits<float>::max());
     auto masked = [](double x) { return x <= -1e30; };
+    auto depends = [&](size_t e) { // whether element e differs with the mask
+      const bool k0 = !masked(lo[e]), k1 = !masked(hi[e]);
+      return k0 != k1 || (k0 ? lo[e] : 0) != (k1 ? hi[e] : 0);
+    };
+    // The mask as `shape` reads it: as it broadcasts, or viewed with unit axes between its own
+    // (HF GPTBigCode's [B, S, 1, S] mask, unsqueezed between the query and key axes, against its
+    // padding mask's [B, 1, S]: the same elements, read where [B, 1, 1, S] would broadcast).
+    std::vector<int64_t> view;
+    std::vector<double> want;
+    for (const std::vector<int64_t>& cand : maskViews(m.shape, shape)) {
+      if (auto b = ir::broadcastShapes(cand, shape); !b || *b != shape)
+        continue;
+      want = valuesOf(broadcastIndices(cand, shape));
+      bool reads = true;
+      for (size_t e = 0; e < lo.size() && reads; ++e)
+        reads = !depends(e) || at[e] == want[e];
+      if (reads) {
+        view = cand;
+        break;
+      }
+    }
+    if (view.empty())
+      throw UnsupportedError{moved};
     std::vector<double> c(lo.size()), d(lo.size()), a(lo.size()), b(lo.size());
     bool anyD = false, anyB = false, anyC = false;
     for (size_t e = 0; e < lo.size(); ++e) {
@@ -1814,8 +1900,6 @@ private:
                                  "; fpat supports finite values and masked ones (at most -1e30)"};
       const bool k0 = !masked(lo[e]), k1 = !masked(hi[e]);
       const double f0 = k0 ? lo[e] : 0, f1 = k1 ? hi[e] : 0;
-      if ((f0 != f1 || k0 != k1) && at[e] != want[e])
-        throw UnsupportedError{moved};
       c[e] = f0;
       d[e] = f1 - f0;
       a[e] = k0 ? 0 : 1;
@@ -1843,11 +1927,20 @@ private:
       const bool uniform = std::all_of(x.begin(), x.end(), [&](double y) { return y == x[0]; });
       return named(suffix, uniform ? constOf({}, {x[0]}, false) : constOf(shape, x, false));
     };
+    std::string src = o.mask; // the mask, viewed as `shape` reads it
+    if (view != m.shape) {
+      std::vector<double> dims(view.begin(), view.end());
+      src = base + ".view";
+      convertAs(n, "Reshape",
+                {o.mask, named(".view_shape", constOf({static_cast<int64_t>(view.size())},
+                                                      std::move(dims), true))},
+                src, "");
+    }
     std::vector<std::string> terms;
     if (anyC)
       terms.push_back(konst(".c", c));
     if (anyD) {
-      convertAs(n, "Mul", {o.mask, konst(".d", d)}, base + ".dm", "");
+      convertAs(n, "Mul", {src, konst(".d", d)}, base + ".dm", "");
       terms.push_back(base + ".dm");
     }
     if (anyB) {
@@ -1856,12 +1949,12 @@ private:
         plain = plain && a[e] == 0 && b[e] == 1;
         inverted = inverted && a[e] == 1 && b[e] == -1;
       }
-      std::string drop = o.mask;
+      std::string drop = src;
       if (inverted) {
         drop = base + ".drop";
-        convertAs(n, "Sub", {named(".one", constOf({}, {1.0}, false)), o.mask}, drop, "");
+        convertAs(n, "Sub", {named(".one", constOf({}, {1.0}, false)), src}, drop, "");
       } else if (!plain) {
-        convertAs(n, "Mul", {o.mask, konst(".b", b)}, base + ".bm", "");
+        convertAs(n, "Mul", {src, konst(".b", b)}, base + ".bm", "");
         drop = base + ".bm";
         if (std::any_of(a.begin(), a.end(), [](double x) { return x != 0; })) {
           drop = base + ".drop";
@@ -1898,6 +1991,7 @@ private:
       out.binary01 = !o.lo->integer;
     }
     out.name = v.name;
+    out.madeFrom = v.ofMask;
     v = std::move(out);
   }
 
@@ -1957,6 +2051,20 @@ private:
                                "-1e30 (masked_fill with finfo.min)"};
       const double f =
           std::max(at(fill, 0), -static_cast<double>(std::numeric_limits<float>::max()));
+      if (x.queryMajor) { // the mask made again in the IR's order, the fill added there
+        if (std::optional<ir::Vertex> vm = irOrderMask(n, in(n, 0), x)) {
+          ir::Op sub, mul;
+          sub.kind = ir::OpKind::Sub;
+          mul.kind = ir::OpKind::Mul;
+          const std::vector<int64_t> ms = g_.op(*vm).type.shape;
+          Val one = constOf({}, {1.0}, false), fillValue = constOf({}, {f}, false);
+          const ir::Vertex drop =
+              fillFirst ? *vm : *emit(n, sub, {tensor(one), *vm}, ms, 0, n.output(0) + ".drop").v;
+          const ir::Vertex bias =
+              *emit(n, mul, {drop, tensor(fillValue)}, ms, 0, n.output(0) + ".bias").v;
+          return define(n, sameForm(n, ir::OpKind::Add, x, {*x.v, bias}));
+        }
+      }
       const std::string m = n.input(0), xs = x.name, keep = n.output(0) + ".keep",
                         bias = n.output(0) + ".bias";
       if (fillFirst) { // the fill where m is 1
@@ -3014,6 +3122,33 @@ private:
         begin += sizes[static_cast<size_t>(i)];
         if (!n.output(i).empty())
           define(n, constWindow(x, w), i);
+      }
+      return;
+    }
+    if (x.view != Val::View::None) {
+      // Heads split along their last axis (HF GPTBigCode's query and key-value of each head):
+      // each part a Slice of the heads, as that would be written.
+      const std::string xs = x.name;
+      int64_t begin = 0;
+      for (int i = 0; i < n.output_size(); ++i) {
+        const int64_t end = begin + sizes[static_cast<size_t>(i)];
+        if (!n.output(i).empty()) {
+          const std::string part = nodeName(n) + ".part" + std::to_string(i);
+          auto one = [&](const std::string& what, int64_t value) {
+            vals_[part + what] = constOf({1}, {static_cast<double>(value)}, true);
+            vals_[part + what].name = part + what;
+            return part + what;
+          };
+          NodeProto sl;
+          sl.set_op_type("Slice");
+          sl.set_name(part);
+          for (const std::string& input :
+               {xs, one(".starts", begin), one(".ends", end), one(".axes", axis)})
+            sl.add_input(input);
+          sl.add_output(n.output(i));
+          headsSlice(sl);
+        }
+        begin = end;
       }
       return;
     }

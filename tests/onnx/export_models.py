@@ -35,7 +35,9 @@ partial way over the whole head: an empty slice joined), qwen2_attn_dyn_opset17,
 parallel block, phi2_block_dyn_opset17, Gemma's MLP (RMSNorm by 1 + weight, GeGLU),
 gemma_mlp_dyn_opset17, GPTBigCode's multi-query attention (the query's heads as rows,
 baddbmm), bigcode_attn_dyn_opset17, and given a float padding mask, bigcode_pad_dyn_opset17,
-and GPT-J's
+or its int64 attention_mask as Hugging Face builds it (a causal buffer times the mask,
+unsqueezed), hf_bigcode_dyn_opset17, and with multi_query=False (Split of the heads),
+hf_bigcode_mha_dyn_opset17, and GPT-J's
 attention (interleaved rotary on part of each head), gptj_attn_dyn_opset17, and torch.nn's own
 MultiheadAttention, TransformerEncoderLayer (post-norm ReLU, pre-norm GeLU) and
 TransformerDecoderLayer (cross-attention to a memory of length mseq), batch_first,
@@ -841,6 +843,51 @@ class BigCodePadAttn(BigCodeAttn):
         return x + self.c_proj(torch.bmm(w, v).view(b, s, D))
 
 
+class HfBigCodeAttn(BigCodeAttn):
+    """GPTBigCode's multi-query attention given its attention_mask (int64, 1 keep) as Hugging
+    Face's model builds the mask: its causal buffer [1, S, S] times the mask viewed [B, 1, S],
+    unsqueezed between the query and key axes ([B, S, 1, S]) for the query-major scores."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("bias", torch.tril(torch.ones(512, 512, dtype=torch.bool)),
+                             persistent=False)
+
+    def forward(self, x, m):
+        b, s, _ = x.shape
+        dh = D // HEADS
+        mask = (self.bias[None, :s, :s] * m.view(b, 1, -1).to(torch.bool)).unsqueeze(2)
+        q, kv = self.c_attn(self.ln(x)).split((D, 2 * dh), dim=2)
+        k, v = kv.split((dh, dh), dim=-1)
+        scores = torch.empty(b, s * HEADS, s)
+        w = torch.baddbmm(scores, q.reshape(b, s * HEADS, dh), k.transpose(1, 2), beta=0,
+                          alpha=1.0 / math.sqrt(dh)).view(b, s, HEADS, s)
+        w = torch.where(mask, w, torch.full([], torch.finfo(w.dtype).min))
+        w = nn.functional.softmax(w, dim=-1).view(b, s * HEADS, s)
+        return x + self.c_proj(torch.bmm(w, v).view(b, s, D))
+
+
+class HfBigCodeMhaAttn(HfBigCodeAttn):
+    """The same model with multi_query=False: q, k and v split from each head of one projection
+    viewed [B, H, S, 3d] (Split on the heads' last axis), the mask unsqueezed at 1."""
+
+    def __init__(self):
+        super().__init__()
+        self.c_attn = nn.Linear(D, 3 * D)
+
+    def forward(self, x, m):
+        b, s, _ = x.shape
+        dh = D // HEADS
+        mask = (self.bias[None, :s, :s] * m.view(b, 1, -1).to(torch.bool)).unsqueeze(1)
+        qkv = self.c_attn(self.ln(x)).view(b, s, HEADS, 3 * dh).transpose(1, 2)
+        q, kv = qkv.split((dh, 2 * dh), dim=3)
+        k, v = kv.split((dh, dh), dim=-1)
+        w = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(dh)
+        w = torch.where(mask, w, torch.full([], torch.finfo(w.dtype).min))
+        w = nn.functional.softmax(w, dim=-1)
+        return x + self.c_proj(torch.matmul(w, v).transpose(1, 2).reshape(b, s, D))
+
+
 class TorchMha(nn.Module):
     """torch.nn.MultiheadAttention (batch_first: it transposes to [S, B, E] inside, in_proj as
     one weight, heads as [B*H, S, d] for bmm) given a causal float attn_mask of -inf."""
@@ -1027,7 +1074,8 @@ def main():
                  "hf_rotary_dyn_opset17": 73, "hf_posemb_dyn_opset17": 79,
                  "or_mask_dyn_opset17": 83, "qwen2_attn_dyn_opset17": 89,
                  "phi2_block_dyn_opset17": 97, "gemma_mlp_dyn_opset17": 101,
-                 "bigcode_attn_dyn_opset17": 103, "bigcode_pad_dyn_opset17": 107}
+                 "bigcode_attn_dyn_opset17": 103, "bigcode_pad_dyn_opset17": 107,
+                 "hf_bigcode_dyn_opset17": 109, "hf_bigcode_mha_dyn_opset17": 113}
     made = {"falcon_layer_dyn_opset17": FalconLayer, "mqa_attn_dyn_opset17": MqaAttn,
             "split_heads_dyn_opset17": SplitHeadsAttn, "hf_bert_dyn_opset17": HfBertLayer,
             "distil_attn_dyn_opset17": DistilAttn, "bloom_attn_dyn_opset17": BloomAttn,
@@ -1041,7 +1089,9 @@ def main():
             "hf_rotary_dyn_opset17": HfRotaryAttn, "hf_posemb_dyn_opset17": HfPosEmbAttn,
             "or_mask_dyn_opset17": OrMaskAttn, "qwen2_attn_dyn_opset17": Qwen2Attn,
             "phi2_block_dyn_opset17": Phi2Block, "gemma_mlp_dyn_opset17": GemmaMlp,
-            "bigcode_attn_dyn_opset17": BigCodeAttn, "bigcode_pad_dyn_opset17": BigCodePadAttn}
+            "bigcode_attn_dyn_opset17": BigCodeAttn, "bigcode_pad_dyn_opset17": BigCodePadAttn,
+            "hf_bigcode_dyn_opset17": HfBigCodeAttn,
+            "hf_bigcode_mha_dyn_opset17": HfBigCodeMhaAttn}
     for name, m in list(last.items()) + [(n, None) for n in last_seed]:
         if m is None:
             torch.manual_seed(last_seed[name])
@@ -1053,9 +1103,10 @@ def main():
         m.eval()
         x = torch.randn(BATCH, SEQ, D)
         args, names = (x,), ["x"]
-        i64 = isinstance(m, (HfBertLayer, DistilAttn, HfMaskAttn, HfCausalMaskAttn, OrMaskAttn))
+        i64 = isinstance(m, (HfBertLayer, DistilAttn, HfMaskAttn, HfCausalMaskAttn, OrMaskAttn,
+                             HfBigCodeAttn))
         masked = isinstance(m, (BertLayer, DistilAttn, Gpt2AttnBoolMask, HfMaskAttn,
-                                HfCausalMaskAttn, OrMaskAttn, BigCodePadAttn))
+                                HfCausalMaskAttn, OrMaskAttn, BigCodePadAttn, HfBigCodeAttn))
         kind = torch.bool if isinstance(m, Gpt2AttnBoolMask) else torch.int64 if i64 else torch.float32
         if masked:
             mask = torch.ones(BATCH, SEQ, dtype=kind)

@@ -158,12 +158,17 @@ bool appliesActivation(const ir::Op& op) {
 }
 
 /// A deferred norm's statistics form: FPAT_NORM_STATS's loop or launch, else a launch where the
-/// statistics warps apply deferred epilogues instead (`helpersBusy`), else the grid's.
-NormStats deferredStatsForm(bool helpersBusy) {
+/// statistics warps apply deferred epilogues instead (`helpersBusy`) or the rows are short
+/// (K < 2048: GPT-2's layernorm_gemm_bias 2048 x 2304 x 768 took 0.0353 ms with the grid's
+/// statistics, 0.0270 with a launch, equal at M = 333; session 48, H100), else the grid's.
+NormStats deferredStatsForm(bool helpersBusy, int64_t k) {
   const std::optional<NormStats> asked = normStatsFromEnv();
   if (asked == NormStats::Loop)
     return NormStats::Loop;
-  return asked == NormStats::Launch || helpersBusy ? NormStats::Launch : NormStats::Grid;
+  if (asked == NormStats::Grid)
+    return helpersBusy ? NormStats::Launch : NormStats::Grid;
+  return asked == NormStats::Launch || helpersBusy || k < 2048 ? NormStats::Launch
+                                                               : NormStats::Grid;
 }
 
 } // namespace
@@ -261,7 +266,10 @@ GemmPlan planGemm(const ir::Graph& g, ir::Vertex v, const CodegenOptions& o) {
   // loads fell behind). Cheap epilogues stay with the consumers (bench/RESULTS.md, session 10).
   const int staged = epiTile ? stagedOperand(g, v) : -1;
   const bool side = staged >= 0 && wgmmaSideBox(t, u.N);
-  const bool defer = epiTile && (staged < 0 || side) && appliesActivation(op);
+  const char* deferEnv = std::getenv("FPAT_EPILOGUE_DEFER"); // an experiment's knob: 0 keeps
+                                                             // activations with the consumers
+  const bool defer = epiTile && (staged < 0 || side) && appliesActivation(op) &&
+                     !(deferEnv && std::string(deferEnv) == "0");
   const int smemBytes = gemmSmemBytes(t, u.transB) + (epiTile ? t.bm * t.bn * 2 : 0) +
                         (defer && side ? t.bm * 128 : 0);
   // The last wave split in k, compiled in only where it is planned for this shape on o.sms SMs:
@@ -278,7 +286,7 @@ GemmPlan planGemm(const ir::Graph& g, ir::Vertex v, const CodegenOptions& o) {
   // where the launch cost +8-29% (H100, bench/RESULTS.md session 45). FPAT_NORM_STATS=loop
   // sums them from the A tiles of the main loop instead: their shared-memory reads beside the
   // MMAs cost more (sessions 26, 37, 40).
-  u.normStats = deferNorm ? deferredStatsForm(defer) : NormStats::None;
+  u.normStats = deferNorm ? deferredStatsForm(defer, u.K) : NormStats::None;
   const bool statsInLoop = u.normStats == NormStats::Loop;
   const bool statsInGrid = u.normStats == NormStats::Grid;
   // Statistics from the kernel itself need every tile whole (the grid's counters are in the
@@ -653,8 +661,10 @@ NormStats expectedNormStats(const ir::Graph& g, ir::Vertex v) {
   const auto kind = families::gemm::kindOf(op);
   // planGemm's `defer` without a tile: an activation where the result tile is staged (not the
   // dual GEMM's, N % 8 == 0).
-  return detail::deferredStatsForm(detail::appliesActivation(op) && kind && kind->gemms == 1 &&
-                                   op.type.shape[1] % 8 == 0);
+  const ir::TensorDesc& a = g.op(g.operands(v)[0]).type;
+  return detail::deferredStatsForm(
+      detail::appliesActivation(op) && kind && kind->gemms == 1 && op.type.shape[1] % 8 == 0,
+      a.shape.back());
 }
 
 size_t preparedBBytes(const KernelUnit& u) {

@@ -26,7 +26,7 @@ namespace {
 /// The CUDA function an intrinsic of the bodies lowers to (exp has its own lowering below).
 std::string cudaFunction(const std::string& intrinsic) {
   static const std::map<std::string, std::string> t = {
-      {"log", "logf"},  {"tanh", "tanhf"}, {"erf", "fpat_erff"},  {"sqrt", "sqrtf"}, {"rsqrt", "rsqrtf"},
+      {"log", "logf"},  {"tanh", "tanhf"}, {"erf", "erff"},  {"sqrt", "sqrtf"}, {"rsqrt", "rsqrtf"},
       {"abs", "fabsf"}, {"min", "fminf"},  {"max", "fmaxf"}, {"pow", "powf"}};
   auto it = t.find(intrinsic);
   if (it == t.end())

@@ -14,6 +14,21 @@ namespace {
 using cost::Calibration;
 using cost::tensorBytes;
 
+/// An activation's cost in a GEMM's epilogue at K = 768, ps per element of the result, beyond
+/// epiloguePerNode's share: BERT's 2048 x 3072 x 768 (session 48, H100) took gemm_bias 0.0273
+/// ms, gemm_bias_gelu 0.032 (0.75 ps an element), gemm_bias_gelu_erf 0.0529 (4.1 ps: erf's
+/// polynomial, a long dependent chain); at 333 rows the same ran at about twice those, where a
+/// GeLU kernel apart took 5 us. The others are guesses by their bodies: silu, quick_gelu and
+/// sigmoid one exp and one division as GeLU's tanh form, relu one max; an activation of the
+/// user's as GeLU's.
+double activationPs(const std::string& fn) {
+  if (fn == "relu" || fn == "leaky_relu")
+    return 0.05;
+  if (fn == "gelu_erf" || fn == "erf")
+    return 4.1;
+  return 0.75;
+}
+
 class GemmCost final : public cost::FamilyCost {
 public:
   explicit GemmCost(ir::Family id) : kind_(gemm::kindOf(id)) {}
@@ -53,11 +68,18 @@ public:
                       [](const ir::EpilogueNode& e) {
                         return e.kind != ir::EpiKind::Acc && e.kind != ir::EpiKind::Operand;
                       });
+    // Activations cost per element of the result beyond that share, as measured at K = 768;
+    // a longer main loop hides more of them (the next tile's loads and products run while the
+    // helper warps apply this tile's: at 4096^3 GeLU's whole cost was 2-5%).
+    double activationMs = 0;
+    for (const ir::EpilogueNode& e : op.fused.epilogue.nodes)
+      if (e.kind == ir::EpiKind::Activation)
+        activationMs += activationPs(e.fn) * 1e-9 * m * n * std::min(1.0, 768.0 / k);
     if (smemNorm) // each CTA walks its k-tiles one after another, normalising each: at small
                   // shapes that chain, not the throughput, is the time
       core = std::max(core, (c.rowLatencyUs + std::ceil(k / 32) * c.normSmemStepUs) * 1e-3);
-    double ms =
-        c.launchUs * 1e-3 + core * (1 + c.epiloguePerNode * static_cast<double>(epilogueOps));
+    double ms = c.launchUs * 1e-3 +
+                core * (1 + c.epiloguePerNode * static_cast<double>(epilogueOps)) + activationMs;
     if (split) // the second GEMM as a kernel of its own, its result read back by the first
       ms += c.launchUs * 1e-3 + core + 2 * m * n * elt / (c.streamTBs * 1e12) * 1e3;
     if (deferred) { // the row statistics read x once more, beside the main loop by the GEMM's

@@ -13,7 +13,7 @@ __device__ __forceinline__ float fpat_act_gelu(float x) {
 // from patterns/activations.fpat:16
 template <bool kFma = false>
 __device__ __forceinline__ float fpat_act_gelu_erf(float x) {
-  return 0.5f * x * (1.0f + fpat_erff(x * 0.7071067811865476f));
+  return 0.5f * x * (1.0f + erff(x * 0.7071067811865476f));
 }
 
 // silu: expr { x / (1.0 + exp(-x)) }
@@ -62,7 +62,7 @@ __device__ __forceinline__ float fpat_act_tanh(float x) {
 // from patterns/activations.fpat:50
 template <bool kFma = false>
 __device__ __forceinline__ float fpat_act_erf(float x) {
-  return fpat_erff(x);
+  return erff(x);
 }
 
 // exp: expr { exp(x) }

@@ -317,29 +317,6 @@ __device__ __forceinline__ float fpat_divf(float a, float b) {
   return (a * s) * r;
 }
 
-/// erf(x) without a branch: erfc(|x|) by Numerical Recipes' Chebyshev fit t exp(-z^2 + P(t)),
-/// t = 1 / (1 + z / 2) (fractional error below 1.2e-7 for every z), then 1 - erfc with x's sign:
-/// one reciprocal, one exp2 and ten FMAs, where erff takes one of two polynomial paths (both,
-/// where a warp's elements differ). In a GEMM's epilogue erff made gemm_bias_gelu_erf 2048 x
-/// 3072 x 768 0.049-0.053 ms against 0.032 for the tanh GeLU (session 48, H100). Absolute
-/// error about 1.2e-7; inf gives 1, NaN stays NaN.
-__device__ __forceinline__ float fpat_erff(float x) {
-  const float z = fabsf(x);
-  const float t = fpat_divf(1.0f, __fmaf_rn(0.5f, z, 1.0f));
-  float p = 0.17087277f;
-  p = __fmaf_rn(p, t, -0.82215223f);
-  p = __fmaf_rn(p, t, 1.48851587f);
-  p = __fmaf_rn(p, t, -1.13520398f);
-  p = __fmaf_rn(p, t, 0.27886807f);
-  p = __fmaf_rn(p, t, -0.18628806f);
-  p = __fmaf_rn(p, t, 0.09678418f);
-  p = __fmaf_rn(p, t, 0.37409196f);
-  p = __fmaf_rn(p, t, 1.00002368f);
-  p = __fmaf_rn(p, t, -1.26551223f);
-  const float erfc = t * fpat_exp2f(__fmaf_rn(-z, z, p) * 1.4426950408889634f);
-  return copysignf(1.0f - erfc, x);
-}
-
 /// a / b where b >= 1 or NaN, which the lowering proves (1 + exp(y) in GeLU, SiLU, sigmoid).
 /// f16 kernels: a times rcp(b), nothing to scale. Where b > 2^126 (2^125 for kFma) the
 /// reciprocal flushes to 0 and so does the quotient, an error below |a| 2^-125 that no f16

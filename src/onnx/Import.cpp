@@ -543,6 +543,11 @@ public:
           continue;
         }
         g_.addOutput(v);
+        // An output that is a view of an op's result (MultiheadAttention's y, the projection
+        // transposed back to batch-first) is named as the model names it, where it can be.
+        if (g_.op(v).name != out.name() && g_.op(v).kind != ir::OpKind::Input &&
+            !g_.find(out.name()))
+          g_.op(v).name = out.name();
         if (g_.op(v).name != out.name())
           r_.sourceNames[g_.op(v).name] = out.name();
         if (it->second.shape.size() > 2)

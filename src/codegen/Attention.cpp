@@ -74,6 +74,27 @@ std::string sizesName(const ir::AttnShape& s, FlashMask mask) {
                       : "bias");
 }
 
+AttnPitches attnPitches(const ir::Graph& g, ir::Vertex v) {
+  const std::vector<ir::Vertex> ins = g.operands(v);
+  AttnPitches p;
+  p.q = ir::rowPitch(g, ins.at(0));
+  p.k = ir::rowPitch(g, ins.at(1));
+  p.v = ir::rowPitch(g, ins.at(2));
+  for (size_t i = 0; i < 3; ++i)
+    p.dense = p.dense && !ir::isColumnView(g, ins[i]);
+  return p;
+}
+
+std::string AttnPitches::suffix() const {
+  return dense ? "" : "_p" + std::to_string(q) + "_" + std::to_string(k) + "_" + std::to_string(v);
+}
+
+std::string AttnPitches::members() const {
+  return "  static constexpr int64_t qPitch = " + std::to_string(q) +
+         ", kPitch = " + std::to_string(k) + ", vPitch = " + std::to_string(v) +
+         "; // elements a row\n";
+}
+
 /// sizesName, and for a bias tensor its strides over [B, H, Sq, Sk]: the flash kernel's sizes.
 std::string flashSizesName(const ir::AttnShape& s, FlashMask mask, const int64_t (&bias)[4]) {
   std::string sizes = sizesName(s, mask);
@@ -230,9 +251,14 @@ KernelUnit generateFlashAttention(const ir::Graph& g, ir::Vertex v, const Codege
   }
   if (dynamic)
     u.scratchBytes = 2 * sizeof(unsigned); // fpat::flashNextTile's counters
+  // q, k and v through TMA maps whose rows may be wider than the heads (column views).
+  const AttnPitches pitch = attnPitches(g, v);
   l.tma = {TmaMap{0, s.heads * d, s.batch * s.sq, 64, bm},
            TmaMap{1, s.kvHeads * d, s.batch * s.sk, 64, bn},
            TmaMap{2, s.kvHeads * d, s.batch * s.sk, 64, bn}};
+  l.tma[0].pitch = pitch.q;
+  l.tma[1].pitch = pitch.k;
+  l.tma[2].pitch = pitch.v;
   u.launches.push_back(l);
   u.source = body.str();
   return u;
@@ -267,7 +293,9 @@ KernelUnit generateFlashDecode(const ir::Graph& g, ir::Vertex v, const CodegenOp
   const int64_t splitTiles = (tiles + splits - 1) / splits;
   splits = (tiles + splitTiles - 1) / splitTiles;
   KernelUnit u = attentionUnit(g, v, s);
-  u.name = "fpat_flash_decode_" + sizesName(s, mask) + "_s" + std::to_string(splits) + "_sm90a";
+  const AttnPitches pitch = attnPitches(g, v); // q read by loads, k and v by TMA
+  u.name = "fpat_flash_decode_" + sizesName(s, mask) + pitch.suffix() + "_s" +
+           std::to_string(splits) + "_sm90a";
   const int64_t zero[4] = {0, 0, 0, 0};
   std::ostringstream body;
   body << header("attention (flash decode)", o,
@@ -279,7 +307,7 @@ KernelUnit generateFlashDecode(const ir::Graph& g, ir::Vertex v, const CodegenOp
        << "#include \"fpat_flash.cuh\"\n\nnamespace {\n\n"
        << dimsStruct(g, v, s, mask, zero,
                      "  static constexpr int kSplits = " + std::to_string(splits) +
-                         ", kSplitTiles = " + std::to_string(splitTiles) + ";\n")
+                         ", kSplitTiles = " + std::to_string(splitTiles) + ";\n" + pitch.members())
        << "\nusing Tile = fpat::DecodeTile<" << d << ">;\n\n} // namespace\n\n"
        << "extern \"C\" __global__ void __launch_bounds__(160)\n"
        << u.name << "(const __grid_constant__ FpatTmaArgs p) {\n"
@@ -292,6 +320,8 @@ KernelUnit generateFlashDecode(const ir::Graph& g, ir::Vertex v, const CodegenOp
   l.blocks[2] = s.batch;
   l.tma = {TmaMap{1, s.kvHeads * d, s.batch * s.sk, 64, 64},
            TmaMap{2, s.kvHeads * d, s.batch * s.sk, 64, 64}};
+  l.tma[0].pitch = pitch.k;
+  l.tma[1].pitch = pitch.v;
   u.launches.push_back(l);
   if (splits > 1) {
     body << "\nextern \"C\" __global__ void __launch_bounds__(" << d << ")\n"

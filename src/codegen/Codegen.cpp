@@ -436,7 +436,8 @@ KernelUnit generate(const ir::Graph& g, ir::Vertex v, dsl::Activations defs,
                     const CodegenOptions& o) {
   using namespace detail;
   const ir::Op& op = g.op(v);
-  if (op.kind == ir::OpKind::Input || op.kind == ir::OpKind::Constant || ir::isView(op.kind))
+  if (op.kind == ir::OpKind::Input || op.kind == ir::OpKind::Constant || ir::isView(op.kind) ||
+      ir::isColumnView(g, v))
     return {}; // uploaded, not computed, or a view of its operand's buffer (no kernel)
   requireHalfPrecision(g, v, o.arch);
   KernelUnit u;

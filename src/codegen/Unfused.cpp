@@ -310,9 +310,12 @@ KernelUnit generateAttentionOp(const ir::Graph& g, ir::Vertex v, const CodegenOp
   std::string sizes = "b" + std::to_string(s->batch) + "_h" + std::to_string(s->heads) + "_kv" +
                       std::to_string(s->kvHeads) + "_q" + std::to_string(s->sq) + "_k" +
                       std::to_string(s->sk) + "_d" + std::to_string(s->headDim);
-  if (op.kind == ir::OpKind::Attention)
+  const AttnPitches pitch = op.kind == ir::OpKind::Attention ? attnPitches(g, v) : AttnPitches{};
+  if (op.kind == ir::OpKind::Attention) {
     for (int64_t b : bias)
       sizes += "_" + std::to_string(b);
+    sizes += pitch.suffix();
+  }
   u.family = "attention";
   u.name = std::string("fpat_") + kind + "_" + sizes + "_" + arch;
   const bool rows = op.kind == ir::OpKind::Attention;
@@ -331,7 +334,8 @@ KernelUnit generateAttentionOp(const ir::Graph& g, ir::Vertex v, const CodegenOp
        << ";\n  static constexpr int64_t H = " << s->heads << ", Hkv = " << s->kvHeads
        << ", Hd = " << s->headDim << ";\n"
        << "  static constexpr int64_t bias0 = " << bias[0] << ", bias1 = " << bias[1]
-       << ", bias2 = " << bias[2] << ", bias3 = " << bias[3] << ";\n};\n\n} // namespace\n\n"
+       << ", bias2 = " << bias[2] << ", bias3 = " << bias[3] << ";\n"
+       << (op.kind == ir::OpKind::Attention ? pitch.members() : "") << "};\n\n} // namespace\n\n"
        << "extern \"C\" __global__ void __launch_bounds__(256) " << u.name
        << "(const FpatKernelArgs a) {\n  fpat::"
        << (op.kind == ir::OpKind::AttnQk   ? "attnScores"

@@ -139,9 +139,10 @@ const Calibration& calibrationFor(int arch) {
 
 double opMs(const ir::Graph& g, ir::Vertex v, const Calibration& c) {
   const ir::Op& op = g.op(v);
-  if (op.kind == ir::OpKind::Input || ir::isView(op.kind) || computedOnce(g, v))
-    return 0; // uploaded, its operand's buffer seen with another shape, or computed when the
-              // weights are prepared
+  if (op.kind == ir::OpKind::Input || ir::isView(op.kind) || ir::isColumnView(g, v) ||
+      computedOnce(g, v))
+    return 0; // uploaded, its operand's buffer seen with another shape (or its columns read in
+              // place), or computed when the weights are prepared
   if (const ir::KernelFamily* family = ir::familyOf(op))
     return familyCost(family->family).ms(g, v, c);
   if (const std::optional<double> t = attentionMs(g, v, c))
@@ -163,6 +164,8 @@ std::string kernelNote(const ir::Graph& g, ir::Vertex v, int arch) {
     return familyCost(family->family).note(g, v, arch);
   if (ir::isView(op.kind))
     return "no kernel (its operand's buffer)";
+  if (ir::isColumnView(g, v))
+    return "no kernel (attention reads these columns of its operand in place)";
   if (op.kind == ir::OpKind::Attention || op.kind == ir::OpKind::AttnQk ||
       op.kind == ir::OpKind::AttnPv)
     return arch >= 90 && op.kind == ir::OpKind::Attention && (op.headDim == 64 || op.headDim == 128)

@@ -847,6 +847,9 @@ int gpuStages(const FpatcOptions& opts, const ir::Graph& fusedIn, const Patterns
       << "\n";
   for (ir::Vertex v : fused.vertices()) {
     const codegen::KernelUnit& u = cg.units[v];
+    if (ir::isColumnView(fused, v))
+      out << "  %" << fused.op(v).name
+          << " = slice: no kernel (attention reads its columns in place)\n";
     if (u.launches.empty())
       continue;
     out << "  " << u.what << ": " << u.name;

@@ -4,6 +4,7 @@
 #include <boost/graph/graphviz.hpp>
 #include <boost/graph/topological_sort.hpp>
 #include <cmath>
+#include <cstdlib>
 #include <iomanip>
 #include <set>
 #include <sstream>
@@ -597,6 +598,35 @@ std::optional<std::vector<Vertex>> topologicalOrder(const Graph& g, std::vector<
   }
   std::reverse(rev.begin(), rev.end());
   return rev;
+}
+
+bool isColumnView(const Graph& g, Vertex v) {
+  // FPAT_COLUMN_VIEWS=0 copies every slice (an experiment's knob: the A/B of the views).
+  static const bool off = [] {
+    const char* env = std::getenv("FPAT_COLUMN_VIEWS");
+    return env && std::string(env) == "0";
+  }();
+  const Op& op = g.op(v);
+  if (off || op.kind != OpKind::Slice || g.isOutput(v) || g.useCount(v) == 0)
+    return false;
+  const std::vector<int64_t>& from = g.op(g.operands(v).at(0)).type.shape;
+  if (from.empty() || op.begin % 8 != 0 || from.back() % 8 != 0)
+    return false;
+  for (Vertex u : g.users(v)) {
+    if (g.op(u).kind != OpKind::Attention)
+      return false;
+    const std::vector<Vertex> ins = g.operands(u);
+    for (size_t i = 3; i < ins.size(); ++i)
+      if (ins[i] == v) // the bias or the scale
+        return false;
+  }
+  return true;
+}
+
+int64_t rowPitch(const Graph& g, Vertex v) {
+  const Vertex of = isColumnView(g, v) ? g.operands(v).at(0) : v;
+  const std::vector<int64_t>& shape = g.op(of).type.shape;
+  return shape.empty() ? 1 : shape.back();
 }
 
 std::vector<bool> weightOnly(const Graph& g) {

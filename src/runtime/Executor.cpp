@@ -23,6 +23,7 @@ size_t bytesOf(const ir::Op& op) {
 BufferPlan planBuffers(const ir::Graph& g) {
   BufferPlan p;
   p.slotOf.assign(g.size(), -1);
+  p.offsetOf.assign(g.size(), 0);
   auto order = ir::stableOrder(g);
   if (!order)
     throw std::invalid_argument("graph " + g.name() + " has a cycle");
@@ -36,14 +37,21 @@ BufferPlan planBuffers(const ir::Graph& g) {
     return g.op(v).kind == ir::OpKind::Input || g.op(v).kind == ir::OpKind::Constant ||
            g.isOutput(v) || fixed[v];
   };
-  // Views (ir::isView: heads, merge_heads) take their operand's buffer: a group of values over
-  // one buffer, named by the value that owns it, lives until the last use of any of them and
-  // is pinned if any of them is.
+  // Views (ir::isView: heads, merge_heads; ir::isColumnView: columns of a wider buffer, at an
+  // offset) take their operand's buffer: a group of values over one buffer, named by the value
+  // that owns it, lives until the last use of any of them and is pinned if any of them is.
   std::vector<ir::Vertex> owner(g.size());
   std::vector<size_t> groupLast(g.size(), 0);
   std::vector<bool> groupPinned(g.size(), false);
   for (ir::Vertex v : *order) {
-    owner[v] = ir::isView(g.op(v).kind) ? owner[g.operands(v).at(0)] : v;
+    const bool columns = ir::isColumnView(g, v);
+    if (ir::isView(g.op(v).kind) || columns) {
+      const ir::Vertex of = g.operands(v).at(0);
+      owner[v] = owner[of];
+      p.offsetOf[v] = p.offsetOf[of] + (columns ? static_cast<size_t>(g.op(v).begin) * 2 : 0);
+    } else {
+      owner[v] = v;
+    }
     size_t last = pos[v];
     for (ir::Vertex u : g.users(v))
       last = std::max(last, pos[u]);
@@ -192,7 +200,8 @@ Executor::Executor(cuda::Driver& drv, const CompiledGraph& cg) : drv_(drv), cg_(
     if (ins.size() > FPAT_MAX_INPUTS)
       throw cuda::CudaError("%" + g.op(v).name + " has more than 8 operands");
     for (size_t i = 0; i < ins.size(); ++i)
-      a.in[i] = reinterpret_cast<void*>(slots0[static_cast<size_t>(plan_.slotOf[ins[i]])]);
+      a.in[i] = reinterpret_cast<void*>(slots0[static_cast<size_t>(plan_.slotOf[ins[i]])] +
+                                        plan_.offsetOf[ins[i]]);
     a.M = u.M;
     a.N = u.N;
     a.K = u.K;
@@ -234,8 +243,11 @@ Executor::Executor(cuda::Driver& drv, const CompiledGraph& cg) : drv_(drv), cg_(
       if (l.smemBytes > 48 * 1024)
         drv_.setMaxDynamicSmem(f, l.smemBytes);
       std::vector<int> inSlots;
-      for (ir::Vertex in : ins)
+      std::vector<size_t> inOffsets;
+      for (ir::Vertex in : ins) {
         inSlots.push_back(plan_.slotOf[in]);
+        inOffsets.push_back(plan_.offsetOf[in]);
+      }
       if (!l.tma.empty() && !drv_.hasTensorMaps())
         throw cuda::CudaError(l.entry + " reads through TMA, which this CUDA driver cannot set up");
       // A persistent grid larger than what is resident at once would leave clusters waiting
@@ -245,7 +257,7 @@ Executor::Executor(cuda::Driver& drv, const CompiledGraph& cg) : drv_(drv), cg_(
               ? drv_.maxActiveClusters(f, static_cast<unsigned>(u.tile.cluster),
                                        static_cast<unsigned>(l.threads), l.smemBytes)
               : 0;
-      launches_.push_back({v, f, l, a, plan_.slotOf[v], inSlots, prep, {}, resident});
+      launches_.push_back({v, f, l, a, plan_.slotOf[v], inSlots, inOffsets, prep, {}, resident});
     }
   }
 }
@@ -300,7 +312,8 @@ void Executor::launch(bool weights, bool poison, size_t set) {
     FpatKernelArgs args = b.args;
     args.out = reinterpret_cast<void*>(slots[static_cast<size_t>(b.outSlot)]);
     for (size_t i = 0; i < b.inSlots.size(); ++i)
-      args.in[i] = reinterpret_cast<void*>(slots[static_cast<size_t>(b.inSlots[i])]);
+      args.in[i] =
+          reinterpret_cast<void*>(slots[static_cast<size_t>(b.inSlots[i])] + b.inOffsets[i]);
     if (b.prep >= 0)
       args.padded[1] = reinterpret_cast<void*>(prepared_.at(set)[static_cast<size_t>(b.prep)]);
     if (poison && poisoned != b.v) {
@@ -379,7 +392,9 @@ void Executor::launch(bool weights, bool poison, size_t set) {
           const void* base = m.copy >= 0                             ? args.padded[m.copy]
                              : m.operand == codegen::TmaMap::kOutput ? args.out
                                                                      : args.in[m.operand];
-          const int64_t pitch = m.copy >= 0 ? codegen::paddedK(m.inner) : m.inner;
+          const int64_t pitch = m.copy >= 0   ? codegen::paddedK(m.inner)
+                                : m.pitch > 0 ? m.pitch
+                                              : m.inner;
           drv_.encodeTensorMap(maps[i]->opaque, reinterpret_cast<cuda::CUdeviceptr>(base),
                                static_cast<uint64_t>(m.inner), static_cast<uint64_t>(m.outer),
                                static_cast<uint64_t>(pitch) * 2, static_cast<unsigned>(m.boxInner),
@@ -575,7 +590,7 @@ cuda::CUdeviceptr Executor::devicePointer(ir::Vertex v, size_t set) const {
   int slot = plan_.slotOf.at(v);
   if (slot < 0)
     throw cuda::CudaError("%" + cg_.graph.op(v).name + " has no buffer");
-  return slotSets_.at(set)[static_cast<size_t>(slot)];
+  return slotSets_.at(set)[static_cast<size_t>(slot)] + plan_.offsetOf.at(v);
 }
 
 } // namespace fpat::runtime

@@ -412,6 +412,65 @@ BOOST_AUTO_TEST_CASE(views_share_their_operands_buffer_while_any_of_them_lives) 
         codegen::generate(g, *g.find(name), builtinLibrary().activations, o).launches.empty());
 }
 
+BOOST_AUTO_TEST_CASE(attention_reads_qkv_columns_in_place) {
+  // GPT-2's fused QKV projection split into q, k and v by column slices: attention reads them
+  // where they lie (no kernel, the projection's buffer at the slice's offset, TMA rows as wide
+  // as the projection). A slice something else reads too, a slice that is an output, one not
+  // starting at a multiple of 8 columns and attention's bias are copied as before.
+  ir::GraphBuilder b("qkv");
+  const int64_t B = 2, S = 9, H = 2, d = 64, W = 8 + 3 * H * d;
+  auto x = b.input("x", {B * S, W});
+  auto q = b.slice(x, 8, 8 + H * d, "q");
+  auto k = b.slice(x, 8 + H * d, 8 + 2 * H * d, "k");
+  auto v = b.slice(x, 8 + 2 * H * d, W, "v");
+  auto scale = b.constant(0.125, {});
+  auto o = b.attention(q, k, v, b.constant(0.0, {}), scale, B, d, "o");
+  auto v2 = b.slice(x, 8 + 2 * H * d, W, "v2"); // read by attention and by an add
+  auto o2 = b.attention(q, k, v2, b.constant(0.0, {}), scale, B, d, "o2");
+  auto odd = b.slice(x, 4, 4 + H * d, "odd");
+  auto o3 = b.attention(odd, k, v, b.constant(0.0, {}), scale, B, d, "o3");
+  auto out = b.slice(x, 8, 8 + H * d, "out");
+  auto o4 = b.attention(out, k, v, b.constant(0.0, {}), scale, B, d, "o4");
+  b.output(b.add(b.add(b.add(o, o2), b.add(o3, o4)), v2));
+  b.output(out);
+  ir::Graph g = b.build();
+  for (const char* name : {"q", "k", "v"})
+    BOOST_TEST(ir::isColumnView(g, *g.find(name)), name);
+  for (const char* name : {"v2", "odd", "out"})
+    BOOST_TEST(!ir::isColumnView(g, *g.find(name)), name);
+  BOOST_TEST(ir::rowPitch(g, *g.find("q")) == W);
+  BOOST_TEST(ir::rowPitch(g, *g.find("odd")) == H * d);
+  runtime::BufferPlan p = runtime::planBuffers(g);
+  for (const char* name : {"q", "k", "v"})
+    BOOST_TEST(p.slotOf[*g.find(name)] == p.slotOf[*g.find("x")], name);
+  BOOST_TEST(p.offsetOf[*g.find("q")] == 8u * 2);
+  BOOST_TEST(p.offsetOf[*g.find("v")] == (8u + 2 * H * d) * 2);
+  BOOST_TEST(p.offsetOf[*g.find("v2")] == 0u);
+  codegen::CodegenOptions opts;
+  opts.arch = 90;
+  auto unit = [&](const char* name) {
+    return codegen::generate(g, *g.find(name), builtinLibrary().activations, opts);
+  };
+  for (const char* name : {"q", "k", "v"})
+    BOOST_TEST(unit(name).launches.empty(), name);
+  for (const char* name : {"v2", "odd", "out"})
+    BOOST_TEST(!unit(name).launches.empty(), name);
+  // The flash kernel's maps step by the projection's rows where its operand is a view.
+  const codegen::KernelUnit flash = unit("o");
+  BOOST_TEST_REQUIRE(flash.launches.at(0).tma.size() == 3u);
+  for (const codegen::TmaMap& m : flash.launches[0].tma)
+    BOOST_TEST(m.pitch == W);
+  const codegen::KernelUnit mixed = unit("o3"); // q copied, k and v in place
+  BOOST_TEST(mixed.launches.at(0).tma.at(0).pitch == H * d);
+  BOOST_TEST(mixed.launches.at(0).tma.at(1).pitch == W);
+  // The CUDA-core kernel (sm_80) holds the pitches in its source, and in its name.
+  opts.arch = 80;
+  const codegen::KernelUnit rows = unit("o");
+  BOOST_TEST(rows.source.find("qPitch = " + std::to_string(W)) != std::string::npos);
+  BOOST_TEST(rows.name.find("_p" + std::to_string(W)) != std::string::npos, rows.name);
+  BOOST_TEST(unit("o2").name != rows.name);
+}
+
 BOOST_AUTO_TEST_CASE(mma_backend_compiles_for_sm80_sm90,
                      *boost::unit_test::precondition(nvccPresent)) {
   TempDir cache;

@@ -896,6 +896,72 @@ BOOST_AUTO_TEST_CASE(attention_matches_the_reference) {
     }
 }
 
+/// q, k and v as column slices of one fused projection (GPT-2, BLOOM, torch's
+/// MultiheadAttention), read in place by every attention kernel: the flash kernel's tensor
+/// maps, the decode kernel's q loads and maps, the CUDA-core kernel (head dimensions other than
+/// 64 and 128); ragged lengths, GQA, a projection with columns before and after q, k and v, and
+/// a decode whose keys and values come from a separate cache.
+BOOST_AUTO_TEST_CASE(attention_reads_qkv_columns_in_place) {
+  struct Case {
+    int64_t b, sq, sk, h, hkv, d;
+    bool causal;
+    ir::DType dt;
+  };
+  const Case cases[] = {
+      {2, 300, 300, 4, 2, 128, true, ir::DType::F16},
+      {1, 129, 129, 12, 12, 64, false, ir::DType::BF16},
+      {3, 1, 1, 8, 8, 64, false, ir::DType::F16},
+      {2, 1, 700, 8, 2, 128, false, ir::DType::BF16},
+      {3, 1, 65, 28, 4, 128, false, ir::DType::F16},
+      {2, 7, 7, 4, 2, 80, true, ir::DType::F16},
+  };
+  uint64_t seed = 90;
+  for (const Case& c : cases)
+    BOOST_TEST_CONTEXT("B " << c.b << ", Sq " << c.sq << ", Sk " << c.sk << ", H " << c.h
+                            << ", Hkv " << c.hkv << ", d " << c.d << (c.causal ? ", causal" : "")
+                            << ", " << ir::dtypeName(c.dt)) {
+      ir::GraphBuilder b("qkv_in_place");
+      const int64_t qw = c.h * c.d, kw = c.hkv * c.d;
+      ir::Value q, k, v;
+      if (c.sq == c.sk) { // one projection [q | k | v], 8 columns either side
+        auto x = b.input("qkv", {c.b * c.sq, 16 + qw + 2 * kw}, c.dt);
+        q = b.slice(x, 8, 8 + qw, "q");
+        k = b.slice(x, 8 + qw, 8 + qw + kw, "k");
+        v = b.slice(x, 8 + qw + kw, 8 + qw + 2 * kw, "v");
+      } else { // the new token's q from its projection, k and v from a cache [k | v]
+        q = b.slice(b.input("x", {c.b * c.sq, qw + 24}, c.dt), 16, 16 + qw, "q");
+        auto cache = b.input("kv", {c.b * c.sk, 2 * kw}, c.dt);
+        k = b.slice(cache, 0, kw, "k");
+        v = b.slice(cache, kw, 2 * kw, "v");
+      }
+      ir::Value bias = b.constant(0.0, {}, c.dt);
+      if (c.causal) {
+        std::vector<float> m(static_cast<size_t>(c.sq * c.sk));
+        for (int64_t i = 0; i < c.sq; ++i)
+          for (int64_t j = 0; j < c.sk; ++j)
+            m[static_cast<size_t>(i * c.sk + j)] =
+                j > i + (c.sk - c.sq) ? -std::numeric_limits<float>::infinity() : 0.0f;
+        bias = b.weight("mask", {1, 1, c.sq, c.sk}, c.dt, m);
+      }
+      auto scale = b.constant(1.0 / std::sqrt(static_cast<double>(c.d)), {}, c.dt);
+      b.output(b.attention(q, k, v, bias, scale, c.b, c.d, "o"));
+      ir::Graph g = b.build();
+      for (const char* name : {"q", "k", "v"})
+        BOOST_TEST_REQUIRE(ir::isColumnView(g, *g.find(name)), name);
+      runtime::BuildResult r =
+          runtime::buildKernels(g, builtinLibrary().activations, buildOptions());
+      BOOST_TEST_REQUIRE(r.error.empty(), r.error);
+      auto inputs = ir::randomInputs(g, seed++);
+      auto want = ir::evaluate(g, inputs, builtinLibrary().referenceActivations());
+      runtime::Executor ex(*gpu(), r.graph);
+      runtime::RunResult got = ex.run(inputs, /*poison=*/true);
+      BOOST_TEST(got.launches <= 2); // the attention (and a decode's merge): no slice kernels
+      runtime::Agreement a = runtime::compareToReference(got.outputs[0], want[g.outputs()[0]]);
+      BOOST_TEST(a.pass, "max abs err " << a.maxAbs << ", max rel err " << a.maxRel
+                                        << ", non-finite " << a.nonFinite);
+    }
+}
+
 /// Attention whose scale is an input (its value and sign known only at run time): the flash
 /// kernel applies it to the scores before the softmax (no FFMA folding, which needs a positive
 /// scale), the decode kernel to q; both against the reference in double.

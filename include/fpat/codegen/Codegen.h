@@ -213,6 +213,9 @@ struct TmaMap {
   /// >= 0: the map reads the operand's padded copy, FpatKernelArgs::padded[copy], rows of
   /// paddedK(inner) elements (the Launch::PaddedRows launch wrote it); -1: the operand itself.
   int copy = -1;
+  /// Elements from one row to the next where the operand is read in place (ir::rowPitch: a
+  /// column view's operand is wider than the view); 0: `inner`.
+  int64_t pitch = 0;
 };
 
 /// How a kernel entry is launched; the runtime derives the grid from the op's shapes.

@@ -95,6 +95,17 @@ FlashConfig fitted(FlashConfig f, const ir::AttnShape& s);
 std::string sizesName(const ir::AttnShape& s, FlashMask mask);
 /// The same, and for a bias tensor its strides over [B, H, Sq, Sk]: the flash kernel's sizes.
 std::string flashSizesName(const ir::AttnShape& s, FlashMask mask, const int64_t (&bias)[4]);
+/// The row pitches (elements) of an attention's q, k and v buffers (ir::rowPitch: a column
+/// view of a fused QKV projection is read in place), and "_p<q>_<k>_<v>" for kernel names whose
+/// source holds them where one differs from its operand's width ("" where none does).
+struct AttnPitches {
+  int64_t q = 0, k = 0, v = 0;
+  bool dense = true; // every pitch is its operand's width
+  std::string suffix() const;
+  /// The Dims members qPitch, kPitch and vPitch.
+  std::string members() const;
+};
+AttnPitches attnPitches(const ir::Graph& g, ir::Vertex v);
 /// FPAT_FLASH's configuration, or nullopt (unset, or not one: fpatc refuses those).
 std::optional<FlashConfig> flashFromEnvironment();
 

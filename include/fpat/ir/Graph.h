@@ -222,6 +222,15 @@ std::optional<AttnShape> attnShape(const Op& op, const std::vector<OperandInfo>&
 /// The same for op `v` of `g` (its operands' names and types).
 std::optional<AttnShape> attnShape(const Graph& g, Vertex v, std::string& why);
 
+/// A slice no kernel copies: every user is an attention op reading it as its query, keys or
+/// values, which read the columns where they lie (row pitch: rowPitch), and no graph output
+/// names it. Their starts and pitches, multiples of 8 elements, keep TMA's 16-byte alignment.
+/// (GPT-2's, BLOOM's and torch's fused QKV projections: q, k and v are column blocks of it.)
+bool isColumnView(const Graph& g, Vertex v);
+/// Elements from one row of `v`'s buffer to the next: its operand's last dimension for a
+/// column view, its own last dimension otherwise.
+int64_t rowPitch(const Graph& g, Vertex v);
+
 /// Values that stay the same from run to run: weights, constants, and ops all of whose operands
 /// are such values. fpat computes the ops among them once per set of weights, when the weights
 /// are prepared (constant folding over weights), not on every run. By vertex.

@@ -26,6 +26,7 @@ struct CompiledGraph {
 
 struct BufferPlan {
   std::vector<int> slotOf;       // by vertex: buffer slot, -1 for none
+  std::vector<size_t> offsetOf;  // by vertex: bytes into its slot (a column view's columns)
   std::vector<size_t> slotBytes; // by slot
   size_t plannedBytes = 0;       // sum of slot sizes
   size_t naiveBytes = 0;         // one buffer per value
@@ -104,7 +105,8 @@ private:
     FpatKernelArgs args;
     int outSlot;
     std::vector<int> inSlots;
-    int prep = -1; // the prepared weight copy it reads (prepared_), -1: none
+    std::vector<size_t> inOffsets; // bytes into each operand's slot (ir::isColumnView)
+    int prep = -1;                 // the prepared weight copy it reads (prepared_), -1: none
     // The wgmma backend's parameter block per buffer rotation, tensor maps encoded on first use
     // (they hold the global addresses). Empty for other kernels.
     std::vector<std::unique_ptr<FpatTmaArgs>> tmaArgs;

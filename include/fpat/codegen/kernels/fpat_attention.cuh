@@ -8,6 +8,8 @@
 //   B, Sq, Sk, H, Hkv, Hd   batch, query and key rows per batch, heads, KV heads, head dim
 //   bias0..bias3            attention: the element strides of the bias over [B, H, Sq, Sk]
 //                           (0 where it broadcasts)
+//   qPitch, kPitch, vPitch  attention: elements from one row of q, k, v to the next (wider
+//                           than the heads where they are column views of a QKV projection)
 // Activations are token-major: row b * S + s, head h in columns [h * Hd, (h + 1) * Hd).
 #pragma once
 
@@ -123,11 +125,9 @@ template <class D> __device__ __forceinline__ void attentionRows(const FpatKerne
     return;
   const int lane = threadIdx.x % 32;
   const int64_t i = r % D::Sq, h = r / D::Sq % D::H, b = r / D::Sq / D::H;
-  const elem* q = static_cast<const elem*>(a.in[0]) + (b * D::Sq + i) * D::H * D::Hd + h * D::Hd;
-  const elem* k =
-      static_cast<const elem*>(a.in[1]) + b * D::Sk * D::Hkv * D::Hd + h / group * D::Hd;
-  const elem* v =
-      static_cast<const elem*>(a.in[2]) + b * D::Sk * D::Hkv * D::Hd + h / group * D::Hd;
+  const elem* q = static_cast<const elem*>(a.in[0]) + (b * D::Sq + i) * D::qPitch + h * D::Hd;
+  const elem* k = static_cast<const elem*>(a.in[1]) + b * D::Sk * D::kPitch + h / group * D::Hd;
+  const elem* v = static_cast<const elem*>(a.in[2]) + b * D::Sk * D::vPitch + h / group * D::Hd;
   const float scale = ldh(a.in[4], 0);
   float qv[kPer], acc[kPer];
 #pragma unroll
@@ -139,7 +139,7 @@ template <class D> __device__ __forceinline__ void attentionRows(const FpatKerne
   const int64_t biasRow = b * D::bias0 + h * D::bias1 + i * D::bias2;
   float m = -INFINITY, l = 0.0f;
   for (int64_t j = 0; j < D::Sk; ++j) {
-    const elem* kr = k + j * D::Hkv * D::Hd;
+    const elem* kr = k + j * D::kPitch;
     float dot = 0.0f;
 #pragma unroll
     for (int t = 0; t < kPer; ++t) {
@@ -155,7 +155,7 @@ template <class D> __device__ __forceinline__ void attentionRows(const FpatKerne
       continue; // every score so far is -inf: nothing to add yet
     const float corr = __expf(m - mNew), p = __expf(s - mNew);
     l = l * corr + p;
-    const elem* vr = v + j * D::Hkv * D::Hd;
+    const elem* vr = v + j * D::vPitch;
 #pragma unroll
     for (int t = 0; t < kPer; ++t) {
       const int64_t c = lane + 32 * t;

@@ -554,7 +554,9 @@ template <class D, class T> __device__ __forceinline__ void flashAttention(const
 // head, serially, measured 10% slower at batch 1, session 35). The products run on mma.sync with
 // the R rows padded to 16: the MMAs are cheap next to streaming the cache, where CUDA-core dot
 // products (q read from shared memory for every key) held session 34's kernel to 3.3-3.9 TB/s.
-// Masks: none, or causal (bottom-right: row i keeps keys j <= i + Sk - Sq).
+// Masks: none, or causal (bottom-right: row i keeps keys j <= i + Sk - Sq). Q is read by loads
+// with rows Dims::qPitch elements apart; K and V by their tensor maps (both may be column views
+// of a wider QKV projection).
 
 template <int HD_> struct DecodeTile {
   static constexpr int BN = 64, HD = HD_, STAGES = 3, THREADS = 160, RMAX = 8;
@@ -632,7 +634,7 @@ template <class D, class T> __device__ __forceinline__ void flashDecode(const Fp
   {
     const int hh = qr / static_cast<int>(D::Sq), i = qr % static_cast<int>(D::Sq);
     const unsigned* q = reinterpret_cast<const unsigned*>(
-        static_cast<const elem*>(a.in[0]) + ((b * D::Sq + i) * D::H + g * G + hh) * HD + qc);
+        static_cast<const elem*>(a.in[0]) + (b * D::Sq + i) * D::qPitch + (g * G + hh) * HD + qc);
 #pragma unroll
     for (int k = 0; k < KS; ++k) {
       qa[k][0] = qr < R ? q[8 * k] : 0u;     // columns 16 k + qc, + 1

@@ -81,7 +81,7 @@ AttnPitches attnPitches(const ir::Graph& g, ir::Vertex v) {
   p.k = ir::rowPitch(g, ins.at(1));
   p.v = ir::rowPitch(g, ins.at(2));
   for (size_t i = 0; i < 3; ++i)
-    p.dense = p.dense && !ir::isColumnView(g, ins[i]);
+    p.dense = p.dense && !ir::columnViewOf(g, ins[i]);
   return p;
 }
 

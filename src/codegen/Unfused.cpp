@@ -275,9 +275,13 @@ KernelUnit generateAttentionOp(const ir::Graph& g, ir::Vertex v, const CodegenOp
       for (ir::Vertex w : ins)
         types.push_back(g.op(w).type);
       extra = "namespace {\n\n" + broadcastStruct(op.type, types) + "} // namespace\n\n";
+      // x may be (a view of) a column view: its tokens a projection's width apart.
+      const int64_t w = ir::rowPitch(g, v), pitch = ir::rowPitch(g, ins[0]);
       u.name = std::string("fpat_rope_") + (op.interleaved ? "pairs_" : "") + std::to_string(u.N) +
-               "_" + sha256Hex(extra).substr(0, 12) + "_" + arch;
-      call = (op.interleaved ? "ropePairs<" : "ropeHalves<") + std::to_string(u.N) + ", Bcast>(a)";
+               (pitch != w ? "_p" + std::to_string(pitch) : "") + "_" +
+               sha256Hex(extra).substr(0, 12) + "_" + arch;
+      call = (op.interleaved ? "ropePairs<" : "ropeHalves<") + std::to_string(u.N) + ", " +
+             std::to_string(w) + ", " + std::to_string(pitch) + ", Bcast>(a)";
       what = std::string("rope (") + (op.interleaved ? "interleaved" : "rotate_half") +
              " form, rows of " + std::to_string(u.N) + ")";
     }

@@ -1204,6 +1204,32 @@ int rewriteWeights(const FpatcOptions& opts, const Patterns& pats, ir::Graph& g,
   return 0;
 }
 
+/// Merges GEMMs that read one activation and whose results attention and rope read in place
+/// (match::mergeSharedGemms: Llama's q, k and v projections) and says which; 0, or 70 where
+/// the merged graph is invalid.
+int mergeGemms(const FpatcOptions& opts, const Patterns& pats, ir::Graph& g,
+               std::vector<match::GemmMerge>& merges, std::ostream& out, std::ostream& err) {
+  if (!opts.fuse || opts.noRewrite)
+    return 0;
+  g = match::mergeSharedGemms(g, &merges);
+  auto after = ir::validate(g, pats.activations);
+  for (const std::string& p : after)
+    err << "fpatc: internal error: the merged graph is invalid: " << p << '\n';
+  if (!after.empty())
+    return 70;
+  if (!opts.emit.empty() || merges.empty())
+    return 0;
+  out << "== merge: " << merges.size() << " group" << (merges.size() == 1 ? "" : "s")
+      << " of GEMMs on one activation made one GEMM, their results column views of it\n";
+  for (const match::GemmMerge& m : merges) {
+    out << "  %" << m.input << " @ [";
+    for (size_t i = 0; i < m.results.size(); ++i)
+      out << (i ? " | " : "") << "%" << m.results[i];
+    out << "]\n";
+  }
+  return 0;
+}
+
 /// The CPU reference (sampled rows where exact) and the checks after it: the raised graph vs
 /// the graph as given, the f16 graph vs the f32 model, the fused graph vs the unfused one.
 /// Returns 1 when a check fails, else 0.
@@ -1492,6 +1518,9 @@ int runFpatc(const FpatcOptions& opts, std::ostream& out, std::ostream& err) {
   std::vector<match::RaiseStep> rewrites;
   if (int rc = rewriteWeights(opts, pats, *g, rewrites, out, err); rc != 0)
     return rc;
+  std::vector<match::GemmMerge> merges;
+  if (int rc = mergeGemms(opts, pats, *g, merges, out, err); rc != 0)
+    return rc;
 
   // What cannot work is said before any work is done. The GPU kernels take f16 or bf16 only:
   // f32 graphs can be fused and checked on the CPU (--no-compile), not compiled.
@@ -1561,6 +1590,11 @@ int runFpatc(const FpatcOptions& opts, std::ostream& out, std::ostream& err) {
 
   int rc = 0;
   auto inputs = needInputs ? ir::randomInputs(*g, opts.seed) : ir::InputMap{};
+  if (needInputs && opts.reference) // weights the merges joined, for the graph as given
+    for (ir::Vertex v : given.vertices())
+      if (const ir::Op& op = given.op(v);
+          op.kind == ir::OpKind::Input && op.data && !inputs.count(op.name))
+        inputs[op.name] = ir::Tensor{op.type, *op.data};
   size_t inputsRead = 0;
   if (!opts.inputsDir.empty() &&
       !loadInputs(*g, opts.inputsDir, sourceNames, inputs, inputsRead, out, err))
@@ -1579,7 +1613,8 @@ int runFpatc(const FpatcOptions& opts, std::ostream& out, std::ostream& err) {
   std::vector<ir::Tensor> vals;
   std::vector<ir::Tensor> modelOutputs; // the f32 model's, per output (sampled like vals)
   if (opts.reference)
-    rc = referenceStage(opts, pats, *g, given, !steps.empty() || !rewrites.empty(), model, fused,
+    rc = referenceStage(opts, pats, *g, given,
+                        !steps.empty() || !rewrites.empty() || !merges.empty(), model, fused,
                         opts.fuse && !mr.matches.empty(), sample, notSampled, inputs, inputsSaid,
                         vals, modelOutputs, sourceNames, out, err);
   if (opts.compile) {

@@ -600,6 +600,26 @@ std::optional<std::vector<Vertex>> topologicalOrder(const Graph& g, std::vector<
   return rev;
 }
 
+bool readInPlace(const Graph& g, Vertex v) {
+  if (g.isOutput(v) || g.useCount(v) == 0)
+    return false;
+  for (Vertex u : g.users(v)) {
+    const Op& op = g.op(u);
+    if (isView(op.kind)) { // heads, merge_heads: their readers read v
+      if (!readInPlace(g, u))
+        return false;
+      continue;
+    }
+    // attention's q, k, v (not its bias or scale); rope's x (not its tables)
+    const size_t takes = op.kind == OpKind::Attention ? 3 : op.kind == OpKind::Rope ? 1 : 0;
+    const std::vector<Vertex> ins = g.operands(u);
+    for (size_t i = 0; i < ins.size(); ++i)
+      if (ins[i] == v && i >= takes)
+        return false;
+  }
+  return true;
+}
+
 bool isColumnView(const Graph& g, Vertex v) {
   // FPAT_COLUMN_VIEWS=0 copies every slice (an experiment's knob: the A/B of the views).
   static const bool off = [] {
@@ -607,25 +627,26 @@ bool isColumnView(const Graph& g, Vertex v) {
     return env && std::string(env) == "0";
   }();
   const Op& op = g.op(v);
-  if (off || op.kind != OpKind::Slice || g.isOutput(v) || g.useCount(v) == 0)
+  if (off || op.kind != OpKind::Slice)
     return false;
   const std::vector<int64_t>& from = g.op(g.operands(v).at(0)).type.shape;
-  if (from.empty() || op.begin % 8 != 0 || from.back() % 8 != 0)
-    return false;
-  for (Vertex u : g.users(v)) {
-    if (g.op(u).kind != OpKind::Attention)
-      return false;
-    const std::vector<Vertex> ins = g.operands(u);
-    for (size_t i = 3; i < ins.size(); ++i)
-      if (ins[i] == v) // the bias or the scale
-        return false;
-  }
-  return true;
+  return !from.empty() && op.begin % 8 == 0 && from.back() % 8 == 0 && readInPlace(g, v);
+}
+
+std::optional<Vertex> columnViewOf(const Graph& g, Vertex v) {
+  if (isColumnView(g, v))
+    return v;
+  if (isView(g.op(v).kind))
+    return columnViewOf(g, g.operands(v).at(0));
+  return std::nullopt;
 }
 
 int64_t rowPitch(const Graph& g, Vertex v) {
-  const Vertex of = isColumnView(g, v) ? g.operands(v).at(0) : v;
-  const std::vector<int64_t>& shape = g.op(of).type.shape;
+  if (std::optional<Vertex> c = columnViewOf(g, v))
+    return g.op(g.operands(*c).at(0)).type.shape.back();
+  const std::vector<int64_t>& shape = g.op(v).type.shape;
+  if (shape.size() == 4) // [B, S, H, d]: a token's heads side by side
+    return shape[2] * shape[3];
   return shape.empty() ? 1 : shape.back();
 }
 

@@ -222,13 +222,17 @@ std::optional<AttnShape> attnShape(const Op& op, const std::vector<OperandInfo>&
 /// The same for op `v` of `g` (its operands' names and types).
 std::optional<AttnShape> attnShape(const Graph& g, Vertex v, std::string& why);
 
-/// A slice no kernel copies: every user is an attention op reading it as its query, keys or
-/// values, which read the columns where they lie (row pitch: rowPitch), and no graph output
-/// names it. Their starts and pitches, multiples of 8 elements, keep TMA's 16-byte alignment.
-/// (GPT-2's, BLOOM's and torch's fused QKV projections: q, k and v are column blocks of it.)
+/// Whether every reader of `v`, directly or through heads / merge_heads views, takes its rows
+/// at a pitch: attention reading it as q, k or v, rope as its x; and no graph output names it.
+bool readInPlace(const Graph& g, Vertex v);
+/// A slice no kernel copies: its readers read the columns where they lie (readInPlace), its
+/// start and its operand's width multiples of 8 elements (TMA's 16-byte alignment). GPT-2's,
+/// BLOOM's and torch's fused QKV projections: q, k and v are column blocks of it.
 bool isColumnView(const Graph& g, Vertex v);
-/// Elements from one row of `v`'s buffer to the next: its operand's last dimension for a
-/// column view, its own last dimension otherwise.
+/// The column view whose buffer `v` is (itself, or through heads / merge_heads), or nullopt.
+std::optional<Vertex> columnViewOf(const Graph& g, Vertex v);
+/// Elements from one token row of `v`'s buffer to the next: the projection's width for (a view
+/// of) a column view, else a token's width (the last dimension; H * d of [B, S, H, d]).
 int64_t rowPitch(const Graph& g, Vertex v);
 
 /// Values that stay the same from run to run: weights, constants, and ops all of whose operands

@@ -141,6 +141,24 @@ std::vector<Attempt> raiseNearMisses(const ir::Graph& raised, const dsl::Matcher
 /// as two GEMMs elsewhere). Returns the number of ops replaced in `count`.
 ir::Graph lowerForArch(const ir::Graph& g, int arch, size_t* count = nullptr);
 
+/// GEMMs merged by mergeSharedGemms: the activation they read, and their results (now
+/// column slices of the merged GEMM), in order.
+struct GemmMerge {
+  std::string input;
+  std::vector<std::string> results;
+};
+
+/// GEMMs that read one activation with weights of their own (and a bias_add of their own bias,
+/// all or none of them), whose results only attention (as q, k, v) and rope read, in place
+/// (ir::readInPlace), become one GEMM on their weights side by side and, after it, one
+/// bias_add; each result is a column slice of it, keeping its name, which attention reads in
+/// place (ir::isColumnView): Llama's, Mistral's and Qwen2's q, k and v projections run as
+/// one, and the norm before them has one reader left, into which it can fuse. Weights with
+/// values are joined here (those nothing else reads are dropped); weights [K, N] and biases
+/// given at run time by concat ops, which run once with the weights; [N, K] weights given at
+/// run time are left apart. Merges made go to `merged`.
+ir::Graph mergeSharedGemms(const ir::Graph& g, std::vector<GemmMerge>* merged = nullptr);
+
 /// Removes ops (not inputs) whose value nothing reads and that are not outputs.
 ir::Graph removeDeadOps(const ir::Graph& g);
 

@@ -45,31 +45,36 @@ __device__ __forceinline__ void concatColumns(const FpatKernelArgs& a) {
 
 /// Rotary embedding, rotate_half form, over rows of D (even) elements: out = x * cos +
 /// (-x2, x1) * sin, with cos and sin read through B::at(1 | 2, i) (their broadcast indices).
-template <int64_t D, class B> __device__ __forceinline__ void ropeHalves(const FpatKernelArgs& a) {
+/// x's tokens are W elements (its heads) PITCH apart (wider where x is a column view of a
+/// QKV projection).
+template <int64_t D, int64_t W, int64_t PITCH, class B>
+__device__ __forceinline__ void ropeHalves(const FpatKernelArgs& a) {
   const int64_t total = a.M * a.N;
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const elem* x = static_cast<const elem*>(a.in[0]);
   elem* o = static_cast<elem*>(a.out);
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
        i += step) {
-    const int64_t c = i % D;
-    const float rot = c < D / 2 ? -toF(x[i + D / 2]) : toF(x[i - D / 2]);
-    o[i] = fromF(fmaf(toF(x[i]), ldh(a.in[1], B::at(1, i)), rot * ldh(a.in[2], B::at(2, i))));
+    const int64_t c = i % D, xi = i / W * PITCH + i % W;
+    const float rot = c < D / 2 ? -toF(x[xi + D / 2]) : toF(x[xi - D / 2]);
+    o[i] = fromF(fmaf(toF(x[xi]), ldh(a.in[1], B::at(1, i)), rot * ldh(a.in[2], B::at(2, i))));
   }
 }
 
 /// Rotary embedding, interleaved form (GPT-J's rotate_every_two), over rows of D (even)
 /// elements: out = x * cos + rot * sin, rot taking each pair (x[2i], x[2i+1]) to
-/// (-x[2i+1], x[2i]).
-template <int64_t D, class B> __device__ __forceinline__ void ropePairs(const FpatKernelArgs& a) {
+/// (-x[2i+1], x[2i]). x's tokens as in ropeHalves.
+template <int64_t D, int64_t W, int64_t PITCH, class B>
+__device__ __forceinline__ void ropePairs(const FpatKernelArgs& a) {
   const int64_t total = a.M * a.N;
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const elem* x = static_cast<const elem*>(a.in[0]);
   elem* o = static_cast<elem*>(a.out);
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
        i += step) {
-    const float rot = i % 2 == 0 ? -toF(x[i + 1]) : toF(x[i - 1]);
-    o[i] = fromF(fmaf(toF(x[i]), ldh(a.in[1], B::at(1, i)), rot * ldh(a.in[2], B::at(2, i))));
+    const int64_t xi = i / W * PITCH + i % W;
+    const float rot = i % 2 == 0 ? -toF(x[xi + 1]) : toF(x[xi - 1]);
+    o[i] = fromF(fmaf(toF(x[xi]), ldh(a.in[1], B::at(1, i)), rot * ldh(a.in[2], B::at(2, i))));
   }
 }
 

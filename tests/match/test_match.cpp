@@ -1,12 +1,14 @@
 // The matcher runtime: matching, priority, multi-use intermediates, commutativity, predicates,
 // DAG patterns, rewriting, user tables, explain.
 #define BOOST_TEST_MODULE match
+#include "fpat/ir/Builder.h"
 #include "fpat/ir/Reference.h"
 #include "fpat/ir/text/Text.h"
 #include "fpat/match/Match.h"
 
 #include <boost/test/unit_test.hpp>
 #include <cmath>
+#include <random>
 
 using namespace fpat;
 using namespace fpat::match;
@@ -657,4 +659,119 @@ BOOST_AUTO_TEST_CASE(rewrites_need_weights_and_the_layout_they_are_written_for) 
   steps.clear();
   rw.apply(d, &steps);
   BOOST_TEST(steps.empty());
+}
+
+namespace {
+
+/// Llama's attention input side (or Qwen2's, `bias`): a norm, q, k and v projections, rope
+/// on q and k through head views, attention. Weights with values unless `runtime`;
+/// [N, K] when `transposeB`. `extraReader`: v is read by an add too.
+Graph qkvGraph(bool bias, bool runtime, bool transposeB, bool extraReader = false) {
+  ir::GraphBuilder b("qkv");
+  const int64_t T = 5, D = 32, H = 2, Hkv = 1, d = 16;
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> u(-0.3f, 0.3f);
+  auto values = [&](int64_t n) {
+    std::vector<float> v(static_cast<size_t>(runtime ? 0 : n));
+    for (float& x : v)
+      x = u(rng);
+    return v;
+  };
+  auto x = b.input("x", {T, D});
+  auto n = b.rmsnorm(x, b.weight("g", {D}, ir::DType::F16, values(D)), 1e-5, "n");
+  auto proj = [&](const char* name, int64_t cols) {
+    auto w = b.weight(std::string("w") + name,
+                      transposeB ? std::vector<int64_t>{cols, D} : std::vector<int64_t>{D, cols},
+                      ir::DType::F16, values(D * cols));
+    auto y = b.gemm(n, w, transposeB, name);
+    return bias ? b.bias(y, b.weight(std::string("b") + name, {cols}, ir::DType::F16, values(cols)),
+                         std::string(name) + "b")
+                : y;
+  };
+  auto q = proj("q", H * d);
+  auto k = proj("k", Hkv * d);
+  auto v = proj("v", Hkv * d);
+  auto cosT = b.input("cos", {1, T, 1, d});
+  auto sinT = b.input("sin", {1, T, 1, d});
+  auto qr = b.mergeHeads(b.rope(b.heads(q, 1, d), cosT, sinT, "qr"));
+  auto kr = b.mergeHeads(b.rope(b.heads(k, 1, d), cosT, sinT, "kr"));
+  auto o = b.attention(qr, kr, v, b.constant(0.0), b.constant(0.25), 1, d, "o");
+  b.output(extraReader ? b.add(o, b.concat(v, v), "y") : o);
+  return b.build();
+}
+
+size_t countKind(const Graph& g, ir::OpKind k) {
+  size_t n = 0;
+  for (ir::Vertex v : g.vertices())
+    n += g.op(v).kind == k;
+  return n;
+}
+
+void sameResults(const Graph& g, const Graph& m) {
+  auto in = ir::randomInputs(g, 5);
+  for (auto& [name, t] : ir::randomInputs(m, 5))
+    in.emplace(name, t);
+  auto want = ir::evaluate(g, in);
+  auto got = ir::evaluate(m, in);
+  BOOST_TEST(want[g.outputs()[0]].data == got[m.outputs()[0]].data,
+             boost::test_tools::per_element());
+}
+
+} // namespace
+
+BOOST_AUTO_TEST_CASE(gemms_on_one_activation_read_in_place_merge_into_one) {
+  // Llama (no bias, [K, N] weights as exporters write them), Qwen2 (biases) and nn.Linear's
+  // [N, K], weights with values: one GEMM (and one bias_add), q, k, v its column views, the
+  // norm read by that GEMM alone; the same values, bit for bit (the reference sums each
+  // column alike).
+  for (bool bias : {false, true})
+    for (bool transposeB : {false, true})
+      BOOST_TEST_CONTEXT("bias " << bias << ", transpose_b " << transposeB) {
+        Graph g = qkvGraph(bias, false, transposeB);
+        std::vector<GemmMerge> merged;
+        Graph m = mergeSharedGemms(g, &merged);
+        BOOST_TEST(ir::validate(m).empty());
+        BOOST_TEST_REQUIRE(merged.size() == 1u);
+        BOOST_TEST(merged[0].input == "n");
+        BOOST_TEST((merged[0].results == std::vector<std::string>{bias ? "qb" : "q",
+                                                                  bias ? "kb" : "k",
+                                                                  bias ? "vb" : "v"}));
+        BOOST_TEST(countKind(m, ir::OpKind::Gemm) == 1u);
+        BOOST_TEST(countKind(m, ir::OpKind::BiasAdd) == (bias ? 1u : 0u));
+        BOOST_TEST(m.users(*m.find("n")).size() == 1u);
+        for (const char* r : {"q", "k", "v"}) {
+          const ir::Vertex s = *m.find(bias ? std::string(r) + "b" : std::string(r));
+          BOOST_TEST(ir::isColumnView(m, s), r);
+          BOOST_TEST(ir::rowPitch(m, s) == 64);
+        }
+        // The joined weights replace the three (nothing else reads them).
+        BOOST_TEST(!m.find("wq").has_value());
+        sameResults(g, m);
+      }
+}
+
+BOOST_AUTO_TEST_CASE(gemms_merge_only_where_their_results_are_read_in_place) {
+  // Weights given at run time: [K, N] ones (and biases) join by concat ops, computed once
+  // with the weights; [N, K] ones cannot (no concat of rows): left apart.
+  {
+    Graph g = qkvGraph(true, true, false);
+    Graph m = mergeSharedGemms(g);
+    BOOST_TEST(countKind(m, ir::OpKind::Gemm) == 1u);
+    BOOST_TEST(countKind(m, ir::OpKind::Concat) == 4u); // two for the weights, two the biases
+    const std::vector<bool> fixed = ir::weightOnly(m);
+    for (ir::Vertex v : m.vertices())
+      if (m.op(v).kind == ir::OpKind::Concat)
+        BOOST_TEST(fixed[v]);
+    sameResults(g, m);
+  }
+  BOOST_TEST(countKind(mergeSharedGemms(qkvGraph(false, true, true)), ir::OpKind::Gemm) == 3u);
+  // v also read by an add: its copy would cost a kernel; q and k still merge.
+  {
+    Graph m = mergeSharedGemms(qkvGraph(false, false, false, true));
+    BOOST_TEST(countKind(m, ir::OpKind::Gemm) == 2u);
+    BOOST_TEST(countKind(m, ir::OpKind::Slice) == 2u);
+  }
+  // A gated MLP's gate and up (read by silu and mul): the dual GEMM's, not merged.
+  Graph mlp = parse(readText(FPAT_SOURCE_DIR "/examples/llama_mlp.fgraph"));
+  BOOST_TEST(ir::printGraph(mergeSharedGemms(mlp)) == ir::printGraph(mlp));
 }

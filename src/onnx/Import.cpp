@@ -2343,6 +2343,10 @@ private:
         throw UnsupportedError{"of an activation ('" + x.name + "' " + shapeStr(x.shape) +
                                ", computed at run time) fpat slices only the last axis, in "
                                "steps of 1 (the columns), or heads (RoPE's halves)"};
+      if (w.shape == x.shape) { // every column: the value itself, no copy
+        Val v = x;
+        return define(n, std::move(v));
+      }
       ir::Op op;
       op.kind = ir::OpKind::Slice;
       op.begin = w.first.back();
@@ -2494,6 +2498,8 @@ private:
                              "), only contiguous, non-empty ones are "
                              "supported (step 1)"};
     Val v = dense4(n, x);
+    if (w.shape == x.shape) // the whole head (Qwen2's x[..., :rot] with rot = d): no copy
+      return define(n, std::move(v));
     ir::Op op;
     op.kind = ir::OpKind::Slice;
     op.begin = w.first.back();

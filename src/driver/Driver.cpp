@@ -1230,6 +1230,14 @@ int mergeGemms(const FpatcOptions& opts, const Patterns& pats, ir::Graph& g,
   return 0;
 }
 
+/// rewriteWeights, then mergeGemms.
+int rewriteAndMerge(const FpatcOptions& opts, const Patterns& pats, ir::Graph& g,
+                    std::vector<match::RaiseStep>& rewrites, std::vector<match::GemmMerge>& merges,
+                    std::ostream& out, std::ostream& err) {
+  const int rc = rewriteWeights(opts, pats, g, rewrites, out, err);
+  return rc != 0 ? rc : mergeGemms(opts, pats, g, merges, out, err);
+}
+
 /// The CPU reference (sampled rows where exact) and the checks after it: the raised graph vs
 /// the graph as given, the f16 graph vs the f32 model, the fused graph vs the unfused one.
 /// Returns 1 when a check fails, else 0.
@@ -1298,7 +1306,11 @@ int referenceStage(const FpatcOptions& opts, const Patterns& pats, const ir::Gra
           t.desc.dtype = ir::DType::F32; // f16 and bf16 values are exact in f32
         return in;
       };
-      const std::map<std::string, ir::Tensor> in32 = widen(inputs);
+      std::map<std::string, ir::Tensor> in32 = widen(inputs);
+      for (ir::Vertex v : given.vertices()) // weights the merges joined: the given graph's own
+        if (const ir::Op& op = given.op(v);
+            op.kind == ir::OpKind::Input && op.data && !in32.count(op.name))
+          in32[op.name] = widen({{op.name, ir::Tensor{op.type, *op.data}}}).at(op.name);
       const auto givenRows =
           givenSample ? widen(ir::sliceInputs(given, *givenSample, inputs)) : ir::InputMap{};
       const auto tg = std::chrono::steady_clock::now();
@@ -1513,13 +1525,10 @@ int runFpatc(const FpatcOptions& opts, std::ostream& out, std::ostream& err) {
     }
   }
 
-  // Weight rewrites (Rewrite patterns): algebra that moves work onto weights, whose ops of
-  // weights alone then run once per set of weights. Checked against the graph as given too.
+  // Weight rewrites and merged projections (each checked against the graph as given).
   std::vector<match::RaiseStep> rewrites;
-  if (int rc = rewriteWeights(opts, pats, *g, rewrites, out, err); rc != 0)
-    return rc;
   std::vector<match::GemmMerge> merges;
-  if (int rc = mergeGemms(opts, pats, *g, merges, out, err); rc != 0)
+  if (int rc = rewriteAndMerge(opts, pats, *g, rewrites, merges, out, err); rc != 0)
     return rc;
 
   // What cannot work is said before any work is done. The GPU kernels take f16 or bf16 only:
@@ -1590,11 +1599,6 @@ int runFpatc(const FpatcOptions& opts, std::ostream& out, std::ostream& err) {
 
   int rc = 0;
   auto inputs = needInputs ? ir::randomInputs(*g, opts.seed) : ir::InputMap{};
-  if (needInputs && opts.reference) // weights the merges joined, for the graph as given
-    for (ir::Vertex v : given.vertices())
-      if (const ir::Op& op = given.op(v);
-          op.kind == ir::OpKind::Input && op.data && !inputs.count(op.name))
-        inputs[op.name] = ir::Tensor{op.type, *op.data};
   size_t inputsRead = 0;
   if (!opts.inputsDir.empty() &&
       !loadInputs(*g, opts.inputsDir, sourceNames, inputs, inputsRead, out, err))
@@ -1613,10 +1617,9 @@ int runFpatc(const FpatcOptions& opts, std::ostream& out, std::ostream& err) {
   std::vector<ir::Tensor> vals;
   std::vector<ir::Tensor> modelOutputs; // the f32 model's, per output (sampled like vals)
   if (opts.reference)
-    rc = referenceStage(opts, pats, *g, given,
-                        !steps.empty() || !rewrites.empty() || !merges.empty(), model, fused,
-                        opts.fuse && !mr.matches.empty(), sample, notSampled, inputs, inputsSaid,
-                        vals, modelOutputs, sourceNames, out, err);
+    rc = referenceStage(opts, pats, *g, given, steps.size() + rewrites.size() + merges.size() > 0,
+                        model, fused, opts.fuse && !mr.matches.empty(), sample, notSampled, inputs,
+                        inputsSaid, vals, modelOutputs, sourceNames, out, err);
   if (opts.compile) {
     // A failure found on the CPU wins over a skip (77) or a pass from the GPU stages.
     const int gpu = gpuStages(opts, fused, pats, &inputs, opts.reference ? &vals : nullptr,

@@ -600,6 +600,19 @@ std::optional<std::vector<Vertex>> topologicalOrder(const Graph& g, std::vector<
   return rev;
 }
 
+FreshNames::FreshNames(const Graph& g) {
+  for (Vertex v : g.vertices())
+    taken_.insert(g.op(v).name);
+}
+
+std::string FreshNames::operator()(const std::string& base) {
+  std::string n = base;
+  for (int i = 2; taken_.count(n); ++i)
+    n = base + std::to_string(i);
+  taken_.insert(n);
+  return n;
+}
+
 bool readInPlace(const Graph& g, Vertex v) {
   if (g.isOutput(v) || g.useCount(v) == 0)
     return false;

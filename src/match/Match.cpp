@@ -747,16 +747,7 @@ Graph lowerForArch(const Graph& g, int arch, size_t* count) {
   auto order = ir::stableOrder(g);
   if (!order)
     throw std::invalid_argument("lowerForArch: graph " + g.name() + " has a cycle");
-  std::set<std::string> names;
-  for (Vertex v : g.vertices())
-    names.insert(g.op(v).name);
-  auto fresh = [&](const std::string& base) {
-    std::string n = base;
-    for (int i = 2; names.count(n); ++i)
-      n = base + std::to_string(i);
-    names.insert(n);
-    return n;
-  };
+  ir::FreshNames fresh(g);
   Graph out(g.name());
   std::vector<Vertex> map(g.size());
   size_t lowered = 0;
@@ -768,7 +759,7 @@ Graph lowerForArch(const Graph& g, int arch, size_t* count) {
     const ir::KernelFamily* family = op.kind == ir::OpKind::Fused ? ir::familyOf(op) : nullptr;
     std::optional<Vertex> replaced;
     if (family)
-      replaced = familyMatcher(family->family).lowerFor(arch, op, ins, out, fresh);
+      replaced = familyMatcher(family->family).lowerFor(arch, op, ins, out, std::ref(fresh));
     lowered += replaced.has_value();
     map[v] = replaced ? *replaced : out.addOp(op, ins);
   }

@@ -121,16 +121,7 @@ Graph mergeSharedGemms(const Graph& g, std::vector<GemmMerge>* merged) {
   if (groups.empty())
     return g;
 
-  std::set<std::string> names;
-  for (Vertex v : g.vertices())
-    names.insert(g.op(v).name);
-  auto fresh = [&](const std::string& base) {
-    std::string n = base;
-    for (int i = 2; names.count(n); ++i)
-      n = base + "." + std::to_string(i);
-    names.insert(n);
-    return n;
-  };
+  ir::FreshNames fresh(g);
 
   struct Plan {
     std::vector<Member> members;

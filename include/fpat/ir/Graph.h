@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <ostream>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -176,6 +177,17 @@ private:
   std::string name_;
   GraphImpl g_;
   std::vector<Vertex> outputs_;
+};
+
+/// Value names a rewrite may give new ops: `base` where the graph has no such name, else base2,
+/// base3, ... (each handed out once).
+class FreshNames {
+public:
+  explicit FreshNames(const Graph& g);
+  std::string operator()(const std::string& base);
+
+private:
+  std::set<std::string> taken_;
 };
 
 /// Operand name and type, as type inference sees them.

@@ -125,25 +125,25 @@ Graph mergeSharedGemms(const Graph& g, std::vector<GemmMerge>* merged) {
 
   struct Plan {
     std::vector<Member> members;
+    std::vector<Vertex> bs, biases; // the members' weights and biases, in order
     Joined weight, bias;
   };
   std::vector<Plan> plans;
   std::map<Vertex, size_t> groupOfResult; // member results (and GEMMs) -> plan
   std::set<Vertex> absorbed;              // member GEMMs and bias_adds: not copied
   for (std::vector<Member>& members : groups) {
-    Plan p{members, {}, {}};
+    Plan p{members, {}, {}, {}, {}};
     const bool rowsOfN = g.op(members[0].gemm).transposeB;
-    std::vector<Vertex> bs, biases;
     for (const Member& m : members) {
-      bs.push_back(m.b);
+      p.bs.push_back(m.b);
       if (m.bias)
-        biases.push_back(*m.bias);
+        p.biases.push_back(*m.bias);
     }
-    p.weight = canJoin(g, bs, rowsOfN);
+    p.weight = canJoin(g, p.bs, rowsOfN);
     if (!p.weight.weight && !p.weight.byConcat)
       continue;
-    if (!biases.empty()) {
-      p.bias = canJoin(g, biases, false);
+    if (!p.biases.empty()) {
+      p.bias = canJoin(g, p.biases, false);
       if (!p.bias.weight && !p.bias.byConcat)
         continue;
     }
@@ -210,24 +210,19 @@ Graph mergeSharedGemms(const Graph& g, std::vector<GemmMerge>* merged) {
   auto emitPlan = [&](size_t i) {
     const Plan& p = plans[i];
     const Member& first = p.members[0];
-    std::vector<Vertex> bs, biases;
     int64_t total = 0;
-    for (const Member& m : p.members) {
-      bs.push_back(m.b);
-      if (m.bias)
-        biases.push_back(*m.bias);
+    for (const Member& m : p.members)
       total += m.n;
-    }
     const Vertex a = g.operands(first.gemm)[0];
     Op gemm = g.op(first.gemm);
     gemm.name = fresh(g.op(first.result).name + ".merged");
     gemm.type.shape.back() = total;
-    Vertex r = out.addOp(gemm, {operand(a), join(p.weight, bs)});
-    if (!biases.empty()) {
+    Vertex r = out.addOp(gemm, {operand(a), join(p.weight, p.bs)});
+    if (!p.biases.empty()) {
       Op add = g.op(*first.biasAdd);
       add.name = fresh(g.op(first.result).name + ".merged_bias");
       add.type.shape.back() = total;
-      r = out.addOp(add, {r, join(p.bias, biases)});
+      r = out.addOp(add, {r, join(p.bias, p.biases)});
     }
     int64_t at = 0;
     GemmMerge record;

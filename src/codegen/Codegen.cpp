@@ -451,7 +451,8 @@ KernelUnit generate(const ir::Graph& g, ir::Vertex v, dsl::Activations defs,
     u = generateRowwise(g, v, o);
   else if (op.kind == ir::OpKind::Slice || op.kind == ir::OpKind::AttnQk ||
            op.kind == ir::OpKind::AttnPv || op.kind == ir::OpKind::Attention ||
-           op.kind == ir::OpKind::Concat || op.kind == ir::OpKind::Rope)
+           op.kind == ir::OpKind::Concat || op.kind == ir::OpKind::Rope ||
+           op.kind == ir::OpKind::BatchFirst || op.kind == ir::OpKind::SeqFirst)
     u = generateAttentionOp(g, v, o);
   else
     u = generateElementwise(g, v, defs, o);

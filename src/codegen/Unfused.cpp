@@ -260,6 +260,31 @@ KernelUnit generateAttentionOp(const ir::Graph& g, ir::Vertex v, const CodegenOp
     u.source = body.str();
     return u;
   }
+  if (op.kind == ir::OpKind::BatchFirst || op.kind == ir::OpKind::SeqFirst) {
+    // Rows [lead, rows / lead] written transposed: sequence-first to batch-first or back.
+    const bool toBatch = op.kind == ir::OpKind::BatchFirst;
+    u.family = "elementwise";
+    u.N = op.type.shape.back();
+    u.M = op.type.shape[0];
+    const int64_t lead = toBatch ? u.M / op.batch : op.batch, other = u.M / lead;
+    const std::string sizes = std::to_string(toBatch ? lead : other) + "x" +
+                              std::to_string(op.batch) + "_" + std::to_string(u.N);
+    u.name = std::string("fpat_") + ir::opKindName(op.kind) + "_" + sizes + "_" + arch;
+    body << header(std::string(ir::opKindName(op.kind)) + " (rows of " + std::to_string(u.N) +
+                       ": " +
+                       (toBatch ? "sequence-first to batch-first"
+                                : "batch-first to "
+                                  "sequence-first") +
+                       ", batch " + std::to_string(op.batch) + ")",
+                   o, {"family:   elementwise (a copy of 16-byte pieces where rows allow)"})
+         << "#include \"fpat_attention.cuh\"\n\n"
+         << "extern \"C\" __global__ void __launch_bounds__(256) " << u.name
+         << "(const FpatKernelArgs a) {\n  fpat::transposeRows<" << lead << ", " << other << ", "
+         << u.N << ">(a);\n}\n";
+    u.launches.push_back({Launch::Elements, u.name, 256, 0, {}});
+    u.source = body.str();
+    return u;
+  }
   if (op.kind == ir::OpKind::Concat || op.kind == ir::OpKind::Rope) {
     u.family = "elementwise";
     u.N = op.type.shape.back();

@@ -185,6 +185,14 @@ Value GraphBuilder::concat(Value a, Value b, const std::string& name) {
   return append(std::move(op), {a, b}, name);
 }
 
+Value GraphBuilder::batchFirst(Value x, int64_t batch, const std::string& name) {
+  return append(attnOp(OpKind::BatchFirst, batch, 0), {x}, name);
+}
+
+Value GraphBuilder::seqFirst(Value x, int64_t batch, const std::string& name) {
+  return append(attnOp(OpKind::SeqFirst, batch, 0), {x}, name);
+}
+
 Value GraphBuilder::rope(Value x, Value cos, Value sin, const std::string& name, bool interleaved) {
   Op op;
   op.kind = OpKind::Rope;

@@ -39,6 +39,8 @@ const std::vector<OpKindInfo>& opKinds() {
       {OpKind::Rope, "rope", 3, 3},
       {OpKind::Max, "max", 2, 2},
       {OpKind::Min, "min", 2, 2},
+      {OpKind::BatchFirst, "batch_first", 1, 1},
+      {OpKind::SeqFirst, "seq_first", 1, 1},
   };
   return kinds;
 }
@@ -268,8 +270,8 @@ std::optional<AttnShape> attnShape(const Op& op, const std::vector<OperandInfo>&
   return s;
 }
 
-/// The result of heads, merge_heads, concat or rope (attention's layout ops), or nullopt
-/// with the reason and the offending operand.
+/// The result of heads, merge_heads, concat, rope, batch_first or seq_first (layout ops), or
+/// nullopt with the reason and the offending operand.
 static std::optional<TensorDesc> inferLayoutOp(const Op& op, const std::vector<OperandInfo>& in,
                                                std::string& why, int& operand) {
   auto failWith = [&](int i, std::string msg) -> std::optional<TensorDesc> {
@@ -303,6 +305,18 @@ static std::optional<TensorDesc> inferLayoutOp(const Op& op, const std::vector<O
     TensorDesc t = a;
     t.shape.back() += b.shape.back();
     return t;
+  }
+  case OpKind::BatchFirst:
+  case OpKind::SeqFirst: {
+    const TensorDesc& x = in[0].type;
+    if (x.rank() != 2)
+      return failWith(0, operandRef(in, 0) + " must be a matrix of token rows");
+    if (op.batch < 1)
+      return failWith(-1, "needs batch = B, the batch size (at least 1)");
+    if (x.shape[0] % op.batch)
+      return failWith(-1, "batch = " + std::to_string(op.batch) + " does not divide operand 0's " +
+                              std::to_string(x.shape[0]) + " rows");
+    return x;
   }
   case OpKind::Rope: {
     const TensorDesc& x = in[0].type;
@@ -436,7 +450,9 @@ std::optional<TensorDesc> inferType(const Op& op, const std::vector<OperandInfo>
   case OpKind::Heads:
   case OpKind::MergeHeads:
   case OpKind::Concat:
-  case OpKind::Rope: {
+  case OpKind::Rope:
+  case OpKind::BatchFirst:
+  case OpKind::SeqFirst: {
     std::string why;
     int bad = -1;
     auto t = inferLayoutOp(op, in, why, bad);
@@ -791,6 +807,10 @@ std::string attrString(const Op& op) {
   case OpKind::Slice:
     attrs.push_back("begin = " + std::to_string(op.begin));
     attrs.push_back("end = " + std::to_string(op.end));
+    break;
+  case OpKind::BatchFirst:
+  case OpKind::SeqFirst:
+    attrs.push_back("batch = " + std::to_string(op.batch));
     break;
   case OpKind::AttnQk:
   case OpKind::AttnPv:

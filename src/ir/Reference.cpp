@@ -275,6 +275,16 @@ void binary(OpKind k, const Tensor& a, const Tensor& b, Tensor& out) {
 /// x * cos + rotate(x) * sin in double, cos and sin broadcast to x; rotate takes each
 /// last-dimension row (x1, x2) to (-x2, x1) (rotate_half), or each pair (x[2i], x[2i+1]) to
 /// (-x[2i+1], x[2i]) (interleaved: GPT-J's rotate_every_two).
+/// Rows of x seen as [lead, rows / lead] written transposed: row (i, j) to row (j, i).
+void transposeRows(const Tensor& x, int64_t lead, Tensor& out) {
+  const size_t w = static_cast<size_t>(x.desc.shape.back());
+  const size_t a = static_cast<size_t>(lead), c = x.data.size() / w / a;
+  for (size_t i = 0; i < a; ++i)
+    for (size_t j = 0; j < c; ++j)
+      std::copy_n(x.data.begin() + static_cast<long>((i * c + j) * w), w,
+                  out.data.begin() + static_cast<long>((j * a + i) * w));
+}
+
 void rope(const Tensor& x, const Tensor& c, const Tensor& s, bool interleaved, Tensor& out) {
   const std::vector<int64_t> sc = broadcastStrides(c.desc, x.desc);
   const std::vector<int64_t> ss = broadcastStrides(s.desc, x.desc);
@@ -624,6 +634,12 @@ std::vector<Tensor> evaluate(const Graph& g, const std::map<std::string, Tensor>
       }
       break;
     }
+    case OpKind::BatchFirst: // [S, B] rows to [B, S]
+      transposeRows(in(0), in(0).desc.shape[0] / op.batch, out);
+      break;
+    case OpKind::SeqFirst: // [B, S] rows to [S, B]
+      transposeRows(in(0), op.batch, out);
+      break;
     case OpKind::Rope:
       rope(in(0), in(1), in(2), op.interleaved, out);
       break;

@@ -33,6 +33,10 @@ std::vector<Role> operandRoles(const Graph& g, Vertex v) {
   case OpKind::Rope:
     // Rank 4 [B, S, H, d]: rows are not the operand's rows (sampleRows needs matrices).
     break;
+  case OpKind::BatchFirst:
+  case OpKind::SeqFirst:
+    // Rows reordered: a result row is another operand row (sampleRows declines them).
+    break;
   case OpKind::AttnQk:
   case OpKind::AttnPv:
   case OpKind::Attention:

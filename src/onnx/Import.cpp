@@ -472,8 +472,14 @@ public:
     return out;
   }
 
-  Importer(const ImportOptions& o, const ir::ActivationSet& acts, ImportResult& r)
-      : opts_(o), acts_(acts), r_(r), external_(o.modelDir) {}
+  /// `seqFirst`: graph inputs [S, B, E] to take sequence-first (found by an earlier run).
+  Importer(const ImportOptions& o, const ir::ActivationSet& acts, ImportResult& r,
+           const std::set<std::string>& seqFirst)
+      : opts_(o), acts_(acts), r_(r), external_(o.modelDir), seqFirstIn_(seqFirst) {}
+
+  /// Graph inputs that this run found the model reads sequence-first: its attention takes their
+  /// axis 1 as the batch (a rerun taking them so may import the model).
+  const std::set<std::string>& seqFirstFound() const { return seqFirstFound_; }
 
   void run(const ::onnx::ModelProto& m) {
     for (const auto& os : m.opset_import())
@@ -534,10 +540,25 @@ public:
           out0.set_name(out.name());
           materialize(it->second, out0);
         }
-        if (it->second.seqFirst)
-          throw UnsupportedError{"it is sequence-first ([S, B, E]: fpat holds its rows batch "
-                                 "first); transpose it back before the output"};
-        const ir::Vertex v = tensor(it->second);
+        ir::Vertex v = tensor(it->second);
+        if (it->second.seqFirst && it->second.shape.size() == 3 && it->second.shape[0] > 1 &&
+            it->second.shape[1] > 1) {
+          // [S, B, E] as the model gives it: rows (s, b) from the IR's (b, s). The output's
+          // name goes to the op that computes it in the model's order.
+          if (g_.op(v).name == out.name())
+            g_.op(v).name = uniqueName(out.name() + ".batch_first");
+          ir::Op t;
+          t.kind = ir::OpKind::SeqFirst;
+          t.name = uniqueName(out.name() + ".seq_first");
+          t.batch = it->second.shape[1];
+          t.type = g_.op(v).type;
+          t.origin = "graph output '" + out.name() + "', sequence-first";
+          v = g_.addOp(std::move(t), {v});
+        } else if (it->second.seqFirst && it->second.shape.size() != 3) {
+          throw UnsupportedError{"it is sequence-first with its rows flattened (" +
+                                 shapeStr(it->second.shape) +
+                                 "); fpat gives sequence-first outputs as [S, B, E]"};
+        }
         if (g_.isOutput(v)) {
           problem("", "", "graph output '" + out.name() + "' is listed twice");
           continue;
@@ -658,7 +679,62 @@ private:
     op.origin = "graph input '" + in.name() + "'";
     v.v = g_.addOp(std::move(op), {});
     v.intInput = mask;
+    if (seqFirstIn_.count(in.name())) {
+      // [S, B, E] in the caller's order, rows (s, b): the IR's activations are batch-first,
+      // rows (b, s), which a batch_first op makes (no op where S or B is 1: the same rows).
+      v.seqFirst = true;
+      const int64_t seq = v.shape[0], batch = v.shape[1];
+      if (seq > 1 && batch > 1) {
+        ir::Op t;
+        t.kind = ir::OpKind::BatchFirst;
+        t.name = uniqueName(in.name() + ".batch_first");
+        t.batch = batch;
+        t.type = g_.op(*v.v).type;
+        t.origin = "graph input '" + in.name() + "', taken sequence-first";
+        v.v = g_.addOp(std::move(t), {*v.v});
+      }
+      r_.notes.push_back("graph input '" + in.name() + "' " + shapeStr(v.shape) +
+                         " is sequence-first (the model's attention takes axis 1 as the batch)" +
+                         (seq > 1 && batch > 1 ? ": a batch_first op reorders its rows" : ""));
+    }
     vals_[in.name()] = std::move(v);
+  }
+
+  /// The graph inputs whose rows reach `v` through ops that keep rows (row-wise ops, products
+  /// with weights), as a sequence-first input would reach a head split: not through attention.
+  std::set<std::string> rowSources(ir::Vertex v) const {
+    std::set<std::string> found;
+    std::set<ir::Vertex> seen;
+    std::vector<ir::Vertex> todo{v};
+    const ir::TensorDesc& t = g_.op(v).type;
+    if (t.rank() != 2)
+      return found;
+    const int64_t rows = t.shape[0];
+    while (!todo.empty()) {
+      const ir::Vertex w = todo.back();
+      todo.pop_back();
+      if (!seen.insert(w).second)
+        continue;
+      const ir::Op& op = g_.op(w);
+      if (op.type.rank() != 2 || op.type.shape[0] != rows)
+        continue;
+      if (op.kind == ir::OpKind::Input) {
+        if (!op.weight && !op.mask)
+          for (const auto& [name, val] : vals_)
+            if (val.v == w && !val.seqFirst)
+              found.insert(name);
+        continue;
+      }
+      const bool rowWise = op.kind == ir::OpKind::Gemm || op.kind == ir::OpKind::BiasAdd ||
+                           op.kind == ir::OpKind::LayerNorm || op.kind == ir::OpKind::RmsNorm ||
+                           op.kind == ir::OpKind::Activation || op.kind == ir::OpKind::Slice ||
+                           op.kind == ir::OpKind::Concat || ir::isBinaryElementwise(op.kind);
+      if (!rowWise)
+        continue;
+      for (ir::Vertex o : g_.operands(w))
+        todo.push_back(o);
+    }
+    return found;
   }
 
   /// The IR vertex of a value, materialising a constant: one element becomes a `constant`,
@@ -3592,6 +3668,14 @@ private:
         to = View::Heads;
       else if (from == View::HeadsT && perm == P{0, 3, 1, 2})
         to = View::Tokens;
+      if (to == View::None && x.flatSH && !x.seqFirst && x.v &&
+          (perm == P{1, 0, 2} || perm == P{1, 2, 0})) {
+        // [A, C*H, d] to [C*H, A, d]: the model takes axis 1 as the batch, as
+        // nn.MultiheadAttention does with sequence-first activations. Inputs whose rows reach
+        // here are taken sequence-first in a rerun (importModel).
+        const std::set<std::string> sources = rowSources(*x.v);
+        seqFirstFound_.insert(sources.begin(), sources.end());
+      }
       if (to == View::None || (to == View::Tokens && x.repeat != 1))
         throw UnsupportedError{transposeRefusal(x, perm, "an activation split into heads", "")};
       Val v = x;
@@ -4084,6 +4168,8 @@ private:
   std::map<std::string, int> onnxUses_; // nodes reading each value, and graph outputs naming it
   std::map<std::string, ir::Vertex> tokenConsts_; // constants in token order, by use
   std::set<std::string> used_;
+  const std::set<std::string>& seqFirstIn_;
+  std::set<std::string> seqFirstFound_;
 };
 
 } // namespace
@@ -4143,8 +4229,20 @@ ImportResult importModel(const std::string& bytes, const ImportOptions& opts,
         {"", "", "not a valid ONNX model: protobuf decoding failed (truncated or corrupt file)"});
     return r;
   }
-  Importer(opts, acts, r).run(m);
-  return r;
+  // A model that reads an input sequence-first (nn.Transformer's default layers) is found by
+  // its attention's transposes; it imports on a rerun that takes that input so (a decoder's
+  // memory, found later, on another).
+  std::set<std::string> seqFirst;
+  for (;;) {
+    Importer imp(opts, acts, r, seqFirst);
+    imp.run(m);
+    const std::set<std::string>& found = imp.seqFirstFound();
+    if (r.problems.empty() ||
+        std::includes(seqFirst.begin(), seqFirst.end(), found.begin(), found.end()))
+      return r;
+    seqFirst.insert(found.begin(), found.end());
+    r = ImportResult{};
+  }
 }
 
 } // namespace fpat::onnx

@@ -42,7 +42,8 @@ attention (interleaved rotary on part of each head), gptj_attn_dyn_opset17, and 
 MultiheadAttention, TransformerEncoderLayer (post-norm ReLU, pre-norm GeLU) and
 TransformerDecoderLayer (cross-attention to a memory of length mseq), batch_first,
 torch_{mha,encoder,encoder_pre,decoder}_dyn_opset17, and the encoder layer given
-src_key_padding_mask, torch_encoder_pad_dyn_opset17, with
+src_key_padding_mask, torch_encoder_pad_dyn_opset17, and the three sequence-first (torch's
+default, batch_first=False; x [seq, batch, d]), torch_{mha,encoder,decoder}_sf_dyn_opset17, with
 torch's output at length 7 in OUTDIR/../expect (fpatc --inputs/--expect). Needs
 Debian's python3-torch (1.13, which has no scaled_dot_product_attention) and python3-onnx;
 the files in tests/onnx/models were made with it. Small sizes keep them small: d = 64.
@@ -929,6 +930,30 @@ class TorchDecoderLayer(nn.Module):
         return self.m(x, mem, tgt_mask=torch.triu(torch.full((s, s), float("-inf")), 1))
 
 
+class TorchSeqFirst(nn.Module):
+    """torch.nn's MultiheadAttention, TransformerEncoderLayer (post-norm, ReLU) or
+    TransformerDecoderLayer (pre-norm; causal self-attention, cross-attention to mem) as they
+    are by default, batch_first=False: x [S, B, E] (mem [M, B, E]) and y sequence-first."""
+
+    def __init__(self, kind):
+        super().__init__()
+        self.kind = kind
+        if kind == "mha":
+            self.m = nn.MultiheadAttention(D, HEADS)
+        elif kind == "encoder":
+            self.m = nn.TransformerEncoderLayer(D, HEADS, HIDDEN, dropout=0.0)
+        else:
+            self.m = nn.TransformerDecoderLayer(D, HEADS, HIDDEN, dropout=0.0, norm_first=True)
+
+    def forward(self, x, mem=None):
+        s = x.shape[0]
+        if self.kind == "mha":
+            return self.m(x, x, x, need_weights=False)[0]
+        if self.kind == "encoder":
+            return self.m(x)
+        return self.m(x, mem, tgt_mask=torch.triu(torch.full((s, s), float("-inf")), 1))
+
+
 class TorchEncoderPadded(TorchEncoderLayer):
     """torch.nn.TransformerEncoderLayer (post-norm) given src_key_padding_mask, bool [B, S]
     (True: padding), which MultiheadAttention expands to the heads in torch.bmm's form."""
@@ -1164,5 +1189,32 @@ def main():
         ).astype("float32").tofile(os.path.join(expect, "y.f32"))
 
 
+def export_seq_first(out):
+    """torch.nn's attention modules sequence-first (their default), with torch's output at
+    length 7 (memory length 5) on batch 2."""
+    seq_axes = {0: "seq", 1: "batch"}
+    for name, seed, kind in [("torch_mha_sf_dyn_opset17", 139, "mha"),
+                             ("torch_encoder_sf_dyn_opset17", 149, "encoder"),
+                             ("torch_decoder_sf_dyn_opset17", 151, "decoder")]:
+        torch.manual_seed(seed)
+        m = TorchSeqFirst(kind).eval()
+        decoder = kind == "decoder"
+        args, names = (torch.randn(SEQ, BATCH, D),), ["x"]
+        dyn = {"x": seq_axes, "y": seq_axes}
+        if decoder:
+            args += (torch.randn(30, BATCH, D),)
+            names.append("mem")
+            dyn["mem"] = {0: "mseq", 1: "batch"}
+        expect = export_dynamic(m, args, names, dyn, out, name)
+        ins = [torch.randn(7, BATCH, D).half()] + ([torch.randn(5, BATCH, D).half()] if decoder else [])
+        for n, t in zip(names, ins):
+            t.numpy().tofile(os.path.join(expect, f"{n}.f16"))
+        # Gradients on: torch 1.13's fast path of the eval-mode layers is not what was exported.
+        x0 = ins[0].float().requires_grad_()
+        m(x0, *[t.float() for t in ins[1:]]).detach().numpy().astype("float32").tofile(
+            os.path.join(expect, "y.f32"))
+
+
 if __name__ == "__main__":
     main()
+    export_seq_first(sys.argv[1] if len(sys.argv) > 1 else ".")

@@ -292,6 +292,35 @@ BOOST_AUTO_TEST_CASE(rope_heads_and_concat_by_hand) {
       });
 }
 
+BOOST_AUTO_TEST_CASE(token_rows_reordered_by_hand) {
+  // x: 3 positions of 2 sequences, sequence-first (rows s0b0, s0b1, s1b0, ...), rows of 2 whose
+  // first element numbers the row. batch_first gives s0b0, s1b0, s2b0, s0b1, s1b1, s2b1;
+  // seq_first takes them back.
+  GraphBuilder b("rows");
+  Value x = b.input("x", {6, 2}, DType::F32);
+  Value bf = b.batchFirst(x, 2, "bf");
+  Value sf = b.seqFirst(bf, 2, "sf");
+  b.output(bf).output(sf);
+  Graph g = b.build();
+  const std::vector<float> xs = {0, 10, 1, 11, 2, 12, 3, 13, 4, 14, 5, 15};
+  auto vals = evaluate(g, {{"x", make({6, 2}, xs)}});
+  const std::vector<float> want = {0, 10, 2, 12, 4, 14, 1, 11, 3, 13, 5, 15};
+  BOOST_TEST(vals[bf.v].data == want, boost::test_tools::per_element());
+  BOOST_TEST(vals[sf.v].data == xs, boost::test_tools::per_element());
+  GraphBuilder bad("bad");
+  Value o = bad.input("o", {6, 2});
+  for (int64_t batch : {0, 4})
+    BOOST_CHECK_EXCEPTION(bad.batchFirst(o, batch), BuildError, [&](const BuildError& e) {
+      const std::string m = e.what();
+      return m.find(batch ? "does not divide operand 0's 6 rows" : "needs batch = B") !=
+             std::string::npos;
+    });
+  BOOST_CHECK_EXCEPTION(
+      bad.seqFirst(bad.input("r3", {2, 3, 2}), 2), BuildError, [](const BuildError& e) {
+        return std::string(e.what()).find("matrix of token rows") != std::string::npos;
+      });
+}
+
 BOOST_AUTO_TEST_CASE(random_inputs_are_deterministic_and_weights_scaled) {
   GraphBuilder b("r");
   Value x = b.input("x", {4, 300});

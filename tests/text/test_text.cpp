@@ -87,14 +87,16 @@ BOOST_AUTO_TEST_CASE(builder_graph_round_trips_with_every_attribute) {
   Value r = b.rmsnorm(n, g, 0.5, "r");
   Value h = b.gemm(r, w, true, "h");
   Value a = b.activation(h, "gelu_erf", "a");
-  b.output(a).output(f);
+  Value t = b.seqFirst(b.batchFirst(a, 17, "bf"), 17, "sf");
+  b.output(t).output(f);
   Graph orig = b.build();
   std::string text = printGraph(orig);
   BOOST_TEST(text.find("%w.t = input : f16[48, 64]") != std::string::npos, text);
   BOOST_TEST(text.find("%h = gemm %r, %w.t {transpose_b = true} : f16[17, 48]") !=
              std::string::npos);
   BOOST_TEST(text.find("{eps = 1e-06}") != std::string::npos);
-  BOOST_TEST(text.find("output %a, %f32") != std::string::npos);
+  BOOST_TEST(text.find("%bf = batch_first %a {batch = 17} : f16[17, 48]") != std::string::npos);
+  BOOST_TEST(text.find("output %sf, %f32") != std::string::npos);
   Parsed p = parse(text);
   BOOST_TEST_REQUIRE(p.graph.has_value());
   requireSameGraph(orig, *p.graph);

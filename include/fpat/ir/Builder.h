@@ -66,6 +66,9 @@ public:
   Value mergeHeads(Value x, const std::string& name = "");
   /// a and b side by side along the last dimension.
   Value concat(Value a, Value b, const std::string& name = "");
+  /// Token rows of `x` reordered: sequence-first [S*B, E] to batch-first [B*S, E], or back.
+  Value batchFirst(Value x, int64_t batch, const std::string& name = "");
+  Value seqFirst(Value x, int64_t batch, const std::string& name = "");
   /// Rotary embedding, rotate_half form: x * cos + rotate_half(x) * sin.
   Value rope(Value x, Value cos, Value sin, const std::string& name = "", bool interleaved = false);
   Value layernorm(Value x, Value gamma, Value beta, double eps = 1e-5,

@@ -49,6 +49,8 @@ enum class OpKind {
               // or (interleaved, GPT-J's rotate_every_two) (-x[2i+1], x[2i]) over pairs
   Max,        // the larger and the smaller of two operands, broadcast as add is (ONNX's Max
   Min,        // and Min: OPT's clamp of its scores, T5's bucket arithmetic)
+  BatchFirst, // rows of [S*B, E] in sequence-first order, (s, b), reordered to (b, s): [B*S, E]
+  SeqFirst,   // the inverse: rows (b, s) of [B*S, E] reordered to (s, b); both take batch = B
 };
 
 /// The sizes an attention op (attn_qk, attn_pv, attention) works on, from its operands'
@@ -112,7 +114,8 @@ struct Op {
   double eps = 1e-5;                    // layernorm / rmsnorm
   int64_t begin = 0, end = 0;           // slice: the columns kept
   bool interleaved = false;             // rope: rotate pairs (x[2i], x[2i+1]), not halves
-  int64_t batch = 0, headDim = 0;       // attn_qk, attn_pv, attention: B and d
+  int64_t batch = 0, headDim = 0;       // attn_qk, attn_pv, attention: B and d (batch also
+                                        // batch_first and seq_first's B)
   FusedAttrs fused;                     // fused ops only
   SourceLoc loc;                        // where it was defined, when it came from text
 };

@@ -43,6 +43,9 @@ std::vector<std::string> attributeNames(const Op& op) {
   case OpKind::Attention:
   case OpKind::Heads:
     return {"batch", "head_dim"};
+  case OpKind::BatchFirst:
+  case OpKind::SeqFirst:
+    return {"batch"};
   default:
     return {};
   }
@@ -421,7 +424,9 @@ private:
       case OpKind::AttnQk:
       case OpKind::AttnPv:
       case OpKind::Attention:
-      case OpKind::Heads: {
+      case OpKind::Heads:
+      case OpKind::BatchFirst:
+      case OpKind::SeqFirst: {
         const bool slice = op.kind == OpKind::Slice;
         int64_t* field = slice ? (key == "begin" ? &op.begin
                                   : key == "end" ? &op.end

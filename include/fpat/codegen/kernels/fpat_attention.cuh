@@ -43,6 +43,29 @@ __device__ __forceinline__ void concatColumns(const FpatKernelArgs& a) {
   }
 }
 
+template <int V> struct RowPiece; // V elements of 2 bytes, moved as one
+template <> struct RowPiece<8> { using T = uint4; };
+template <> struct RowPiece<4> { using T = uint2; };
+template <> struct RowPiece<2> { using T = unsigned; };
+template <> struct RowPiece<1> { using T = unsigned short; };
+
+/// Rows of in[0] (W elements each) seen as [A, C] written transposed, [C, A]: result row
+/// j A + i is operand row i C + j (batch_first: A = S, C = B; seq_first: A = B, C = S).
+template <int64_t A, int64_t C, int64_t W>
+__device__ __forceinline__ void transposeRows(const FpatKernelArgs& a) {
+  constexpr int V = W % 8 == 0 ? 8 : W % 4 == 0 ? 4 : W % 2 == 0 ? 2 : 1;
+  constexpr int64_t P = W / V; // pieces a row
+  using T = typename RowPiece<V>::T;
+  const T* x = static_cast<const T*>(a.in[0]);
+  T* o = static_cast<T*>(a.out);
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < A * C * P;
+       i += step) {
+    const int64_t row = i / P, j = row / A, k = row % A;
+    o[i] = x[(k * C + j) * P + i % P];
+  }
+}
+
 /// Rotary embedding, rotate_half form, over rows of D (even) elements: out = x * cos +
 /// (-x2, x1) * sin, with cos and sin read through B::at(1 | 2, i) (their broadcast indices).
 /// x's tokens are W elements (its heads) PITCH apart (wider where x is a column view of a

@@ -659,7 +659,9 @@ bool isColumnView(const Graph& g, Vertex v) {
   if (off || op.kind != OpKind::Slice)
     return false;
   const std::vector<int64_t>& from = g.op(g.operands(v).at(0)).type.shape;
-  return !from.empty() && op.begin % 8 == 0 && from.back() % 8 == 0 && readInPlace(g, v);
+  // Token-major operands only: a slice of heads ([B, S, H, d], GPT-NeoX's q, k, v interleaved
+  // per head) is no matrix of tokens a pitch apart.
+  return from.size() == 2 && op.begin % 8 == 0 && from.back() % 8 == 0 && readInPlace(g, v);
 }
 
 std::optional<Vertex> columnViewOf(const Graph& g, Vertex v) {

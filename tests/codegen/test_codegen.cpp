@@ -469,6 +469,18 @@ BOOST_AUTO_TEST_CASE(attention_reads_qkv_columns_in_place) {
   BOOST_TEST(rows.source.find("qPitch = " + std::to_string(W)) != std::string::npos);
   BOOST_TEST(rows.name.find("_p" + std::to_string(W)) != std::string::npos, rows.name);
   BOOST_TEST(unit("o2").name != rows.name);
+  // Slices of heads (GPT-NeoX's q, k, v side by side in each head, [B, S, H, 3 d]) are no
+  // rows of tokens a pitch apart: copied, though aligned and read by attention alone.
+  ir::GraphBuilder n("neox");
+  auto hx = n.heads(n.input("x", {B * S, 3 * H * d}), B, 3 * d);
+  auto part = [&](int i, const char* name) {
+    return n.mergeHeads(n.slice(hx, i * d, (i + 1) * d, name));
+  };
+  n.output(n.attention(part(0, "hq"), part(1, "hk"), part(2, "hv"), n.constant(0.0, {}),
+                       n.constant(0.125, {}), B, d, "o"));
+  ir::Graph ng = n.build();
+  for (const char* name : {"hq", "hk", "hv"})
+    BOOST_TEST(!ir::isColumnView(ng, *ng.find(name)), name);
 }
 
 BOOST_AUTO_TEST_CASE(mma_backend_compiles_for_sm80_sm90,

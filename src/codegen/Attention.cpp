@@ -287,9 +287,10 @@ KernelUnit generateFlashDecode(const ir::Graph& g, ir::Vertex v, const CodegenOp
   int64_t splits = 1;
   while (splits < most && fill(splits) < 0.85 * best)
     ++splits;
-  // FPAT_DECODE_SPLITS=n asks for n splits instead (an experiment's knob), at most one a tile.
+  // FPAT_DECODE_SPLITS=n asks for n splits instead (an experiment's knob), at most one a tile
+  // and 4096 (the merge's shared memory).
   if (const char* env = std::getenv("FPAT_DECODE_SPLITS"); env && std::atoi(env) > 0)
-    splits = std::min<int64_t>(std::atoi(env), tiles);
+    splits = std::min<int64_t>({std::atoi(env), tiles, 4096});
   const int64_t splitTiles = (tiles + splits - 1) / splits;
   splits = (tiles + splitTiles - 1) / splitTiles;
   KernelUnit u = attentionUnit(g, v, s);

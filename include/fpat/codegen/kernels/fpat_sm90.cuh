@@ -73,6 +73,24 @@ __device__ __forceinline__ void tmaLoad2d(void* dst, const void* map, int c0, in
                : "memory");
 }
 
+/// An L2 policy that evicts first what it is given to: data read once (a KV cache streamed by
+/// the decode kernel), which should not push out what is read again.
+__device__ __forceinline__ uint64_t evictFirstPolicy() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
+}
+
+/// tmaLoad2d with an L2 cache policy (evictFirstPolicy).
+__device__ __forceinline__ void tmaLoad2dHint(void* dst, const void* map, int c0, int c1,
+                                              uint64_t* bar, uint64_t policy) {
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+               ".L2::cache_hint [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(smemAddr(dst)),
+               "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(smemAddr(bar)),
+               "l"(policy)
+               : "memory");
+}
+
 /// The same box into the shared memory of every CTA in `mask`, at the same offset, completing
 /// bytes on each one's barrier at `bar`'s offset.
 __device__ __forceinline__ void tmaLoad2dMulticast(void* dst, const void* map, int c0, int c1,

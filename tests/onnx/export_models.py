@@ -43,7 +43,8 @@ MultiheadAttention, TransformerEncoderLayer (post-norm ReLU, pre-norm GeLU) and
 TransformerDecoderLayer (cross-attention to a memory of length mseq), batch_first,
 torch_{mha,encoder,encoder_pre,decoder}_dyn_opset17, and the encoder layer given
 src_key_padding_mask, torch_encoder_pad_dyn_opset17, and the three sequence-first (torch's
-default, batch_first=False; x [seq, batch, d]), torch_{mha,encoder,decoder}_sf_dyn_opset17, with
+default, batch_first=False; x [seq, batch, d]), and nn.Transformer so (one encoder and one
+decoder layer), torch_{mha,encoder,decoder,transformer}_sf_dyn_opset17, with
 torch's output at length 7 in OUTDIR/../expect (fpatc --inputs/--expect). Needs
 Debian's python3-torch (1.13, which has no scaled_dot_product_attention) and python3-onnx;
 the files in tests/onnx/models were made with it. Small sizes keep them small: d = 64.
@@ -931,9 +932,10 @@ class TorchDecoderLayer(nn.Module):
 
 
 class TorchSeqFirst(nn.Module):
-    """torch.nn's MultiheadAttention, TransformerEncoderLayer (post-norm, ReLU) or
-    TransformerDecoderLayer (pre-norm; causal self-attention, cross-attention to mem) as they
-    are by default, batch_first=False: x [S, B, E] (mem [M, B, E]) and y sequence-first."""
+    """torch.nn's MultiheadAttention, TransformerEncoderLayer (post-norm, ReLU),
+    TransformerDecoderLayer (pre-norm; causal self-attention, cross-attention to mem) or a
+    Transformer of one encoder and one decoder layer (mem its source, x its causal target) as
+    they are by default, batch_first=False: x [S, B, E] (mem [M, B, E]), y sequence-first."""
 
     def __init__(self, kind):
         super().__init__()
@@ -942,6 +944,8 @@ class TorchSeqFirst(nn.Module):
             self.m = nn.MultiheadAttention(D, HEADS)
         elif kind == "encoder":
             self.m = nn.TransformerEncoderLayer(D, HEADS, HIDDEN, dropout=0.0)
+        elif kind == "transformer":
+            self.m = nn.Transformer(D, HEADS, 1, 1, HIDDEN, dropout=0.0)
         else:
             self.m = nn.TransformerDecoderLayer(D, HEADS, HIDDEN, dropout=0.0, norm_first=True)
 
@@ -951,7 +955,10 @@ class TorchSeqFirst(nn.Module):
             return self.m(x, x, x, need_weights=False)[0]
         if self.kind == "encoder":
             return self.m(x)
-        return self.m(x, mem, tgt_mask=torch.triu(torch.full((s, s), float("-inf")), 1))
+        mask = torch.triu(torch.full((s, s), float("-inf")), 1)
+        if self.kind == "transformer":  # mem is the encoder's source
+            return self.m(mem, x, tgt_mask=mask)
+        return self.m(x, mem, tgt_mask=mask)
 
 
 class TorchEncoderPadded(TorchEncoderLayer):
@@ -1195,10 +1202,11 @@ def export_seq_first(out):
     seq_axes = {0: "seq", 1: "batch"}
     for name, seed, kind in [("torch_mha_sf_dyn_opset17", 139, "mha"),
                              ("torch_encoder_sf_dyn_opset17", 149, "encoder"),
-                             ("torch_decoder_sf_dyn_opset17", 151, "decoder")]:
+                             ("torch_decoder_sf_dyn_opset17", 151, "decoder"),
+                             ("torch_transformer_sf_dyn_opset17", 157, "transformer")]:
         torch.manual_seed(seed)
         m = TorchSeqFirst(kind).eval()
-        decoder = kind == "decoder"
+        decoder = kind in ("decoder", "transformer")
         args, names = (torch.randn(SEQ, BATCH, D),), ["x"]
         dyn = {"x": seq_axes, "y": seq_axes}
         if decoder:

@@ -1211,13 +1211,22 @@ int mergeGemms(const FpatcOptions& opts, const Patterns& pats, ir::Graph& g,
                std::vector<match::GemmMerge>& merges, std::ostream& out, std::ostream& err) {
   if (!opts.fuse || opts.noRewrite)
     return 0;
-  g = match::mergeSharedGemms(g, &merges);
+  std::vector<match::PartsReorder> reordered;
+  g = match::mergeSharedGemms(match::reorderHeadParts(g, &reordered), &merges);
   auto after = ir::validate(g, pats.activations);
   for (const std::string& p : after)
     err << "fpatc: internal error: the merged graph is invalid: " << p << '\n';
   if (!after.empty())
     return 70;
-  if (!opts.emit.empty() || merges.empty())
+  if (!opts.emit.empty())
+    return 0;
+  if (!reordered.empty())
+    out << "== parts: " << reordered.size() << " projection" << (reordered.size() == 1 ? "" : "s")
+        << " whose heads held their parts side by side reordered to (part, head, d), each part "
+           "a slice of columns\n";
+  for (const match::PartsReorder& r : reordered)
+    out << "  %" << r.projection << ": " << r.parts << " parts\n";
+  if (merges.empty())
     return 0;
   out << "== merge: " << merges.size() << " group" << (merges.size() == 1 ? "" : "s")
       << " of GEMMs on one activation made one GEMM, their results column views of it\n";

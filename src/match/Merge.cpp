@@ -3,6 +3,7 @@
 // projections become one projection, as GPT-2's c_attn is.
 #include "fpat/match/Match.h"
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <optional>
@@ -256,6 +257,113 @@ Graph mergeSharedGemms(const Graph& g, std::vector<GemmMerge>* merged) {
   for (Vertex o : g.outputs())
     out.addOutput(*map[o]);
   return out;
+}
+
+namespace {
+
+/// The weight vertex feeding `v` (a gemm, or a bias_add of one) if it holds values and only that
+/// op reads it.
+std::optional<Vertex> ownWeight(const Graph& g, Vertex v, size_t operand) {
+  const Vertex w = g.operands(v).at(operand);
+  const Op& op = g.op(w);
+  if (!isWeight(op) || !op.data || g.useCount(w) != 1)
+    return std::nullopt;
+  return w;
+}
+
+/// Columns (or, for [N, K] weights, rows) of `w` reordered from (head, part, d) to (part,
+/// head, d).
+void reorderParts(Op& w, int64_t H, int64_t P, int64_t d, bool rowsOfN) {
+  const std::vector<float>& old = *w.data;
+  auto fresh = std::make_shared<std::vector<float>>(old.size());
+  const int64_t C = H * P * d;
+  const int64_t lines = rowsOfN ? 1 : static_cast<int64_t>(old.size()) / C; // K rows, or 1
+  const int64_t run = rowsOfN ? static_cast<int64_t>(old.size()) / C : 1;   // a column's values
+  for (int64_t r = 0; r < lines; ++r)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t p = 0; p < P; ++p)
+        for (int64_t e = 0; e < d; ++e) {
+          const auto from = static_cast<size_t>((r * C + (h * P + p) * d + e) * run);
+          const auto to = static_cast<size_t>((r * C + (p * H + h) * d + e) * run);
+          std::copy_n(old.begin() + static_cast<long>(from), run,
+                      fresh->begin() + static_cast<long>(to));
+        }
+  w.data = std::move(fresh);
+}
+
+} // namespace
+
+Graph reorderHeadParts(const Graph& g, std::vector<PartsReorder>* done) {
+  Graph out = g;
+  ir::FreshNames fresh(g);
+  bool any = false;
+  for (Vertex h : g.vertices()) {
+    const Op& hop = g.op(h);
+    if (hop.kind != OpKind::Heads || g.isOutput(h) || hop.type.rank() != 4)
+      continue;
+    const Vertex x = g.operands(h).at(0);
+    const int64_t B = hop.batch, H = hop.type.shape[2], D = hop.type.shape[3];
+    // Every reader a slice of one part, all parts of one width d.
+    const std::vector<Vertex> slices = g.users(h);
+    int64_t d = 0;
+    bool ok =
+        !slices.empty() && g.useCount(h) == slices.size() && g.useCount(x) == 1 && !g.isOutput(x);
+    for (Vertex s : slices) {
+      const Op& so = g.op(s);
+      const int64_t w = so.end - so.begin;
+      ok = ok && so.kind == OpKind::Slice && (d == 0 || w == d) && so.begin % w == 0;
+      d = w;
+    }
+    if (!ok || d <= 0 || D % d != 0 || D / d < 2)
+      continue;
+    const int64_t P = D / d;
+    // x = gemm(a, W) or bias_add(gemm(a, W), b), each weight with values and read only there.
+    std::vector<std::pair<Vertex, bool>> weights; // weight, [N, K]
+    Vertex gemm = x;
+    if (g.op(x).kind == OpKind::BiasAdd) {
+      const std::optional<Vertex> b = ownWeight(g, x, 1);
+      gemm = g.operands(x).at(0);
+      if (!b || g.useCount(gemm) != 1)
+        continue;
+      weights.push_back({*b, false});
+    }
+    if (g.op(gemm).kind != OpKind::Gemm)
+      continue;
+    const std::optional<Vertex> w = ownWeight(g, gemm, 1);
+    if (!w)
+      continue;
+    weights.push_back({*w, g.op(gemm).transposeB});
+    for (auto [wv, rowsOfN] : weights) {
+      Op& op = out.op(wv);
+      reorderParts(op, H, P, d, rowsOfN);
+      // No longer the model's tensor: a file of --inputs named after it must not replace it.
+      op.name = fresh(op.name + ".parts");
+      op.origin += ", columns reordered to (part, head, d)";
+    }
+    // Part p's slice of the heads becomes the heads of columns p H d .. (p + 1) H d.
+    for (Vertex s : slices) {
+      const int64_t p = g.op(s).begin / d;
+      Op cols;
+      cols.kind = OpKind::Slice;
+      cols.name = fresh(g.op(s).name + ".columns");
+      cols.begin = p * H * d;
+      cols.end = (p + 1) * H * d;
+      cols.type = {{g.op(x).type.shape[0], H * d}, g.op(x).type.dtype};
+      cols.origin = g.op(s).origin;
+      const Vertex c = out.addOp(cols, {x});
+      Op& view = out.op(s);
+      view.kind = OpKind::Heads;
+      view.batch = B;
+      view.headDim = d;
+      view.begin = view.end = 0;
+      boost::remove_edge(h, s, out.impl());
+      out.connect(c, s, 0);
+    }
+    any = true;
+    if (done)
+      done->push_back({g.op(x).name, P});
+  }
+  return any ? removeDeadOps(out) : g;
 }
 
 } // namespace fpat::match

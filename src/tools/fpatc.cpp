@@ -67,8 +67,9 @@ int main(int argc, char** argv) {
                "skip the raising patterns (exporters' decompositions stay as they are)");
   app.add_flag("--no-rewrite", opts.noRewrite,
                "skip the weight rewrites (Rewrite patterns: algebra over weights computed once, "
-               "when the weights are prepared) and the merge of projections that read one "
-               "activation (q, k, v)");
+               "when the weights are prepared), the merge of projections that read one "
+               "activation (q, k, v) and the reorder of parts side by side in heads (GPT-NeoX's "
+               "q, k, v)");
   app.add_option("--precision", opts.precision,
                  "ONNX models: the element type to run in: f16 (default) or bf16 on the tensor "
                  "cores, f32 as the model is (the CPU only)")

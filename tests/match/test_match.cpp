@@ -717,7 +717,84 @@ void sameResults(const Graph& g, const Graph& m) {
              boost::test_tools::per_element());
 }
 
+/// GPT-NeoX's attention: one projection viewed as heads of q, k and v side by side
+/// ([B, S, H, 3 d]), sliced per part. `form` 1: k and v sliced as one (two parts wide); 2: the
+/// weight also read by another GEMM; 3: the heads also read whole (merge_heads).
+Graph neoxGraph(bool bias, bool transposeB, int form = 0) {
+  ir::GraphBuilder b("neox");
+  const int64_t B = 2, S = 3, D = 32, H = 2, d = 16;
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> u(-0.3f, 0.3f);
+  auto values = [&](int64_t n) {
+    std::vector<float> v(static_cast<size_t>(n));
+    for (float& x : v)
+      x = u(rng);
+    return v;
+  };
+  auto x = b.input("x", {B * S, D});
+  const int64_t C = 3 * H * d;
+  auto w = b.weight("w", transposeB ? std::vector<int64_t>{C, D} : std::vector<int64_t>{D, C},
+                    ir::DType::F16, values(D * C));
+  auto y = b.gemm(x, w, transposeB, "qkv");
+  if (bias)
+    y = b.bias(y, b.weight("bqkv", {C}, ir::DType::F16, values(C)), "qkvb");
+  auto h = b.heads(y, B, 3 * d, "h");
+  auto part = [&](int64_t from, int64_t to, const char* name) {
+    return b.mergeHeads(b.slice(h, from * d, to * d, name));
+  };
+  auto q = part(0, 1, "q");
+  ir::Value o;
+  if (form == 1) {
+    auto kv = b.heads(part(1, 3, "kv"), B, 2 * d);
+    o = b.attention(q, b.mergeHeads(b.slice(kv, 0, d)), b.mergeHeads(b.slice(kv, d, 2 * d)),
+                    b.constant(0.0), b.constant(0.25), B, d, "o");
+  } else {
+    o = b.attention(q, part(1, 2, "k"), part(2, 3, "v"), b.constant(0.0), b.constant(0.25), B, d,
+                    "o");
+  }
+  if (form == 2)
+    o = b.add(o, b.slice(b.gemm(x, w, transposeB), 0, H * d));
+  if (form == 3)
+    o = b.add(o, b.slice(b.mergeHeads(h), 0, H * d));
+  b.output(o);
+  return b.build();
+}
+
 } // namespace
+
+BOOST_AUTO_TEST_CASE(parts_side_by_side_in_heads_become_slices_of_columns) {
+  // GPT-NeoX's fused projection, [K, N] and [N, K], with a bias and without: its columns
+  // reordered to (part, head, d), q, k and v slices of columns that attention reads in place;
+  // the same values, bit for bit.
+  for (bool bias : {false, true})
+    for (bool transposeB : {false, true})
+      BOOST_TEST_CONTEXT("bias " << bias << ", transpose_b " << transposeB) {
+        Graph g = neoxGraph(bias, transposeB);
+        std::vector<PartsReorder> done;
+        Graph m = reorderHeadParts(g, &done);
+        BOOST_TEST(ir::validate(m).empty());
+        BOOST_TEST_REQUIRE(done.size() == 1u);
+        BOOST_TEST(done[0].projection == (bias ? "qkvb" : "qkv"));
+        BOOST_TEST(done[0].parts == 3);
+        BOOST_TEST(!m.find("w").has_value()); // renamed: no longer the model's tensor
+        BOOST_TEST(m.find("w.parts").has_value());
+        BOOST_TEST(!m.find("h").has_value());
+        for (const char* r : {"q.columns", "k.columns", "v.columns"}) {
+          const std::optional<ir::Vertex> c = m.find(r);
+          BOOST_TEST_REQUIRE(c.has_value(), r);
+          BOOST_TEST(ir::isColumnView(m, *c), r);
+          BOOST_TEST(ir::rowPitch(m, *c) == 96);
+        }
+        sameResults(g, m);
+      }
+  // Not reordered: a slice two parts wide, a weight another GEMM reads, heads read whole.
+  for (int form : {1, 2, 3}) {
+    Graph g = neoxGraph(true, false, form);
+    std::vector<PartsReorder> done;
+    BOOST_TEST(ir::printGraph(reorderHeadParts(g, &done)) == ir::printGraph(g), "form " << form);
+    BOOST_TEST(done.empty(), "form " << form);
+  }
+}
 
 BOOST_AUTO_TEST_CASE(gemms_on_one_activation_read_in_place_merge_into_one) {
   // Llama (no bias, [K, N] weights as exporters write them), Qwen2 (biases) and nn.Linear's
@@ -733,9 +810,9 @@ BOOST_AUTO_TEST_CASE(gemms_on_one_activation_read_in_place_merge_into_one) {
         BOOST_TEST(ir::validate(m).empty());
         BOOST_TEST_REQUIRE(merged.size() == 1u);
         BOOST_TEST(merged[0].input == "n");
-        BOOST_TEST((merged[0].results == std::vector<std::string>{bias ? "qb" : "q",
-                                                                  bias ? "kb" : "k",
-                                                                  bias ? "vb" : "v"}));
+        BOOST_TEST(
+            (merged[0].results ==
+             std::vector<std::string>{bias ? "qb" : "q", bias ? "kb" : "k", bias ? "vb" : "v"}));
         BOOST_TEST(countKind(m, ir::OpKind::Gemm) == 1u);
         BOOST_TEST(countKind(m, ir::OpKind::BiasAdd) == (bias ? 1u : 0u));
         BOOST_TEST(m.users(*m.find("n")).size() == 1u);

@@ -159,6 +159,20 @@ struct GemmMerge {
 /// run time are left apart. Merges made go to `merged`.
 ir::Graph mergeSharedGemms(const ir::Graph& g, std::vector<GemmMerge>* merged = nullptr);
 
+/// A projection whose heads held their parts side by side, reordered by reorderHeadParts.
+struct PartsReorder {
+  std::string projection;
+  int64_t parts = 0;
+};
+
+/// A projection viewed as heads [B, S, H, P d] whose every reader is a slice of one of the P
+/// parts (GPT-NeoX's q, k and v side by side in each head), computed by a GEMM (and a
+/// bias_add) on weights with values that only it reads: the weights' columns are reordered to
+/// (part, head, d) and each part's slice becomes a slice of columns of the projection, seen as
+/// heads, which attention can read in place (ir::isColumnView). BLOOM's [B, S, H, P, d] view
+/// gets the same reorder at import.
+ir::Graph reorderHeadParts(const ir::Graph& g, std::vector<PartsReorder>* done = nullptr);
+
 /// Removes ops (not inputs) whose value nothing reads and that are not outputs.
 ir::Graph removeDeadOps(const ir::Graph& g);
 

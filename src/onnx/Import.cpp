@@ -3381,6 +3381,14 @@ private:
     if (!x.isConst && x.view == Val::View::None && shape.size() == 5 && shape[3] > 1 &&
         fusedParts(n, x, shape))
       return;
+    if (!x.isConst && x.v && x.seqFirst && x.view == Val::View::None && shape.size() == 4 &&
+        x.shape.size() == 3 && shape[0] == x.shape[0] && shape[1] == x.shape[1]) {
+      // Heads [A, C, H, d] of what was taken as [S, B, E] transposed from batch-first: the
+      // model's batch is axis 0 here, so its input was sequence-first (fairseq's
+      // x.transpose(0, 1) on entry). Inputs whose rows reach here are taken so in a rerun.
+      const std::set<std::string> sources = rowSources(*x.v);
+      seqFirstFound_.insert(sources.begin(), sources.end());
+    }
     if (!x.isConst &&
         (x.view != Val::View::None || shape.size() == 4 || headRows(x, shape) ||
          seqFirstHeads(x, shape)) &&

@@ -44,7 +44,9 @@ TransformerDecoderLayer (cross-attention to a memory of length mseq), batch_firs
 torch_{mha,encoder,encoder_pre,decoder}_dyn_opset17, and the encoder layer given
 src_key_padding_mask, torch_encoder_pad_dyn_opset17, and the three sequence-first (torch's
 default, batch_first=False; x [seq, batch, d]), and nn.Transformer so (one encoder and one
-decoder layer), torch_{mha,encoder,decoder,transformer}_sf_dyn_opset17, with
+decoder layer), torch_{mha,encoder,decoder,transformer}_sf_dyn_opset17, and an attention block
+in fairseq's layout (x [T, B, C] transposed to batch-first on entry and back on exit),
+fairseq_attn_sf_dyn_opset17, with
 torch's output at length 7 in OUTDIR/../expect (fpatc --inputs/--expect). Needs
 Debian's python3-torch (1.13, which has no scaled_dot_product_attention) and python3-onnx;
 the files in tests/onnx/models were made with it. Small sizes keep them small: d = 64.
@@ -1196,6 +1198,29 @@ def main():
         ).astype("float32").tofile(os.path.join(expect, "y.f32"))
 
 
+class FairseqAttention(nn.Module):
+    """fairseq's layout: x [T, B, C] transposed to batch-first on entry (a pre-norm attention
+    block with a fused projection split in three), transposed back on exit."""
+
+    def __init__(self):
+        super().__init__()
+        self.ln = nn.LayerNorm(D)
+        self.qkv = nn.Linear(D, 3 * D)
+        self.o = nn.Linear(D, D)
+
+    def forward(self, x):
+        x = x.transpose(0, 1)
+        b, t, _ = x.shape
+        q, k, v = self.qkv(self.ln(x)).split(D, dim=-1)
+
+        def heads(z):
+            return z.view(b, t, HEADS, D // HEADS).transpose(1, 2)
+
+        w = torch.softmax(heads(q) @ heads(k).transpose(-1, -2) / math.sqrt(D // HEADS), -1)
+        y = (w @ heads(v)).transpose(1, 2).reshape(b, t, D)
+        return (x + self.o(y)).transpose(0, 1)
+
+
 def export_seq_first(out):
     """torch.nn's attention modules sequence-first (their default), with torch's output at
     length 7 (memory length 5) on batch 2."""
@@ -1203,9 +1228,10 @@ def export_seq_first(out):
     for name, seed, kind in [("torch_mha_sf_dyn_opset17", 139, "mha"),
                              ("torch_encoder_sf_dyn_opset17", 149, "encoder"),
                              ("torch_decoder_sf_dyn_opset17", 151, "decoder"),
-                             ("torch_transformer_sf_dyn_opset17", 157, "transformer")]:
+                             ("torch_transformer_sf_dyn_opset17", 157, "transformer"),
+                             ("fairseq_attn_sf_dyn_opset17", 163, "fairseq")]:
         torch.manual_seed(seed)
-        m = TorchSeqFirst(kind).eval()
+        m = (FairseqAttention() if kind == "fairseq" else TorchSeqFirst(kind)).eval()
         decoder = kind in ("decoder", "transformer")
         args, names = (torch.randn(SEQ, BATCH, D),), ["x"]
         dyn = {"x": seq_axes, "y": seq_axes}

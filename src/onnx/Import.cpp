@@ -694,7 +694,7 @@ private:
         v.v = g_.addOp(std::move(t), {*v.v});
       }
       r_.notes.push_back("graph input '" + in.name() + "' " + shapeStr(v.shape) +
-                         " is sequence-first (the model's attention takes axis 1 as the batch)" +
+                         " is sequence-first (the model takes axis 1 as the batch)" +
                          (seq > 1 && batch > 1 ? ": a batch_first op reorders its rows" : ""));
     }
     vals_[in.name()] = std::move(v);
@@ -1649,9 +1649,20 @@ private:
       }
       const bool lastAxis =
           v.isConst && (count(v) == 1 || (!v.shape.empty() && numel(v.shape) == v.shape.back()));
-      if (!lastAxis && !(product && i == 1 && v.isConst) && !(v.isConst && v.integer))
+      if (!lastAxis && !(product && i == 1 && v.isConst) && !(v.isConst && v.integer)) {
+        // An activation of the same [S, B, E] shape, row-wise beside a sequence-first one, is
+        // sequence-first too: inputs whose rows reach it are taken so in a rerun.
+        if (!v.isConst && v.v && v.view == Val::View::None && v.shape.size() == 3 &&
+            std::any_of(n.input().begin(), n.input().end(), [&](const std::string& o) {
+              const auto it = vals_.find(o);
+              return it != vals_.end() && it->second.seqFirst && it->second.shape == v.shape;
+            })) {
+          const std::set<std::string> sources = rowSources(*v.v);
+          seqFirstFound_.insert(sources.begin(), sources.end());
+        }
         throw UnsupportedError{what + " beside '" + v.name + "' " + shapeStr(v.shape) +
                                ", whose rows are in the model's order"};
+      }
     }
     return true;
   }

@@ -46,7 +46,8 @@ src_key_padding_mask, torch_encoder_pad_dyn_opset17, and the three sequence-firs
 default, batch_first=False; x [seq, batch, d]), and nn.Transformer so (one encoder and one
 decoder layer), torch_{mha,encoder,decoder,transformer}_sf_dyn_opset17, and an attention block
 in fairseq's layout (x [T, B, C] transposed to batch-first on entry and back on exit),
-fairseq_attn_sf_dyn_opset17, with
+fairseq_attn_sf_dyn_opset17, and an encoder layer whose output is added to a second
+sequence-first input, torch_encoder_res_sf_dyn_opset17, with
 torch's output at length 7 in OUTDIR/../expect (fpatc --inputs/--expect). Needs
 Debian's python3-torch (1.13, which has no scaled_dot_product_attention) and python3-onnx;
 the files in tests/onnx/models were made with it. Small sizes keep them small: d = 64.
@@ -948,6 +949,8 @@ class TorchSeqFirst(nn.Module):
             self.m = nn.TransformerEncoderLayer(D, HEADS, HIDDEN, dropout=0.0)
         elif kind == "transformer":
             self.m = nn.Transformer(D, HEADS, 1, 1, HIDDEN, dropout=0.0)
+        elif kind == "residual":
+            self.m = nn.TransformerEncoderLayer(D, HEADS, HIDDEN, dropout=0.0)
         else:
             self.m = nn.TransformerDecoderLayer(D, HEADS, HIDDEN, dropout=0.0, norm_first=True)
 
@@ -957,6 +960,8 @@ class TorchSeqFirst(nn.Module):
             return self.m(x, x, x, need_weights=False)[0]
         if self.kind == "encoder":
             return self.m(x)
+        if self.kind == "residual":  # mem: an input that meets x's rows only after attention
+            return self.m(x) + mem
         mask = torch.triu(torch.full((s, s), float("-inf")), 1)
         if self.kind == "transformer":  # mem is the encoder's source
             return self.m(mem, x, tgt_mask=mask)
@@ -1229,18 +1234,21 @@ def export_seq_first(out):
                              ("torch_encoder_sf_dyn_opset17", 149, "encoder"),
                              ("torch_decoder_sf_dyn_opset17", 151, "decoder"),
                              ("torch_transformer_sf_dyn_opset17", 157, "transformer"),
-                             ("fairseq_attn_sf_dyn_opset17", 163, "fairseq")]:
+                             ("fairseq_attn_sf_dyn_opset17", 163, "fairseq"),
+                             ("torch_encoder_res_sf_dyn_opset17", 167, "residual")]:
         torch.manual_seed(seed)
         m = (FairseqAttention() if kind == "fairseq" else TorchSeqFirst(kind)).eval()
         decoder = kind in ("decoder", "transformer")
         args, names = (torch.randn(SEQ, BATCH, D),), ["x"]
         dyn = {"x": seq_axes, "y": seq_axes}
-        if decoder:
-            args += (torch.randn(30, BATCH, D),)
+        if decoder or kind == "residual":
+            args += (torch.randn(30 if decoder else SEQ, BATCH, D),)
             names.append("mem")
-            dyn["mem"] = {0: "mseq", 1: "batch"}
+            dyn["mem"] = {0: "mseq" if decoder else "seq", 1: "batch"}
         expect = export_dynamic(m, args, names, dyn, out, name)
-        ins = [torch.randn(7, BATCH, D).half()] + ([torch.randn(5, BATCH, D).half()] if decoder else [])
+        ins = [torch.randn(7, BATCH, D).half()] + ([torch.randn(5, BATCH, D).half()] if decoder else
+                                                   [torch.randn(7, BATCH, D).half()]
+                                                   if kind == "residual" else [])
         for n, t in zip(names, ins):
             t.numpy().tofile(os.path.join(expect, f"{n}.f16"))
         # Gradients on: torch 1.13's fast path of the eval-mode layers is not what was exported.

@@ -1436,6 +1436,7 @@ private:
     static const std::map<std::string, Converter> table = {
         {"Abs", un("abs", [](double x) { return std::fabs(x); })},
         {"Add", bin(ir::OpKind::Add)},
+        {"Attention", member(&Importer::attentionOp)},
         {"Cast", member(&Importer::cast)},
         {"Clip", member(&Importer::clip)},
         {"Concat", member(&Importer::concat)},
@@ -1516,8 +1517,8 @@ private:
                                                      "Reshape", "Slice",  "Squeeze", "Unsqueeze",
                                                      "Equal",   "Not",    "Where"};
     // A mask's Expand is left to the elementwise ops after it, which broadcast it the same.
-    static const std::set<std::string> kBroadcasting = {"Cast", "Equal", "Not", "Where", "Add",
-                                                        "Sub",  "Mul",   "Div", "Max",   "Min"};
+    static const std::set<std::string> kBroadcasting = {
+        "Cast", "Equal", "Not", "Where", "Add", "Sub", "Mul", "Div", "Max", "Min", "Attention"};
     if (n.op_type() == "Reshape" && bmmFormMask(n))
       return;
     for (const std::string& name : n.input())
@@ -1536,7 +1537,8 @@ private:
                                "' is a mask expanded to another shape; fpat supports that only "
                                "before elementwise ops (Cast, Equal, Not, Where, Add, Sub, Mul, "
                                "Div, Max, Min), which broadcast it"};
-      if (!v->second.intInput)
+      if (!v->second.intInput || (n.op_type() == "Attention" && n.input_size() > 3 &&
+                                  name == n.input(3))) // its bool mask: attentionOp
         continue;
       if (!kMaskMoves.count(n.op_type()))
         throw UnsupportedError{
@@ -3956,6 +3958,159 @@ private:
     Val v = X;
     v.v = emit(n, op, ops, g_.op(*X.v).type.shape).v;
     define(n, std::move(v));
+  }
+
+  /// One of ONNX Attention's Q, K, V (opset 23: what torch's dynamo exporter writes for
+  /// scaled_dot_product_attention): its token-major vertex [B*S, H*d] and B, S, H, d. Rank 3
+  /// ([B, S, H*d], `heads` from the node's attribute) or rank 4 heads of a token-major
+  /// activation ([B, H, S, d], a Reshape and Transpose of a projection).
+  struct AttnIn {
+    ir::Vertex v;
+    int64_t batch, seq, heads, d;
+  };
+  AttnIn attnIn(const NodeProto& n, int i, const char* what, const char* headsAttr) {
+    Val& x = in(n, i);
+    const std::string name = std::string(what) + " '" + x.name + "' " + shapeStr(x.shape);
+    if (x.isConst || !x.v || x.seqFirst || x.queryMajor || x.intInput || x.lazyExpand)
+      throw UnsupportedError{name + " must be an activation in the model's row order"};
+    if (x.shape.size() == 3 && x.view == Val::View::None) {
+      const int64_t h = intAttr(n, headsAttr, 0);
+      if (h < 1 || x.shape[2] % h != 0)
+        throw UnsupportedError{name + " is rank 3, [B, S, H*d]: attribute " + headsAttr +
+                               " must divide its last dimension"};
+      if (g_.op(*x.v).type.shape != std::vector<int64_t>{x.shape[0] * x.shape[1], x.shape[2]})
+        throw UnsupportedError{name + " is not token-major"};
+      return {*x.v, x.shape[0], x.shape[1], h, x.shape[2] / h};
+    }
+    if (x.shape.size() == 4 && x.view == Val::View::Heads && !x.flatBH && x.repeat == 1)
+      return {*x.v, x.batch, x.seq, x.heads, x.headDim};
+    throw UnsupportedError{name + " must be [B, S, H*d] or the heads [B, H, S, d] of a token-major "
+                                  "activation (a Reshape and Transpose of a projection)"};
+  }
+
+  /// ONNX Attention (opset 23): one `attention` op. The mask (bool: true keeps; float: added)
+  /// and is_causal (top-left, as the operator defines it without a cache) become its bias; a
+  /// run-time bool mask a fill of f32's lowest (-65504 in f16) where it is false, so a fully
+  /// masked row averages where ONNX gives NaN. Caches, softcap and the scores output are
+  /// refused.
+  void attentionOp(const NodeProto& n) {
+    for (int i = 4; i < n.input_size(); ++i)
+      if (!n.input(i).empty())
+        throw UnsupportedError{std::string(i == 6 ? "nonpad_kv_seqlen" : "a past key or value") +
+                               " (a KV cache in the graph) is not supported"};
+    if (floatAttr(n, "softcap", 0.0) != 0.0)
+      throw UnsupportedError{"softcap is not supported"};
+    for (int o = 1; o < n.output_size(); ++o)
+      if (!n.output(o).empty() && o == 3)
+        throw UnsupportedError{"its output qk_matmul_output (the scores) is not supported"};
+    const AttnIn q = attnIn(n, 0, "Q", "q_num_heads"), k = attnIn(n, 1, "K", "kv_num_heads"),
+                 v = attnIn(n, 2, "V", "kv_num_heads");
+    const Val& qv = in(n, 0);
+    if (k.batch != q.batch || v.batch != q.batch || k.seq != v.seq || k.heads != v.heads ||
+        k.d != q.d || v.d != q.d || q.heads % k.heads != 0)
+      throw UnsupportedError{"Q " + shapeStr(qv.shape) + ", K " + shapeStr(in(n, 1).shape) +
+                             " and V " + shapeStr(in(n, 2).shape) +
+                             " must share the batch and head size, K and V their length and "
+                             "heads, whose count divides Q's"};
+    const int64_t B = q.batch, Sq = q.seq, Sk = k.seq;
+    const bool causal = intAttr(n, "is_causal", 0) != 0;
+    const double lowest = -3.4028234663852886e38;
+    // The bias [.., Sq, Sk]: the mask's, the causal one's, or their sum.
+    std::optional<ir::Vertex> bias;
+    auto constBias = [&](std::vector<int64_t> shape, const std::function<double(size_t)>& f) {
+      ir::Op w;
+      w.kind = ir::OpKind::Input;
+      w.weight = true;
+      w.name = uniqueName(n.output(0) + ".bias");
+      w.type = {shape, *dtype_};
+      w.origin = "node '" + nodeName(n) + "' (Attention): its mask as a bias";
+      auto data = std::make_shared<std::vector<float>>(static_cast<size_t>(numel(shape)));
+      for (size_t i = 0; i < data->size(); ++i)
+        (*data)[i] = static_cast<float>(f(i));
+      w.data = std::move(data);
+      return g_.addOp(std::move(w), {});
+    };
+    if (hasIn(n, 3)) {
+      Val& m = in(n, 3);
+      if (m.shape.empty() || m.shape.size() > 4 || m.shape.back() != Sk ||
+          (m.shape.size() >= 2 && m.shape[m.shape.size() - 2] != Sq &&
+           m.shape[m.shape.size() - 2] != 1))
+        throw UnsupportedError{"its mask '" + m.name + "' " + shapeStr(m.shape) +
+                               " must broadcast to the scores [B, H, " + std::to_string(Sq) + ", " +
+                               std::to_string(Sk) + "] (a shorter mask is not supported)"};
+      std::vector<int64_t> shape = m.shape;
+      while (shape.size() < 4)
+        shape.insert(shape.begin(), 1);
+      const bool boolean = m.integer || m.intInput || m.binary01;
+      if (m.isConst) {
+        bias = constBias(shape, [&](size_t i) {
+          const double x = at(m, count(m) == 1 ? 0 : i);
+          return boolean ? (x != 0 ? 0.0 : -INFINITY) : x;
+        });
+      } else {
+        Val mm = m; // a bool input is a float one of 0s and 1s in the IR
+        mm.binary01 = mm.binary01 || mm.intInput;
+        mm.intInput = false;
+        ir::Vertex t = tensor(mm);
+        if (g_.op(t).type.shape != m.shape)
+          throw UnsupportedError{"its mask '" + m.name + "' " + shapeStr(m.shape) +
+                                 " is not held in its own order (rank 3 masks are folded)"};
+        if (boolean) { // (m - 1) * -lowest: 0 where kept, lowest where not
+          ir::Op one, sub, fill, mul;
+          one.kind = fill.kind = ir::OpKind::Constant;
+          one.value = 1.0;
+          fill.value = -lowest;
+          one.type = fill.type = {{}, *dtype_};
+          sub.kind = ir::OpKind::Sub;
+          mul.kind = ir::OpKind::Mul;
+          const ir::Vertex c1 = emit(n, one, {}, {}, 0, n.output(0) + ".one").v.value();
+          const ir::Vertex d = emit(n, sub, {t, c1}, shape, 0, n.output(0) + ".kept").v.value();
+          const ir::Vertex f = emit(n, fill, {}, {}, 0, n.output(0) + ".fill").v.value();
+          t = emit(n, mul, {d, f}, shape, 0, n.output(0) + ".bias").v.value();
+        }
+        bias = t;
+      }
+    }
+    if (causal) {
+      const ir::Vertex c = constBias({1, 1, Sq, Sk}, [&](size_t i) {
+        return static_cast<int64_t>(i) % Sk > static_cast<int64_t>(i) / Sk ? -INFINITY : 0.0;
+      });
+      if (bias) {
+        ir::Op add;
+        add.kind = ir::OpKind::Add;
+        bias = emit(n, add, {*bias, c}, {}, 0, n.output(0) + ".masks").v.value();
+      } else {
+        bias = c;
+      }
+    }
+    ir::Op zero, sc;
+    zero.kind = sc.kind = ir::OpKind::Constant;
+    zero.type = sc.type = {{}, *dtype_};
+    sc.value = floatAttr(n, "scale", 1.0 / std::sqrt(static_cast<double>(q.d)));
+    if (!bias)
+      bias = emit(n, zero, {}, {}, 0, n.output(0) + ".nobias").v.value();
+    const ir::Vertex scale = emit(n, sc, {}, {}, 0, n.output(0) + ".scale").v.value();
+    ir::Op op;
+    op.kind = ir::OpKind::Attention;
+    op.batch = B;
+    op.headDim = q.d;
+    const bool heads4 = qv.shape.size() == 4;
+    Val y = emit(n, op, {q.v, k.v, v.v, *bias, scale},
+                 heads4 ? std::vector<int64_t>{B, q.heads, Sq, q.d}
+                        : std::vector<int64_t>{B, Sq, q.heads * q.d});
+    if (heads4) { // the heads [B, H, Sq, d] of the token-major result, as P V gives them
+      y.view = Val::View::Heads;
+      y.batch = B;
+      y.seq = Sq;
+      y.heads = q.heads;
+      y.headDim = q.d;
+      y.repeat = 1;
+    }
+    define(n, std::move(y));
+    // present_key and present_value without a cache: K and V themselves.
+    for (int o = 1; o < 3 && o < n.output_size(); ++o)
+      if (!n.output(o).empty())
+        define(n, in(n, o), o);
   }
 
   /// MatMul of heads: Q K^T ([B, H, Sq, d] x [B, H, d, Sk]) is attn_qk, P V ([B, H, Sq, Sk] x

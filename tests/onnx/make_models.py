@@ -468,3 +468,73 @@ save("every_other_element",
       numpy_helper.from_array(np.array([3], dtype=np.int64), "ax"),
       numpy_helper.from_array(np.array([2], dtype=np.int64), "st"),
       numpy_helper.from_array(np.array([1, 4, 4], dtype=np.int64), "flat")])
+
+# ONNX's Attention (opset 23), as torch's dynamo exporter writes scaled_dot_product_attention:
+# Q, K, V rank 3 with head counts as attributes (GQA, is_causal), or the heads [B, H, S, d] of
+# projections with a bool padding mask and a scale; with inputs and the output numpy computes
+# from the operator's definition (OUT/NAME_io). And two it must refuse: a KV cache, softcap.
+# Last, so that the weights drawn above come out as before.
+def sdpa(q, k, v, bias, scale):  # [B, H, Sq, d], [B, Hkv, Sk, d]: the operator's reference
+    rep = q.shape[1] // k.shape[1]
+    k, v = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)
+    s = (q @ k.transpose(0, 1, 3, 2)) * scale + bias
+    p = np.exp(s - s.max(-1, keepdims=True))
+    return (p / p.sum(-1, keepdims=True)) @ v
+
+
+def attention23(name, heads4, with_mask, extra=None):
+    B, S, E, H, HKV, d = 2, 7, 64, 4, 2, 16
+    ws = [weight(n, E, c) for n, c in (("Wq", H * d), ("Wk", HKV * d), ("Wv", HKV * d))]
+    wo = weight("Wo", H * d, E)
+    nodes = [helper.make_node("MatMul", ["x", w.name], [w.name[1] + "p"], name=w.name[1] + "_proj")
+             for w in ws]
+    inits = ws + [wo]
+    ins = ["qp", "kp", "vp"]
+    if heads4:
+        for t, h in (("q", H), ("k", HKV), ("v", HKV)):
+            inits.append(numpy_helper.from_array(np.array([B, S, h, d], np.int64), t + "_shape"))
+            nodes += [helper.make_node("Reshape", [t + "p", t + "_shape"], [t + "r"]),
+                      helper.make_node("Transpose", [t + "r"], [t + "h"], perm=[0, 2, 1, 3])]
+        ins = ["qh", "kh", "vh"]
+    attrs = {} if heads4 else {"q_num_heads": H, "kv_num_heads": HKV}
+    attrs.update({"scale": 0.3} if with_mask else {"is_causal": 1})
+    attrs.update(extra or {})
+    graph_ins = [f32("x", [B, S, E])]
+    if with_mask:
+        ins.append("m")
+        graph_ins.append(helper.make_tensor_value_info("m", TensorProto.BOOL, [B, 1, 1, S]))
+    outs = ["o", "present_k"] if heads4 else ["o"]
+    nodes.append(helper.make_node("Attention", ins, outs, name="sdpa", **attrs))
+    if heads4:
+        inits.append(numpy_helper.from_array(np.array([B, S, H * d], np.int64), "o_shape"))
+        nodes += [helper.make_node("Transpose", ["o"], ["ot"], perm=[0, 2, 1, 3]),
+                  helper.make_node("Reshape", ["ot", "o_shape"], ["o3"])]
+    nodes.append(helper.make_node("MatMul", ["o3" if heads4 else "o", "Wo"], ["y"], name="o_proj"))
+    save(name, nodes, graph_ins, [f32("y", [B, S, E])], inits, opset=23)
+    io = os.path.join(OUT, name + "_io")
+    os.makedirs(io, exist_ok=True)
+    x = rng.standard_normal((B, S, E)).astype(np.float16)
+    x.tofile(os.path.join(io, "x.f16"))
+    xd = x.astype(np.float64)
+    q, k, v = [(xd @ numpy_helper.to_array(w).astype(np.float64)).reshape(B, S, -1, d)
+               .transpose(0, 2, 1, 3) for w in ws]
+    if with_mask:
+        m = np.ones((B, 1, 1, S), bool)
+        m[1, 0, 0, 4:] = False  # the second sequence is 4 tokens long
+        m.tofile(os.path.join(io, "m.bool"))
+        bias, scale = np.where(m, 0.0, -np.inf), 0.3
+    else:
+        bias, scale = np.triu(np.full((S, S), -np.inf), 1), 1 / np.sqrt(d)
+    o = sdpa(q, k, v, bias, scale).transpose(0, 2, 1, 3).reshape(B, S, H * d)
+    (o @ numpy_helper.to_array(wo).astype(np.float64)).astype(np.float32).tofile(
+        os.path.join(io, "y.f32"))
+
+
+attention23("attention23_gqa_causal", heads4=False, with_mask=False)
+attention23("attention23_heads_mask", heads4=True, with_mask=True)
+attention23("attention23_softcap", heads4=False, with_mask=False, extra={"softcap": 30.0})
+save("attention23_cache",
+     [helper.make_node("Attention", ["q", "k", "v", "", "pk", "pv"], ["y", "k2", "v2"],
+                       name="cached", q_num_heads=2, kv_num_heads=2)],
+     [f32("q", [1, 1, 32]), f32("k", [1, 1, 32]), f32("v", [1, 1, 32]),
+      f32("pk", [1, 2, 5, 16]), f32("pv", [1, 2, 5, 16])], [f32("y", [1, 1, 32])], [], opset=23)

@@ -1459,6 +1459,7 @@ private:
         {"Pow", bin(ir::OpKind::Pow)},
         {"Max", member(&Importer::maxMin)},
         {"Min", member(&Importer::maxMin)},
+        {"RMSNormalization", member(&Importer::rmsNorm)},
         {"Range", member(&Importer::range)},
         {"Reciprocal", un("reciprocal", [](double x) { return 1.0 / x; })},
         {"ReduceMean", member(&Importer::reduceMean)},
@@ -1625,6 +1626,7 @@ private:
                                                    "Identity",
                                                    "Dropout",
                                                    "LayerNormalization",
+                                                   "RMSNormalization",
                                                    "ReduceMean",
                                                    "Softmax",
                                                    "Slice",
@@ -3311,6 +3313,18 @@ private:
       beta = tensor(zeros);
     }
     define(n, emit(n, op, {tensor(x), gamma, beta}, x.shape));
+  }
+
+  /// RMSNormalization (opset 23): x / sqrt(mean(x^2) + epsilon) * scale over the last axis.
+  void rmsNorm(const NodeProto& n) {
+    Val& x = in(n, 0);
+    if (normAxis(intAttr(n, "axis", -1), x.shape.size()) + 1 !=
+        static_cast<int64_t>(x.shape.size()))
+      throw UnsupportedError{"only a norm over the last axis is supported"};
+    ir::Op op;
+    op.kind = ir::OpKind::RmsNorm;
+    op.eps = floatAttr(n, "epsilon", 1e-5);
+    define(n, emit(n, op, {tensor(x), tensor(in(n, 1))}, x.shape));
   }
 
   /// Reshape's target for an input of shape `from`: 0 copies its dimension (unless allowzero),

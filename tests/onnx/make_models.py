@@ -538,3 +538,26 @@ save("attention23_cache",
                        name="cached", q_num_heads=2, kv_num_heads=2)],
      [f32("q", [1, 1, 32]), f32("k", [1, 1, 32]), f32("v", [1, 1, 32]),
       f32("pk", [1, 2, 5, 16]), f32("pv", [1, 2, 5, 16])], [f32("y", [1, 1, 32])], [], opset=23)
+
+# RMSNormalization (opset 23, the dynamo exporter's RMSNorm) before a projection, against
+# numpy's evaluation of the operator; and over an axis other than the last, refused.
+def rms23(name, axis):
+    B, S, E, N = 2, 5, 32, 48
+    g = numpy_helper.from_array((rng.random(E) + 0.5).astype(np.float32), "g")
+    w = weight("W", E, N)
+    save(name, [helper.make_node("RMSNormalization", ["x", "g"], ["n"], name="norm",
+                                 epsilon=1e-6, axis=axis),
+                helper.make_node("MatMul", ["n", "W"], ["y"], name="proj")],
+         [f32("x", [B, S, E])], [f32("y", [B, S, N])], [g, w], opset=23)
+    io = os.path.join(OUT, name + "_io")
+    os.makedirs(io, exist_ok=True)
+    x = rng.standard_normal((B, S, E)).astype(np.float16)
+    x.tofile(os.path.join(io, "x.f16"))
+    xd = x.astype(np.float64)
+    nd = xd / np.sqrt((xd * xd).mean(-1, keepdims=True) + 1e-6) * numpy_helper.to_array(g)
+    (nd @ numpy_helper.to_array(w).astype(np.float64)).astype(np.float32).tofile(
+        os.path.join(io, "y.f32"))
+
+
+rms23("rmsnorm23", -1)
+rms23("rmsnorm23_axis1", 1)

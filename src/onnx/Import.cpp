@@ -3983,7 +3983,8 @@ private:
     int64_t batch, seq, heads, d;
   };
   AttnIn attnIn(const NodeProto& n, int i, const char* what, const char* headsAttr) {
-    Val& x = in(n, i);
+    Val scratch;
+    Val& x = asHeadView(n, in(n, i), scratch); // heads computed on (RoPE): their view
     const std::string name = std::string(what) + " '" + x.name + "' " + shapeStr(x.shape);
     if (x.isConst || !x.v || x.seqFirst || x.queryMajor || x.intInput || x.lazyExpand)
       throw UnsupportedError{name + " must be an activation in the model's row order"};

@@ -482,7 +482,7 @@ def sdpa(q, k, v, bias, scale):  # [B, H, Sq, d], [B, Hkv, Sk, d]: the operator'
     return (p / p.sum(-1, keepdims=True)) @ v
 
 
-def attention23(name, heads4, with_mask, extra=None):
+def attention23(name, heads4, with_mask, extra=None, scaled_q=False):
     B, S, E, H, HKV, d = 2, 7, 64, 4, 2, 16
     ws = [weight(n, E, c) for n, c in (("Wq", H * d), ("Wk", HKV * d), ("Wv", HKV * d))]
     wo = weight("Wo", H * d, E)
@@ -496,6 +496,11 @@ def attention23(name, heads4, with_mask, extra=None):
             nodes += [helper.make_node("Reshape", [t + "p", t + "_shape"], [t + "r"]),
                       helper.make_node("Transpose", [t + "r"], [t + "h"], perm=[0, 2, 1, 3])]
         ins = ["qh", "kh", "vh"]
+    if scaled_q:  # heads computed on before attention (as RoPE's tables are applied)
+        table = (rng.random((1, 1, S, d)) + 0.5).astype(np.float32)
+        inits.append(numpy_helper.from_array(table, "table"))
+        nodes.append(helper.make_node("Mul", ["qh", "table"], ["qs"], name="q_table"))
+        ins[0] = "qs"
     attrs = {} if heads4 else {"q_num_heads": H, "kv_num_heads": HKV}
     attrs.update({"scale": 0.3} if with_mask else {"is_causal": 1})
     attrs.update(extra or {})
@@ -518,6 +523,8 @@ def attention23(name, heads4, with_mask, extra=None):
     xd = x.astype(np.float64)
     q, k, v = [(xd @ numpy_helper.to_array(w).astype(np.float64)).reshape(B, S, -1, d)
                .transpose(0, 2, 1, 3) for w in ws]
+    if scaled_q:
+        q = q * table
     if with_mask:
         m = np.ones((B, 1, 1, S), bool)
         m[1, 0, 0, 4:] = False  # the second sequence is 4 tokens long
@@ -532,6 +539,7 @@ def attention23(name, heads4, with_mask, extra=None):
 
 attention23("attention23_gqa_causal", heads4=False, with_mask=False)
 attention23("attention23_heads_mask", heads4=True, with_mask=True)
+attention23("attention23_heads_table", heads4=True, with_mask=False, scaled_q=True)
 attention23("attention23_softcap", heads4=False, with_mask=False, extra={"softcap": 30.0})
 save("attention23_cache",
      [helper.make_node("Attention", ["q", "k", "v", "", "pk", "pv"], ["y", "k2", "v2"],

@@ -170,6 +170,18 @@ BOOST_AUTO_TEST_CASE(errors_carry_locations_and_all_are_reported) {
   BOOST_REQUIRE(p.diags[2].notes.size() == 1u);
   BOOST_TEST(p.diags[2].notes[0].loc.line == 2);
   // %a is poisoned by the undefined operand: 'output %a' adds no second error.
+  // Row reorders take batch alone (attention's head_dim is not theirs) and check it.
+  Parsed r = parse("graph g {\n"
+                   "  %x = input : f16[14, 8]\n"
+                   "  %a = batch_first %x {batch = 2, head_dim = 4}\n"
+                   "  %b = seq_first %x {batch = 4}\n"
+                   "  output %a, %b\n"
+                   "}\n");
+  BOOST_TEST(!r.graph);
+  BOOST_REQUIRE(r.diags.size() == 2u);
+  BOOST_TEST(r.diags[0].message == "unknown attribute 'head_dim' for batch_first");
+  BOOST_TEST(r.diags[0].loc.line == 3);
+  BOOST_TEST(r.diags[1].message == "seq_first %b: batch = 4 does not divide operand 0's 14 rows");
 }
 
 BOOST_AUTO_TEST_CASE(named_dimensions_take_their_size_from_the_reader) {

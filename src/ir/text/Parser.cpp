@@ -431,9 +431,11 @@ private:
         int64_t* field = slice ? (key == "begin" ? &op.begin
                                   : key == "end" ? &op.end
                                                  : nullptr)
-                               : (key == "batch"      ? &op.batch
-                                  : key == "head_dim" ? &op.headDim
-                                                      : nullptr);
+                               : (key == "batch" ? &op.batch
+                                  : key == "head_dim" && op.kind != OpKind::BatchFirst &&
+                                          op.kind != OpKind::SeqFirst
+                                      ? &op.headDim
+                                      : nullptr);
         if (!field)
           break;
         if (expect(AttrVal::Number, "a whole number")) {

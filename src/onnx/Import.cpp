@@ -4015,9 +4015,8 @@ private:
                                " (a KV cache in the graph) is not supported"};
     if (floatAttr(n, "softcap", 0.0) != 0.0)
       throw UnsupportedError{"softcap is not supported"};
-    for (int o = 1; o < n.output_size(); ++o)
-      if (!n.output(o).empty() && o == 3)
-        throw UnsupportedError{"its output qk_matmul_output (the scores) is not supported"};
+    if (n.output_size() > 3 && !n.output(3).empty())
+      throw UnsupportedError{"its output qk_matmul_output (the scores) is not supported"};
     const AttnIn q = attnIn(n, 0, "Q", "q_num_heads"), k = attnIn(n, 1, "K", "kv_num_heads"),
                  v = attnIn(n, 2, "V", "kv_num_heads");
     const Val& qv = in(n, 0);
@@ -4122,10 +4121,15 @@ private:
       y.repeat = 1;
     }
     define(n, std::move(y));
-    // present_key and present_value without a cache: K and V themselves.
+    // present_key and present_value without a cache: K and V themselves, as heads [B, Hkv, S,
+    // d] (rank-3 K and V would need a transpose fpat does not make).
     for (int o = 1; o < 3 && o < n.output_size(); ++o)
-      if (!n.output(o).empty())
+      if (!n.output(o).empty()) {
+        if (!heads4)
+          throw UnsupportedError{"its output present_" + std::string(o == 1 ? "key" : "value") +
+                                 " of rank-3 K and V ([B, Hkv, S, d]) is not supported"};
         define(n, in(n, o), o);
+      }
   }
 
   /// MatMul of heads: Q K^T ([B, H, Sq, d] x [B, H, d, Sk]) is attn_qk, P V ([B, H, Sq, Sk] x

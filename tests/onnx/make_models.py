@@ -569,3 +569,8 @@ def rms23(name, axis):
 
 rms23("rmsnorm23", -1)
 rms23("rmsnorm23_axis1", 1)
+save("attention23_present3d",
+     [helper.make_node("Attention", ["q", "k", "v"], ["y", "pk"], name="with_present",
+                       q_num_heads=2, kv_num_heads=2)],
+     [f32("q", [1, 3, 32]), f32("k", [1, 3, 32]), f32("v", [1, 3, 32])],
+     [f32("y", [1, 3, 32])], [], opset=23)

@@ -1661,8 +1661,7 @@ private:
               const auto it = vals_.find(o);
               return it != vals_.end() && it->second.seqFirst && it->second.shape == v.shape;
             })) {
-          const std::set<std::string> sources = rowSources(*v.v);
-          seqFirstFound_.insert(sources.begin(), sources.end());
+          seqFirstFound_.merge(rowSources(*v.v));
         }
         throw UnsupportedError{what + " beside '" + v.name + "' " + shapeStr(v.shape) +
                                ", whose rows are in the model's order"};
@@ -3413,8 +3412,7 @@ private:
       // Heads [A, C, H, d] of what was taken as [S, B, E] transposed from batch-first: the
       // model's batch is axis 0 here, so its input was sequence-first (fairseq's
       // x.transpose(0, 1) on entry). Inputs whose rows reach here are taken so in a rerun.
-      const std::set<std::string> sources = rowSources(*x.v);
-      seqFirstFound_.insert(sources.begin(), sources.end());
+      seqFirstFound_.merge(rowSources(*x.v));
     }
     if (!x.isConst &&
         (x.view != Val::View::None || shape.size() == 4 || headRows(x, shape) ||
@@ -3708,8 +3706,7 @@ private:
         // [A, C*H, d] to [C*H, A, d]: the model takes axis 1 as the batch, as
         // nn.MultiheadAttention does with sequence-first activations. Inputs whose rows reach
         // here are taken sequence-first in a rerun (importModel).
-        const std::set<std::string> sources = rowSources(*x.v);
-        seqFirstFound_.insert(sources.begin(), sources.end());
+        seqFirstFound_.merge(rowSources(*x.v));
       }
       if (to == View::None || (to == View::Tokens && x.repeat != 1))
         throw UnsupportedError{transposeRefusal(x, perm, "an activation split into heads", "")};

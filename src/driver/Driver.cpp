@@ -1099,7 +1099,8 @@ bool checkFolders(const FpatcOptions& opts, std::ostream& err) {
 /// Fusion: by cost (the default: every match a candidate, the set of least estimated time) or
 /// greedily (--fuse=always). False when the fused graph is invalid (an internal error).
 bool fuseStage(const FpatcOptions& opts, const Patterns& pats, const ir::Graph& g,
-               match::MatchResult& mr, ir::Graph& fused, std::ostream& err) {
+               match::MatchResult& mr, ir::Graph& fused, std::vector<match::RopeFusion>& ropes,
+               std::ostream& err) {
   // The cost model's GPU: --arch, else the one here, else sm_90 (what fpatc compiles for).
   int costArch = opts.arch;
   if (!costArch && opts.fuse && !opts.fuseAlways && opts.compile && opts.run && opts.emit.empty())
@@ -1151,6 +1152,8 @@ bool fuseStage(const FpatcOptions& opts, const Patterns& pats, const ir::Graph& 
                    (calibration.measured ? "" : ", not measured on such a GPU") +
                    (tuned.empty() ? "" : "; kernels in the tuning cache at their measured time");
   fused = match::rewrite(g, pats.table, mr.matches);
+  if (!opts.noRopeEpilogue)
+    fused = match::ropeIntoEpilogues(fused, &ropes);
   auto after = ir::validate(fused, pats.activations);
   for (const std::string& p : after)
     err << "fpatc: internal error: the fused graph is invalid: " << p << '\n';
@@ -1580,7 +1583,8 @@ int runFpatc(const FpatcOptions& opts, std::ostream& out, std::ostream& err) {
 
   ir::Graph fused = *g;
   match::MatchResult mr;
-  if (opts.fuse && !fuseStage(opts, pats, *g, mr, fused, err))
+  std::vector<match::RopeFusion> ropes;
+  if (opts.fuse && !fuseStage(opts, pats, *g, mr, fused, ropes, err))
     return 70;
   if (opts.emit == "fused") {
     out << ir::printGraph(fused);
@@ -1603,6 +1607,16 @@ int runFpatc(const FpatcOptions& opts, std::ostream& out, std::ostream& err) {
         out << "  %" << g->op(m.slots[0]).name << " = " << meta.name << " (" << meta.file << ":"
             << meta.line << ", " << meta.family << " kernel)\n";
       }
+    if (!ropes.empty())
+      out << "== rope: " << ropes.size() << " projection" << (ropes.size() == 1 ? "" : "s")
+          << " rotating q and k in the epilogue (the rope kernels are gone)\n";
+    for (const match::RopeFusion& r : ropes) {
+      out << "  %" << r.projection << ":";
+      for (const std::string& n : r.ropes)
+        out << " %" << n;
+      out << (r.pairs ? " (rotate_half: each head's columns reordered to pairs in the weight)" : "")
+          << "\n";
+    }
     out << "== graph after fusion: " << summary(fused) << "\n" << ir::printGraph(fused);
   }
 
@@ -1612,6 +1626,11 @@ int runFpatc(const FpatcOptions& opts, std::ostream& out, std::ostream& err) {
   if (!opts.inputsDir.empty() &&
       !loadInputs(*g, opts.inputsDir, sourceNames, inputs, inputsRead, out, err))
     return 1;
+  // Weights the fusion made (a rope's tables as rows, columns reordered): their values.
+  if (needInputs)
+    for (ir::Vertex v : fused.vertices())
+      if (const ir::Op& op = fused.op(v); op.kind == ir::OpKind::Input && op.data)
+        inputs.try_emplace(op.name, ir::Tensor{op.type, *op.data});
   size_t inputCount = 0;
   for (ir::Vertex v : g->vertices())
     inputCount += g->op(v).kind == ir::OpKind::Input;

@@ -16,10 +16,23 @@ int Epilogue::add(EpilogueNode n) {
 
 std::vector<int> Epilogue::operands() const {
   std::vector<int> out;
+  auto note = [&](int o) {
+    if (std::find(out.begin(), out.end(), o) == out.end())
+      out.push_back(o);
+  };
   for (const EpilogueNode& n : nodes)
-    if (n.kind == EpiKind::Operand && std::find(out.begin(), out.end(), n.operand) == out.end())
-      out.push_back(n.operand);
+    if (n.kind == EpiKind::Operand) {
+      note(n.operand);
+    } else if (n.kind == EpiKind::Rope) {
+      note(n.operand);
+      note(n.operand2);
+    }
   return out;
+}
+
+bool Epilogue::hasRope() const {
+  return std::any_of(nodes.begin(), nodes.end(),
+                     [](const EpilogueNode& n) { return n.kind == EpiKind::Rope; });
 }
 
 bool Epilogue::readsSecondAcc() const {
@@ -52,8 +65,11 @@ void print(const Epilogue& e, int i, std::string& out) {
     out += "$" + std::to_string(n.operand);
     return;
   case EpiKind::Activation:
-    out += n.fn + "(";
+  case EpiKind::Rope:
+    out += (n.kind == EpiKind::Rope ? std::string("rope") : n.fn) + "(";
     print(e, n.lhs, out);
+    if (n.kind == EpiKind::Rope)
+      out += ", $" + std::to_string(n.operand) + ", $" + std::to_string(n.operand2);
     for (const auto& [k, v] : n.params)
       out += ", " + k + " = " + formatDouble(v);
     out += ")";
@@ -141,7 +157,9 @@ private:
     n.kind = id == "bias_add" ? EpiKind::BiasAdd
              : id == "add"    ? EpiKind::Add
              : id == "mul"    ? EpiKind::Mul
+             : id == "rope"   ? EpiKind::Rope
                               : EpiKind::Activation;
+    const bool named = n.kind == EpiKind::Activation || n.kind == EpiKind::Rope;
     if (!expect('('))
       return -1;
     std::vector<int> args;
@@ -168,8 +186,10 @@ private:
         if (end == rest.c_str())
           return fail("expected a number after '" + key + " ='"), -1;
         at_ += static_cast<size_t>(end - rest.c_str());
-        if (n.kind != EpiKind::Activation)
+        if (!named)
           return at_ = save, fail("'" + id + "' takes no parameters"), -1;
+        if (n.kind == EpiKind::Rope && key != "begin" && key != "end")
+          return at_ = save, fail("rope takes the parameters begin and end, not '" + key + "'"), -1;
         if (!n.params.emplace(key, v).second)
           return at_ = save, fail("parameter '" + key + "' is given twice"), -1;
         continue;
@@ -182,12 +202,33 @@ private:
         return -1;
       args.push_back(a);
     }
-    const size_t want = n.kind == EpiKind::Activation ? 1 : 2;
+    const size_t want = n.kind == EpiKind::Activation ? 1 : n.kind == EpiKind::Rope ? 3 : 2;
     if (args.size() != want) {
       at_ = start;
       return fail("'" + id + "' takes " + std::to_string(want) + " operand" +
                   (want == 1 ? "" : "s") + ", not " + std::to_string(args.size())),
              -1;
+    }
+    if (n.kind == EpiKind::Rope) {
+      // rope(x, $cos, $sin, begin = B, end = E): the tables are operands read whole, not
+      // values of the expression; their nodes (the last two parsed) are dropped.
+      const size_t last = out_.nodes.size();
+      for (size_t i = 1; i < 3; ++i)
+        if (out_.nodes[static_cast<size_t>(args[i])].kind != EpiKind::Operand ||
+            static_cast<size_t>(args[i]) != last - 3 + i) {
+          at_ = start;
+          return fail("rope's cosines and sines are operands, written $N"), -1;
+        }
+      n.operand = out_.nodes[last - 2].operand;
+      n.operand2 = out_.nodes[last - 1].operand;
+      out_.nodes.resize(last - 2);
+      for (const char* k : {"begin", "end"})
+        if (!n.params.count(k)) {
+          at_ = start;
+          return fail(std::string("rope needs its columns' ") + k + " (" + k + " = N)"), -1;
+        }
+      n.lhs = args[0];
+      return out_.add(std::move(n));
     }
     n.lhs = args[0];
     n.rhs = want == 2 ? args[1] : -1;
@@ -269,10 +310,11 @@ std::string checkEpilogueStructure(const Epilogue& e) {
     const EpilogueNode& x = e.nodes[static_cast<size_t>(i)];
     const bool binary =
         x.kind == EpiKind::BiasAdd || x.kind == EpiKind::Add || x.kind == EpiKind::Mul;
-    const bool unary = x.kind == EpiKind::Activation;
+    const bool unary = x.kind == EpiKind::Activation || x.kind == EpiKind::Rope;
     if ((binary || unary) && (x.lhs < 0 || x.lhs >= i || (binary && (x.rhs < 0 || x.rhs >= i))))
       return "epilogue node " + std::to_string(i) + " reads a node that is not computed before it";
-    if (x.kind == EpiKind::Operand && x.operand < 0)
+    if ((x.kind == EpiKind::Operand || x.kind == EpiKind::Rope) &&
+        (x.operand < 0 || (x.kind == EpiKind::Rope && x.operand2 < 0)))
       return "epilogue node " + std::to_string(i) + " reads no operand";
     if (x.kind == EpiKind::Acc && x.operand != -1 && x.operand != 1)
       return "epilogue node " + std::to_string(i) + " reads an accumulator other than acc or acc2";

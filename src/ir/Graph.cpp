@@ -574,6 +574,40 @@ std::optional<TensorDesc> inferType(const Op& op, const std::vector<OperandInfo>
         full[i] = full[lhs];
         break;
       }
+      case EpiKind::Rope: {
+        for (int t : {e.operand, e.operand2})
+          if (t < static_cast<int>(mains) || t >= n)
+            return fail(-1, "rope in the epilogue reads $" + std::to_string(t) +
+                                ", which is not an operand after the main ones");
+        const std::vector<int64_t>& c = in[static_cast<size_t>(e.operand)].type.shape;
+        if (c.size() != 2 || c[1] % 2 || c[1] == 0 || m % c[0])
+          return fail(e.operand, "rope's cosines " +
+                                     operandRef(in, static_cast<size_t>(e.operand)) +
+                                     " must be [R, d]: d even, R dividing the rows (" +
+                                     std::to_string(m) + "), row r reading table row r % R");
+        if (in[static_cast<size_t>(e.operand2)].type.shape != c)
+          return fail(e.operand2, "rope's sines " +
+                                      operandRef(in, static_cast<size_t>(e.operand2)) +
+                                      " must have the cosines' shape");
+        const double b = e.params.at("begin"), end = e.params.at("end");
+        if (b != std::floor(b) || end != std::floor(end) || b < 0 || end <= b ||
+            end > static_cast<double>(cols) || std::fmod(b, 2) != 0 ||
+            std::fmod(end - b, static_cast<double>(c[1])) != 0)
+          return fail(-1, "rope in the epilogue rotates columns [" + formatDouble(b) + ", " +
+                              formatDouble(end) + "): they must lie in the " +
+                              std::to_string(cols) +
+                              " columns, begin even, and make whole "
+                              "heads of " +
+                              std::to_string(c[1]));
+        if (cols % 2)
+          return fail(-1, "rope in the epilogue needs an even number of columns (its kernels "
+                          "read column pairs), not " +
+                              std::to_string(cols));
+        if (!full[lhs])
+          return fail(-1, "rope in the epilogue needs an [M, N] value");
+        full[i] = true;
+        break;
+      }
       }
     }
     if (!f.epilogue.identity() && !full.back())

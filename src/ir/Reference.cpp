@@ -475,8 +475,8 @@ void evalFused(const Op& op, const std::vector<Vertex>& ops, const std::vector<c
   family->accumulate(
       op, in, MainShape{static_cast<int64_t>(m), static_cast<int64_t>(n), static_cast<int64_t>(k)},
       acc, acc2);
-  // The epilogue, element by element, in double like the unfused ops it replaces (without
-  // their intermediate roundings).
+  // The epilogue, node by node over each row, in double like the unfused ops it replaces
+  // (without their intermediate roundings); a rope reads its column's partner in the row.
   const std::vector<EpilogueNode>& nodes = f.epilogue.nodes;
   std::vector<const ActivationFn*> fns(nodes.size(), nullptr);
   for (size_t e = 0; e < nodes.size(); ++e)
@@ -484,35 +484,55 @@ void evalFused(const Op& op, const std::vector<Vertex>& ops, const std::vector<c
       throw ReferenceError("the reference has no activation '" + nodes[e].fn + "'");
   if (!nodes.empty())
     parallelRows(m, n * nodes.size() * 4, [&](size_t rowBegin, size_t rowEnd) {
-      std::vector<double> val(nodes.size());
-      for (size_t i = rowBegin; i < rowEnd; ++i)
-        for (size_t j = 0; j < n; ++j) {
-          for (size_t x = 0; x < nodes.size(); ++x) {
-            const EpilogueNode& e = nodes[x];
-            const auto l = static_cast<size_t>(e.lhs), r = static_cast<size_t>(e.rhs);
+      std::vector<double> val(nodes.size() * n);
+      for (size_t i = rowBegin; i < rowEnd; ++i) {
+        for (size_t x = 0; x < nodes.size(); ++x) {
+          const EpilogueNode& e = nodes[x];
+          double* v = &val[x * n];
+          const double* l = e.lhs >= 0 ? &val[static_cast<size_t>(e.lhs) * n] : nullptr;
+          const double* r = e.rhs >= 0 ? &val[static_cast<size_t>(e.rhs) * n] : nullptr;
+          for (size_t j = 0; j < n; ++j)
             switch (e.kind) {
             case EpiKind::Acc:
-              val[x] = e.operand == 1 ? acc2.at(i * n + j) : acc[i * n + j];
+              v[j] = e.operand == 1 ? acc2.at(i * n + j) : acc[i * n + j];
               break;
             case EpiKind::Operand: {
               const Tensor& t = in(static_cast<size_t>(e.operand));
-              val[x] = t.desc.rank() == 1 ? t.data[j] : t.data[i * n + j];
+              v[j] = t.desc.rank() == 1 ? t.data[j] : t.data[i * n + j];
               break;
             }
             case EpiKind::BiasAdd:
             case EpiKind::Add:
-              val[x] = val[l] + val[r];
+              v[j] = l[j] + r[j];
               break;
             case EpiKind::Mul:
-              val[x] = val[l] * val[r];
+              v[j] = l[j] * r[j];
               break;
             case EpiKind::Activation:
-              val[x] = (*fns[x])(val[l], e.params);
+              v[j] = (*fns[x])(l[j], e.params);
+              break;
+            case EpiKind::Rope: {
+              const auto b = static_cast<size_t>(e.params.at("begin"));
+              const auto end = static_cast<size_t>(e.params.at("end"));
+              if (j < b || j >= end) {
+                v[j] = l[j];
+                break;
+              }
+              const Tensor& cs = in(static_cast<size_t>(e.operand));
+              const Tensor& sn = in(static_cast<size_t>(e.operand2));
+              const auto rows = static_cast<size_t>(cs.desc.shape[0]);
+              const auto d = static_cast<size_t>(cs.desc.shape[1]);
+              const size_t t = (i % rows) * d + (j - b) % d;
+              // (x, y) -> (x c - y s, y c' + x s'), pairs of columns from begin on
+              const double rot = (j - b) % 2 == 0 ? -l[j + 1] : l[j - 1];
+              v[j] = l[j] * cs.data[t] + rot * sn.data[t];
               break;
             }
-          }
-          acc[i * n + j] = val.back();
+            }
         }
+        for (size_t j = 0; j < n; ++j)
+          acc[i * n + j] = val[(nodes.size() - 1) * n + j];
+      }
     });
   for (size_t i = 0; i < acc.size(); ++i)
     out.data[i] = store(acc[i], out.desc.dtype);

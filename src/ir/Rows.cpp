@@ -94,6 +94,8 @@ std::optional<RowSample> sampleRows(const Graph& g, size_t count, std::string* w
     if (k == OpKind::AttnQk || k == OpKind::AttnPv || k == OpKind::Attention ||
         k == OpKind::Heads || k == OpKind::MergeHeads || k == OpKind::Rope)
       return fail("%" + g.op(v).name + " is attention's, whose rows are not its operands' rows");
+    if (k == OpKind::Fused && g.op(v).fused.epilogue.hasRope())
+      return fail("%" + g.op(v).name + "'s rope reads its tables at each row's position");
     const std::vector<Vertex> ops = g.operands(v);
     const std::vector<Role> roles = operandRoles(g, v);
     for (size_t i = 0; i < ops.size(); ++i) {

@@ -70,6 +70,9 @@ int main(int argc, char** argv) {
                "when the weights are prepared), the merge of projections that read one "
                "activation (q, k, v) and the reorder of parts side by side in heads (GPT-NeoX's "
                "q, k, v)");
+  app.add_flag("--no-rope-epilogue", opts.noRopeEpilogue,
+               "keep rotary embeddings in kernels of their own (by default a rope of a "
+               "projection's q or k columns runs in that projection's epilogue)");
   app.add_option("--precision", opts.precision,
                  "ONNX models: the element type to run in: f16 (default) or bf16 on the tensor "
                  "cores, f32 as the model is (the CPU only)")

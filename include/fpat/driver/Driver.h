@@ -45,6 +45,7 @@ struct FpatcOptions {
   int errorLimit = 50;                   // 0 = unlimited
   bool noRaise = false;                  // skip the raising patterns
   bool noRewrite = false;                // skip the weight rewrites
+  bool noRopeEpilogue = false;           // keep ropes in kernels of their own
   std::string precision;                 // ONNX models: f32, f16 ("" : f16)
   std::map<std::string, int64_t> dims;   // sizes of symbolic (ONNX) and named (.fgraph) dimensions
 };

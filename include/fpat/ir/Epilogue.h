@@ -19,15 +19,23 @@ enum class EpiKind : uint8_t {
   Add,        // lhs + rhs, same shape
   Mul,        // lhs * rhs, same shape
   Activation, // fn(lhs; params)
+  Rope,       // rotary embedding, interleaved form, of lhs's columns [begin, end) (params):
+              // the pair (c, c + 1) at row r, c - begin even, becomes (x c - y s, y c' + x s')
+              // with cosines c, c' and sines s, s' of operands `operand` and `operand2` ([R, d]:
+              // row r % R, column (c - begin) % d); columns outside the range pass unchanged.
+              // It reads a column's partner: kernels evaluate it on column pairs only.
 };
 
 struct EpilogueNode {
   EpiKind kind = EpiKind::Acc;
   int lhs = -1, rhs = -1;               // child nodes (Activation: lhs only)
   int operand = -1;                     // Operand: index into the fused op's operands; Acc: 1
-                                        // for the second GEMM's accumulator, else -1
+                                        // for the second GEMM's accumulator, else -1; Rope:
+                                        // the cosines' operand
   std::string fn;                       // Activation: its name
-  std::map<std::string, double> params; // Activation: parameters given (the rest default)
+  std::map<std::string, double> params; // Activation: parameters given (the rest default);
+                                        // Rope: begin and end
+  int operand2 = -1;                    // Rope: the sines' operand
   bool operator==(const EpilogueNode&) const = default;
 };
 
@@ -46,6 +54,8 @@ struct Epilogue {
   bool readsSecondAcc() const;
   /// Activation names, in order of first use (with repeats removed).
   std::vector<std::string> activations() const;
+  /// Whether a node is a rope (its kernels evaluate it on column pairs only).
+  bool hasRope() const;
 };
 
 /// The same expression in canonical form: the operands of add and mul ordered (the one that
@@ -53,7 +63,8 @@ struct Epilogue {
 /// nodes kept once. Equal expressions written in either operand order become equal.
 Epilogue canonicalize(const Epilogue& e);
 
-/// The text form, e.g. `gelu(bias_add(acc, $2))` or `leaky_relu(acc, slope = 0.5)`. Shared
+/// The text form, e.g. `gelu(bias_add(acc, $2))`, `leaky_relu(acc, slope = 0.5)` or
+/// `rope(acc, $3, $4, begin = 0, end = 96)` (cosines $3, sines $4). Shared
 /// subexpressions are written out at each use.
 std::string printEpilogue(const Epilogue& e);
 

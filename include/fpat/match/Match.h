@@ -173,6 +173,22 @@ struct PartsReorder {
 /// gets the same reorder at import.
 ir::Graph reorderHeadParts(const ir::Graph& g, std::vector<PartsReorder>* done = nullptr);
 
+/// A projection whose ropes ropeIntoEpilogues took into its epilogue.
+struct RopeFusion {
+  std::string projection;
+  std::vector<std::string> ropes; // their results, which now name views of its columns
+  bool pairs = false;             // rotate_half: its weight's columns reordered to pairs
+};
+
+/// Ropes (tables: weights with values, the same for every head) whose x is heads of a plain
+/// gemm's or a fused gemm / norm_gemm's columns that nothing else reads become a rope in that
+/// op's epilogue (ir::EpiKind::Rope, on prepared tables [positions, d]); their readers read
+/// the rotated columns in place. The epilogue rotates pairs of adjacent columns: for the
+/// rotate_half form each rotated head's columns (i, i + d / 2) are reordered to (2i, 2i + 1)
+/// in the weight and its [N] operands, which changes q and k alike and so no score, and is
+/// done only where attention reads both q and k from such ropes. Fusions made go to `done`.
+ir::Graph ropeIntoEpilogues(const ir::Graph& g, std::vector<RopeFusion>* done = nullptr);
+
 /// Removes ops (not inputs) whose value nothing reads and that are not outputs.
 ir::Graph removeDeadOps(const ir::Graph& g);
 

@@ -49,9 +49,38 @@ std::string epilogueBody(const ir::Graph& g, ir::Vertex v, dsl::Activations defs
     case ir::EpiKind::Activation:
       os << callActivation(n.fn, n.params, name(n.lhs), ref(g, v), defs, acts) << ";\n";
       break;
+    case ir::EpiKind::Rope: // kPairs: the kernels call pair() instead
+      os << name(n.lhs) << ";\n    __trap(); // rope reads a column's partner: pair() only\n";
+      break;
     }
   }
   os << "    return " << name(static_cast<int>(e.nodes.size()) - 1) << ";\n";
+  return os.str();
+}
+
+/// A rope node's pair form (ir::EpiKind::Rope): columns col, col + 1 rotated where they lie in
+/// [begin, end), their tables' entries at row % R and (col - begin) % d; branch-free, the
+/// tables read at entry 0 outside the range.
+std::string ropePair(const ir::Graph& g, ir::Vertex v, const ir::EpilogueNode& n,
+                     const std::string& t, const std::string& x) {
+  const std::vector<ir::Vertex> ins = g.operands(v);
+  const ir::TensorDesc& tab = g.op(ins.at(static_cast<size_t>(n.operand))).type;
+  const int64_t rows = tab.shape[0], d = tab.shape[1], m = g.op(v).type.shape[0];
+  const auto b = static_cast<int64_t>(n.params.at("begin"));
+  const auto e = static_cast<int64_t>(n.params.at("end"));
+  const std::string c = "(col - " + std::to_string(b) + ")";
+  std::ostringstream os;
+  os << "    // rope, interleaved: columns [" << b << ", " << e << "), tables $" << n.operand
+     << ", $" << n.operand2 << " [" << rows << ", " << d << "]\n"
+     << "    const bool " << t << "in = static_cast<uint64_t>" << c << " < " << e - b << "u;\n"
+     << "    const int64_t " << t << "at = " << t << "in ? "
+     << (rows == m ? "row" : "row % " + std::to_string(rows)) << " * " << d << " + " << c << " % "
+     << d << " : 0;\n"
+     << "    const float2 " << t << "c = fpat::ldh2(a.in[" << n.operand << "], " << t << "at), "
+     << t << "s = fpat::ldh2(a.in[" << n.operand2 << "], " << t << "at);\n"
+     << "    const float2 " << t << " = " << t << "in ? make_float2(" << x << ".x * " << t
+     << "c.x - " << x << ".y * " << t << "s.x, " << x << ".y * " << t << "c.y + " << x << ".x * "
+     << t << "s.y) : " << x << ";\n";
   return os.str();
 }
 
@@ -81,6 +110,10 @@ std::string epiloguePairBody(const ir::Graph& g, ir::Vertex v, dsl::Activations 
     if (!wanted[i])
       continue;
     const ir::EpilogueNode& n = e.nodes[i];
+    if (n.kind == ir::EpiKind::Rope) {
+      os << ropePair(g, v, n, name(static_cast<int>(i)), name(n.lhs));
+      continue;
+    }
     os << "    const float2 " << name(static_cast<int>(i)) << " = ";
     switch (n.kind) {
     case ir::EpiKind::Acc:
@@ -103,6 +136,8 @@ std::string epiloguePairBody(const ir::Graph& g, ir::Vertex v, dsl::Activations 
          << ".y" << o << name(n.rhs) << ".y);\n";
       break;
     }
+    case ir::EpiKind::Rope: // above
+      break;
     case ir::EpiKind::Activation: // .y: exp and division on the FMA pipe where kFma
       os << "make_float2("
          << callActivation(n.fn, n.params, name(n.lhs) + ".x", ref(g, v), defs, acts) << ", "
@@ -473,6 +508,9 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, dsl::Activations defs,
        << "                                              const FpatKernelArgs& a) const {\n"
        << "    (void)row;\n    (void)col;\n    (void)a;\n"
        << epi << "  }\n";
+  if (op.kind == ir::OpKind::Fused && op.fused.epilogue.hasRope())
+    body << "  // The epilogue reads column pairs (rope): the kernels call pair() (N is even).\n"
+         << "  static constexpr bool kPairs = true;\n";
   if (t.wgmma())
     body << "  // How fpat_wgmma.cuh runs it: through the TMA-stored tile; the [M, N] operand "
             "loaded\n"
@@ -662,9 +700,9 @@ NormStats expectedNormStats(const ir::Graph& g, ir::Vertex v) {
   // planGemm's `defer` without a tile: an activation where the result tile is staged (not the
   // dual GEMM's, N % 8 == 0).
   const ir::TensorDesc& a = g.op(g.operands(v)[0]).type;
-  return detail::deferredStatsForm(
-      detail::appliesActivation(op) && kind && kind->gemms == 1 && op.type.shape[1] % 8 == 0,
-      a.shape.back());
+  return detail::deferredStatsForm(detail::appliesActivation(op) && kind && kind->gemms == 1 &&
+                                       op.type.shape[1] % 8 == 0,
+                                   a.shape.back());
 }
 
 size_t preparedBBytes(const KernelUnit& u) {

@@ -24,6 +24,13 @@
 
 namespace fpat {
 
+/// Whether an Epilogue reads column pairs (Epilogue::kPairs, which only those define: rope):
+/// the kernels then call pair() only.
+template <class E, class = void> struct PairEpilogue { static constexpr bool value = false; };
+template <class E> struct PairEpilogue<E, decltype(void(E::kPairs))> {
+  static constexpr bool value = E::kPairs;
+};
+
 template <int BM_, int BN_, int BK_, int WM_, int WN_, int STAGES_> struct GemmTile {
   static constexpr int BM = BM_, BN = BN_, BK = BK_, WM = WM_, WN = WN_, STAGES = STAGES_;
   static constexpr int WARPS_M = BM / WM, WARPS_N = BN / WN;
@@ -421,9 +428,23 @@ template <class T, bool TRANS_B, bool MMA> struct GemmWarpMath {
         const int64_t gc = col0 + warpN * T::WN + j * 16 + c;
         if (gr < M) {
           Half8 out;
+          if constexpr (PairEpilogue<Epilogue>::value) {
+            // Column pairs (gc is even, and so is N for such epilogues).
 #pragma unroll
-          for (int e = 0; e < 8; ++e)
-            out.h[e] = fromF(gc + e < N ? epi(scratch[r * 20 + c + e], gr, gc + e, args) : 0.0f);
+            for (int e = 0; e < 8; e += 2) {
+              const float2 p =
+                  gc + e < N
+                      ? epi.pair(make_float2(scratch[r * 20 + c + e], scratch[r * 20 + c + e + 1]),
+                                 gr, gc + e, args, make_float2(0.0f, 0.0f))
+                      : make_float2(0.0f, 0.0f);
+              out.h[e] = fromF(p.x);
+              out.h[e + 1] = fromF(p.y);
+            }
+          } else {
+#pragma unroll
+            for (int e = 0; e < 8; ++e)
+              out.h[e] = fromF(gc + e < N ? epi(scratch[r * 20 + c + e], gr, gc + e, args) : 0.0f);
+          }
           if (vecC && gc + 8 <= N) {
             *reinterpret_cast<uint4*>(C + gr * N + gc) = out.u;
           } else {

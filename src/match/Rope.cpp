@@ -1,0 +1,374 @@
+// Rotary embeddings taken into the epilogue of the projection that computes their x: the
+// projection's kernel rotates its q and k columns in registers (ir::EpiKind::Rope, on column
+// pairs), and the rope kernels, which read and wrote q and k once more, are gone.
+#include "fpat/ir/Family.h"
+#include "fpat/match/Match.h"
+
+#include <algorithm>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+
+namespace fpat::match {
+
+using ir::Graph;
+using ir::Op;
+using ir::OpKind;
+using ir::Vertex;
+
+namespace {
+
+/// A rope whose x is heads of columns [begin, end) of a GEMM-family op's result.
+struct Candidate {
+  Vertex rope = 0, heads = 0, gemm = 0;
+  std::optional<Vertex> slice; // the columns (none: the whole result)
+  int64_t begin = 0, end = 0, batch = 0, seq = 0, d = 0;
+  bool halves = false; // rotate_half: the columns must become pairs
+};
+
+bool isWeightWithValues(const Op& op) {
+  return op.kind == OpKind::Input && op.weight && op.data;
+}
+
+/// A GEMM-family op whose epilogue can take a rope: a plain gemm, or a fused gemm / norm_gemm
+/// (the dual families' epilogue combines two accumulators first).
+bool takesRope(const Graph& g, Vertex v) {
+  const Op& op = g.op(v);
+  const ir::KernelFamily* f = ir::familyOf(op);
+  return f && (f->family == ir::Family::Gemm || f->family == ir::Family::NormGemm) &&
+         !g.isOutput(v) && op.type.rank() == 2;
+}
+
+std::optional<Candidate> candidateOf(const Graph& g, Vertex r) {
+  const Op& op = g.op(r);
+  if (op.kind != OpKind::Rope || g.isOutput(r))
+    return std::nullopt;
+  const std::vector<Vertex> ins = g.operands(r);
+  Candidate c;
+  c.rope = r;
+  c.heads = ins.at(0);
+  c.halves = !op.interleaved;
+  const Op& h = g.op(c.heads);
+  if (h.kind != OpKind::Heads || h.type.rank() != 4 || g.useCount(c.heads) != 1 ||
+      g.isOutput(c.heads))
+    return std::nullopt;
+  c.batch = h.type.shape[0];
+  c.seq = h.type.shape[1];
+  c.d = h.type.shape[3];
+  Vertex cols = g.operands(c.heads).at(0);
+  if (g.op(cols).kind == OpKind::Slice) {
+    if (g.useCount(cols) != 1 || g.isOutput(cols))
+      return std::nullopt;
+    c.slice = cols;
+    c.begin = g.op(cols).begin;
+    c.end = g.op(cols).end;
+    cols = g.operands(cols).at(0);
+  } else {
+    c.end = g.op(cols).type.shape.back();
+  }
+  c.gemm = cols;
+  if (!takesRope(g, c.gemm) || c.begin % 2 != 0 || c.d % 2 != 0)
+    return std::nullopt;
+  // Tables: weights with values, the same for every head (the kernel reads them by row and
+  // column within the head).
+  for (size_t i = 1; i < 3; ++i) {
+    const Op& t = g.op(ins[i]);
+    if (!isWeightWithValues(t) || t.type.rank() > 4)
+      return std::nullopt;
+    std::vector<int64_t> s = t.type.shape;
+    s.insert(s.begin(), 4 - s.size(), 1);
+    if (s[2] != 1 && h.type.shape[2] != 1)
+      return std::nullopt;
+  }
+  return c;
+}
+
+/// Table `t` (broadcast over x's [B, S, H, d]; the same for every head) at batch b, position s,
+/// column j of a head.
+float tableAt(const Op& t, int64_t b, int64_t s, int64_t j) {
+  std::vector<int64_t> sh = t.type.shape;
+  sh.insert(sh.begin(), 4 - sh.size(), 1);
+  const int64_t at[4] = {b, s, 0, j};
+  int64_t i = 0;
+  for (size_t k = 0; k < 4; ++k)
+    i = i * sh[k] + (sh[k] == 1 ? 0 : at[k]);
+  return (*t.data)[static_cast<size_t>(i)];
+}
+
+/// Whether a table varies with the batch (else one row per position serves every batch).
+bool perBatch(const Op& t) {
+  return t.type.rank() == 4 && t.type.shape[0] != 1;
+}
+
+/// Head column j of the pairs layout holds column from(j) of the halves layout: pair i is
+/// (i, i + d / 2).
+int64_t fromHalves(int64_t j, int64_t d) {
+  return j % 2 == 0 ? j / 2 : j / 2 + d / 2;
+}
+
+/// Reorders, in each head of columns [begin, end), the columns of a [K, N] weight (rows of an
+/// [N, K] one, `rowsOfN`; the elements of an [N] vector) from halves to pairs.
+std::shared_ptr<std::vector<float>> toPairs(const Op& w, int64_t n,
+                                            const std::vector<std::pair<int64_t, int64_t>>& ranges,
+                                            int64_t d, bool rowsOfN) {
+  const std::vector<float>& old = *w.data;
+  auto out = std::make_shared<std::vector<float>>(old);
+  const int64_t run = rowsOfN ? static_cast<int64_t>(old.size()) / n : 1;
+  const int64_t lines = rowsOfN ? 1 : static_cast<int64_t>(old.size()) / n;
+  for (int64_t r = 0; r < lines; ++r)
+    for (auto [b, e] : ranges)
+      for (int64_t c = b; c < e; ++c) {
+        const int64_t head = b + (c - b) / d * d, from = head + fromHalves((c - b) % d, d);
+        std::copy_n(old.begin() + static_cast<long>((r * n + from) * run), run,
+                    out->begin() + static_cast<long>((r * n + c) * run));
+      }
+  return out;
+}
+
+/// The attention ops (or attn_qk) that read `v` through views, with the operand they read it
+/// as; nullopt where anything else reads it.
+std::optional<std::vector<std::pair<Vertex, size_t>>> attentionReaders(const Graph& g, Vertex v) {
+  std::vector<std::pair<Vertex, size_t>> out;
+  if (g.isOutput(v))
+    return std::nullopt;
+  for (Vertex u : g.users(v)) {
+    const Op& op = g.op(u);
+    if (ir::isView(op.kind)) {
+      auto more = attentionReaders(g, u);
+      if (!more)
+        return std::nullopt;
+      out.insert(out.end(), more->begin(), more->end());
+      continue;
+    }
+    if (op.kind != OpKind::Attention && op.kind != OpKind::AttnQk)
+      return std::nullopt;
+    const std::vector<Vertex> ins = g.operands(u);
+    for (size_t i = 0; i < ins.size(); ++i)
+      if (ins[i] == v) {
+        if (i > 1)
+          return std::nullopt; // as v, or a bias
+        out.push_back({u, i});
+      }
+  }
+  return out;
+}
+
+/// The rope whose result attention operand `i` of `a` is (through views), or nullopt.
+std::optional<Vertex> ropeBehind(const Graph& g, Vertex a, size_t i) {
+  Vertex v = g.operands(a).at(i);
+  while (ir::isView(g.op(v).kind))
+    v = g.operands(v).at(0);
+  return g.op(v).kind == OpKind::Rope ? std::optional<Vertex>(v) : std::nullopt;
+}
+
+/// `mod` (`g` changed in place, new ops added after g's) without its dead ops and the weights
+/// that lost their last reader, each new op just before its first reader, the rest in g's
+/// order.
+Graph rebuild(const Graph& mod, const Graph& g) {
+  std::vector<bool> live(mod.size(), false);
+  for (Vertex o : mod.outputs())
+    live[o] = true;
+  const std::optional<std::vector<Vertex>> order = ir::topologicalOrder(mod);
+  for (auto it = order->rbegin(); it != order->rend(); ++it) {
+    const Vertex v = *it;
+    const Op& op = mod.op(v);
+    if (op.kind == OpKind::Input && !(v < g.size() && g.useCount(v) > 0 && op.weight))
+      live[v] = true; // inputs stay, and weights no one read
+    if (live[v])
+      for (Vertex u : mod.operands(v))
+        live[u] = true;
+  }
+  Graph out(g.name());
+  std::vector<std::optional<Vertex>> map(mod.size());
+  std::function<Vertex(Vertex)> emit = [&](Vertex v) {
+    if (map[v])
+      return *map[v];
+    std::vector<Vertex> ins;
+    for (Vertex u : mod.operands(v))
+      ins.push_back(emit(u));
+    return *(map[v] = out.addOp(mod.op(v), ins));
+  };
+  for (Vertex v = 0; v < g.size(); ++v)
+    if (live[v])
+      emit(v);
+  for (Vertex o : mod.outputs())
+    out.addOutput(*map[o]);
+  return out;
+}
+
+} // namespace
+
+Graph ropeIntoEpilogues(const Graph& g, std::vector<RopeFusion>* done) {
+  std::map<Vertex, Candidate> cands; // by rope
+  for (Vertex v : g.vertices())
+    if (std::optional<Candidate> c = candidateOf(g, v))
+      cands[v] = *c;
+  if (cands.empty())
+    return g;
+  // Per projection: its other readers must not read the rotated columns, and where columns
+  // are reordered, its weight, its [N] epilogue operands and nothing [M, N] must go with them.
+  auto projectionOk = [&](Vertex p, const std::vector<const Candidate*>& cs) {
+    const Op& op = g.op(p);
+    const std::vector<Vertex> ins = g.operands(p);
+    for (Vertex u : g.users(p)) {
+      if (std::any_of(cs.begin(), cs.end(), [&](const Candidate* c) {
+            return c->slice ? *c->slice == u : c->heads == u;
+          }))
+        continue;
+      const Op& uo = g.op(u);
+      if (uo.kind != OpKind::Slice)
+        return false;
+      for (const Candidate* c : cs)
+        if (uo.begin < c->end && c->begin < uo.end)
+          return false;
+    }
+    if (std::none_of(cs.begin(), cs.end(), [](const Candidate* c) { return c->halves; }))
+      return true;
+    const size_t b = op.kind == OpKind::Fused ? ir::gemmBIndex(op) : 1;
+    if (!isWeightWithValues(g.op(ins.at(b))))
+      return false;
+    for (size_t i = b + 1; i < ins.size(); ++i)
+      if (g.op(ins[i]).type.rank() != 1 || !isWeightWithValues(g.op(ins[i])))
+        return false;
+    return true;
+  };
+  // Reordered columns change q and k alike only where attention reads both from such ropes of
+  // one head size: drop the others until none is left to drop.
+  for (bool changed = true; changed;) {
+    changed = false;
+    std::map<Vertex, std::vector<const Candidate*>> byProjection;
+    for (const auto& [r, c] : cands)
+      byProjection[c.gemm].push_back(&c);
+    std::set<Vertex> drop;
+    for (const auto& [p, cs] : byProjection)
+      if (!projectionOk(p, cs))
+        for (const Candidate* c : cs)
+          drop.insert(c->rope);
+    for (const auto& [r, c] : cands) {
+      if (!c.halves || drop.count(r))
+        continue;
+      auto readers = attentionReaders(g, r);
+      bool ok = readers && !readers->empty();
+      for (size_t k = 0; ok && k < readers->size(); ++k) {
+        const auto [a, i] = (*readers)[k];
+        const std::optional<Vertex> other = ropeBehind(g, a, 1 - i);
+        auto it = other ? cands.find(*other) : cands.end();
+        ok =
+            it != cands.end() && it->second.halves && it->second.d == c.d && g.op(a).headDim == c.d;
+      }
+      if (!ok)
+        drop.insert(r);
+    }
+    for (Vertex r : drop)
+      changed = cands.erase(r) > 0 || changed;
+  }
+  if (cands.empty())
+    return g;
+
+  Graph out = g;
+  ir::FreshNames fresh(g);
+  std::map<Vertex, std::vector<const Candidate*>> byProjection;
+  for (const auto& [r, c] : cands)
+    byProjection[c.gemm].push_back(&c);
+  // Prepared tables [R, d] (pairs order where `halves`), shared by ropes of the same tables.
+  std::map<std::tuple<Vertex, bool, int64_t>, Vertex> tables;
+  auto prepared = [&](const Candidate& c, size_t which) {
+    const Vertex t = g.operands(c.rope).at(which);
+    const Op& to = g.op(t);
+    const bool batches = perBatch(to) && c.batch > 1;
+    const int64_t rows = batches ? c.batch * c.seq : c.seq;
+    const auto key = std::make_tuple(t, c.halves, rows);
+    if (auto it = tables.find(key); it != tables.end())
+      return it->second;
+    Op w = to;
+    w.name = fresh(to.name + ".rope");
+    w.type = {{rows, c.d}, to.type.dtype};
+    w.origin += c.halves ? ", as rows of positions, each head's columns in pairs order"
+                         : ", as rows of positions";
+    auto data = std::make_shared<std::vector<float>>(static_cast<size_t>(rows * c.d));
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < c.d; ++j)
+        (*data)[static_cast<size_t>(r * c.d + j)] =
+            tableAt(to, r / c.seq, r % c.seq, c.halves ? fromHalves(j, c.d) : j);
+    w.data = std::move(data);
+    return tables[key] = out.addOp(w, {});
+  };
+  for (auto& [p, cs] : byProjection) {
+    std::sort(cs.begin(), cs.end(),
+              [](const Candidate* a, const Candidate* b) { return a->begin < b->begin; });
+    Op& op = out.op(p);
+    const int64_t n = op.type.shape.back();
+    std::vector<Vertex> ins = g.operands(p);
+    RopeFusion record;
+    record.projection = op.name;
+    // Columns from halves to pairs: the weight's, and the [N] epilogue operands'.
+    std::vector<std::pair<int64_t, int64_t>> halves;
+    for (const Candidate* c : cs)
+      if (c->halves)
+        halves.push_back({c->begin, c->end});
+    auto replaceOperand = [&](size_t i, Vertex to) {
+      boost::remove_edge(ins[i], p, out.impl());
+      out.connect(to, p, static_cast<unsigned>(i));
+      ins[i] = to;
+    };
+    if (!halves.empty()) {
+      const size_t b = op.kind == OpKind::Fused ? ir::gemmBIndex(op) : 1;
+      for (size_t i = b; i < ins.size(); ++i) {
+        Op w = g.op(ins[i]);
+        w.data = toPairs(w, n, halves, cs.front()->d, i == b && op.transposeB);
+        w.name = fresh(w.name + ".pairs");
+        w.origin += ", each rotated head's columns in pairs order";
+        replaceOperand(i, out.addOp(w, {}));
+      }
+      record.pairs = true;
+    }
+    if (op.kind == OpKind::Gemm) { // a plain gemm becomes gemm with the rope epilogue
+      op.kind = OpKind::Fused;
+      op.fused.family = "gemm";
+      op.fused.pattern = "gemm";
+    }
+    op.fused.pattern += "_rope";
+    ir::Epilogue& e = op.fused.epilogue;
+    int last = e.identity() ? e.add(ir::EpilogueNode{}) : static_cast<int>(e.nodes.size()) - 1;
+    for (size_t k = 0; k < cs.size(); ++k) {
+      const Candidate& c = *cs[k];
+      const Vertex cosT = prepared(c, 1), sinT = prepared(c, 2);
+      ir::EpilogueNode& prev = e.nodes[static_cast<size_t>(last)];
+      // q's and k's ropes side by side on the same tables: one range.
+      if (k > 0 && prev.kind == ir::EpiKind::Rope && prev.params["end"] == c.begin &&
+          ins[static_cast<size_t>(prev.operand)] == cosT &&
+          ins[static_cast<size_t>(prev.operand2)] == sinT) {
+        prev.params["end"] = static_cast<double>(c.end);
+      } else {
+        ir::EpilogueNode r;
+        r.kind = ir::EpiKind::Rope;
+        r.lhs = last;
+        for (Vertex t : {cosT, sinT}) {
+          out.connect(t, p, static_cast<unsigned>(ins.size()));
+          ins.push_back(t);
+        }
+        r.operand = static_cast<int>(ins.size()) - 2;
+        r.operand2 = static_cast<int>(ins.size()) - 1;
+        r.params = {{"begin", static_cast<double>(c.begin)}, {"end", static_cast<double>(c.end)}};
+        last = e.add(std::move(r));
+      }
+      // The rope's readers read its x, the projection's (rotated) columns seen as heads.
+      for (Vertex u : g.users(c.rope)) {
+        const std::vector<Vertex> uins = g.operands(u);
+        for (size_t i = 0; i < uins.size(); ++i)
+          if (uins[i] == c.rope) {
+            boost::remove_edge(c.rope, u, out.impl());
+            out.connect(c.heads, u, static_cast<unsigned>(i));
+          }
+      }
+      record.ropes.push_back(g.op(c.rope).name);
+    }
+    if (done)
+      done->push_back(std::move(record));
+  }
+  return rebuild(out, g);
+}
+
+} // namespace fpat::match

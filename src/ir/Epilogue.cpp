@@ -70,8 +70,9 @@ void print(const Epilogue& e, int i, std::string& out) {
     print(e, n.lhs, out);
     if (n.kind == EpiKind::Rope)
       out += ", $" + std::to_string(n.operand) + ", $" + std::to_string(n.operand2);
-    for (const auto& [k, v] : n.params)
-      out += ", " + k + " = " + formatDouble(v);
+    for (const auto& [k, v] : n.params) // rope's begin and end are columns
+      out += ", " + k + " = " +
+             (n.kind == EpiKind::Rope ? std::to_string(static_cast<int64_t>(v)) : formatDouble(v));
     out += ")";
     return;
   default:

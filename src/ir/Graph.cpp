@@ -590,12 +590,14 @@ std::optional<TensorDesc> inferType(const Op& op, const std::vector<OperandInfo>
                                       operandRef(in, static_cast<size_t>(e.operand2)) +
                                       " must have the cosines' shape");
         const double b = e.params.at("begin"), end = e.params.at("end");
+        auto columns = [](double c) {
+          return c == std::floor(c) ? std::to_string(static_cast<int64_t>(c)) : formatDouble(c);
+        };
         if (b != std::floor(b) || end != std::floor(end) || b < 0 || end <= b ||
             end > static_cast<double>(cols) || std::fmod(b, 2) != 0 ||
             std::fmod(end - b, static_cast<double>(c[1])) != 0)
-          return fail(-1, "rope in the epilogue rotates columns [" + formatDouble(b) + ", " +
-                              formatDouble(end) + "): they must lie in the " +
-                              std::to_string(cols) +
+          return fail(-1, "rope in the epilogue rotates columns [" + columns(b) + ", " +
+                              columns(end) + "): they must lie in the " + std::to_string(cols) +
                               " columns, begin even, and make whole "
                               "heads of " +
                               std::to_string(c[1]));

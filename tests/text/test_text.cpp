@@ -151,6 +151,58 @@ BOOST_AUTO_TEST_CASE(fused_ops_and_activation_params_round_trip) {
   BOOST_TEST(!parse(text).graph.has_value());
 }
 
+BOOST_AUTO_TEST_CASE(rope_epilogue_round_trips_and_its_errors_are_located) {
+  // A rope in a fused op's epilogue names its tables as operands and its columns as
+  // parameters; the print parses back to the same program.
+  const std::string text = "graph r {\n"
+                           "  %x = input : f16[6, 8]\n"
+                           "  %w = weight : f16[8, 12]\n"
+                           "  %b = weight : f16[12]\n"
+                           "  %c = weight : f16[3, 4]\n"
+                           "  %s = weight : f16[3, 4]\n"
+                           "  %y = fused %x, %w, %b, %c, %s {pattern = gemm_bias_rope, family = "
+                           "gemm, epilogue = \"rope(bias_add(acc, $2), $3, $4, begin = 4, end = "
+                           "12)\"} : f16[6, 12]\n"
+                           "  output %y\n"
+                           "}\n";
+  Parsed p = parse(text);
+  BOOST_TEST_REQUIRE(p.graph.has_value());
+  const Epilogue& e = p.graph->op(*p.graph->find("y")).fused.epilogue;
+  BOOST_REQUIRE(e.nodes.size() == 4u); // acc, $2, bias_add, rope: the tables are no nodes
+  BOOST_TEST((e.nodes[3].kind == EpiKind::Rope));
+  BOOST_TEST(e.nodes[3].operand == 3);
+  BOOST_TEST(e.nodes[3].operand2 == 4);
+  BOOST_TEST(e.hasRope());
+  BOOST_TEST((e.operands() == std::vector<int>{2, 3, 4}));
+  BOOST_TEST(printGraph(*p.graph) == text);
+  // Each mistake is an error at its place.
+  auto firstError = [&](const std::string& epilogue, const std::string& tables = "%c, %s") {
+    Parsed q = parse("graph r {\n  %x = input : f16[6, 8]\n  %w = weight : f16[8, 12]\n"
+                     "  %c = weight : f16[3, 4]\n  %s = weight : f16[3, 4]\n"
+                     "  %o = weight : f16[4, 4]\n"
+                     "  %y = fused %x, %w, " +
+                     tables + " {pattern = p, family = gemm, epilogue = \"" + epilogue +
+                     "\"} : f16[6, 12]\n  output %y\n}\n");
+    BOOST_TEST_REQUIRE(!q.graph.has_value());
+    BOOST_TEST_REQUIRE(!q.diags.empty());
+    BOOST_TEST(q.diags[0].loc.line == 7);
+    return q.diags[0].message;
+  };
+  BOOST_TEST(firstError("rope(acc, $2, $3, begin = 0)").find("rope needs its columns' end") !=
+             std::string::npos);
+  BOOST_TEST(firstError("rope(acc, acc, $3, begin = 0, end = 8)")
+                 .find("rope's cosines and sines are operands") != std::string::npos);
+  BOOST_TEST(firstError("rope(acc, $2, $3, begin = 0, end = 8, step = 2)").find("not 'step'") !=
+             std::string::npos);
+  BOOST_TEST(firstError("rope(acc, $2, $3, begin = 2, end = 8)")
+                 .find("rotates columns [2, 8): they must lie in the 12 columns, begin even, and "
+                       "make whole heads of 4") != std::string::npos);
+  BOOST_TEST(firstError("rope(acc, $2, $3, begin = 0, end = 8)", "%c, %o")
+                 .find("must have the cosines' shape") != std::string::npos);
+  BOOST_TEST(firstError("rope(acc, $2, $3, begin = 0, end = 8)", "%o, %o")
+                 .find("R dividing the rows (6)") != std::string::npos);
+}
+
 BOOST_AUTO_TEST_CASE(errors_carry_locations_and_all_are_reported) {
   Parsed p = parse("graph g {\n"
                    "  %x = input : f16[4, 8]\n"

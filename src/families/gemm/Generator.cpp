@@ -536,6 +536,13 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, dsl::Activations defs,
          << "                                         const FpatKernelArgs& a, float2 s) const {\n"
          << "    (void)row;\n    (void)col;\n    (void)a;\n    (void)s;\n"
          << (dual ? never : epiloguePairBody(g, v, defs, acts, staged)) << "  }\n";
+  else if (op.kind == ir::OpKind::Fused && op.fused.epilogue.hasRope())
+    body << "  // Column pairs (kPairs); s: unused here.\n"
+         << "  template <bool kFma = true>\n"
+         << "  __device__ __forceinline__ float2 pair(float2 v, int64_t row, int64_t col,\n"
+         << "                                         const FpatKernelArgs& a, float2 s) const {\n"
+         << "    (void)row;\n    (void)col;\n    (void)a;\n    (void)s;\n"
+         << epiloguePairBody(g, v, defs, acts, -1) << "  }\n";
   if (dual)
     body << "  // The dual GEMM (fpat_wgmma.cuh): v holds acc's column pair, w acc2's; dual1 is "
             "one\n"

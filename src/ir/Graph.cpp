@@ -580,7 +580,7 @@ std::optional<TensorDesc> inferType(const Op& op, const std::vector<OperandInfo>
             return fail(-1, "rope in the epilogue reads $" + std::to_string(t) +
                                 ", which is not an operand after the main ones");
         const std::vector<int64_t>& c = in[static_cast<size_t>(e.operand)].type.shape;
-        if (c.size() != 2 || c[1] % 2 || c[1] == 0 || m % c[0])
+        if (c.size() != 2 || c[1] % 2 || c[1] <= 0 || c[0] <= 0 || m % c[0])
           return fail(e.operand, "rope's cosines " +
                                      operandRef(in, static_cast<size_t>(e.operand)) +
                                      " must be [R, d]: d even, R dividing the rows (" +
@@ -590,8 +590,8 @@ std::optional<TensorDesc> inferType(const Op& op, const std::vector<OperandInfo>
                                       operandRef(in, static_cast<size_t>(e.operand2)) +
                                       " must have the cosines' shape");
         const double b = e.params.at("begin"), end = e.params.at("end");
-        auto columns = [](double c) {
-          return c == std::floor(c) ? std::to_string(static_cast<int64_t>(c)) : formatDouble(c);
+        auto columns = [](double x) {
+          return x == std::floor(x) ? std::to_string(static_cast<int64_t>(x)) : formatDouble(x);
         };
         if (b != std::floor(b) || end != std::floor(end) || b < 0 || end <= b ||
             end > static_cast<double>(cols) || std::fmod(b, 2) != 0 ||

@@ -8,6 +8,7 @@
 
 #include <boost/test/unit_test.hpp>
 #include <cmath>
+#include <map>
 #include <random>
 
 using namespace fpat;
@@ -760,7 +761,125 @@ Graph neoxGraph(bool bias, bool transposeB, int form = 0) {
   return b.build();
 }
 
+/// Llama's attention in f32 (exact enough to compare a reordering): one projection of q, k
+/// and v (a plain gemm; `bias`: fused gemm_bias), q and k roped on tables [1, S, 1, d]
+/// ([B, S, 1, d] where `perBatch`). `form` 1: k not roped; 2: q's columns also read by an
+/// add; 3: k's rope (through merge_heads) also an output; 4: q's rope read by attention as
+/// q, k and v.
+Graph ropeGraph(bool interleaved, bool bias, bool transposeB, bool perBatch, int form = 0) {
+  ir::GraphBuilder b("rope");
+  const int64_t B = 2, S = 3, D = 32, H = 2, Hkv = 1, d = 8, C = (H + 2 * Hkv) * d;
+  const ir::DType f = ir::DType::F32;
+  std::mt19937 rng(13);
+  std::uniform_real_distribution<float> u(-0.5f, 0.5f);
+  auto values = [&](int64_t n) {
+    std::vector<float> v(static_cast<size_t>(n));
+    for (float& x : v)
+      x = u(rng);
+    return v;
+  };
+  auto x = b.input("x", {B * S, D}, f);
+  auto w = b.weight("w", transposeB ? std::vector<int64_t>{C, D} : std::vector<int64_t>{D, C}, f,
+                    values(D * C));
+  auto y = b.gemm(x, w, transposeB, "qkv");
+  if (bias)
+    y = b.bias(y, b.weight("bqkv", {C}, f, values(C)), "qkvb");
+  const std::vector<int64_t> table = {perBatch ? B : 1, S, 1, d};
+  auto cosT = b.weight("cos", table, f, values(table[0] * S * d));
+  auto sinT = b.weight("sin", table, f, values(table[0] * S * d));
+  auto q = b.slice(y, 0, H * d, "q"), k = b.slice(y, H * d, (H + Hkv) * d, "k");
+  auto v = b.slice(y, (H + Hkv) * d, C, "v");
+  auto qr = b.mergeHeads(b.rope(b.heads(q, B, d), cosT, sinT, "qr", interleaved));
+  auto kr = form == 1 ? k : b.mergeHeads(b.rope(b.heads(k, B, d), cosT, sinT, "kr", interleaved));
+  auto o = form == 4
+               ? b.attention(qr, qr, qr, b.constant(0.0, {}, f), b.constant(0.25, {}, f), B, d, "o")
+               : b.attention(qr, kr, v, b.constant(0.0, {}, f), b.constant(0.25, {}, f), B, d, "o");
+  if (form == 2)
+    o = b.add(o, q);
+  b.output(o);
+  if (form == 3)
+    b.output(kr);
+  return b.build();
+}
+
+/// The outputs of `g` and `m` on the same inputs, element by element within `tol` of each
+/// other, and how many ops of `kind` `m` has.
+void closeResults(const Graph& g, const Graph& m, double tol) {
+  auto in = ir::randomInputs(g, 5);
+  for (auto& [name, t] : ir::randomInputs(m, 5))
+    in.emplace(name, t);
+  auto want = ir::evaluate(g, in);
+  auto got = ir::evaluate(m, in);
+  BOOST_REQUIRE(g.outputs().size() == m.outputs().size());
+  for (size_t o = 0; o < g.outputs().size(); ++o) {
+    const std::vector<float>& a = want[g.outputs()[o]].data;
+    const std::vector<float>& b = got[m.outputs()[o]].data;
+    BOOST_REQUIRE(a.size() == b.size());
+    double worst = 0;
+    for (size_t i = 0; i < a.size(); ++i)
+      worst = std::max(worst, std::abs(double(a[i]) - b[i]));
+    BOOST_TEST(worst <= tol, "output " << o << ": max abs difference " << worst);
+  }
+}
+
 } // namespace
+
+BOOST_AUTO_TEST_CASE(ropes_run_in_the_projections_epilogue) {
+  // q's and k's ropes on one merged projection: one rope node over both (same tables), the
+  // rope ops gone, attention reading the rotated columns in place; rotate_half's columns
+  // reordered to pairs in the weight (and bias), which changes no score: the same results.
+  for (bool interleaved : {false, true})
+    for (bool bias : {false, true})
+      for (bool transposeB : {false, true})
+        for (bool perBatch : {false, true})
+          BOOST_TEST_CONTEXT("interleaved " << interleaved << ", bias " << bias << ", transpose_b "
+                                            << transposeB << ", per batch " << perBatch) {
+            Graph g = ropeGraph(interleaved, bias, transposeB, perBatch);
+            Graph f = bias ? rewrite(g, builtinTable(), findMatches(g, builtinTable()).matches) : g;
+            std::vector<RopeFusion> done;
+            Graph m = ropeIntoEpilogues(f, &done);
+            BOOST_TEST_REQUIRE(ir::validate(m).empty());
+            BOOST_TEST_REQUIRE(done.size() == 1u);
+            BOOST_TEST((done[0].ropes == std::vector<std::string>{"qr", "kr"}));
+            BOOST_TEST(done[0].pairs == !interleaved);
+            BOOST_TEST(countKind(m, ir::OpKind::Rope) == 0u);
+            const ir::Op& p = m.op(*m.find(bias ? "qkvb" : "qkv"));
+            BOOST_TEST(p.fused.pattern == (bias ? "gemm_bias_rope" : "gemm_rope"));
+            BOOST_TEST(ir::printEpilogue(p.fused.epilogue) ==
+                       (bias ? "rope(bias_add(acc, $2), $3, $4, begin = 0, end = 24)"
+                             : "rope(acc, $2, $3, begin = 0, end = 24)"));
+            // Tables as rows of positions (of tokens where they vary by batch).
+            BOOST_TEST(m.op(m.operands(*m.find(bias ? "qkvb" : "qkv")).back()).type.str() ==
+                       (perBatch ? "f32[6, 8]" : "f32[3, 8]"));
+            BOOST_TEST(ir::isColumnView(m, *m.find("q")));
+            BOOST_TEST(ir::isColumnView(m, *m.find("k")));
+            BOOST_TEST(!m.find("cos").has_value()); // read by nothing else: gone
+            closeResults(g, m, 1e-5);
+          }
+}
+
+BOOST_AUTO_TEST_CASE(ropes_stay_apart_where_the_epilogue_would_change_what_others_read) {
+  // rotate_half's reorder changes q and k alike, so both must be read by attention alone:
+  // 1 (k not roped), 3 (k's rope an output) and 4 (q's read as v) fuse neither, the
+  // interleaved form (no reorder) both or the one there is. 2: q's columns also read by an
+  // add: q's rope stays, k's alone fuses where interleaved.
+  const std::map<int, std::vector<std::string>> interleavedFuses = {
+      {1, {"qr"}}, {2, {"kr"}}, {3, {"qr", "kr"}}, {4, {"qr", "kr"}}};
+  for (int form : {1, 2, 3, 4})
+    for (bool interleaved : {false, true})
+      BOOST_TEST_CONTEXT("form " << form << ", interleaved " << interleaved) {
+        Graph g = ropeGraph(interleaved, false, false, false, form);
+        std::vector<RopeFusion> done;
+        Graph m = ropeIntoEpilogues(g, &done);
+        BOOST_TEST_REQUIRE(ir::validate(m).empty());
+        BOOST_TEST(done.size() == (interleaved ? 1u : 0u));
+        if (interleaved && !done.empty())
+          BOOST_TEST(done[0].ropes == interleavedFuses.at(form), boost::test_tools::per_element());
+        if (!interleaved)
+          BOOST_TEST(ir::printGraph(m) == ir::printGraph(g));
+        closeResults(g, m, 1e-5);
+      }
+}
 
 BOOST_AUTO_TEST_CASE(parts_side_by_side_in_heads_become_slices_of_columns) {
   // GPT-NeoX's fused projection, [K, N] and [N, K], with a bias and without: its columns

@@ -16,6 +16,7 @@
 #include <iostream>
 #include <limits>
 #include <optional>
+#include <random>
 #include <unistd.h>
 
 using namespace fpat;
@@ -955,6 +956,77 @@ BOOST_AUTO_TEST_CASE(attention_reads_qkv_columns_in_place) {
         BOOST_TEST_REQUIRE(ir::isColumnView(g, *g.find(name)), name);
       // The attention (and a decode's merge): no slice kernels.
       BOOST_TEST(runAttention(g, seed++) <= 2);
+    }
+}
+
+/// q's and k's ropes in the epilogue of their projection (match::ropeIntoEpilogues, after the
+/// patterns): both forms, a norm_gemm with the norm deferred and a plain gemm on [N, K], ragged
+/// rows (not a multiple of any tile), one token, per-batch tables; against the reference.
+BOOST_AUTO_TEST_CASE(ropes_in_the_projection_epilogue_match_the_reference) {
+  struct Case {
+    int64_t b, s, dm, h, hkv, d;
+    bool interleaved, norm, transposeB;
+    ir::DType dt;
+  };
+  const Case cases[] = {
+      {2, 333, 256, 4, 2, 64, false, true, false, ir::DType::F16},
+      {1, 1, 512, 8, 2, 128, false, true, false, ir::DType::BF16},
+      {3, 7, 96, 2, 1, 48, true, false, true, ir::DType::F16},
+      {1, 300, 2048, 16, 4, 128, false, true, false, ir::DType::BF16},
+      {2, 129, 128, 4, 4, 32, true, true, false, ir::DType::F16},
+  };
+  uint64_t seed = 140;
+  for (const Case& c : cases)
+    BOOST_TEST_CONTEXT("B " << c.b << ", S " << c.s << ", D " << c.dm << ", H " << c.h << ", Hkv "
+                            << c.hkv << ", d " << c.d << (c.interleaved ? ", pairs" : ", halves")
+                            << (c.norm ? ", rmsnorm" : "") << (c.transposeB ? ", [N, K]" : "")
+                            << ", " << ir::dtypeName(c.dt)) {
+      ir::GraphBuilder b("rope_epilogue");
+      std::mt19937 rng(static_cast<unsigned>(seed));
+      std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+      auto values = [&](int64_t n, float scale) {
+        std::vector<float> v(static_cast<size_t>(n));
+        for (float& x : v)
+          x = scale * u(rng);
+        return v;
+      };
+      const int64_t cols = (c.h + 2 * c.hkv) * c.d;
+      auto x = b.input("x", {c.b * c.s, c.dm}, c.dt);
+      if (c.norm)
+        x = b.rmsnorm(x, b.weight("g", {c.dm}, c.dt, values(c.dm, 1.0f)), 1e-5, "n");
+      const float ws = 1.0f / std::sqrt(static_cast<float>(c.dm));
+      auto w = b.weight(
+          "w", c.transposeB ? std::vector<int64_t>{cols, c.dm} : std::vector<int64_t>{c.dm, cols},
+          c.dt, values(c.dm * cols, ws));
+      auto y = b.gemm(x, w, c.transposeB, "qkv");
+      // Rotary tables as models compute them (cos, sin of position / 10000^(2i/d)), one
+      // set per batch where the case has several rows of them.
+      const int64_t tb = c.b > 2 ? c.b : 1;
+      std::vector<float> ct(static_cast<size_t>(tb * c.s * c.d)), st(ct.size());
+      for (int64_t bb = 0; bb < tb; ++bb)
+        for (int64_t p = 0; p < c.s; ++p)
+          for (int64_t j = 0; j < c.d; ++j) {
+            const int64_t i = c.interleaved ? j / 2 : j % (c.d / 2);
+            const double a = static_cast<double>(p + 3 * bb) / std::pow(10000.0, 2.0 * i / c.d);
+            ct[static_cast<size_t>((bb * c.s + p) * c.d + j)] = static_cast<float>(std::cos(a));
+            st[static_cast<size_t>((bb * c.s + p) * c.d + j)] = static_cast<float>(std::sin(a));
+          }
+      auto cosT = b.weight("cos", {tb, c.s, 1, c.d}, c.dt, ct);
+      auto sinT = b.weight("sin", {tb, c.s, 1, c.d}, c.dt, st);
+      auto q = b.slice(y, 0, c.h * c.d, "q");
+      auto k = b.slice(y, c.h * c.d, (c.h + c.hkv) * c.d, "k");
+      auto v = b.slice(y, (c.h + c.hkv) * c.d, cols, "v");
+      auto qr = b.mergeHeads(b.rope(b.heads(q, c.b, c.d), cosT, sinT, "qr", c.interleaved));
+      auto kr = b.mergeHeads(b.rope(b.heads(k, c.b, c.d), cosT, sinT, "kr", c.interleaved));
+      auto scale = b.constant(1.0 / std::sqrt(static_cast<double>(c.d)), {}, c.dt);
+      b.output(b.attention(qr, kr, v, b.constant(0.0, {}, c.dt), scale, c.b, c.d, "o"));
+      std::vector<match::RopeFusion> done;
+      const ir::Graph f = match::ropeIntoEpilogues(fuse(b.build()), &done);
+      BOOST_TEST_REQUIRE(done.size() == 1u);
+      for (ir::Vertex vtx : f.vertices())
+        BOOST_TEST_REQUIRE((f.op(vtx).kind != ir::OpKind::Rope));
+      // The projection (and its statistics launch where deferred) and the attention.
+      BOOST_TEST(runAttention(f, seed++) <= (c.norm ? 4 : 3));
     }
 }
 

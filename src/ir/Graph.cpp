@@ -717,6 +717,21 @@ int64_t rowPitch(const Graph& g, Vertex v) {
   return shape.empty() ? 1 : shape.back();
 }
 
+std::vector<float> headPartsToColumns(const std::vector<float>& w, int64_t H, int64_t P, int64_t d,
+                                      bool rowsOfN) {
+  std::vector<float> out(w.size());
+  const int64_t C = H * P * d, n = static_cast<int64_t>(w.size());
+  const int64_t lines = rowsOfN ? 1 : n / C; // K rows, or 1
+  const int64_t run = rowsOfN ? n / C : 1;   // a column's values
+  for (int64_t r = 0; r < lines; ++r)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t p = 0; p < P; ++p)
+        for (int64_t e = 0; e < d; ++e)
+          std::copy_n(w.begin() + (r * C + (h * P + p) * d + e) * run, run,
+                      out.begin() + (r * C + (p * H + h) * d + e) * run);
+  return out;
+}
+
 std::vector<bool> weightOnly(const Graph& g) {
   std::vector<bool> w(g.size(), false);
   auto order = stableOrder(g);

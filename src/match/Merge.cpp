@@ -271,26 +271,6 @@ std::optional<Vertex> ownWeight(const Graph& g, Vertex v, size_t operand) {
   return w;
 }
 
-/// Columns (or, for [N, K] weights, rows) of `w` reordered from (head, part, d) to (part,
-/// head, d).
-void reorderParts(Op& w, int64_t H, int64_t P, int64_t d, bool rowsOfN) {
-  const std::vector<float>& old = *w.data;
-  auto fresh = std::make_shared<std::vector<float>>(old.size());
-  const int64_t C = H * P * d;
-  const int64_t lines = rowsOfN ? 1 : static_cast<int64_t>(old.size()) / C; // K rows, or 1
-  const int64_t run = rowsOfN ? static_cast<int64_t>(old.size()) / C : 1;   // a column's values
-  for (int64_t r = 0; r < lines; ++r)
-    for (int64_t h = 0; h < H; ++h)
-      for (int64_t p = 0; p < P; ++p)
-        for (int64_t e = 0; e < d; ++e) {
-          const auto from = static_cast<size_t>((r * C + (h * P + p) * d + e) * run);
-          const auto to = static_cast<size_t>((r * C + (p * H + h) * d + e) * run);
-          std::copy_n(old.begin() + static_cast<long>(from), run,
-                      fresh->begin() + static_cast<long>(to));
-        }
-  w.data = std::move(fresh);
-}
-
 } // namespace
 
 Graph reorderHeadParts(const Graph& g, std::vector<PartsReorder>* done) {
@@ -335,7 +315,8 @@ Graph reorderHeadParts(const Graph& g, std::vector<PartsReorder>* done) {
     weights.push_back({*w, g.op(gemm).transposeB});
     for (auto [wv, rowsOfN] : weights) {
       Op& op = out.op(wv);
-      reorderParts(op, H, P, d, rowsOfN);
+      op.data =
+          std::make_shared<std::vector<float>>(ir::headPartsToColumns(*op.data, H, P, d, rowsOfN));
       // No longer the model's tensor: a file of --inputs named after it must not replace it.
       op.name = fresh(op.name + ".parts");
       op.origin += ", columns reordered to (part, head, d)";

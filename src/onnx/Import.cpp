@@ -3448,8 +3448,7 @@ private:
     };
     // x = gemm(a, W), or add / bias_add of it with a [C] weight.
     ir::Vertex v = *x.v;
-    std::vector<ir::Op*> permute; // weights whose columns are C wide, rows `rows` each
-    std::vector<int64_t> rows;
+    std::vector<ir::Op*> permute; // weights whose columns are C wide
     if (!readOnlyHere(v) || onnxUses_[x.name] > 1)
       return false;
     if (g_.op(v).kind == ir::OpKind::Add || g_.op(v).kind == ir::OpKind::BiasAdd) {
@@ -3461,7 +3460,6 @@ private:
       if (!b || !readOnlyHere(ops[static_cast<size_t>(1 - bi)]))
         return false;
       permute.push_back(b);
-      rows.push_back(1);
       v = ops[static_cast<size_t>(1 - bi)];
     }
     const ir::Op& gemm = g_.op(v);
@@ -3473,17 +3471,9 @@ private:
     if (!w)
       return false;
     permute.push_back(w);
-    rows.push_back(K);
     for (size_t i = 0; i < permute.size(); ++i) {
-      const std::vector<float>& old = *permute[i]->data;
-      auto fresh = std::make_shared<std::vector<float>>(old.size());
-      for (int64_t r = 0; r < rows[i]; ++r)
-        for (int64_t h = 0; h < H; ++h)
-          for (int64_t p = 0; p < P; ++p)
-            for (int64_t e = 0; e < d; ++e)
-              (*fresh)[static_cast<size_t>(r * C + (p * H + h) * d + e)] =
-                  old[static_cast<size_t>(r * C + (h * P + p) * d + e)];
-      permute[i]->data = std::move(fresh);
+      permute[i]->data = std::make_shared<std::vector<float>>(
+          ir::headPartsToColumns(*permute[i]->data, H, P, d, /*rowsOfN=*/false));
       // No longer the model's tensor: a file of --inputs named after it must not replace it.
       permute[i]->name = uniqueName(permute[i]->name + ".parts");
       permute[i]->origin += ", columns reordered to (part, head, d) for " + nodeName(n);

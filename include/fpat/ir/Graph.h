@@ -250,6 +250,13 @@ std::optional<Vertex> columnViewOf(const Graph& g, Vertex v);
 /// of) a column view, else a token's width (the last dimension; H * d of [B, S, H, d]).
 int64_t rowPitch(const Graph& g, Vertex v);
 
+/// A projection's weight values (or bias, `rowsOfN` false and one row) with their C = H P d
+/// columns reordered from (head, part, d) to (part, head, d): the rows of an [N, K] weight
+/// where `rowsOfN`. GPT-NeoX's and BLOOM's q, k and v side by side in each head become blocks
+/// of columns (match::reorderHeadParts, and BLOOM's import).
+std::vector<float> headPartsToColumns(const std::vector<float>& w, int64_t H, int64_t P, int64_t d,
+                                      bool rowsOfN);
+
 /// Values that stay the same from run to run: weights, constants, and ops all of whose operands
 /// are such values. fpat computes the ops among them once per set of weights, when the weights
 /// are prepared (constant folding over weights), not on every run. By vertex.

@@ -68,14 +68,18 @@ std::string ropePair(const ir::Graph& g, ir::Vertex v, const ir::EpilogueNode& n
   const int64_t rows = tab.shape[0], d = tab.shape[1], m = g.op(v).type.shape[0];
   const auto b = static_cast<int64_t>(n.params.at("begin"));
   const auto e = static_cast<int64_t>(n.params.at("end"));
-  const std::string c = "(col - " + std::to_string(b) + ")";
+  // Rows and columns fit in 32 bits (a 32-bit remainder is a few instructions, a 64-bit one a
+  // call).
+  const std::string c =
+      b == 0 ? "static_cast<int>(col)" : "static_cast<int>(col - " + std::to_string(b) + ")";
   std::ostringstream os;
   os << "    // rope, interleaved: columns [" << b << ", " << e << "), tables $" << n.operand
      << ", $" << n.operand2 << " [" << rows << ", " << d << "]\n"
-     << "    const bool " << t << "in = static_cast<uint64_t>" << c << " < " << e - b << "u;\n"
+     << "    const bool " << t << "in = static_cast<unsigned>(" << c << ") < " << e - b << "u;\n"
      << "    const int64_t " << t << "at = " << t << "in ? "
-     << (rows == m ? "row" : "row % " + std::to_string(rows)) << " * " << d << " + " << c << " % "
-     << d << " : 0;\n"
+     << (rows == m ? std::string("row")
+                   : "static_cast<int64_t>(static_cast<int>(row) % " + std::to_string(rows) + ")")
+     << " * " << d << " + " << c << " % " << d << " : 0;\n"
      << "    const float2 " << t << "c = fpat::ldh2(a.in[" << n.operand << "], " << t << "at), "
      << t << "s = fpat::ldh2(a.in[" << n.operand2 << "], " << t << "at);\n"
      << "    const float2 " << t << " = " << t << "in ? make_float2(" << x << ".x * " << t

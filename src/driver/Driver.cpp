@@ -1160,6 +1160,45 @@ bool fuseStage(const FpatcOptions& opts, const Patterns& pats, const ir::Graph& 
   return after.empty();
 }
 
+/// Says what fusion did: the matches made into fused ops (or, with --explain, every
+/// pattern's attempts), the projections that rotate q and k in their epilogue
+/// (match::ropeIntoEpilogues), and the fused graph.
+void printFusion(const FpatcOptions& opts, const Patterns& pats, const ir::Graph& g,
+                 const match::MatchResult& mr, const std::vector<match::RopeFusion>& ropes,
+                 const ir::Graph& fused, std::ostream& out) {
+  out << "== fusion: " << pats.table.patterns.size() << " patterns ("
+      << pats.table.patterns.size() - pats.userPatterns << " built-in, " << pats.userPatterns
+      << " from --patterns), " << mr.matches.size() << " fused op"
+      << (mr.matches.size() == 1 ? "" : "s") << "\n";
+  if (opts.explain)
+    out << match::explain(g, pats.table, mr);
+  else
+    for (const match::Match& m : mr.matches) {
+      const dsl::PatternMeta& meta = pats.table.patterns[m.pattern];
+      out << "  %" << g.op(m.slots[0]).name << " = " << meta.name << " (" << meta.file << ":"
+          << meta.line << ", " << meta.family << " kernel)\n";
+    }
+  if (!ropes.empty())
+    out << "== rope: " << ropes.size() << " projection" << (ropes.size() == 1 ? "" : "s")
+        << " rotating q and k in the epilogue (the rope kernels are gone)\n";
+  for (const match::RopeFusion& r : ropes) {
+    out << "  %" << r.projection << ":";
+    for (const std::string& n : r.ropes)
+      out << " %" << n;
+    out << (r.pairs ? " (rotate_half: each head's columns reordered to pairs in the weight)" : "")
+        << "\n";
+  }
+  out << "== graph after fusion: " << summary(fused) << "\n" << ir::printGraph(fused);
+}
+
+/// The values of the weights the fusion made (a rope's tables as rows, columns reordered),
+/// which the inputs, made from the graph before fusion, lack.
+void addMadeWeights(const ir::Graph& fused, ir::InputMap& inputs) {
+  for (ir::Vertex v : fused.vertices())
+    if (const ir::Op& op = fused.op(v); op.kind == ir::OpKind::Input && op.data)
+      inputs.try_emplace(op.name, ir::Tensor{op.type, *op.data});
+}
+
 /// Applies the weight rewrites to `g` (steps in `rewrites`) and says what they did; 0, or the
 /// exit code of a failure.
 int rewriteWeights(const FpatcOptions& opts, const Patterns& pats, ir::Graph& g,
@@ -1215,7 +1254,8 @@ int mergeGemms(const FpatcOptions& opts, const Patterns& pats, ir::Graph& g,
   if (!opts.fuse || opts.noRewrite)
     return 0;
   std::vector<match::PartsReorder> reordered;
-  g = match::mergeSharedGemms(match::reorderHeadParts(g, &reordered), &merges);
+  g = match::mergeSharedGemms(match::reorderHeadParts(g, &reordered, !opts.noRopeEpilogue),
+                              &merges);
   auto after = ir::validate(g, pats.activations);
   for (const std::string& p : after)
     err << "fpatc: internal error: the merged graph is invalid: " << p << '\n';
@@ -1594,31 +1634,8 @@ int runFpatc(const FpatcOptions& opts, std::ostream& out, std::ostream& err) {
     return gpuStages(opts, fused, pats, nullptr, nullptr, nullptr, *g, sourceNames, out, err);
 
   out << "== graph" << (opts.fuse ? " before fusion" : "") << "\n" << ir::printGraph(*g);
-  if (opts.fuse) {
-    out << "== fusion: " << pats.table.patterns.size() << " patterns ("
-        << pats.table.patterns.size() - pats.userPatterns << " built-in, " << pats.userPatterns
-        << " from --patterns), " << mr.matches.size() << " fused op"
-        << (mr.matches.size() == 1 ? "" : "s") << "\n";
-    if (opts.explain)
-      out << match::explain(*g, pats.table, mr);
-    else
-      for (const match::Match& m : mr.matches) {
-        const dsl::PatternMeta& meta = pats.table.patterns[m.pattern];
-        out << "  %" << g->op(m.slots[0]).name << " = " << meta.name << " (" << meta.file << ":"
-            << meta.line << ", " << meta.family << " kernel)\n";
-      }
-    if (!ropes.empty())
-      out << "== rope: " << ropes.size() << " projection" << (ropes.size() == 1 ? "" : "s")
-          << " rotating q and k in the epilogue (the rope kernels are gone)\n";
-    for (const match::RopeFusion& r : ropes) {
-      out << "  %" << r.projection << ":";
-      for (const std::string& n : r.ropes)
-        out << " %" << n;
-      out << (r.pairs ? " (rotate_half: each head's columns reordered to pairs in the weight)" : "")
-          << "\n";
-    }
-    out << "== graph after fusion: " << summary(fused) << "\n" << ir::printGraph(fused);
-  }
+  if (opts.fuse)
+    printFusion(opts, pats, *g, mr, ropes, fused, out);
 
   int rc = 0;
   auto inputs = needInputs ? ir::randomInputs(*g, opts.seed) : ir::InputMap{};
@@ -1626,11 +1643,8 @@ int runFpatc(const FpatcOptions& opts, std::ostream& out, std::ostream& err) {
   if (!opts.inputsDir.empty() &&
       !loadInputs(*g, opts.inputsDir, sourceNames, inputs, inputsRead, out, err))
     return 1;
-  // Weights the fusion made (a rope's tables as rows, columns reordered): their values.
   if (needInputs)
-    for (ir::Vertex v : fused.vertices())
-      if (const ir::Op& op = fused.op(v); op.kind == ir::OpKind::Input && op.data)
-        inputs.try_emplace(op.name, ir::Tensor{op.type, *op.data});
+    addMadeWeights(fused, inputs);
   size_t inputCount = 0;
   for (ir::Vertex v : g->vertices())
     inputCount += g->op(v).kind == ir::OpKind::Input;

@@ -189,8 +189,9 @@ private:
         at_ += static_cast<size_t>(end - rest.c_str());
         if (!named)
           return at_ = save, fail("'" + id + "' takes no parameters"), -1;
-        if (n.kind == EpiKind::Rope && key != "begin" && key != "end")
-          return at_ = save, fail("rope takes the parameters begin and end, not '" + key + "'"), -1;
+        if (n.kind == EpiKind::Rope && key != "begin" && key != "end" && key != "head")
+          return at_ = save,
+                 fail("rope takes the parameters begin, end and head, not '" + key + "'"), -1;
         if (!n.params.emplace(key, v).second)
           return at_ = save, fail("parameter '" + key + "' is given twice"), -1;
         continue;

@@ -335,6 +335,126 @@ static std::optional<TensorDesc> inferLayoutOp(const Op& op, const std::vector<O
   }
 }
 
+/// A rope node of a fused op's epilogue against the op's operands (`mains` main ones, result
+/// [m, cols]): its tables, columns and heads; the problem, or nullopt.
+static std::optional<TypeError> checkRopeNode(const EpilogueNode& e,
+                                              const std::vector<OperandInfo>& in, size_t mains,
+                                              int64_t m, int64_t cols) {
+  const int n = static_cast<int>(in.size());
+  for (int t : {e.operand, e.operand2})
+    if (t < static_cast<int>(mains) || t >= n)
+      return TypeError{-1, "rope in the epilogue reads $" + std::to_string(t) +
+                               ", which is not an operand after the main ones"};
+  const std::vector<int64_t>& c = in[static_cast<size_t>(e.operand)].type.shape;
+  if (c.size() != 2 || c[1] % 2 || c[1] <= 0 || c[0] <= 0 || m % c[0])
+    return TypeError{e.operand, "rope's cosines " + operandRef(in, static_cast<size_t>(e.operand)) +
+                                    " must be [R, d]: d even, R dividing the rows (" +
+                                    std::to_string(m) + "), row r reading table row r % R"};
+  if (in[static_cast<size_t>(e.operand2)].type.shape != c)
+    return TypeError{e.operand2, "rope's sines " + operandRef(in, static_cast<size_t>(e.operand2)) +
+                                     " must have the cosines' shape"};
+  const double b = e.params.at("begin"), end = e.params.at("end");
+  auto columns = [](double x) {
+    return x == std::floor(x) ? std::to_string(static_cast<int64_t>(x)) : formatDouble(x);
+  };
+  if (b != std::floor(b) || end != std::floor(end) || b < 0 || end <= b ||
+      end > static_cast<double>(cols) || std::fmod(b, 2) != 0 ||
+      (!e.params.count("head") && std::fmod(end - b, static_cast<double>(c[1])) != 0))
+    return TypeError{-1, "rope in the epilogue rotates columns [" + columns(b) + ", " +
+                             columns(end) + "): they must lie in the " + std::to_string(cols) +
+                             " columns, begin even, and make whole "
+                             "heads of " +
+                             std::to_string(c[1])};
+  if (e.params.count("head")) {
+    const double h = e.params.at("head");
+    if (h != std::floor(h) || h < static_cast<double>(c[1]) || std::fmod(h, 2) != 0 ||
+        std::fmod(end - b, h) != 0)
+      return TypeError{-1, "rope in the epilogue has heads of " + columns(h) +
+                               " columns: they must be even, at least the tables' " +
+                               std::to_string(c[1]) + ", and divide columns [" + columns(b) + ", " +
+                               columns(end) + ")"};
+  }
+  if (cols % 2)
+    return TypeError{-1, "rope in the epilogue needs an even number of columns (its kernels "
+                         "read column pairs), not " +
+                             std::to_string(cols)};
+  return std::nullopt;
+}
+
+/// The shapes of a fused op's epilogue nodes against its operands (`mains` main ones, result
+/// [m, cols]): each node is [M, N] (full) or [N] (a vector broadcast over rows); the result is
+/// full. The problem, or nullopt.
+static std::optional<TypeError> checkEpilogueShapes(const Epilogue& epi,
+                                                    const std::vector<OperandInfo>& in,
+                                                    size_t mains, int64_t m, int64_t cols,
+                                                    const ActivationSet& acts) {
+  const int n = static_cast<int>(in.size());
+  // Each node is [M, N] (full) or [N] (a vector broadcast over rows); the result is full.
+  std::vector<bool> full(epi.nodes.size());
+  for (size_t i = 0; i < epi.nodes.size(); ++i) {
+    const EpilogueNode& e = epi.nodes[i];
+    const auto lhs = static_cast<size_t>(e.lhs), rhs = static_cast<size_t>(e.rhs);
+    switch (e.kind) {
+    case EpiKind::Acc:
+      full[i] = true;
+      break;
+    case EpiKind::Operand: {
+      if (e.operand < static_cast<int>(mains) || e.operand >= n)
+        return TypeError{-1, "the epilogue reads $" + std::to_string(e.operand) +
+                                 ", which is not an operand after the main ones (" +
+                                 (static_cast<int>(mains) < n ? "$" + std::to_string(mains) +
+                                                                    " to $" + std::to_string(n - 1)
+                                                              : std::string("this op has none")) +
+                                 ")"};
+      const size_t o = static_cast<size_t>(e.operand);
+      const std::vector<int64_t>& s = in[o].type.shape;
+      full[i] = s == std::vector<int64_t>{m, cols};
+      if (!full[i] && s != std::vector<int64_t>{cols})
+        return TypeError{e.operand, "the epilogue's " + operandRef(in, o) + " must have shape [" +
+                                        std::to_string(m) + ", " + std::to_string(cols) + "] or [" +
+                                        std::to_string(cols) + "]"};
+      break;
+    }
+    case EpiKind::BiasAdd:
+      if (!full[lhs] || full[rhs])
+        return TypeError{-1, "bias_add in the epilogue needs an [M, N] value and an [N] vector"};
+      full[i] = true;
+      break;
+    case EpiKind::Add:
+    case EpiKind::Mul:
+      if (full[lhs] != full[rhs])
+        return TypeError{-1, std::string(e.kind == EpiKind::Add ? "add" : "mul") +
+                                 " in the epilogue needs operands of one shape (use bias_add to "
+                                 "add an [N] vector)"};
+      full[i] = full[lhs];
+      break;
+    case EpiKind::Activation: {
+      if (!acts.contains(e.fn))
+        return TypeError{-1, "unknown activation '" + e.fn + "' in the epilogue" +
+                                 didYouMean(e.fn, acts.names())};
+      const std::vector<std::string>& ps = acts.params(e.fn);
+      for (const auto& [key, value] : e.params)
+        if (std::find(ps.begin(), ps.end(), key) == ps.end())
+          return TypeError{-1, "activation '" + e.fn + "' in the epilogue has no parameter '" +
+                                   key + "'"};
+      full[i] = full[lhs];
+      break;
+    }
+    case EpiKind::Rope: {
+      if (std::optional<TypeError> why = checkRopeNode(e, in, mains, m, cols))
+        return TypeError{why->operand, std::move(why->message)};
+      if (!full[lhs])
+        return TypeError{-1, "rope in the epilogue needs an [M, N] value"};
+      full[i] = true;
+      break;
+    }
+    }
+  }
+  if (!epi.identity() && !full.back())
+    return TypeError{-1, "the epilogue's result must be [M, N], not an [N] vector"};
+  return std::nullopt;
+}
+
 std::optional<TensorDesc> inferType(const Op& op, const std::vector<OperandInfo>& in,
                                     TypeError& err, const ActivationSet& acts) {
   const OpKindInfo& info = opKindInfo(op.kind);
@@ -523,97 +643,8 @@ std::optional<TensorDesc> inferType(const Op& op, const std::vector<OperandInfo>
                           "epilogue = \"leaky_relu(acc, slope = 0.5)\"");
     if (std::string why = checkEpilogueStructure(f.epilogue); !why.empty())
       return fail(-1, why);
-    // Each node is [M, N] (full) or [N] (a vector broadcast over rows); the result is full.
-    std::vector<bool> full(f.epilogue.nodes.size());
-    for (size_t i = 0; i < f.epilogue.nodes.size(); ++i) {
-      const EpilogueNode& e = f.epilogue.nodes[i];
-      const auto lhs = static_cast<size_t>(e.lhs), rhs = static_cast<size_t>(e.rhs);
-      switch (e.kind) {
-      case EpiKind::Acc:
-        full[i] = true;
-        break;
-      case EpiKind::Operand: {
-        if (e.operand < static_cast<int>(mains) || e.operand >= n)
-          return fail(-1, "the epilogue reads $" + std::to_string(e.operand) +
-                              ", which is not an operand after the main ones (" +
-                              (static_cast<int>(mains) < n
-                                   ? "$" + std::to_string(mains) + " to $" + std::to_string(n - 1)
-                                   : std::string("this op has none")) +
-                              ")");
-        const size_t o = static_cast<size_t>(e.operand);
-        const std::vector<int64_t>& s = in[o].type.shape;
-        full[i] = s == std::vector<int64_t>{m, cols};
-        if (!full[i] && s != std::vector<int64_t>{cols})
-          return fail(e.operand, "the epilogue's " + operandRef(in, o) + " must have shape [" +
-                                     std::to_string(m) + ", " + std::to_string(cols) + "] or [" +
-                                     std::to_string(cols) + "]");
-        break;
-      }
-      case EpiKind::BiasAdd:
-        if (!full[lhs] || full[rhs])
-          return fail(-1, "bias_add in the epilogue needs an [M, N] value and an [N] vector");
-        full[i] = true;
-        break;
-      case EpiKind::Add:
-      case EpiKind::Mul:
-        if (full[lhs] != full[rhs])
-          return fail(-1, std::string(e.kind == EpiKind::Add ? "add" : "mul") +
-                              " in the epilogue needs operands of one shape (use bias_add to "
-                              "add an [N] vector)");
-        full[i] = full[lhs];
-        break;
-      case EpiKind::Activation: {
-        if (!acts.contains(e.fn))
-          return fail(-1, "unknown activation '" + e.fn + "' in the epilogue" +
-                              didYouMean(e.fn, acts.names()));
-        const std::vector<std::string>& ps = acts.params(e.fn);
-        for (const auto& [key, value] : e.params)
-          if (std::find(ps.begin(), ps.end(), key) == ps.end())
-            return fail(-1,
-                        "activation '" + e.fn + "' in the epilogue has no parameter '" + key + "'");
-        full[i] = full[lhs];
-        break;
-      }
-      case EpiKind::Rope: {
-        for (int t : {e.operand, e.operand2})
-          if (t < static_cast<int>(mains) || t >= n)
-            return fail(-1, "rope in the epilogue reads $" + std::to_string(t) +
-                                ", which is not an operand after the main ones");
-        const std::vector<int64_t>& c = in[static_cast<size_t>(e.operand)].type.shape;
-        if (c.size() != 2 || c[1] % 2 || c[1] <= 0 || c[0] <= 0 || m % c[0])
-          return fail(e.operand, "rope's cosines " +
-                                     operandRef(in, static_cast<size_t>(e.operand)) +
-                                     " must be [R, d]: d even, R dividing the rows (" +
-                                     std::to_string(m) + "), row r reading table row r % R");
-        if (in[static_cast<size_t>(e.operand2)].type.shape != c)
-          return fail(e.operand2, "rope's sines " +
-                                      operandRef(in, static_cast<size_t>(e.operand2)) +
-                                      " must have the cosines' shape");
-        const double b = e.params.at("begin"), end = e.params.at("end");
-        auto columns = [](double x) {
-          return x == std::floor(x) ? std::to_string(static_cast<int64_t>(x)) : formatDouble(x);
-        };
-        if (b != std::floor(b) || end != std::floor(end) || b < 0 || end <= b ||
-            end > static_cast<double>(cols) || std::fmod(b, 2) != 0 ||
-            std::fmod(end - b, static_cast<double>(c[1])) != 0)
-          return fail(-1, "rope in the epilogue rotates columns [" + columns(b) + ", " +
-                              columns(end) + "): they must lie in the " + std::to_string(cols) +
-                              " columns, begin even, and make whole "
-                              "heads of " +
-                              std::to_string(c[1]));
-        if (cols % 2)
-          return fail(-1, "rope in the epilogue needs an even number of columns (its kernels "
-                          "read column pairs), not " +
-                              std::to_string(cols));
-        if (!full[lhs])
-          return fail(-1, "rope in the epilogue needs an [M, N] value");
-        full[i] = true;
-        break;
-      }
-      }
-    }
-    if (!f.epilogue.identity() && !full.back())
-      return fail(-1, "the epilogue's result must be [M, N], not an [N] vector");
+    if (std::optional<TypeError> why = checkEpilogueShapes(f.epilogue, in, mains, m, cols, acts))
+      return fail(why->operand, std::move(why->message));
     return TensorDesc{{m, cols}, in[0].type.dtype};
   }
   }

@@ -522,9 +522,17 @@ void evalFused(const Op& op, const std::vector<Vertex>& ops, const std::vector<c
               const Tensor& sn = in(static_cast<size_t>(e.operand2));
               const auto rows = static_cast<size_t>(cs.desc.shape[0]);
               const auto d = static_cast<size_t>(cs.desc.shape[1]);
-              const size_t t = (i % rows) * d + (j - b) % d;
+              const size_t head = e.params.count("head")
+                                      ? static_cast<size_t>(e.params.at("head"))
+                                      : d; // the first d columns of each head rotate
+              const size_t jh = (j - b) % head;
+              if (jh >= d) {
+                v[j] = l[j];
+                break;
+              }
+              const size_t t = (i % rows) * d + jh;
               // (x, y) -> (x c - y s, y c' + x s'), pairs of columns from begin on
-              const double rot = (j - b) % 2 == 0 ? -l[j + 1] : l[j - 1];
+              const double rot = jh % 2 == 0 ? -l[j + 1] : l[j - 1];
               v[j] = l[j] * cs.data[t] + rot * sn.data[t];
               break;
             }

@@ -273,13 +273,38 @@ std::optional<Vertex> ownWeight(const Graph& g, Vertex v, size_t operand) {
 
 } // namespace
 
-Graph reorderHeadParts(const Graph& g, std::vector<PartsReorder>* done) {
+namespace {
+
+/// Whether heads `h` are put back together after a rope of their first part:
+/// concat(rope(h[..., :d]), h[..., d:]) (partial rotary: GPT-J, Phi-2), which a rope in the
+/// projection's epilogue makes a view of h (ropeIntoEpilogues), as it cannot once h's parts
+/// are reordered to blocks of columns.
+bool ropedAndRejoined(const Graph& g, Vertex h) {
+  for (Vertex s : g.users(h))
+    for (Vertex r : g.users(s)) {
+      if (g.op(r).kind != OpKind::Rope || g.useCount(r) != 1 || g.isOutput(r))
+        continue;
+      const Vertex cat = g.users(r).front();
+      if (g.op(cat).kind != OpKind::Concat)
+        continue;
+      const std::vector<Vertex> ins = g.operands(cat);
+      if (ins.size() == 2 && ins[0] == r && g.op(ins[1]).kind == OpKind::Slice &&
+          g.operands(ins[1]).at(0) == h)
+        return true;
+    }
+  return false;
+}
+
+} // namespace
+
+Graph reorderHeadParts(const Graph& g, std::vector<PartsReorder>* done, bool ropeEpilogues) {
   Graph out = g;
   ir::FreshNames fresh(g);
   bool any = false;
   for (Vertex h : g.vertices()) {
     const Op& hop = g.op(h);
-    if (hop.kind != OpKind::Heads || g.isOutput(h) || hop.type.rank() != 4)
+    if (hop.kind != OpKind::Heads || g.isOutput(h) || hop.type.rank() != 4 ||
+        (ropeEpilogues && ropedAndRejoined(g, h)))
       continue;
     const Vertex x = g.operands(h).at(0);
     const int64_t B = hop.batch, H = hop.type.shape[2], D = hop.type.shape[3];

@@ -20,11 +20,18 @@ using ir::Vertex;
 
 namespace {
 
-/// A rope whose x is heads of columns [begin, end) of a GEMM-family op's result.
+/// A rope whose x is heads of columns [begin, end) of a GEMM-family op's result (seen through
+/// views), or the first d columns of each such head, put back beside the rest of each head by a
+/// concat (partial rotary: GPT-NeoX, Phi-2, GPT-J).
 struct Candidate {
-  Vertex rope = 0, heads = 0, gemm = 0;
+  Vertex rope = 0, gemm = 0;
+  Vertex result = 0; // what its readers read: the rope, or the concat
+  Vertex top = 0;    // the view of the columns they read instead once the epilogue rotates them
+  Vertex reader = 0; // the op that reads the projection: the slice, or the lowest view
   std::optional<Vertex> slice; // the columns (none: the whole result)
-  int64_t begin = 0, end = 0, batch = 0, seq = 0, d = 0;
+  int64_t begin = 0, end = 0, batch = 0, seq = 0;
+  int64_t d = 0;       // columns of a head that rotate (the tables' width)
+  int64_t head = 0;    // columns of a head
   bool halves = false; // rotate_half: the columns must become pairs
 };
 
@@ -41,35 +48,71 @@ bool takesRope(const Graph& g, Vertex v) {
          !g.isOutput(v) && op.type.rank() == 2;
 }
 
+/// The one reader of `v`, or nullopt (several, none, or an output).
+std::optional<Vertex> onlyReader(const Graph& g, Vertex v) {
+  if (g.useCount(v) != 1 || g.isOutput(v))
+    return std::nullopt;
+  return g.users(v).front();
+}
+
 std::optional<Candidate> candidateOf(const Graph& g, Vertex r) {
   const Op& op = g.op(r);
   if (op.kind != OpKind::Rope || g.isOutput(r))
     return std::nullopt;
   const std::vector<Vertex> ins = g.operands(r);
   Candidate c;
-  c.rope = r;
-  c.heads = ins.at(0);
+  c.rope = c.result = r;
+  c.top = ins.at(0);
   c.halves = !op.interleaved;
-  const Op& h = g.op(c.heads);
-  if (h.kind != OpKind::Heads || h.type.rank() != 4 || g.useCount(c.heads) != 1 ||
-      g.isOutput(c.heads))
-    return std::nullopt;
-  c.batch = h.type.shape[0];
-  c.seq = h.type.shape[1];
-  c.d = h.type.shape[3];
-  Vertex cols = g.operands(c.heads).at(0);
-  if (g.op(cols).kind == OpKind::Slice) {
-    if (g.useCount(cols) != 1 || g.isOutput(cols))
+  if (g.op(c.top).kind == OpKind::Slice) {
+    // concat(rope(x[..., :d]), x[..., d:]) of a head view x.
+    const Vertex part = c.top;
+    c.top = g.operands(part).at(0);
+    const std::optional<Vertex> cat = onlyReader(g, r);
+    if (!cat || g.op(*cat).kind != OpKind::Concat || g.isOutput(*cat) || onlyReader(g, part) != r ||
+        g.op(part).begin != 0 || g.useCount(c.top) != 2 || g.isOutput(c.top))
       return std::nullopt;
-    c.slice = cols;
+    const std::vector<Vertex> catIns = g.operands(*cat);
+    const Vertex rest = catIns.at(1);
+    if (catIns.at(0) != r || g.op(rest).kind != OpKind::Slice || g.operands(rest).at(0) != c.top ||
+        onlyReader(g, rest) != *cat || g.op(rest).begin != g.op(part).end ||
+        g.op(rest).end != g.op(c.top).type.shape.back() || g.op(*cat).type != g.op(c.top).type)
+      return std::nullopt;
+    c.result = *cat;
+  } else if (g.useCount(c.top) != 1 || g.isOutput(c.top)) {
+    return std::nullopt;
+  }
+  const Op& x = g.op(c.top);
+  if (!ir::isView(x.kind) || x.type.rank() != 4)
+    return std::nullopt;
+  c.batch = x.type.shape[0];
+  c.seq = x.type.shape[1];
+  c.head = x.type.shape[3];
+  c.d = op.type.shape.back();
+  // Down the views to the matrix they show, each read by the next alone.
+  c.reader = c.top;
+  Vertex cols = g.operands(c.top).at(0);
+  while (ir::isView(g.op(cols).kind)) {
+    if (!onlyReader(g, cols))
+      return std::nullopt;
+    c.reader = cols;
+    cols = g.operands(cols).at(0);
+  }
+  const std::vector<int64_t>& m = g.op(cols).type.shape;
+  if (m.size() != 2 || m[0] != c.batch * c.seq || m[1] != x.type.shape[2] * c.head)
+    return std::nullopt;
+  if (g.op(cols).kind == OpKind::Slice) {
+    if (!onlyReader(g, cols))
+      return std::nullopt;
+    c.slice = c.reader = cols;
     c.begin = g.op(cols).begin;
     c.end = g.op(cols).end;
     cols = g.operands(cols).at(0);
   } else {
-    c.end = g.op(cols).type.shape.back();
+    c.end = m[1];
   }
   c.gemm = cols;
-  if (!takesRope(g, c.gemm) || c.begin % 2 != 0 || c.d % 2 != 0)
+  if (!takesRope(g, c.gemm) || c.begin % 2 != 0 || c.d % 2 != 0 || c.head % 2 != 0)
     return std::nullopt;
   // Tables: weights with values, the same for every head (the kernel reads them by row and
   // column within the head).
@@ -79,7 +122,7 @@ std::optional<Candidate> candidateOf(const Graph& g, Vertex r) {
       return std::nullopt;
     std::vector<int64_t> s = t.type.shape;
     s.insert(s.begin(), 4 - s.size(), 1);
-    if (s[2] != 1 && h.type.shape[2] != 1)
+    if (s[2] != 1 && x.type.shape[2] != 1)
       return std::nullopt;
   }
   return c;
@@ -108,21 +151,23 @@ int64_t fromHalves(int64_t j, int64_t d) {
   return j % 2 == 0 ? j / 2 : j / 2 + d / 2;
 }
 
-/// Reorders, in each head of columns [begin, end), the columns of a [K, N] weight (rows of an
-/// [N, K] one, `rowsOfN`; the elements of an [N] vector) from halves to pairs.
+/// Reorders, in each head of each candidate's columns, its first d columns of a [K, N] weight
+/// (rows of an [N, K] one, `rowsOfN`; the elements of an [N] vector) from halves to pairs.
 std::shared_ptr<std::vector<float>> toPairs(const Op& w, int64_t n,
-                                            const std::vector<std::pair<int64_t, int64_t>>& ranges,
-                                            int64_t d, bool rowsOfN) {
+                                            const std::vector<const Candidate*>& cs, bool rowsOfN) {
   const std::vector<float>& old = *w.data;
   auto out = std::make_shared<std::vector<float>>(old);
   const int64_t run = rowsOfN ? static_cast<int64_t>(old.size()) / n : 1;
   const int64_t lines = rowsOfN ? 1 : static_cast<int64_t>(old.size()) / n;
   for (int64_t r = 0; r < lines; ++r)
-    for (auto [b, e] : ranges)
-      for (int64_t c = b; c < e; ++c) {
-        const int64_t head = b + (c - b) / d * d, from = head + fromHalves((c - b) % d, d);
+    for (const Candidate* c : cs)
+      for (int64_t col = c->begin; col < c->end; ++col) {
+        const int64_t j = (col - c->begin) % c->head;
+        if (j >= c->d)
+          continue;
+        const int64_t from = col - j + fromHalves(j, c->d);
         std::copy_n(old.begin() + static_cast<long>((r * n + from) * run), run,
-                    out->begin() + static_cast<long>((r * n + c) * run));
+                    out->begin() + static_cast<long>((r * n + col) * run));
       }
   return out;
 }
@@ -155,12 +200,12 @@ std::optional<std::vector<std::pair<Vertex, size_t>>> attentionReaders(const Gra
   return out;
 }
 
-/// The rope whose result attention operand `i` of `a` is (through views), or nullopt.
-std::optional<Vertex> ropeBehind(const Graph& g, Vertex a, size_t i) {
+/// What attention operand `i` of `a` is, through views.
+Vertex behindViews(const Graph& g, Vertex a, size_t i) {
   Vertex v = g.operands(a).at(i);
   while (ir::isView(g.op(v).kind))
     v = g.operands(v).at(0);
-  return g.op(v).kind == OpKind::Rope ? std::optional<Vertex>(v) : std::nullopt;
+  return v;
 }
 
 /// `mod` (`g` changed in place, new ops added after g's) without its dead ops and the weights
@@ -213,9 +258,7 @@ Graph ropeIntoEpilogues(const Graph& g, std::vector<RopeFusion>* done) {
     const Op& op = g.op(p);
     const std::vector<Vertex> ins = g.operands(p);
     for (Vertex u : g.users(p)) {
-      if (std::any_of(cs.begin(), cs.end(), [&](const Candidate* c) {
-            return c->slice ? *c->slice == u : c->heads == u;
-          }))
+      if (std::any_of(cs.begin(), cs.end(), [&](const Candidate* c) { return c->reader == u; }))
         continue;
       const Op& uo = g.op(u);
       if (uo.kind != OpKind::Slice)
@@ -246,17 +289,19 @@ Graph ropeIntoEpilogues(const Graph& g, std::vector<RopeFusion>* done) {
       if (!projectionOk(p, cs))
         for (const Candidate* c : cs)
           drop.insert(c->rope);
+    std::map<Vertex, const Candidate*> byResult;
+    for (const auto& [r, c] : cands)
+      byResult[c.result] = &c;
     for (const auto& [r, c] : cands) {
       if (!c.halves || drop.count(r))
         continue;
-      auto readers = attentionReaders(g, r);
+      auto readers = attentionReaders(g, c.result);
       bool ok = readers && !readers->empty();
       for (size_t k = 0; ok && k < readers->size(); ++k) {
         const auto [a, i] = (*readers)[k];
-        const std::optional<Vertex> other = ropeBehind(g, a, 1 - i);
-        auto it = other ? cands.find(*other) : cands.end();
-        ok =
-            it != cands.end() && it->second.halves && it->second.d == c.d && g.op(a).headDim == c.d;
+        auto it = byResult.find(behindViews(g, a, 1 - i));
+        ok = it != byResult.end() && it->second->halves && it->second->d == c.d &&
+             it->second->head == c.head && g.op(a).headDim == c.head;
       }
       if (!ok)
         drop.insert(r);
@@ -304,10 +349,10 @@ Graph ropeIntoEpilogues(const Graph& g, std::vector<RopeFusion>* done) {
     RopeFusion record;
     record.projection = op.name;
     // Columns from halves to pairs: the weight's, and the [N] epilogue operands'.
-    std::vector<std::pair<int64_t, int64_t>> halves;
+    std::vector<const Candidate*> halves;
     for (const Candidate* c : cs)
       if (c->halves)
-        halves.push_back({c->begin, c->end});
+        halves.push_back(c);
     auto replaceOperand = [&](size_t i, Vertex to) {
       boost::remove_edge(ins[i], p, out.impl());
       out.connect(to, p, static_cast<unsigned>(i));
@@ -317,7 +362,7 @@ Graph ropeIntoEpilogues(const Graph& g, std::vector<RopeFusion>* done) {
       const size_t b = op.kind == OpKind::Fused ? ir::gemmBIndex(op) : 1;
       for (size_t i = b; i < ins.size(); ++i) {
         Op w = g.op(ins[i]);
-        w.data = toPairs(w, n, halves, cs.front()->d, i == b && op.transposeB);
+        w.data = toPairs(w, n, halves, i == b && op.transposeB);
         w.name = fresh(w.name + ".pairs");
         w.origin += ", each rotated head's columns in pairs order";
         replaceOperand(i, out.addOp(w, {}));
@@ -337,7 +382,15 @@ Graph ropeIntoEpilogues(const Graph& g, std::vector<RopeFusion>* done) {
       const Vertex cosT = prepared(c, 1), sinT = prepared(c, 2);
       ir::EpilogueNode& prev = e.nodes[static_cast<size_t>(last)];
       // q's and k's ropes side by side on the same tables: one range.
+      const std::map<std::string, double> params =
+          c.head == c.d ? std::map<std::string, double>{}
+                        : std::map<std::string, double>{{"head", static_cast<double>(c.head)}};
+      auto headOf = [](const ir::EpilogueNode& node) {
+        auto it = node.params.find("head");
+        return it == node.params.end() ? -1.0 : it->second;
+      };
       if (k > 0 && prev.kind == ir::EpiKind::Rope && prev.params["end"] == c.begin &&
+          headOf(prev) == (c.head == c.d ? -1.0 : static_cast<double>(c.head)) &&
           ins[static_cast<size_t>(prev.operand)] == cosT &&
           ins[static_cast<size_t>(prev.operand2)] == sinT) {
         prev.params["end"] = static_cast<double>(c.end);
@@ -351,16 +404,19 @@ Graph ropeIntoEpilogues(const Graph& g, std::vector<RopeFusion>* done) {
         }
         r.operand = static_cast<int>(ins.size()) - 2;
         r.operand2 = static_cast<int>(ins.size()) - 1;
-        r.params = {{"begin", static_cast<double>(c.begin)}, {"end", static_cast<double>(c.end)}};
+        r.params = params;
+        r.params["begin"] = static_cast<double>(c.begin);
+        r.params["end"] = static_cast<double>(c.end);
         last = e.add(std::move(r));
       }
-      // The rope's readers read its x, the projection's (rotated) columns seen as heads.
-      for (Vertex u : g.users(c.rope)) {
+      // The rope's (or its concat's) readers read the projection's rotated columns, seen as
+      // heads.
+      for (Vertex u : g.users(c.result)) {
         const std::vector<Vertex> uins = g.operands(u);
         for (size_t i = 0; i < uins.size(); ++i)
-          if (uins[i] == c.rope) {
-            boost::remove_edge(c.rope, u, out.impl());
-            out.connect(c.heads, u, static_cast<unsigned>(i));
+          if (uins[i] == c.result) {
+            boost::remove_edge(c.result, u, out.impl());
+            out.connect(c.top, u, static_cast<unsigned>(i));
           }
       }
       record.ropes.push_back(g.op(c.rope).name);

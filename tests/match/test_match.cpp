@@ -802,6 +802,37 @@ Graph ropeGraph(bool interleaved, bool bias, bool transposeB, bool perBatch, int
   return b.build();
 }
 
+/// GPT-NeoX's and Phi-2's partial rotary in f32: q and k of one projection roped on the first
+/// 4 of each head's 12 columns, concatenated with the other 8 (`rest`: the concat reads a
+/// slice other than the rest of the head: no fusion).
+Graph partialRopeGraph(bool interleaved, bool rest = true) {
+  ir::GraphBuilder b("partial");
+  const int64_t B = 2, S = 3, D = 24, H = 2, dh = 12, rd = 4, C = 3 * H * dh;
+  const ir::DType f = ir::DType::F32;
+  std::mt19937 rng(17);
+  std::uniform_real_distribution<float> u(-0.5f, 0.5f);
+  auto values = [&](int64_t n) {
+    std::vector<float> v(static_cast<size_t>(n));
+    for (float& x : v)
+      x = u(rng);
+    return v;
+  };
+  auto x = b.input("x", {B * S, D}, f);
+  auto y = b.bias(b.gemm(x, b.weight("w", {D, C}, f, values(D * C)), false, "qkv"),
+                  b.weight("bqkv", {C}, f, values(C)), "qkvb");
+  auto cosT = b.weight("cos", {1, S, 1, rd}, f, values(S * rd));
+  auto sinT = b.weight("sin", {1, S, 1, rd}, f, values(S * rd));
+  auto roped = [&](int64_t from, const char* name) {
+    auto h = b.heads(b.slice(y, from, from + H * dh), B, dh);
+    auto r = b.rope(b.slice(h, 0, rd), cosT, sinT, name, interleaved);
+    return b.mergeHeads(b.concat(r, b.slice(h, rest ? rd : rd - 2, rest ? dh : dh - 2)));
+  };
+  auto q = roped(0, "qr"), k = roped(H * dh, "kr");
+  auto v = b.slice(y, 2 * H * dh, C, "v");
+  b.output(b.attention(q, k, v, b.constant(0.0, {}, f), b.constant(0.25, {}, f), B, dh, "o"));
+  return b.build();
+}
+
 /// The outputs of `g` and `m` on the same inputs, element by element within `tol` of each
 /// other, and how many ops of `kind` `m` has.
 void closeResults(const Graph& g, const Graph& m, double tol) {
@@ -856,6 +887,32 @@ BOOST_AUTO_TEST_CASE(ropes_run_in_the_projections_epilogue) {
             BOOST_TEST(!m.find("cos").has_value()); // read by nothing else: gone
             closeResults(g, m, 1e-5);
           }
+}
+
+BOOST_AUTO_TEST_CASE(partial_rotary_runs_in_the_epilogue_and_its_concat_becomes_a_view) {
+  // The first 4 of each head's 12 columns rotate (head = 12 in the node); the concat of the
+  // rope and the rest of each head is then the projection's columns seen as heads.
+  for (bool interleaved : {false, true})
+    BOOST_TEST_CONTEXT("interleaved " << interleaved) {
+      Graph g = partialRopeGraph(interleaved);
+      Graph f = rewrite(g, builtinTable(), findMatches(g, builtinTable()).matches);
+      std::vector<RopeFusion> done;
+      Graph m = ropeIntoEpilogues(f, &done);
+      BOOST_TEST_REQUIRE(ir::validate(m).empty());
+      BOOST_TEST_REQUIRE(done.size() == 1u);
+      BOOST_TEST((done[0].ropes == std::vector<std::string>{"qr", "kr"}));
+      BOOST_TEST(countKind(m, ir::OpKind::Rope) == 0u);
+      BOOST_TEST(countKind(m, ir::OpKind::Concat) == 0u);
+      BOOST_TEST(ir::printEpilogue(m.op(*m.find("qkvb")).fused.epilogue) ==
+                 "rope(bias_add(acc, $2), $3, $4, begin = 0, end = 48, head = 12)");
+      closeResults(g, m, 1e-5);
+    }
+  // A concat of the rope and other columns than the rest of the head: left as it is.
+  Graph g = partialRopeGraph(true, false);
+  std::vector<RopeFusion> done;
+  Graph m = ropeIntoEpilogues(g, &done);
+  BOOST_TEST(done.empty());
+  BOOST_TEST(ir::printGraph(m) == ir::printGraph(g));
 }
 
 BOOST_AUTO_TEST_CASE(ropes_stay_apart_where_the_epilogue_would_change_what_others_read) {

@@ -197,6 +197,9 @@ BOOST_AUTO_TEST_CASE(rope_epilogue_round_trips_and_its_errors_are_located) {
   BOOST_TEST(firstError("rope(acc, $2, $3, begin = 2, end = 8)")
                  .find("rotates columns [2, 8): they must lie in the 12 columns, begin even, and "
                        "make whole heads of 4") != std::string::npos);
+  BOOST_TEST(firstError("rope(acc, $2, $3, begin = 0, end = 12, head = 2)")
+                 .find("has heads of 2 columns: they must be even, at least the tables' 4") !=
+             std::string::npos);
   BOOST_TEST(firstError("rope(acc, $2, $3, begin = 0, end = 8)", "%c, %o")
                  .find("must have the cosines' shape") != std::string::npos);
   BOOST_TEST(firstError("rope(acc, $2, $3, begin = 0, end = 8)", "%o, %o")

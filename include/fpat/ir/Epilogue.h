@@ -20,10 +20,12 @@ enum class EpiKind : uint8_t {
   Mul,        // lhs * rhs, same shape
   Activation, // fn(lhs; params)
   Rope,       // rotary embedding, interleaved form, of lhs's columns [begin, end) (params):
-              // the pair (c, c + 1) at row r, c - begin even, becomes (x c - y s, y c' + x s')
-              // with cosines c, c' and sines s, s' of operands `operand` and `operand2` ([R, d]:
-              // row r % R, column (c - begin) % d); columns outside the range pass unchanged.
-              // It reads a column's partner: kernels evaluate it on column pairs only.
+              // the pair (c, c + 1) at row r, j = (c - begin) % head even and j < d, becomes
+              // (x c - y s, y c' + x s') with cosines c, c' and sines s, s' of operands
+              // `operand` and `operand2` ([R, d]: row r % R, column j); other columns pass
+              // unchanged. `head` (param; default d): the columns of a head, whose first d
+              // rotate (partial rotary). It reads a column's partner: kernels evaluate it on
+              // column pairs only.
 };
 
 struct EpilogueNode {
@@ -34,7 +36,7 @@ struct EpilogueNode {
                                         // the cosines' operand
   std::string fn;                       // Activation: its name
   std::map<std::string, double> params; // Activation: parameters given (the rest default);
-                                        // Rope: begin and end
+                                        // Rope: begin, end and head
   int operand2 = -1;                    // Rope: the sines' operand
   bool operator==(const EpilogueNode&) const = default;
 };

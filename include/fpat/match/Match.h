@@ -170,8 +170,11 @@ struct PartsReorder {
 /// bias_add) on weights with values that only it reads: the weights' columns are reordered to
 /// (part, head, d) and each part's slice becomes a slice of columns of the projection, seen as
 /// heads, which attention can read in place (ir::isColumnView). BLOOM's [B, S, H, P, d] view
-/// gets the same reorder at import.
-ir::Graph reorderHeadParts(const ir::Graph& g, std::vector<PartsReorder>* done = nullptr);
+/// gets the same reorder at import. With `ropeEpilogues`, heads whose first part is roped and
+/// put back beside the rest (partial rotary) are left for ropeIntoEpilogues, which makes them
+/// views.
+ir::Graph reorderHeadParts(const ir::Graph& g, std::vector<PartsReorder>* done = nullptr,
+                           bool ropeEpilogues = false);
 
 /// A projection whose ropes ropeIntoEpilogues took into its epilogue.
 struct RopeFusion {

@@ -72,14 +72,20 @@ std::string ropePair(const ir::Graph& g, ir::Vertex v, const ir::EpilogueNode& n
   // call).
   const std::string c =
       b == 0 ? "static_cast<int>(col)" : "static_cast<int>(col - " + std::to_string(b) + ")";
+  const int64_t head = n.params.count("head") ? static_cast<int64_t>(n.params.at("head")) : d;
+  const std::string j = c + " % " + std::to_string(head);
   std::ostringstream os;
   os << "    // rope, interleaved: columns [" << b << ", " << e << "), tables $" << n.operand
-     << ", $" << n.operand2 << " [" << rows << ", " << d << "]\n"
-     << "    const bool " << t << "in = static_cast<unsigned>(" << c << ") < " << e - b << "u;\n"
+     << ", $" << n.operand2 << " [" << rows << ", " << d << "]"
+     << (head != d ? ", the first " + std::to_string(d) + " of each " + std::to_string(head)
+                   : std::string())
+     << "\n"
+     << "    const bool " << t << "in = static_cast<unsigned>(" << c << ") < " << e - b << "u"
+     << (head != d ? " && " + j + " < " + std::to_string(d) : std::string()) << ";\n"
      << "    const int64_t " << t << "at = " << t << "in ? "
      << (rows == m ? std::string("row")
                    : "static_cast<int64_t>(static_cast<int>(row) % " + std::to_string(rows) + ")")
-     << " * " << d << " + " << c << " % " << d << " : 0;\n"
+     << " * " << d << " + " << j << " : 0;\n"
      << "    const float2 " << t << "c = fpat::ldh2(a.in[" << n.operand << "], " << t << "at), "
      << t << "s = fpat::ldh2(a.in[" << n.operand2 << "], " << t << "at);\n"
      << "    const float2 " << t << " = " << t << "in ? make_float2(" << x << ".x * " << t

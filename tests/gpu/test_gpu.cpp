@@ -967,6 +967,7 @@ BOOST_AUTO_TEST_CASE(ropes_in_the_projection_epilogue_match_the_reference) {
     int64_t b, s, dm, h, hkv, d;
     bool interleaved, norm, transposeB;
     ir::DType dt;
+    int64_t rot = 0; // partial rotary: the first `rot` columns of each head (0: all)
   };
   const Case cases[] = {
       {2, 333, 256, 4, 2, 64, false, true, false, ir::DType::F16},
@@ -974,13 +975,18 @@ BOOST_AUTO_TEST_CASE(ropes_in_the_projection_epilogue_match_the_reference) {
       {3, 7, 96, 2, 1, 48, true, false, true, ir::DType::F16},
       {1, 300, 2048, 16, 4, 128, false, true, false, ir::DType::BF16},
       {2, 129, 128, 4, 4, 32, true, true, false, ir::DType::F16},
+      // GPT-NeoX's quarter, GPT-J's 64 of 256 (as 32 of 128 here), Phi-2's 32 of 80.
+      {2, 200, 256, 4, 4, 64, false, false, false, ir::DType::F16, 16},
+      {1, 77, 512, 4, 4, 128, true, true, false, ir::DType::BF16, 32},
+      {3, 5, 160, 2, 2, 80, false, false, true, ir::DType::F16, 32},
   };
   uint64_t seed = 140;
   for (const Case& c : cases)
     BOOST_TEST_CONTEXT("B " << c.b << ", S " << c.s << ", D " << c.dm << ", H " << c.h << ", Hkv "
                             << c.hkv << ", d " << c.d << (c.interleaved ? ", pairs" : ", halves")
                             << (c.norm ? ", rmsnorm" : "") << (c.transposeB ? ", [N, K]" : "")
-                            << ", " << ir::dtypeName(c.dt)) {
+                            << (c.rot ? ", rotary " + std::to_string(c.rot) : std::string()) << ", "
+                            << ir::dtypeName(c.dt)) {
       ir::GraphBuilder b("rope_epilogue");
       std::mt19937 rng(static_cast<unsigned>(seed));
       std::uniform_real_distribution<float> u(-1.0f, 1.0f);
@@ -1001,30 +1007,37 @@ BOOST_AUTO_TEST_CASE(ropes_in_the_projection_epilogue_match_the_reference) {
       auto y = b.gemm(x, w, c.transposeB, "qkv");
       // Rotary tables as models compute them (cos, sin of position / 10000^(2i/d)), one
       // set per batch where the case has several rows of them.
-      const int64_t tb = c.b > 2 ? c.b : 1;
-      std::vector<float> ct(static_cast<size_t>(tb * c.s * c.d)), st(ct.size());
+      const int64_t tb = c.b > 2 ? c.b : 1, rd = c.rot ? c.rot : c.d;
+      std::vector<float> ct(static_cast<size_t>(tb * c.s * rd)), st(ct.size());
       for (int64_t bb = 0; bb < tb; ++bb)
         for (int64_t p = 0; p < c.s; ++p)
-          for (int64_t j = 0; j < c.d; ++j) {
-            const int64_t i = c.interleaved ? j / 2 : j % (c.d / 2);
-            const double a = static_cast<double>(p + 3 * bb) / std::pow(10000.0, 2.0 * i / c.d);
-            ct[static_cast<size_t>((bb * c.s + p) * c.d + j)] = static_cast<float>(std::cos(a));
-            st[static_cast<size_t>((bb * c.s + p) * c.d + j)] = static_cast<float>(std::sin(a));
+          for (int64_t j = 0; j < rd; ++j) {
+            const int64_t i = c.interleaved ? j / 2 : j % (rd / 2);
+            const double a = static_cast<double>(p + 3 * bb) / std::pow(10000.0, 2.0 * i / rd);
+            ct[static_cast<size_t>((bb * c.s + p) * rd + j)] = static_cast<float>(std::cos(a));
+            st[static_cast<size_t>((bb * c.s + p) * rd + j)] = static_cast<float>(std::sin(a));
           }
-      auto cosT = b.weight("cos", {tb, c.s, 1, c.d}, c.dt, ct);
-      auto sinT = b.weight("sin", {tb, c.s, 1, c.d}, c.dt, st);
+      auto cosT = b.weight("cos", {tb, c.s, 1, rd}, c.dt, ct);
+      auto sinT = b.weight("sin", {tb, c.s, 1, rd}, c.dt, st);
+      auto roped = [&](ir::Value cols, const char* name) {
+        auto h = b.heads(cols, c.b, c.d);
+        if (!c.rot)
+          return b.mergeHeads(b.rope(h, cosT, sinT, name, c.interleaved));
+        auto r = b.rope(b.slice(h, 0, rd), cosT, sinT, name, c.interleaved);
+        return b.mergeHeads(b.concat(r, b.slice(h, rd, c.d)));
+      };
       auto q = b.slice(y, 0, c.h * c.d, "q");
       auto k = b.slice(y, c.h * c.d, (c.h + c.hkv) * c.d, "k");
       auto v = b.slice(y, (c.h + c.hkv) * c.d, cols, "v");
-      auto qr = b.mergeHeads(b.rope(b.heads(q, c.b, c.d), cosT, sinT, "qr", c.interleaved));
-      auto kr = b.mergeHeads(b.rope(b.heads(k, c.b, c.d), cosT, sinT, "kr", c.interleaved));
+      auto qr = roped(q, "qr"), kr = roped(k, "kr");
       auto scale = b.constant(1.0 / std::sqrt(static_cast<double>(c.d)), {}, c.dt);
       b.output(b.attention(qr, kr, v, b.constant(0.0, {}, c.dt), scale, c.b, c.d, "o"));
       std::vector<match::RopeFusion> done;
       const ir::Graph f = match::ropeIntoEpilogues(fuse(b.build()), &done);
       BOOST_TEST_REQUIRE(done.size() == 1u);
       for (ir::Vertex vtx : f.vertices())
-        BOOST_TEST_REQUIRE((f.op(vtx).kind != ir::OpKind::Rope));
+        BOOST_TEST_REQUIRE(
+            (f.op(vtx).kind != ir::OpKind::Rope && f.op(vtx).kind != ir::OpKind::Concat));
       // The projection (and its statistics launch where deferred) and the attention.
       BOOST_TEST(runAttention(f, seed++) <= (c.norm ? 4 : 3));
     }

@@ -761,6 +761,15 @@ Graph neoxGraph(bool bias, bool transposeB, int form = 0) {
   return b.build();
 }
 
+/// n values uniform in [-0.5, 0.5) from `rng`.
+std::vector<float> uniformValues(std::mt19937& rng, int64_t n) {
+  std::uniform_real_distribution<float> u(-0.5f, 0.5f);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v)
+    x = u(rng);
+  return v;
+}
+
 /// Llama's attention in f32 (exact enough to compare a reordering): one projection of q, k
 /// and v (a plain gemm; `bias`: fused gemm_bias), q and k roped on tables [1, S, 1, d]
 /// ([B, S, 1, d] where `perBatch`). `form` 1: k not roped; 2: q's columns also read by an
@@ -771,13 +780,7 @@ Graph ropeGraph(bool interleaved, bool bias, bool transposeB, bool perBatch, int
   const int64_t B = 2, S = 3, D = 32, H = 2, Hkv = 1, d = 8, C = (H + 2 * Hkv) * d;
   const ir::DType f = ir::DType::F32;
   std::mt19937 rng(13);
-  std::uniform_real_distribution<float> u(-0.5f, 0.5f);
-  auto values = [&](int64_t n) {
-    std::vector<float> v(static_cast<size_t>(n));
-    for (float& x : v)
-      x = u(rng);
-    return v;
-  };
+  auto values = [&](int64_t n) { return uniformValues(rng, n); };
   auto x = b.input("x", {B * S, D}, f);
   auto w = b.weight("w", transposeB ? std::vector<int64_t>{C, D} : std::vector<int64_t>{D, C}, f,
                     values(D * C));
@@ -810,13 +813,7 @@ Graph partialRopeGraph(bool interleaved, bool rest = true) {
   const int64_t B = 2, S = 3, D = 24, H = 2, dh = 12, rd = 4, C = 3 * H * dh;
   const ir::DType f = ir::DType::F32;
   std::mt19937 rng(17);
-  std::uniform_real_distribution<float> u(-0.5f, 0.5f);
-  auto values = [&](int64_t n) {
-    std::vector<float> v(static_cast<size_t>(n));
-    for (float& x : v)
-      x = u(rng);
-    return v;
-  };
+  auto values = [&](int64_t n) { return uniformValues(rng, n); };
   auto x = b.input("x", {B * S, D}, f);
   auto y = b.bias(b.gemm(x, b.weight("w", {D, C}, f, values(D * C)), false, "qkv"),
                   b.weight("bqkv", {C}, f, values(C)), "qkvb");

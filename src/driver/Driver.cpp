@@ -1254,8 +1254,8 @@ int mergeGemms(const FpatcOptions& opts, const Patterns& pats, ir::Graph& g,
   if (!opts.fuse || opts.noRewrite)
     return 0;
   std::vector<match::PartsReorder> reordered;
-  g = match::mergeSharedGemms(match::reorderHeadParts(g, &reordered, !opts.noRopeEpilogue),
-                              &merges);
+  g = match::mergeSharedGemms(match::reorderHeadParts(g, &reordered, !opts.noRopeEpilogue), &merges,
+                              !opts.noRopeEpilogue);
   auto after = ir::validate(g, pats.activations);
   for (const std::string& p : after)
     err << "fpatc: internal error: the merged graph is invalid: " << p << '\n';

@@ -1019,8 +1019,8 @@ BOOST_AUTO_TEST_CASE(ropes_in_the_projection_epilogue_match_the_reference) {
           }
       auto cosT = b.weight("cos", {tb, c.s, 1, rd}, c.dt, ct);
       auto sinT = b.weight("sin", {tb, c.s, 1, rd}, c.dt, st);
-      auto roped = [&](ir::Value cols, const char* name) {
-        auto h = b.heads(cols, c.b, c.d);
+      auto roped = [&](ir::Value part, const char* name) {
+        auto h = b.heads(part, c.b, c.d);
         if (!c.rot)
           return b.mergeHeads(b.rope(h, cosT, sinT, name, c.interleaved));
         auto r = b.rope(b.slice(h, 0, rd), cosT, sinT, name, c.interleaved);

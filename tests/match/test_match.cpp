@@ -808,7 +808,7 @@ Graph ropeGraph(bool interleaved, bool bias, bool transposeB, bool perBatch, int
 /// GPT-NeoX's and Phi-2's partial rotary in f32: q and k of one projection roped on the first
 /// 4 of each head's 12 columns, concatenated with the other 8 (`rest`: the concat reads a
 /// slice other than the rest of the head: no fusion).
-Graph partialRopeGraph(bool interleaved, bool rest = true) {
+Graph partialRopeGraph(bool interleaved, bool rest = true, bool separate = false) {
   ir::GraphBuilder b("partial");
   const int64_t B = 2, S = 3, D = 24, H = 2, dh = 12, rd = 4, C = 3 * H * dh;
   const ir::DType f = ir::DType::F32;
@@ -817,17 +817,23 @@ Graph partialRopeGraph(bool interleaved, bool rest = true) {
   auto x = b.input("x", {B * S, D}, f);
   auto y = b.bias(b.gemm(x, b.weight("w", {D, C}, f, values(D * C)), false, "qkv"),
                   b.weight("bqkv", {C}, f, values(C)), "qkvb");
+  // `separate`: q, k and v projected apart (Phi-2's, GPT-J's), each a GEMM on x.
+  auto part = [&](int64_t from) {
+    return separate
+               ? b.gemm(x, b.weight("w" + std::to_string(from), {D, H * dh}, f, values(D * H * dh)))
+               : b.slice(y, from, from + H * dh);
+  };
   auto cosT = b.weight("cos", {1, S, 1, rd}, f, values(S * rd));
   auto sinT = b.weight("sin", {1, S, 1, rd}, f, values(S * rd));
   auto roped = [&](int64_t from, const char* name) {
-    auto h = b.heads(b.slice(y, from, from + H * dh), B, dh);
+    auto h = b.heads(part(from), B, dh);
     auto r = b.rope(b.slice(h, 0, rd), cosT, sinT, name, interleaved);
     return b.mergeHeads(b.concat(r, b.slice(h, rest ? rd : rd - 2, rest ? dh : dh - 2)));
   };
   auto q = roped(0, "qr"), k = roped(H * dh, "kr");
-  auto v = b.slice(y, 2 * H * dh, C, "v");
+  auto v = part(2 * H * dh);
   b.output(b.attention(q, k, v, b.constant(0.0, {}, f), b.constant(0.25, {}, f), B, dh, "o"));
-  return b.build();
+  return separate ? removeDeadOps(b.build()) : b.build();
 }
 
 /// The outputs of `g` and `m` on the same inputs, element by element within `tol` of each
@@ -904,6 +910,24 @@ BOOST_AUTO_TEST_CASE(partial_rotary_runs_in_the_epilogue_and_its_concat_becomes_
                  "rope(bias_add(acc, $2), $3, $4, begin = 0, end = 48, head = 12)");
       closeResults(g, m, 1e-5);
     }
+  // q, k and v projected apart merge where the rope epilogue will make the partial rotary a
+  // view (not otherwise: its concat would read the merged columns through a copy), and the
+  // merged projection then takes both ropes.
+  {
+    Graph g = partialRopeGraph(false, true, true);
+    std::vector<GemmMerge> merged;
+    BOOST_TEST(countKind(mergeSharedGemms(g), ir::OpKind::Gemm) == 3u);
+    Graph m = mergeSharedGemms(g, &merged, true);
+    BOOST_TEST_REQUIRE(ir::validate(m).empty());
+    BOOST_TEST(merged.size() == 1u);
+    BOOST_TEST(countKind(m, ir::OpKind::Gemm) == 1u);
+    std::vector<RopeFusion> done;
+    Graph r = ropeIntoEpilogues(m, &done);
+    BOOST_TEST_REQUIRE(done.size() == 1u);
+    BOOST_TEST(done[0].ropes.size() == 2u);
+    BOOST_TEST(countKind(r, ir::OpKind::Concat) == 0u);
+    closeResults(g, r, 1e-5);
+  }
   // A concat of the rope and other columns than the rest of the head: left as it is.
   Graph g = partialRopeGraph(true, false);
   std::vector<RopeFusion> done;

@@ -156,8 +156,10 @@ struct GemmMerge {
 /// one, and the norm before them has one reader left, into which it can fuse. Weights with
 /// values are joined here (those nothing else reads are dropped); weights [K, N] and biases
 /// given at run time by concat ops, which run once with the weights; [N, K] weights given at
-/// run time are left apart. Merges made go to `merged`.
-ir::Graph mergeSharedGemms(const ir::Graph& g, std::vector<GemmMerge>* merged = nullptr);
+/// run time are left apart. Merges made go to `merged`. With `ropeEpilogues`, heads that only a
+/// partial rotary and its concat read count as read in place (ropeIntoEpilogues makes them so).
+ir::Graph mergeSharedGemms(const ir::Graph& g, std::vector<GemmMerge>* merged = nullptr,
+                           bool ropeEpilogues = false);
 
 /// A projection whose heads held their parts side by side, reordered by reorderHeadParts.
 struct PartsReorder {

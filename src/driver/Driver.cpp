@@ -1100,7 +1100,7 @@ bool checkFolders(const FpatcOptions& opts, std::ostream& err) {
 /// greedily (--fuse=always). False when the fused graph is invalid (an internal error).
 bool fuseStage(const FpatcOptions& opts, const Patterns& pats, const ir::Graph& g,
                match::MatchResult& mr, ir::Graph& fused, std::vector<match::RopeFusion>& ropes,
-               std::ostream& err) {
+               std::vector<match::RopeKept>& kept, std::ostream& err) {
   // The cost model's GPU: --arch, else the one here, else sm_90 (what fpatc compiles for).
   int costArch = opts.arch;
   if (!costArch && opts.fuse && !opts.fuseAlways && opts.compile && opts.run && opts.emit.empty())
@@ -1153,19 +1153,25 @@ bool fuseStage(const FpatcOptions& opts, const Patterns& pats, const ir::Graph& 
                    (tuned.empty() ? "" : "; kernels in the tuning cache at their measured time");
   fused = match::rewrite(g, pats.table, mr.matches);
   if (!opts.noRopeEpilogue)
-    fused = match::ropeIntoEpilogues(fused, &ropes);
+    fused = match::ropeIntoEpilogues(fused, &ropes, &kept);
   auto after = ir::validate(fused, pats.activations);
   for (const std::string& p : after)
     err << "fpatc: internal error: the fused graph is invalid: " << p << '\n';
   return after.empty();
 }
 
+/// The ropes taken into epilogues and those left apart (match::ropeIntoEpilogues).
+struct RopeReport {
+  const std::vector<match::RopeFusion>& done;
+  const std::vector<match::RopeKept>& kept;
+};
+
 /// Says what fusion did: the matches made into fused ops (or, with --explain, every
-/// pattern's attempts), the projections that rotate q and k in their epilogue
-/// (match::ropeIntoEpilogues), and the fused graph.
+/// pattern's attempts), the projections that rotate q and k in their epilogue and the ropes
+/// left in kernels of their own, and the fused graph.
 void printFusion(const FpatcOptions& opts, const Patterns& pats, const ir::Graph& g,
-                 const match::MatchResult& mr, const std::vector<match::RopeFusion>& ropes,
-                 const ir::Graph& fused, std::ostream& out) {
+                 const match::MatchResult& mr, const RopeReport& ropes, const ir::Graph& fused,
+                 std::ostream& out) {
   out << "== fusion: " << pats.table.patterns.size() << " patterns ("
       << pats.table.patterns.size() - pats.userPatterns << " built-in, " << pats.userPatterns
       << " from --patterns), " << mr.matches.size() << " fused op"
@@ -1178,16 +1184,25 @@ void printFusion(const FpatcOptions& opts, const Patterns& pats, const ir::Graph
       out << "  %" << g.op(m.slots[0]).name << " = " << meta.name << " (" << meta.file << ":"
           << meta.line << ", " << meta.family << " kernel)\n";
     }
-  if (!ropes.empty())
-    out << "== rope: " << ropes.size() << " projection" << (ropes.size() == 1 ? "" : "s")
-        << " rotating q and k in the epilogue (the rope kernels are gone)\n";
-  for (const match::RopeFusion& r : ropes) {
+  const size_t taken = ropes.done.size(), apart = ropes.kept.size();
+  if (taken > 0)
+    out << "== rope: " << taken << " projection" << (taken == 1 ? "" : "s")
+        << " rotating q and k in the epilogue (the rope kernels are gone)"
+        << (apart ? ", " + std::to_string(apart) + " rope" + (apart == 1 ? "" : "s") + " left apart"
+                  : "")
+        << "\n";
+  else if (apart > 0)
+    out << "== rope: " << (apart == 1 ? "the rope stays" : "each rope stays")
+        << " in a kernel of its own\n";
+  for (const match::RopeFusion& r : ropes.done) {
     out << "  %" << r.projection << ":";
     for (const std::string& n : r.ropes)
       out << " %" << n;
     out << (r.pairs ? " (rotate_half: each head's columns reordered to pairs in the weight)" : "")
         << "\n";
   }
+  for (const match::RopeKept& k : ropes.kept)
+    out << "  %" << k.rope << " stays apart: " << k.why << "\n";
   out << "== graph after fusion: " << summary(fused) << "\n" << ir::printGraph(fused);
 }
 
@@ -1624,7 +1639,8 @@ int runFpatc(const FpatcOptions& opts, std::ostream& out, std::ostream& err) {
   ir::Graph fused = *g;
   match::MatchResult mr;
   std::vector<match::RopeFusion> ropes;
-  if (opts.fuse && !fuseStage(opts, pats, *g, mr, fused, ropes, err))
+  std::vector<match::RopeKept> kept;
+  if (opts.fuse && !fuseStage(opts, pats, *g, mr, fused, ropes, kept, err))
     return 70;
   if (opts.emit == "fused") {
     out << ir::printGraph(fused);
@@ -1635,7 +1651,7 @@ int runFpatc(const FpatcOptions& opts, std::ostream& out, std::ostream& err) {
 
   out << "== graph" << (opts.fuse ? " before fusion" : "") << "\n" << ir::printGraph(*g);
   if (opts.fuse)
-    printFusion(opts, pats, *g, mr, ropes, fused, out);
+    printFusion(opts, pats, *g, mr, {ropes, kept}, fused, out);
 
   int rc = 0;
   auto inputs = needInputs ? ir::randomInputs(*g, opts.seed) : ir::InputMap{};

@@ -55,10 +55,18 @@ std::optional<Vertex> onlyReader(const Graph& g, Vertex v) {
   return g.users(v).front();
 }
 
-std::optional<Candidate> candidateOf(const Graph& g, Vertex r) {
+/// The candidate rope `r` makes, or nullopt with the reason in `why` (empty where `r` is no
+/// rope).
+std::optional<Candidate> candidateOf(const Graph& g, Vertex r, std::string& why) {
   const Op& op = g.op(r);
-  if (op.kind != OpKind::Rope || g.isOutput(r))
+  if (op.kind != OpKind::Rope)
     return std::nullopt;
+  auto no = [&](std::string reason) -> std::optional<Candidate> {
+    why = std::move(reason);
+    return std::nullopt;
+  };
+  if (g.isOutput(r))
+    return no("it is a graph output");
   const std::vector<Vertex> ins = g.operands(r);
   Candidate c;
   c.rope = c.result = r;
@@ -71,20 +79,23 @@ std::optional<Candidate> candidateOf(const Graph& g, Vertex r) {
     const std::optional<Vertex> cat = onlyReader(g, r);
     if (!cat || g.op(*cat).kind != OpKind::Concat || g.isOutput(*cat) || onlyReader(g, part) != r ||
         g.op(part).begin != 0 || g.useCount(c.top) != 2 || g.isOutput(c.top))
-      return std::nullopt;
+      return no("it rotates part of each head, and its result is not put back beside the rest "
+                "of the head by a concat alone");
     const std::vector<Vertex> catIns = g.operands(*cat);
     const Vertex rest = catIns.at(1);
     if (catIns.at(0) != r || g.op(rest).kind != OpKind::Slice || g.operands(rest).at(0) != c.top ||
         onlyReader(g, rest) != *cat || g.op(rest).begin != g.op(part).end ||
         g.op(rest).end != g.op(c.top).type.shape.back() || g.op(*cat).type != g.op(c.top).type)
-      return std::nullopt;
+      return no("its concat %" + g.op(*cat).name +
+                " is not the rope's result beside the rest of "
+                "each head");
     c.result = *cat;
   } else if (g.useCount(c.top) != 1 || g.isOutput(c.top)) {
-    return std::nullopt;
+    return no("its x %" + g.op(c.top).name + " is read by other ops too");
   }
   const Op& x = g.op(c.top);
   if (!ir::isView(x.kind) || x.type.rank() != 4)
-    return std::nullopt;
+    return no("its x %" + x.name + " is no view of a projection's columns as heads");
   c.batch = x.type.shape[0];
   c.seq = x.type.shape[1];
   c.head = x.type.shape[3];
@@ -94,16 +105,16 @@ std::optional<Candidate> candidateOf(const Graph& g, Vertex r) {
   Vertex cols = g.operands(c.top).at(0);
   while (ir::isView(g.op(cols).kind)) {
     if (!onlyReader(g, cols))
-      return std::nullopt;
+      return no("the view %" + g.op(cols).name + " under its x is read by other ops too");
     c.reader = cols;
     cols = g.operands(cols).at(0);
   }
   const std::vector<int64_t>& m = g.op(cols).type.shape;
   if (m.size() != 2 || m[0] != c.batch * c.seq || m[1] != x.type.shape[2] * c.head)
-    return std::nullopt;
+    return no("its x is no view of the token rows of %" + g.op(cols).name);
   if (g.op(cols).kind == OpKind::Slice) {
     if (!onlyReader(g, cols))
-      return std::nullopt;
+      return no("the columns %" + g.op(cols).name + " are read by other ops too");
     c.slice = c.reader = cols;
     c.begin = g.op(cols).begin;
     c.end = g.op(cols).end;
@@ -112,18 +123,27 @@ std::optional<Candidate> candidateOf(const Graph& g, Vertex r) {
     c.end = m[1];
   }
   c.gemm = cols;
-  if (!takesRope(g, c.gemm) || c.begin % 2 != 0 || c.d % 2 != 0 || c.head % 2 != 0)
-    return std::nullopt;
+  if (!takesRope(g, c.gemm)) {
+    const Op& p = g.op(cols);
+    const std::string what = g.isOutput(cols)          ? "a graph output"
+                             : p.kind == OpKind::Input ? std::string("an input")
+                             : p.kind == OpKind::Fused ? "a fused " + p.fused.family + " op"
+                                                       : "a " + std::string(ir::opKindName(p.kind));
+    return no("%" + p.name + ", whose columns it rotates, is " + what +
+              ", not a gemm or a fused gemm / norm_gemm op");
+  }
+  if (c.begin % 2 != 0 || c.d % 2 != 0 || c.head % 2 != 0)
+    return no("its columns do not start at an even column or make even heads");
   // Tables: weights with values, the same for every head (the kernel reads them by row and
   // column within the head).
   for (size_t i = 1; i < 3; ++i) {
     const Op& t = g.op(ins[i]);
     if (!isWeightWithValues(t) || t.type.rank() > 4)
-      return std::nullopt;
+      return no("its table %" + t.name + " is no weight with values (computed at run time)");
     std::vector<int64_t> s = t.type.shape;
     s.insert(s.begin(), 4 - s.size(), 1);
     if (s[2] != 1 && x.type.shape[2] != 1)
-      return std::nullopt;
+      return no("its table %" + t.name + " differs between heads");
   }
   return c;
 }
@@ -245,16 +265,29 @@ Graph rebuild(const Graph& mod, const Graph& g) {
 
 } // namespace
 
-Graph ropeIntoEpilogues(const Graph& g, std::vector<RopeFusion>* done) {
+Graph ropeIntoEpilogues(const Graph& g, std::vector<RopeFusion>* done,
+                        std::vector<RopeKept>* kept) {
   std::map<Vertex, Candidate> cands; // by rope
-  for (Vertex v : g.vertices())
-    if (std::optional<Candidate> c = candidateOf(g, v))
+  std::map<Vertex, std::string> why; // ropes kept apart, by rope
+  for (Vertex v : g.vertices()) {
+    std::string reason;
+    if (std::optional<Candidate> c = candidateOf(g, v, reason))
       cands[v] = *c;
-  if (cands.empty())
+    else if (!reason.empty())
+      why[v] = reason;
+  }
+  auto report = [&] {
+    if (kept)
+      for (const auto& [r, reason] : why)
+        kept->push_back({g.op(r).name, reason});
+  };
+  if (cands.empty()) {
+    report();
     return g;
+  }
   // Per projection: its other readers must not read the rotated columns, and where columns
   // are reordered, its weight, its [N] epilogue operands and nothing [M, N] must go with them.
-  auto projectionOk = [&](Vertex p, const std::vector<const Candidate*>& cs) {
+  auto projectionProblem = [&](Vertex p, const std::vector<const Candidate*>& cs) -> std::string {
     const Op& op = g.op(p);
     const std::vector<Vertex> ins = g.operands(p);
     for (Vertex u : g.users(p)) {
@@ -262,20 +295,22 @@ Graph ropeIntoEpilogues(const Graph& g, std::vector<RopeFusion>* done) {
         continue;
       const Op& uo = g.op(u);
       if (uo.kind != OpKind::Slice)
-        return false;
+        return "%" + uo.name + " reads all of the projection %" + op.name;
       for (const Candidate* c : cs)
         if (uo.begin < c->end && c->begin < uo.end)
-          return false;
+          return "%" + uo.name + " also reads the rotated columns of %" + op.name;
     }
     if (std::none_of(cs.begin(), cs.end(), [](const Candidate* c) { return c->halves; }))
-      return true;
+      return "";
     const size_t b = op.kind == OpKind::Fused ? ir::gemmBIndex(op) : 1;
     if (!isWeightWithValues(g.op(ins.at(b))))
-      return false;
+      return "rotate_half reorders the weight's columns, and %" + g.op(ins.at(b)).name +
+             " has no values (given at run time)";
     for (size_t i = b + 1; i < ins.size(); ++i)
       if (g.op(ins[i]).type.rank() != 1 || !isWeightWithValues(g.op(ins[i])))
-        return false;
-    return true;
+        return "rotate_half reorders %" + op.name + "'s columns, and its epilogue reads %" +
+               g.op(ins[i]).name + ", no vector with values";
+    return "";
   };
   // Reordered columns change q and k alike only where attention reads both from such ropes of
   // one head size: drop the others until none is left to drop.
@@ -286,9 +321,11 @@ Graph ropeIntoEpilogues(const Graph& g, std::vector<RopeFusion>* done) {
       byProjection[c.gemm].push_back(&c);
     std::set<Vertex> drop;
     for (const auto& [p, cs] : byProjection)
-      if (!projectionOk(p, cs))
-        for (const Candidate* c : cs)
+      if (std::string problem = projectionProblem(p, cs); !problem.empty())
+        for (const Candidate* c : cs) {
           drop.insert(c->rope);
+          why[c->rope] = problem;
+        }
     std::map<Vertex, const Candidate*> byResult;
     for (const auto& [r, c] : cands)
       byResult[c.result] = &c;
@@ -303,12 +340,16 @@ Graph ropeIntoEpilogues(const Graph& g, std::vector<RopeFusion>* done) {
         ok = it != byResult.end() && it->second->halves && it->second->d == c.d &&
              it->second->head == c.head && g.op(a).headDim == c.head;
       }
-      if (!ok)
+      if (!ok) {
         drop.insert(r);
+        why[r] = "rotate_half's columns become pairs only where attention reads both q and k "
+                 "from such ropes (of one head size), and nothing else reads them";
+      }
     }
     for (Vertex r : drop)
       changed = cands.erase(r) > 0 || changed;
   }
+  report();
   if (cands.empty())
     return g;
 

@@ -948,13 +948,24 @@ BOOST_AUTO_TEST_CASE(ropes_stay_apart_where_the_epilogue_would_change_what_other
       BOOST_TEST_CONTEXT("form " << form << ", interleaved " << interleaved) {
         Graph g = ropeGraph(interleaved, false, false, false, form);
         std::vector<RopeFusion> done;
-        Graph m = ropeIntoEpilogues(g, &done);
+        std::vector<RopeKept> kept;
+        Graph m = ropeIntoEpilogues(g, &done, &kept);
         BOOST_TEST_REQUIRE(ir::validate(m).empty());
         BOOST_TEST(done.size() == (interleaved ? 1u : 0u));
         if (interleaved && !done.empty())
           BOOST_TEST(done[0].ropes == interleavedFuses.at(form), boost::test_tools::per_element());
         if (!interleaved)
           BOOST_TEST(ir::printGraph(m) == ir::printGraph(g));
+        // Each rope left apart is named with its reason.
+        const size_t ropes = form == 1 ? 1u : 2u;
+        BOOST_TEST(kept.size() + (done.empty() ? 0u : done[0].ropes.size()) == ropes);
+        for (const RopeKept& k : kept) {
+          const bool q = k.rope == "qr";
+          const std::string want = form == 2 && q ? "read by other ops too"
+                                   : !interleaved ? "only where attention reads both q and k"
+                                                  : "?";
+          BOOST_TEST(k.why.find(want) != std::string::npos, k.rope << ": " << k.why);
+        }
         closeResults(g, m, 1e-5);
       }
 }

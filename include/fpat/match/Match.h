@@ -191,8 +191,14 @@ struct RopeFusion {
 /// the rotated columns in place. The epilogue rotates pairs of adjacent columns: for the
 /// rotate_half form each rotated head's columns (i, i + d / 2) are reordered to (2i, 2i + 1)
 /// in the weight and its [N] operands, which changes q and k alike and so no score, and is
-/// done only where attention reads both q and k from such ropes. Fusions made go to `done`.
-ir::Graph ropeIntoEpilogues(const ir::Graph& g, std::vector<RopeFusion>* done = nullptr);
+/// done only where attention reads both q and k from such ropes. Fusions made go to `done`,
+/// the ropes left apart, with the reason, to `kept`.
+/// A rope left in a kernel of its own, and why.
+struct RopeKept {
+  std::string rope, why;
+};
+ir::Graph ropeIntoEpilogues(const ir::Graph& g, std::vector<RopeFusion>* done = nullptr,
+                            std::vector<RopeKept>* kept = nullptr);
 
 /// Removes ops (not inputs) whose value nothing reads and that are not outputs.
 ir::Graph removeDeadOps(const ir::Graph& g);

@@ -696,13 +696,32 @@ std::string FreshNames::operator()(const std::string& base) {
   return n;
 }
 
-bool readInPlace(const Graph& g, Vertex v) {
+std::optional<Vertex> ropedAndRejoined(const Graph& g, Vertex h) {
+  for (Vertex s : g.users(h))
+    for (Vertex r : g.users(s)) {
+      if (g.op(r).kind != OpKind::Rope || g.useCount(r) != 1 || g.isOutput(r))
+        continue;
+      const Vertex cat = g.users(r).front();
+      if (g.op(cat).kind != OpKind::Concat)
+        continue;
+      const std::vector<Vertex> ins = g.operands(cat);
+      if (ins.size() == 2 && ins[0] == r && g.op(ins[1]).kind == OpKind::Slice &&
+          g.operands(ins[1]).at(0) == h)
+        return cat;
+    }
+  return std::nullopt;
+}
+
+bool readInPlace(const Graph& g, Vertex v, bool rejoinedRopes) {
   if (g.isOutput(v) || g.useCount(v) == 0)
     return false;
+  if (rejoinedRopes && g.op(v).type.rank() == 4 && g.useCount(v) == 2)
+    if (std::optional<Vertex> cat = ropedAndRejoined(g, v))
+      return readInPlace(g, *cat, true);
   for (Vertex u : g.users(v)) {
     const Op& op = g.op(u);
     if (isView(op.kind)) { // heads, merge_heads: their readers read v
-      if (!readInPlace(g, u))
+      if (!readInPlace(g, u, rejoinedRopes))
         return false;
       continue;
     }

@@ -23,53 +23,6 @@ bool isWeight(const Op& op) {
   return op.kind == OpKind::Input && op.weight;
 }
 
-/// The concat that puts heads `h` back together after a rope of their first part,
-/// concat(rope(h[..., :d]), h[..., d:]) (partial rotary: GPT-NeoX, GPT-J, Phi-2), which a rope in
-/// the projection's epilogue makes a view of h (ropeIntoEpilogues), or nullopt.
-std::optional<Vertex> ropedAndRejoined(const Graph& g, Vertex h) {
-  for (Vertex s : g.users(h))
-    for (Vertex r : g.users(s)) {
-      if (g.op(r).kind != OpKind::Rope || g.useCount(r) != 1 || g.isOutput(r))
-        continue;
-      const Vertex cat = g.users(r).front();
-      if (g.op(cat).kind != OpKind::Concat)
-        continue;
-      const std::vector<Vertex> ins = g.operands(cat);
-      if (ins.size() == 2 && ins[0] == r && g.op(ins[1]).kind == OpKind::Slice &&
-          g.operands(ins[1]).at(0) == h)
-        return cat;
-    }
-  return std::nullopt;
-}
-
-/// ir::readInPlace, also counting heads read only by a partial rotary and its concat as read
-/// in place where the concat's readers read it so (with `ropeEpilogues`: the concat becomes a
-/// view).
-bool readInPlaceOrRoped(const Graph& g, Vertex v, bool ropeEpilogues) {
-  if (!ropeEpilogues)
-    return ir::readInPlace(g, v);
-  if (g.isOutput(v) || g.useCount(v) == 0)
-    return false;
-  if (g.op(v).type.rank() == 4 && g.useCount(v) == 2)
-    if (std::optional<Vertex> cat = ropedAndRejoined(g, v))
-      return readInPlaceOrRoped(g, *cat, true);
-  for (Vertex u : g.users(v)) {
-    const Op& op = g.op(u);
-    if (ir::isView(op.kind)) {
-      if (!readInPlaceOrRoped(g, u, true))
-        return false;
-      continue;
-    }
-    // attention's q, k, v (not its bias or scale); rope's x (not its tables)
-    const size_t takes = op.kind == OpKind::Attention ? 3 : op.kind == OpKind::Rope ? 1 : 0;
-    const std::vector<Vertex> ins = g.operands(u);
-    for (size_t i = 0; i < ins.size(); ++i)
-      if (ins[i] == v && i >= takes)
-        return false;
-  }
-  return true;
-}
-
 /// One GEMM of a group: the GEMM, the bias_add after it (if any) and what it computes.
 struct Member {
   Vertex gemm = 0, result = 0;
@@ -99,7 +52,7 @@ std::optional<Member> memberOf(const Graph& g, Vertex a, Vertex u, bool ropeEpil
     }
   }
   if (m.n % 8 != 0 || g.op(m.result).type.rank() != 2 ||
-      !readInPlaceOrRoped(g, m.result, ropeEpilogues))
+      !ir::readInPlace(g, m.result, ropeEpilogues))
     return std::nullopt;
   return m;
 }
@@ -328,7 +281,7 @@ Graph reorderHeadParts(const Graph& g, std::vector<PartsReorder>* done, bool rop
   for (Vertex h : g.vertices()) {
     const Op& hop = g.op(h);
     if (hop.kind != OpKind::Heads || g.isOutput(h) || hop.type.rank() != 4 ||
-        (ropeEpilogues && ropedAndRejoined(g, h).has_value()))
+        (ropeEpilogues && ir::ropedAndRejoined(g, h).has_value()))
       continue;
     const Vertex x = g.operands(h).at(0);
     const int64_t B = hop.batch, H = hop.type.shape[2], D = hop.type.shape[3];

@@ -239,7 +239,13 @@ std::optional<AttnShape> attnShape(const Graph& g, Vertex v, std::string& why);
 
 /// Whether every reader of `v`, directly or through heads / merge_heads views, takes its rows
 /// at a pitch: attention reading it as q, k or v, rope as its x; and no graph output names it.
-bool readInPlace(const Graph& g, Vertex v);
+/// With `rejoinedRopes`, heads read only by a partial rotary and its concat (ropedAndRejoined)
+/// count as read in place where the concat's readers read it so (match::ropeIntoEpilogues makes
+/// the concat a view).
+bool readInPlace(const Graph& g, Vertex v, bool rejoinedRopes = false);
+/// The concat that puts heads `h` back together after a rope of their first part,
+/// concat(rope(h[..., :d]), h[..., d:]) (partial rotary: GPT-NeoX, GPT-J, Phi-2), or nullopt.
+std::optional<Vertex> ropedAndRejoined(const Graph& g, Vertex h);
 /// A slice no kernel copies: its readers read the columns where they lie (readInPlace), its
 /// start and its operand's width multiples of 8 elements (TMA's 16-byte alignment). GPT-2's,
 /// BLOOM's and torch's fused QKV projections: q, k and v are column blocks of it.

@@ -381,7 +381,9 @@ Graph ropeIntoEpilogues(const Graph& g, std::vector<RopeFusion>* done,
     w.data = std::move(data);
     return tables[key] = out.addOp(w, {});
   };
-  for (auto& [p, cs] : byProjection) {
+  for (auto& entry : byProjection) {
+    const Vertex p = entry.first; // a name of its own: the lambdas below capture it
+    std::vector<const Candidate*>& cs = entry.second;
     std::sort(cs.begin(), cs.end(),
               [](const Candidate* a, const Candidate* b) { return a->begin < b->begin; });
     Op& op = out.op(p);

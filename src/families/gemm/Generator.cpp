@@ -518,7 +518,8 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, dsl::Activations defs,
        << "                                              const FpatKernelArgs& a) const {\n"
        << "    (void)row;\n    (void)col;\n    (void)a;\n"
        << epi << "  }\n";
-  if (op.kind == ir::OpKind::Fused && op.fused.epilogue.hasRope())
+  const bool rope = op.kind == ir::OpKind::Fused && op.fused.epilogue.hasRope();
+  if (rope)
     body << "  // The epilogue reads column pairs (rope): the kernels call pair() (N is even).\n"
          << "  static constexpr bool kPairs = true;\n";
   if (t.wgmma())
@@ -538,21 +539,18 @@ KernelUnit generateGemm(const ir::Graph& g, ir::Vertex v, dsl::Activations defs,
          << (u.normStats == NormStats::Grid
                  ? "  // Its row statistics read by the statistics warps of the whole grid.\n"
                    "  static constexpr bool kNormGrid = true;\n"
-                 : "")
-         << "  // Column pairs; s: operand kStaged's pair, read from the tile. kFma: the second\n"
-         << "  // element's exp and division on the FMA pipe (fpat_common.cuh).\n"
+                 : "");
+  // Column pairs: every wgmma kernel stores through them; the others call them for kPairs.
+  if (t.wgmma() || rope)
+    body << (t.wgmma() ? "  // Column pairs; s: operand kStaged's pair, read from the tile. kFma: "
+                         "the second\n  // element's exp and division on the FMA pipe "
+                         "(fpat_common.cuh).\n"
+                       : "  // Column pairs (kPairs); s: unused here.\n")
          << "  template <bool kFma = true>\n"
          << "  __device__ __forceinline__ float2 pair(float2 v, int64_t row, int64_t col,\n"
          << "                                         const FpatKernelArgs& a, float2 s) const {\n"
          << "    (void)row;\n    (void)col;\n    (void)a;\n    (void)s;\n"
-         << (dual ? never : epiloguePairBody(g, v, defs, acts, staged)) << "  }\n";
-  else if (op.kind == ir::OpKind::Fused && op.fused.epilogue.hasRope())
-    body << "  // Column pairs (kPairs); s: unused here.\n"
-         << "  template <bool kFma = true>\n"
-         << "  __device__ __forceinline__ float2 pair(float2 v, int64_t row, int64_t col,\n"
-         << "                                         const FpatKernelArgs& a, float2 s) const {\n"
-         << "    (void)row;\n    (void)col;\n    (void)a;\n    (void)s;\n"
-         << epiloguePairBody(g, v, defs, acts, -1) << "  }\n";
+         << (dual ? never : epiloguePairBody(g, v, defs, acts, t.wgmma() ? staged : -1)) << "  }\n";
   if (dual)
     body << "  // The dual GEMM (fpat_wgmma.cuh): v holds acc's column pair, w acc2's; dual1 is "
             "one\n"

@@ -52,7 +52,8 @@ FlashMask flashMask(const ir::Graph& g, ir::Vertex bias, const ir::AttnShape& s)
 
 bool flashAttentionFits(const ir::AttnShape& s, int arch) {
   return arch == 90 && (s.headDim == 64 || s.headDim == 128) && s.batch * s.sq < (1ll << 31) &&
-         s.batch * s.sk < (1ll << 31) && s.heads <= 65535 && s.batch <= 65535;
+         s.batch * s.sk * (s.kvHeadMajor ? s.kvHeads : 1) < (1ll << 31) && s.heads <= 65535 &&
+         s.batch <= 65535;
 }
 
 namespace {
@@ -68,7 +69,7 @@ std::string sizesName(const ir::AttnShape& s, FlashMask mask) {
   const int kind = maskCode(mask);
   return "b" + std::to_string(s.batch) + "_h" + std::to_string(s.heads) + "_kv" +
          std::to_string(s.kvHeads) + "_q" + std::to_string(s.sq) + "_k" + std::to_string(s.sk) +
-         "_d" + std::to_string(s.headDim) + "_" +
+         "_d" + std::to_string(s.headDim) + (s.kvHeadMajor ? "_cache" : "") + "_" +
          (kind == 0   ? "none"
           : kind == 1 ? "causal"
                       : "bias");
@@ -77,9 +78,14 @@ std::string sizesName(const ir::AttnShape& s, FlashMask mask) {
 AttnPitches attnPitches(const ir::Graph& g, ir::Vertex v) {
   const std::vector<ir::Vertex> ins = g.operands(v);
   AttnPitches p;
+  // A cache [B, Hkv, Sk, d] (kv_append's) holds a head's rows d apart.
+  auto pitch = [&](ir::Vertex w) {
+    const std::vector<int64_t>& t = g.op(w).type.shape;
+    return t.size() == 4 ? t[3] : ir::rowPitch(g, w);
+  };
   p.q = ir::rowPitch(g, ins.at(0));
-  p.k = ir::rowPitch(g, ins.at(1));
-  p.v = ir::rowPitch(g, ins.at(2));
+  p.k = pitch(ins.at(1));
+  p.v = pitch(ins.at(2));
   for (size_t i = 0; i < 3; ++i)
     p.dense = p.dense && !ir::columnViewOf(g, ins[i]);
   return p;
@@ -133,6 +139,8 @@ std::string dimsStruct(const ir::Graph& g, ir::Vertex v, const ir::AttnShape& s,
      << ";\n  static constexpr int64_t H = " << s.heads << ", Hkv = " << s.kvHeads
      << ", Hd = " << s.headDim << ";\n"
      << "  static constexpr int kMask = " << maskCode(mask) << "; // 0 none, 1 causal, 2 bias\n"
+     << "  static constexpr bool kKvHeadMajor = " << (s.kvHeadMajor ? "true" : "false")
+     << "; // k and v: caches [B, Hkv, Sk, d], or token-major\n"
      << "  static constexpr bool kScalePositive = " << (positive ? "true" : "false")
      << "; // a constant > 0\n"
      << "  static constexpr int64_t bias0 = " << bias[0] << ", bias1 = " << bias[1]
@@ -253,9 +261,10 @@ KernelUnit generateFlashAttention(const ir::Graph& g, ir::Vertex v, const Codege
     u.scratchBytes = 2 * sizeof(unsigned); // fpat::flashNextTile's counters
   // q, k and v through TMA maps whose rows may be wider than the heads (column views).
   const AttnPitches pitch = attnPitches(g, v);
-  l.tma = {TmaMap{0, s.heads * d, s.batch * s.sq, 64, bm},
-           TmaMap{1, s.kvHeads * d, s.batch * s.sk, 64, bn},
-           TmaMap{2, s.kvHeads * d, s.batch * s.sk, 64, bn}};
+  const int64_t kvCols = s.kvHeadMajor ? d : s.kvHeads * d,
+                kvRows = s.batch * s.sk * (s.kvHeadMajor ? s.kvHeads : 1);
+  l.tma = {TmaMap{0, s.heads * d, s.batch * s.sq, 64, bm}, TmaMap{1, kvCols, kvRows, 64, bn},
+           TmaMap{2, kvCols, kvRows, 64, bn}};
   l.tma[0].pitch = pitch.q;
   l.tma[1].pitch = pitch.k;
   l.tma[2].pitch = pitch.v;
@@ -319,8 +328,9 @@ KernelUnit generateFlashDecode(const ir::Graph& g, ir::Vertex v, const CodegenOp
   l.blocks[0] = splits;
   l.blocks[1] = s.kvHeads;
   l.blocks[2] = s.batch;
-  l.tma = {TmaMap{1, s.kvHeads * d, s.batch * s.sk, 64, 64},
-           TmaMap{2, s.kvHeads * d, s.batch * s.sk, 64, 64}};
+  const int64_t kvCols = s.kvHeadMajor ? d : s.kvHeads * d,
+                kvRows = s.batch * s.sk * (s.kvHeadMajor ? s.kvHeads : 1);
+  l.tma = {TmaMap{1, kvCols, kvRows, 64, 64}, TmaMap{2, kvCols, kvRows, 64, 64}};
   l.tma[0].pitch = pitch.k;
   l.tma[1].pitch = pitch.v;
   u.launches.push_back(l);

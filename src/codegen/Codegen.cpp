@@ -452,7 +452,8 @@ KernelUnit generate(const ir::Graph& g, ir::Vertex v, dsl::Activations defs,
   else if (op.kind == ir::OpKind::Slice || op.kind == ir::OpKind::AttnQk ||
            op.kind == ir::OpKind::AttnPv || op.kind == ir::OpKind::Attention ||
            op.kind == ir::OpKind::Concat || op.kind == ir::OpKind::Rope ||
-           op.kind == ir::OpKind::BatchFirst || op.kind == ir::OpKind::SeqFirst)
+           op.kind == ir::OpKind::BatchFirst || op.kind == ir::OpKind::SeqFirst ||
+           op.kind == ir::OpKind::KvAppend)
     u = generateAttentionOp(g, v, o);
   else
     u = generateElementwise(g, v, defs, o);

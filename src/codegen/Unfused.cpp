@@ -285,6 +285,28 @@ KernelUnit generateAttentionOp(const ir::Graph& g, ir::Vertex v, const CodegenOp
     u.source = body.str();
     return u;
   }
+  if (op.kind == ir::OpKind::KvAppend) {
+    // The cache's rows of each (batch, KV head), then the new tokens' rows of that head.
+    const std::vector<int64_t>& c = g.op(ins[0]).type.shape;
+    const int64_t S = op.type.shape[2] - c[2], pitch = ir::rowPitch(g, ins[1]);
+    u.family = "elementwise";
+    u.N = c[3];
+    u.M = op.type.numel() / u.N;
+    u.name = "fpat_kv_append_b" + std::to_string(c[0]) + "_kv" + std::to_string(c[1]) + "_p" +
+             std::to_string(c[2]) + "_s" + std::to_string(S) + "_d" + std::to_string(c[3]) +
+             (pitch != c[1] * c[3] ? "_p" + std::to_string(pitch) : "") + "_" + arch;
+    body << header("kv_append (a cache [" + std::to_string(c[0]) + ", " + std::to_string(c[1]) +
+                       ", " + std::to_string(c[2]) + ", " + std::to_string(c[3]) + "] and " +
+                       std::to_string(S) + " new tokens a batch)",
+                   o, {"family:   elementwise (a copy of 16-byte pieces where rows allow)"})
+         << "#include \"fpat_attention.cuh\"\n\n"
+         << "extern \"C\" __global__ void __launch_bounds__(256) " << u.name
+         << "(const FpatKernelArgs a) {\n  fpat::appendKv<" << c[0] << ", " << c[1] << ", " << c[2]
+         << ", " << S << ", " << c[3] << ", " << pitch << ">(a);\n}\n";
+    u.launches.push_back({Launch::Elements, u.name, 256, 0, {}});
+    u.source = body.str();
+    return u;
+  }
   if (op.kind == ir::OpKind::Concat || op.kind == ir::OpKind::Rope) {
     u.family = "elementwise";
     u.N = op.type.shape.back();
@@ -338,7 +360,8 @@ KernelUnit generateAttentionOp(const ir::Graph& g, ir::Vertex v, const CodegenOp
                                                      : "attention";
   std::string sizes = "b" + std::to_string(s->batch) + "_h" + std::to_string(s->heads) + "_kv" +
                       std::to_string(s->kvHeads) + "_q" + std::to_string(s->sq) + "_k" +
-                      std::to_string(s->sk) + "_d" + std::to_string(s->headDim);
+                      std::to_string(s->sk) + "_d" + std::to_string(s->headDim) +
+                      (s->kvHeadMajor ? "_cache" : "");
   const AttnPitches pitch = op.kind == ir::OpKind::Attention ? attnPitches(g, v) : AttnPitches{};
   if (op.kind == ir::OpKind::Attention) {
     for (int64_t b : bias)
@@ -364,6 +387,8 @@ KernelUnit generateAttentionOp(const ir::Graph& g, ir::Vertex v, const CodegenOp
        << ", Hd = " << s->headDim << ";\n"
        << "  static constexpr int64_t bias0 = " << bias[0] << ", bias1 = " << bias[1]
        << ", bias2 = " << bias[2] << ", bias3 = " << bias[3] << ";\n"
+       << "  static constexpr bool kKvHeadMajor = " << (s->kvHeadMajor ? "true" : "false")
+       << "; // k and v: caches [B, Hkv, Sk, d], or token-major\n"
        << (op.kind == ir::OpKind::Attention ? pitch.members() : "") << "};\n\n} // namespace\n\n"
        << "extern \"C\" __global__ void __launch_bounds__(256) " << u.name
        << "(const FpatKernelArgs a) {\n  fpat::"

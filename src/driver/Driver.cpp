@@ -849,7 +849,7 @@ int gpuStages(const FpatcOptions& opts, const ir::Graph& fusedIn, const Patterns
     const codegen::KernelUnit& u = cg.units[v];
     if (ir::isColumnView(fused, v))
       out << "  %" << fused.op(v).name
-          << " = slice: no kernel (attention reads its columns in place)\n";
+          << " = slice: no kernel (its readers read its columns in place)\n";
     if (u.launches.empty())
       continue;
     out << "  " << u.what << ": " << u.name;

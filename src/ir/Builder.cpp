@@ -193,6 +193,12 @@ Value GraphBuilder::seqFirst(Value x, int64_t batch, const std::string& name) {
   return append(attnOp(OpKind::SeqFirst, batch, 0), {x}, name);
 }
 
+Value GraphBuilder::kvAppend(Value cache, Value fresh, const std::string& name) {
+  Op op;
+  op.kind = OpKind::KvAppend;
+  return append(std::move(op), {cache, fresh}, name);
+}
+
 Value GraphBuilder::rope(Value x, Value cos, Value sin, const std::string& name, bool interleaved) {
   Op op;
   op.kind = OpKind::Rope;

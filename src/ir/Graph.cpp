@@ -41,6 +41,7 @@ const std::vector<OpKindInfo>& opKinds() {
       {OpKind::Min, "min", 2, 2},
       {OpKind::BatchFirst, "batch_first", 1, 1},
       {OpKind::SeqFirst, "seq_first", 1, 1},
+      {OpKind::KvAppend, "kv_append", 2, 2},
   };
   return kinds;
 }
@@ -233,9 +234,13 @@ std::optional<AttnShape> attnShape(const Op& op, const std::vector<OperandInfo>&
   AttnShape s;
   s.batch = op.batch;
   s.headDim = op.headDim;
+  // K and V: token-major rows, or a cache [B, Hkv, Sk, d] (kv_append's, head-major).
   for (size_t i = pv ? 1 : 0; i < in.size() && i < 3; ++i)
-    if (in[i].type.rank() != 2)
-      return fail(static_cast<int>(i), operandRef(in, i) + " must be 2-D, token-major [B*S, H*d]");
+    if (in[i].type.rank() != 2 && (i == 0 || in[i].type.rank() != 4))
+      return fail(static_cast<int>(i),
+                  operandRef(in, i) + (i == 0 ? " must be 2-D, token-major [B*S, H*d]"
+                                              : " must be 2-D, token-major [B*S, Hkv*d], or a "
+                                                "cache [B, Hkv, S, d]"));
   if (pv) {
     const std::vector<int64_t>& p = in[0].type.shape;
     if (p.size() != 4 || p[0] != op.batch)
@@ -253,18 +258,30 @@ std::optional<AttnShape> attnShape(const Op& op, const std::vector<OperandInfo>&
     s.heads = q[1] / op.headDim;
   }
   const std::vector<int64_t>& k = in[1].type.shape;
-  if (k[1] % op.headDim || k[1] == 0 || s.heads % (k[1] / op.headDim))
-    return fail(1, operandRef(in, 1) +
-                       " must be [B*Sk, Hkv*d] with d = " + std::to_string(op.headDim) +
-                       " and Hkv dividing the " + std::to_string(s.heads) + " query heads");
-  s.kvHeads = k[1] / op.headDim;
-  if (pv ? k[0] != op.batch * s.sk : k[0] % op.batch)
-    return fail(1, operandRef(in, 1) + " must have B*Sk = " +
-                       (pv ? std::to_string(op.batch * s.sk)
-                           : "a multiple of " + std::to_string(op.batch)) +
-                       " rows");
-  if (!pv)
-    s.sk = k[0] / op.batch;
+  if (k.size() == 4) {
+    if (k[0] != op.batch || k[3] != op.headDim || k[1] == 0 || s.heads % k[1] ||
+        (pv && k[2] != s.sk))
+      return fail(1, operandRef(in, 1) + " must be a cache [B, Hkv, Sk, d] with B = " +
+                         std::to_string(op.batch) + ", d = " + std::to_string(op.headDim) +
+                         (pv ? ", Sk = " + std::to_string(s.sk) : std::string()) +
+                         " and Hkv dividing the " + std::to_string(s.heads) + " query heads");
+    s.kvHeads = k[1];
+    s.sk = k[2];
+    s.kvHeadMajor = true;
+  } else {
+    if (k[1] % op.headDim || k[1] == 0 || s.heads % (k[1] / op.headDim))
+      return fail(1, operandRef(in, 1) +
+                         " must be [B*Sk, Hkv*d] with d = " + std::to_string(op.headDim) +
+                         " and Hkv dividing the " + std::to_string(s.heads) + " query heads");
+    s.kvHeads = k[1] / op.headDim;
+    if (pv ? k[0] != op.batch * s.sk : k[0] % op.batch)
+      return fail(1, operandRef(in, 1) + " must have B*Sk = " +
+                         (pv ? std::to_string(op.batch * s.sk)
+                             : "a multiple of " + std::to_string(op.batch)) +
+                         " rows");
+    if (!pv)
+      s.sk = k[0] / op.batch;
+  }
   if (op.kind == OpKind::Attention && in[2].type.shape != k)
     return fail(2, operandRef(in, 2) + " (V) must have K's shape " + in[1].type.shapeStr());
   return s;
@@ -317,6 +334,22 @@ static std::optional<TensorDesc> inferLayoutOp(const Op& op, const std::vector<O
       return failWith(-1, "batch = " + std::to_string(op.batch) + " does not divide operand 0's " +
                               std::to_string(x.shape[0]) + " rows");
     return x;
+  }
+  case OpKind::KvAppend: {
+    const std::vector<int64_t>& c = in[0].type.shape;
+    if (c.size() != 4)
+      return failWith(0, operandRef(in, 0) + " must be a cache [B, Hkv, P, d]");
+    const std::vector<int64_t>& x = in[1].type.shape;
+    const int64_t rowWidth = c[1] * c[3];
+    const bool rows = x.size() == 2 && x[1] == rowWidth && x[0] % c[0] == 0;
+    const bool dense = x.size() == 4 && x[0] == c[0] && x[2] == c[1] && x[3] == c[3];
+    if (!rows && !dense)
+      return failWith(1, operandRef(in, 1) + " must be the new tokens' [B*S, Hkv*d] = [" +
+                             std::to_string(c[0]) + "*S, " + std::to_string(rowWidth) +
+                             "] or [B, S, Hkv, d] = [" + std::to_string(c[0]) + ", S, " +
+                             std::to_string(c[1]) + ", " + std::to_string(c[3]) + "]");
+    const int64_t s = rows ? x[0] / c[0] : x[1];
+    return TensorDesc{{c[0], c[1], c[2] + s, c[3]}, in[0].type.dtype};
   }
   case OpKind::Rope: {
     const TensorDesc& x = in[0].type;
@@ -572,7 +605,8 @@ std::optional<TensorDesc> inferType(const Op& op, const std::vector<OperandInfo>
   case OpKind::Concat:
   case OpKind::Rope:
   case OpKind::BatchFirst:
-  case OpKind::SeqFirst: {
+  case OpKind::SeqFirst:
+  case OpKind::KvAppend: {
     std::string why;
     int bad = -1;
     auto t = inferLayoutOp(op, in, why, bad);
@@ -725,11 +759,17 @@ bool readInPlace(const Graph& g, Vertex v, bool rejoinedRopes) {
         return false;
       continue;
     }
-    // attention's q, k, v (not its bias or scale); rope's x (not its tables)
-    const size_t takes = op.kind == OpKind::Attention ? 3 : op.kind == OpKind::Rope ? 1 : 0;
+    // attention's q, k, v (not its bias or scale); rope's x (not its tables); kv_append's
+    // new tokens (not its cache)
+    auto inPlace = [&](size_t i) {
+      return op.kind == OpKind::Attention  ? i < 3
+             : op.kind == OpKind::Rope     ? i == 0
+             : op.kind == OpKind::KvAppend ? i == 1
+                                           : false;
+    };
     const std::vector<Vertex> ins = g.operands(u);
     for (size_t i = 0; i < ins.size(); ++i)
-      if (ins[i] == v && i >= takes)
+      if (ins[i] == v && !inPlace(i))
         return false;
   }
   return true;

@@ -303,6 +303,21 @@ void rope(const Tensor& x, const Tensor& c, const Tensor& s, bool interleaved, T
   }
 }
 
+/// kv_append: each (batch, KV head)'s P cached rows, then its S new ones (token-major).
+void kvAppend(const Tensor& cache, const Tensor& fresh, Tensor& out) {
+  const std::vector<int64_t>& c = cache.desc.shape;
+  const int64_t B = c[0], H = c[1], P = c[2], d = c[3], L = out.desc.shape[2], S = L - P;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t j = 0; j < L; ++j) {
+        const float* src = j < P ? &cache.data[static_cast<size_t>(((b * H + h) * P + j) * d)]
+                                 : &fresh.data[static_cast<size_t>(((b * S + j - P) * H + h) * d)];
+        float* dst = &out.data[static_cast<size_t>(((b * H + h) * L + j) * d)];
+        for (int64_t e = 0; e < d; ++e)
+          dst[e] = store(src[e], out.desc.dtype);
+      }
+}
+
 /// The sizes of an attention op from its operands' types (valid graphs only).
 AttnShape attnShapeOf(const Op& op, const std::vector<const Tensor*>& ins) {
   std::vector<OperandInfo> infos;
@@ -316,6 +331,13 @@ AttnShape attnShapeOf(const Op& op, const std::vector<const Tensor*>& ins) {
   return *s;
 }
 
+/// Key or value j of batch b in KV head hk: token-major rows, or a cache [B, Hkv, Sk, d].
+const float* kvRow(const AttnShape& s, const Tensor& t, int64_t b, int64_t j, int64_t hk) {
+  const int64_t d = s.headDim;
+  return &t.data[static_cast<size_t>(s.kvHeadMajor ? ((b * s.kvHeads + hk) * s.sk + j) * d
+                                                   : (b * s.sk + j) * s.kvHeads * d + hk * d)];
+}
+
 /// Row r = (b, h, i) of the scores: query row b * Sq + i, head h, dotted in double with every
 /// key row of batch b in KV head h / (H / Hkv), into dots[0, Sk).
 void scoreRow(const AttnShape& s, const Tensor& q, const Tensor& k, int64_t r, double* dots) {
@@ -323,7 +345,7 @@ void scoreRow(const AttnShape& s, const Tensor& q, const Tensor& k, int64_t r, d
   const int64_t i = r % s.sq, h = r / s.sq % s.heads, b = r / s.sq / s.heads;
   const float* qr = &q.data[static_cast<size_t>((b * s.sq + i) * s.heads * d + h * d)];
   for (int64_t j = 0; j < s.sk; ++j) {
-    const float* kr = &k.data[static_cast<size_t>((b * s.sk + j) * s.kvHeads * d + h / group * d)];
+    const float* kr = kvRow(s, k, b, j, h / group);
     double acc = 0;
     for (int64_t c = 0; c < d; ++c)
       acc += double(qr[c]) * kr[c];
@@ -349,11 +371,11 @@ void attnQk(const Op& op, const Tensor& q, const Tensor& k, Tensor& out) {
 /// token-major output row b * Sq + i, columns of head h; `p` is that row of Sk weights.
 void accumulatePv(const AttnShape& s, int64_t r, const double* p, const Tensor& v,
                   std::vector<double>& acc) {
-  const int64_t d = s.headDim, group = s.heads / s.kvHeads, vc = s.kvHeads * d;
+  const int64_t d = s.headDim, group = s.heads / s.kvHeads;
   const int64_t h = r / s.sq % s.heads, b = r / s.sq / s.heads;
   std::fill(acc.begin(), acc.end(), 0.0);
   for (int64_t j = 0; j < s.sk; ++j) {
-    const float* vr = &v.data[static_cast<size_t>((b * s.sk + j) * vc + h / group * d)];
+    const float* vr = kvRow(s, v, b, j, h / group);
     for (int64_t c = 0; c < d; ++c)
       acc[static_cast<size_t>(c)] += p[j] * vr[c];
   }
@@ -670,6 +692,9 @@ std::vector<Tensor> evaluate(const Graph& g, const std::map<std::string, Tensor>
       break;
     case OpKind::Rope:
       rope(in(0), in(1), in(2), op.interleaved, out);
+      break;
+    case OpKind::KvAppend:
+      kvAppend(in(0), in(1), out);
       break;
     case OpKind::AttnQk:
       attnQk(op, in(0), in(1), out);

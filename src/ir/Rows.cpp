@@ -35,6 +35,7 @@ std::vector<Role> operandRoles(const Graph& g, Vertex v) {
     break;
   case OpKind::BatchFirst:
   case OpKind::SeqFirst:
+  case OpKind::KvAppend:
     // Rows reordered: a result row is another operand row (sampleRows declines them).
     break;
   case OpKind::AttnQk:

@@ -105,6 +105,11 @@ struct Val {
   // A tensor materialize made of a value of a mask: that value, so that it can be made again in
   // another order (query-major scores: permuted to the IR's [B, H, Sq, Sk]).
   std::shared_ptr<const OfMask> madeFrom;
+  // A key or value cache with the new tokens' appended (Concat of a graph input [B, Hkv, P, d]
+  // and heads along the sequence axis): a Heads, HeadsT or Repeat5 view whose `v` is the
+  // kv_append op's head-major [B, Hkv, P+S, d] itself, not a token-major activation. Moved
+  // (Transpose, repeat_kv), read by attention's products, given as an output: nothing else.
+  bool headMajor = false;
   // Every other element of a head value's last axis (x[..., p::2]), maybe negated, maybe with a
   // trailing axis of 1 (stacked), then two such joined along it (joined: `v` holds the result,
   // `shape` is [..., d / 2, 2]): GPT-J's rotate_every_two, stack(-x[..., 1::2], x[..., ::2],
@@ -743,6 +748,10 @@ private:
     expandUniform(v);
     if (v.view == Val::View::Dense4 && v.order == Val::View::Tokens)
       return *v.v; // heads computed on in token order: the tensor [B, S, H, d] itself
+    if (v.headMajor && v.view == Val::View::Heads && v.repeat == 1 && !v.flatBH)
+      return *v.v; // a cache [B, Hkv, S, d]: kv_append's result itself
+    if (v.headMajor)
+      throw UnsupportedError{cacheRefusal(v)};
     if (v.view != Val::View::None)
       throw UnsupportedError{"'" + v.name + "' " + shapeStr(v.shape) +
                              " is an activation split into heads, which fpat supports in "
@@ -1568,7 +1577,14 @@ private:
                                " holds q, k and v of each head side by side; fpat supports only "
                                "a Gather of one of them (axis 3, a scalar index)"};
     const bool seqFirst = seqFirstInputs(n);
+    const Val* cache = nullptr;
+    for (const std::string& name : n.input())
+      if (auto v = vals_.find(name); v != vals_.end() && v->second.headMajor)
+        cache = &v->second;
+    const Val cacheIn = cache ? *cache : Val{};
     it->second(*this, n);
+    if (cache && n.op_type() != "MatMul")
+      checkCacheMoved(n, cacheIn);
     // A row-wise op of sequence-first activations gives one (the ops that reshape and transpose
     // set it themselves).
     static const std::set<std::string> kViewOps = {"Transpose", "Reshape", "Flatten", "Squeeze",
@@ -2730,10 +2746,69 @@ private:
     throw UnsupportedError{refusal};
   }
 
+  /// A cache (Val::headMajor) may only be moved into another view of itself.
+  void checkCacheMoved(const NodeProto& n, const Val& cache) {
+    for (const std::string& out : n.output()) {
+      auto v = vals_.find(out);
+      if (v == vals_.end())
+        continue;
+      const Val& r = v->second;
+      if (!r.headMajor || r.v != cache.v ||
+          (r.view != Val::View::Heads && r.view != Val::View::HeadsT &&
+           r.view != Val::View::Repeat5))
+        throw UnsupportedError{cacheRefusal(cache)};
+    }
+  }
+
+  static std::string cacheRefusal(const Val& v) {
+    return "'" + v.name + "' " + shapeStr(v.shape) +
+           " is a key or value cache with the new tokens' appended; fpat supports it as "
+           "attention's K or V (through Transpose, repeat_kv's Unsqueeze, Expand and Reshape, "
+           "and MatMul) and as a graph output [B, Hkv, S, d]";
+  }
+
+  /// Concat(past [B, Hkv, P, d], new heads [B, Hkv, S, d], axis 2): a decode or prefill step's
+  /// key or value cache (present_key), kv_append's [B, Hkv, P+S, d]; returns whether `n` was.
+  bool cacheConcat(const NodeProto& n) {
+    if (n.input_size() != 2)
+      return false;
+    const Val &past = in(n, 0), &fresh = in(n, 1);
+    if (past.isConst || !past.v || past.view != Val::View::None || past.shape.size() != 4 ||
+        g_.op(*past.v).type.shape != past.shape || past.seqFirst || past.intInput)
+      return false;
+    if (normAxis(intAttr(n, "axis", 0), 4) != 2)
+      throw UnsupportedError{"it joins the cache '" + past.name + "' " + shapeStr(past.shape) +
+                             " and heads; fpat supports that along the sequence (axis 2) only"};
+    const bool heads = fresh.view == Val::View::Heads && fresh.repeat == 1 && !fresh.flatBH &&
+                       !fresh.headMajor && !fresh.seqFirst;
+    const bool dense = fresh.view == Val::View::Dense4 && fresh.order == Val::View::Heads;
+    if ((!heads && !dense) || fresh.shape.size() != 4 || fresh.shape[0] != past.shape[0] ||
+        fresh.shape[1] != past.shape[1] || fresh.shape[3] != past.shape[3])
+      throw UnsupportedError{"it appends '" + fresh.name + "' " + shapeStr(fresh.shape) +
+                             " to the cache '" + past.name + "' " + shapeStr(past.shape) +
+                             "; fpat supports appending heads [B, Hkv, S, d] of the same batch, "
+                             "heads and head dimension"};
+    ir::Op op;
+    op.kind = ir::OpKind::KvAppend;
+    std::vector<int64_t> t = past.shape;
+    t[2] += fresh.shape[2];
+    Val v = emit(n, op, {*past.v, *fresh.v}, t);
+    v.view = Val::View::Heads;
+    v.headMajor = true;
+    v.shape = t;
+    v.batch = t[0];
+    v.heads = t[1];
+    v.seq = t[2];
+    v.headDim = t[3];
+    v.repeat = 1;
+    define(n, std::move(v));
+    return true;
+  }
+
   /// Two head values joined along their last axis (rotate_half): the IR's concat, on their
   /// Dense4 tensors.
   void headsConcat(const NodeProto& n) {
-    if (headsRejoin(n))
+    if (cacheConcat(n) || headsRejoin(n))
       return;
     if (n.input_size() != 2)
       throw UnsupportedError{"of concatenations of activations split into heads, only those of "
@@ -3805,6 +3880,8 @@ private:
       throw UnsupportedError{"'" + x.name + "' " + shapeStr(x.shape) +
                              " are heads of a sequence-first activation; fpat computes on them "
                              "only in attention's products"};
+    if (x.headMajor)
+      throw UnsupportedError{cacheRefusal(x)};
     if (x.flatBH || x.flatSH)
       throw UnsupportedError{"'" + x.name + "' " + shapeStr(x.shape) +
                              " is an activation split into heads and merged with the " +
@@ -4124,6 +4201,8 @@ private:
   void headMatmul(const NodeProto& n, Val& a, Val& b) {
     using View = Val::View;
     ir::Op op;
+    if (a.headMajor)
+      throw UnsupportedError{cacheRefusal(a)};
     if (a.view == View::Tokens && a.flatSH) {
       // [B, Sq*H, d] x [B, d, Sk]: every query head against one key head (GPTBigCode's
       // multi-query attention), scores [B, H, Sq, Sk] seen as [B, Sq*H, Sk].

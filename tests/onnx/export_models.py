@@ -1257,6 +1257,102 @@ def export_seq_first(out):
             os.path.join(expect, "y.f32"))
 
 
+class LlamaKvAttn(nn.Module):
+    """One step of Llama's attention with a key/value cache, as Hugging Face's eager code wrote
+    it with tuple caches (past_key_value, before 4.36): past_k and past_v [B, Hkv, P, d] given,
+    the new tokens' positions P .. P + S - 1 (rotary from inv_freq), the caches concatenated
+    along the sequence and returned (present), _make_causal_mask with zeros over the past."""
+
+    def __init__(self):
+        super().__init__()
+        dh = D // HEADS
+        self.norm = RmsNorm()
+        self.q = nn.Linear(D, D, bias=False)
+        self.k = nn.Linear(D, KV_HEADS * dh, bias=False)
+        self.v = nn.Linear(D, KV_HEADS * dh, bias=False)
+        self.o = nn.Linear(D, D, bias=False)
+        self.register_buffer("inv_freq", 1.0 / (10000 ** (torch.arange(0, dh, 2).float() / dh)))
+
+    def forward(self, x, past_k, past_v):
+        b, s, _ = x.shape
+        p, dh = past_k.shape[2], D // HEADS
+        n = self.norm(x)
+        q = self.q(n).view(b, s, HEADS, dh).transpose(1, 2)
+        k = self.k(n).view(b, s, KV_HEADS, dh).transpose(1, 2)
+        v = self.v(n).view(b, s, KV_HEADS, dh).transpose(1, 2)
+        t = torch.arange(p, p + s, dtype=torch.float32)
+        emb = torch.cat((torch.outer(t, self.inv_freq),) * 2, dim=-1)
+        cos, sin = emb.cos()[None, None], emb.sin()[None, None]
+        q = q * cos + rotate_half(q) * sin
+        k = torch.cat([past_k, k * cos + rotate_half(k) * sin], dim=2)
+        v = torch.cat([past_v, v], dim=2)
+        present_k, present_v = k, v
+        total, rep = p + s, HEADS // KV_HEADS
+        k = k[:, :, None].expand(b, KV_HEADS, rep, total, dh).reshape(b, HEADS, total, dh)
+        v = v[:, :, None].expand(b, KV_HEADS, rep, total, dh).reshape(b, HEADS, total, dh)
+        w = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(dh)
+        mask = torch.full((s, s), torch.finfo(w.dtype).min)
+        cond = torch.arange(s)
+        mask = mask.masked_fill(cond < (cond + 1).view(s, 1), 0)
+        mask = torch.cat([torch.zeros(s, p), mask], dim=-1)
+        w = nn.functional.softmax((w + mask[None, None]).float(), dim=-1).to(q.dtype)
+        o = torch.matmul(w, v).transpose(1, 2).reshape(b, s, D)
+        return x + self.o(o), present_k, present_v
+
+
+class Gpt2KvAttn(Gpt2Attn):
+    """GPT-2's eager attention with layer_past: the cache's keys and values [B, H, P, d] joined
+    before the new ones, the bool causal buffer sliced to rows P .. P + S - 1 and P + S keys."""
+
+    def forward(self, x, past_k, past_v):
+        q, k, v = self.c_attn(self.ln_1(x)).split(D, dim=2)
+        q = self.heads(q)
+        k = torch.cat((past_k, self.heads(k)), dim=-2)
+        v = torch.cat((past_v, self.heads(v)), dim=-2)
+        w = torch.matmul(q, k.transpose(-1, -2)) / (v.size(-1) ** 0.5)
+        s, total = q.size(-2), k.size(-2)
+        causal = self.bias[:, :, total - s:total, :total]
+        w = torch.where(causal, w, torch.full([], torch.finfo(w.dtype).min, dtype=w.dtype))
+        o = torch.matmul(nn.functional.softmax(w, dim=-1), v).permute(0, 2, 1, 3).contiguous()
+        return x + self.c_proj(o.view(o.size()[:-2] + (D,))), k, v
+
+
+def export_kv_cache(out):
+    """Attention steps with key/value caches (past_k, past_v [B, Hkv, P, d] in; y, present_k,
+    present_v out), batch, seq and past symbolic, with torch's outputs at length 7 after 5
+    cached tokens."""
+    for name, seed, make, kv in [("llama_kv_dyn_opset17", 173, LlamaKvAttn, KV_HEADS),
+                                 ("gpt2_kv_dyn_opset17", 179, Gpt2KvAttn, HEADS)]:
+        torch.manual_seed(seed)
+        m = make().eval()
+        with torch.no_grad():
+            for p in m.parameters():
+                if p.dim() == 1:
+                    p.copy_(torch.rand_like(p) + 0.5)
+        dh = D // HEADS
+        names, outs = ["x", "past_k", "past_v"], ["y", "present_k", "present_v"]
+        cache = {0: "batch", 2: "past"}
+        dyn = {"x": {0: "batch", 1: "seq"}, "y": {0: "batch", 1: "seq"}, "past_k": cache,
+               "past_v": cache, "present_k": {0: "batch", 2: "total"},
+               "present_v": {0: "batch", 2: "total"}}
+        args = (torch.randn(BATCH, 3, D), torch.randn(BATCH, kv, 9, dh),
+                torch.randn(BATCH, kv, 9, dh))
+        path = os.path.join(out, f"{name}.onnx")
+        torch.onnx.export(m, args, path, opset_version=17, input_names=names, output_names=outs,
+                          do_constant_folding=True, dynamic_axes=dyn)
+        print(path)
+        expect = os.path.join(out, "..", "expect", f"{name}_s7")
+        os.makedirs(expect, exist_ok=True)
+        ins = [torch.randn(BATCH, 7, D).half(), torch.randn(BATCH, kv, 5, dh).half(),
+               torch.randn(BATCH, kv, 5, dh).half()]
+        for n, t in zip(names, ins):
+            t.numpy().tofile(os.path.join(expect, f"{n}.f16"))
+        with torch.no_grad():
+            for n, t in zip(outs, m(*[t.float() for t in ins])):
+                t.numpy().astype("float32").tofile(os.path.join(expect, f"{n}.f32"))
+
+
 if __name__ == "__main__":
     main()
     export_seq_first(sys.argv[1] if len(sys.argv) > 1 else ".")
+    export_kv_cache(sys.argv[1] if len(sys.argv) > 1 else ".")

@@ -69,6 +69,8 @@ public:
   /// Token rows of `x` reordered: sequence-first [S*B, E] to batch-first [B*S, E], or back.
   Value batchFirst(Value x, int64_t batch, const std::string& name = "");
   Value seqFirst(Value x, int64_t batch, const std::string& name = "");
+  /// A cache [B, Hkv, P, d] with the new tokens' keys or values appended: [B, Hkv, P+S, d].
+  Value kvAppend(Value cache, Value fresh, const std::string& name = "");
   /// Rotary embedding, rotate_half form: x * cos + rotate_half(x) * sin.
   Value rope(Value x, Value cos, Value sin, const std::string& name = "", bool interleaved = false);
   Value layernorm(Value x, Value gamma, Value beta, double eps = 1e-5,

@@ -41,7 +41,8 @@ enum class OpKind {
   Slice,      // columns [begin, end) of the last dimension
   AttnQk,     // per batch and head, Q K^T: [B*Sq, H*d], [B*Sk, Hkv*d] -> [B, H, Sq, Sk]
   AttnPv,     // per batch and head, P V: [B, H, Sq, Sk], [B*Sk, Hkv*d] -> [B*Sq, H*d]
-  Attention,  // attn_pv(softmax(attn_qk(q, k) * scale + bias), v) in one op
+  Attention,  // attn_pv(softmax(attn_qk(q, k) * scale + bias), v) in one op; K and V of
+              // these three may also be caches [B, Hkv, Sk, d] (kv_append's results)
   Heads,      // [B*S, H*d] seen as [B, S, H, d] (the same elements in the same order)
   MergeHeads, // [B, S, H, d] seen as [B*S, H*d]
   Concat,     // the operands side by side along the last dimension
@@ -51,12 +52,18 @@ enum class OpKind {
   Min,        // and Min: OPT's clamp of its scores, T5's bucket arithmetic)
   BatchFirst, // rows of [S*B, E] in sequence-first order, (s, b), reordered to (b, s): [B*S, E]
   SeqFirst,   // the inverse: rows (b, s) of [B*S, E] reordered to (s, b); both take batch = B
+  KvAppend,   // a key or value cache [B, Hkv, P, d] (head-major, as exporters give past_key)
+              // with the new tokens' [B*S, Hkv*d] (token-major; or [B, S, Hkv, d]) appended
+              // along its sequence: [B, Hkv, P+S, d] (present_key)
 };
 
 /// The sizes an attention op (attn_qk, attn_pv, attention) works on, from its operands'
 /// types and its batch and head_dim: query and key rows per batch, query and KV heads.
 struct AttnShape {
   int64_t batch = 0, sq = 0, sk = 0, heads = 0, kvHeads = 0, headDim = 0;
+  // K and V are caches [B, Hkv, Sk, d] (kv_append's results), not token-major [B*Sk, Hkv*d]:
+  // the rows of one KV head are contiguous, d elements apart.
+  bool kvHeadMajor = false;
 };
 
 /// Whether `k` is one of the broadcasting binary elementwise ops.

@@ -10,6 +10,8 @@
 //                           (0 where it broadcasts)
 //   qPitch, kPitch, vPitch  attention: elements from one row of q, k, v to the next (wider
 //                           than the heads where they are column views of a QKV projection)
+//   kKvHeadMajor            k and v are caches [B, Hkv, Sk, Hd] (kv_append's results), not
+//                           token-major (their pitch is then Hd)
 // Activations are token-major: row b * S + s, head h in columns [h * Hd, (h + 1) * Hd).
 #pragma once
 
@@ -66,6 +68,29 @@ __device__ __forceinline__ void transposeRows(const FpatKernelArgs& a) {
   }
 }
 
+/// kv_append: out [B, HKV, P + S, HD] holds each (batch b, KV head h)'s P rows of the cache
+/// in[0] [B, HKV, P, HD], then its S new rows: in[1]'s tokens b * S .. b * S + S - 1, columns
+/// h * HD .., tokens PITCH elements apart (token-major; wider where in[1] is a column view).
+template <int64_t B, int64_t HKV, int64_t P, int64_t S, int64_t HD, int64_t PITCH>
+__device__ __forceinline__ void appendKv(const FpatKernelArgs& a) {
+  constexpr int V = HD % 8 == 0 && PITCH % 8 == 0   ? 8
+                    : HD % 4 == 0 && PITCH % 4 == 0 ? 4
+                    : HD % 2 == 0 && PITCH % 2 == 0 ? 2
+                                                    : 1;
+  constexpr int64_t R = HD / V, L = P + S; // pieces a row, rows a head
+  using T = typename RowPiece<V>::T;
+  const T* cache = static_cast<const T*>(a.in[0]);
+  const T* fresh = static_cast<const T*>(a.in[1]);
+  T* o = static_cast<T*>(a.out);
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < B * HKV * L * R;
+       i += step) {
+    const int64_t e = i % R, j = i / R % L, bh = i / R / L;
+    o[i] = j < P ? cache[(bh * P + j) * R + e]
+                 : fresh[((bh / HKV * S + j - P) * PITCH + bh % HKV * HD) / V + e];
+  }
+}
+
 /// Rotary embedding, rotate_half form, over rows of D (even) elements: out = x * cos +
 /// (-x2, x1) * sin, with cos and sin read through B::at(1 | 2, i) (their broadcast indices).
 /// x's tokens are W elements (its heads) PITCH apart (wider where x is a column view of a
@@ -101,6 +126,20 @@ __device__ __forceinline__ void ropePairs(const FpatKernelArgs& a) {
   }
 }
 
+/// The first key (value) of batch b and KV head hk: token-major rows PITCH elements apart,
+/// or, where D::kKvHeadMajor, a cache [B, Hkv, Sk, Hd] (kv_append's), rows Hd apart.
+template <class D> __device__ __forceinline__ int64_t kvBase(int64_t b, int64_t hk, int64_t pitch) {
+  if constexpr (D::kKvHeadMajor)
+    return (b * D::Hkv + hk) * D::Sk * D::Hd;
+  else
+    return b * D::Sk * pitch + hk * D::Hd;
+}
+
+/// The elements from one dense key (value) row to the next.
+template <class D> constexpr int64_t kvDenseStep() {
+  return D::kKvHeadMajor ? D::Hd : D::Hkv * D::Hd;
+}
+
 /// scores[b, h, i, j] = sum_c q[b * Sq + i, h * Hd + c] * k[b * Sk + j, h / (H / Hkv) * Hd + c].
 template <class D> __device__ __forceinline__ void attnScores(const FpatKernelArgs& a) {
   constexpr int64_t total = D::B * D::H * D::Sq * D::Sk, group = D::H / D::Hkv;
@@ -113,7 +152,7 @@ template <class D> __device__ __forceinline__ void attnScores(const FpatKernelAr
     const int64_t j = e % D::Sk, i = e / D::Sk % D::Sq, h = e / D::Sk / D::Sq % D::H,
                   b = e / D::Sk / D::Sq / D::H;
     const elem* qr = q + (b * D::Sq + i) * D::H * D::Hd + h * D::Hd;
-    const elem* kr = k + (b * D::Sk + j) * D::Hkv * D::Hd + h / group * D::Hd;
+    const elem* kr = k + kvBase<D>(b, h / group, kvDenseStep<D>()) + j * kvDenseStep<D>();
     float s = 0.0f;
     for (int64_t c = 0; c < D::Hd; ++c)
       s = fmaf(toF(qr[c]), toF(kr[c]), s);
@@ -133,10 +172,10 @@ template <class D> __device__ __forceinline__ void attnValues(const FpatKernelAr
     const int64_t c = e % D::Hd, h = e / D::Hd % D::H, i = e / D::Hd / D::H % D::Sq,
                   b = e / D::Hd / D::H / D::Sq;
     const elem* pr = p + ((b * D::H + h) * D::Sq + i) * D::Sk;
-    const elem* vc = v + b * D::Sk * D::Hkv * D::Hd + h / group * D::Hd + c;
+    const elem* vc = v + kvBase<D>(b, h / group, kvDenseStep<D>()) + c;
     float s = 0.0f;
     for (int64_t j = 0; j < D::Sk; ++j)
-      s = fmaf(toF(pr[j]), toF(vc[j * D::Hkv * D::Hd]), s);
+      s = fmaf(toF(pr[j]), toF(vc[j * kvDenseStep<D>()]), s);
     o[e] = fromF(s);
   }
 }
@@ -154,8 +193,8 @@ template <class D> __device__ __forceinline__ void attentionRows(const FpatKerne
   const int lane = threadIdx.x % 32;
   const int64_t i = r % D::Sq, h = r / D::Sq % D::H, b = r / D::Sq / D::H;
   const elem* q = static_cast<const elem*>(a.in[0]) + (b * D::Sq + i) * D::qPitch + h * D::Hd;
-  const elem* k = static_cast<const elem*>(a.in[1]) + b * D::Sk * D::kPitch + h / group * D::Hd;
-  const elem* v = static_cast<const elem*>(a.in[2]) + b * D::Sk * D::vPitch + h / group * D::Hd;
+  const elem* k = static_cast<const elem*>(a.in[1]) + kvBase<D>(b, h / group, D::kPitch);
+  const elem* v = static_cast<const elem*>(a.in[2]) + kvBase<D>(b, h / group, D::vPitch);
   const float scale = ldh(a.in[4], 0);
   float qv[kPer], acc[kPer];
 #pragma unroll

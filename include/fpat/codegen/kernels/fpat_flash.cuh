@@ -1,5 +1,6 @@
 // Flash attention for Hopper (sm_90a): the `attention` op on token-major activations,
-// q [B * Sq, H * d], k and v [B * Sk, Hkv * d], out [B * Sq, H * d], head dimension 64 or 128.
+// q [B * Sq, H * d], k and v [B * Sk, Hkv * d] (or caches [B, Hkv, Sk, d]: Dims::kKvHeadMajor),
+// out [B * Sq, H * d], head dimension 64 or 128.
 //
 // One CTA per (query tile of 128 or 192 rows, head, batch), the longest causal tiles first;
 // or (FlashTile::RESIDENT) one CTA per SM walking those tiles in that order, so that the next
@@ -33,6 +34,17 @@
 #include "fpat_sm90.cuh"
 
 namespace fpat {
+
+/// The tensor-map row and column of key (value) 0 of batch b, KV head kvh: token-major rows
+/// (b * Sk, columns from kvh * Hd), or where D::kKvHeadMajor a cache [B, Hkv, Sk, Hd] mapped
+/// as rows of Hd ((b * Hkv + kvh) * Sk, column 0). A block past Sk reads the next head's (or
+/// batch's) keys, masked as any key past Sk is.
+template <class D> __device__ __forceinline__ int kvTmaRow(int64_t b, int64_t kvh) {
+  return static_cast<int>(D::kKvHeadMajor ? (b * D::Hkv + kvh) * D::Sk : b * D::Sk);
+}
+template <class D> __device__ __forceinline__ int kvTmaCol(int64_t kvh) {
+  return static_cast<int>(D::kKvHeadMajor ? 0 : kvh * D::Hd);
+}
 
 /// A flash-attention tile: CONSUMERS warpgroups of 64 query rows each (BM = 64 CONSUMERS), BN
 /// keys a block. Three consumers (FlashAttention-3's tile for head dimension 64: 192 rows) need
@@ -250,18 +262,19 @@ __device__ __forceinline__ void flashProduce(const FpatTmaArgs& p, unsigned char
     if constexpr (T::DYNAMIC) // asked for now: the answer's latency hides behind the loads
       next = flashNextTile(static_cast<unsigned*>(p.k.scratch[0]), tiles);
     for (int j = 0; j < w.blocks; ++j) {
-      const int row = static_cast<int>(w.b * D::Sk) + j * BN;
+      const int row = kvTmaRow<D>(w.b, w.kvh) + j * BN;
       unsigned char* const kt = sKV + s * 2 * T::KV_BYTES;
       mbarWait(&br.kEmpty[s], phase ^ 1); // a fresh barrier passes parity 1 at once
       mbarExpectTx(&br.kFull[s], T::KV_BYTES);
 #pragma unroll
       for (int c = 0; c < KB; ++c)
-        tmaLoad2d(kt + c * BN * 128, &p.b, w.kvh * HD + 64 * c, row, &br.kFull[s]);
+        tmaLoad2d(kt + c * BN * 128, &p.b, kvTmaCol<D>(w.kvh) + 64 * c, row, &br.kFull[s]);
       mbarWait(&br.vEmpty[s], phase ^ 1);
       mbarExpectTx(&br.vFull[s], T::KV_BYTES);
 #pragma unroll
       for (int c = 0; c < KB; ++c)
-        tmaLoad2d(kt + T::KV_BYTES + c * BN * 128, &p.c, w.kvh * HD + 64 * c, row, &br.vFull[s]);
+        tmaLoad2d(kt + T::KV_BYTES + c * BN * 128, &p.c, kvTmaCol<D>(w.kvh) + 64 * c, row,
+                  &br.vFull[s]);
       if (++s == S) {
         s = 0;
         phase ^= 1;
@@ -611,11 +624,11 @@ template <class D, class T> __device__ __forceinline__ void flashDecode(const Fp
       unsigned char* const kt = ring + s * 2 * T::KV_BYTES;
       mbarWait(&empty[s], phase ^ 1);
       mbarExpectTx(&full[s], 2 * T::KV_BYTES);
-      const int row = static_cast<int>(b * D::Sk) + t * BN;
+      const int row = kvTmaRow<D>(b, g) + t * BN;
 #pragma unroll
       for (int c = 0; c < KB; ++c) {
-        tmaLoad2dHint(kt + c * BN * 128, &p.a, g * HD + 64 * c, row, &full[s], policy);
-        tmaLoad2dHint(kt + T::KV_BYTES + c * BN * 128, &p.b, g * HD + 64 * c, row, &full[s],
+        tmaLoad2dHint(kt + c * BN * 128, &p.a, kvTmaCol<D>(g) + 64 * c, row, &full[s], policy);
+        tmaLoad2dHint(kt + T::KV_BYTES + c * BN * 128, &p.b, kvTmaCol<D>(g) + 64 * c, row, &full[s],
                       policy);
       }
       if (++s == S) {

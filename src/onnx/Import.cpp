@@ -4073,10 +4073,15 @@ private:
   /// masked row averages where ONNX gives NaN. Caches, softcap and the scores output are
   /// refused.
   void attentionOp(const NodeProto& n) {
-    for (int i = 4; i < n.input_size(); ++i)
-      if (!n.input(i).empty())
-        throw UnsupportedError{std::string(i == 6 ? "nonpad_kv_seqlen" : "a past key or value") +
-                               " (a KV cache in the graph) is not supported"};
+    if (hasIn(n, 6))
+      throw UnsupportedError{"nonpad_kv_seqlen (a KV cache in the graph) is not supported"};
+    const bool cached = hasIn(n, 4) || hasIn(n, 5);
+    if (cached && !(hasIn(n, 4) && hasIn(n, 5)))
+      throw UnsupportedError{"it has a past key or a past value, not both"};
+    if (cached && intAttr(n, "is_causal", 0) != 0)
+      throw UnsupportedError{"is_causal with a past key and value: the operator's causal mask "
+                             "is aligned top-left, which with a cache masks keys of the new "
+                             "tokens' own past; give the mask as attn_mask instead"};
     if (floatAttr(n, "softcap", 0.0) != 0.0)
       throw UnsupportedError{"softcap is not supported"};
     if (n.output_size() > 3 && !n.output(3).empty())
@@ -4090,7 +4095,35 @@ private:
                              " and V " + shapeStr(in(n, 2).shape) +
                              " must share the batch and head size, K and V their length and "
                              "heads, whose count divides Q's"};
-    const int64_t B = q.batch, Sq = q.seq, Sk = k.seq;
+    // A cache: present_key and present_value are past_key and past_value [B, Hkv, P, d] with
+    // K and V appended, which attention reads.
+    std::optional<ir::Vertex> kc, vc;
+    if (cached) {
+      auto append = [&](int i, const AttnIn& fresh) {
+        const Val& past = in(n, i);
+        const std::vector<int64_t> want = {q.batch, fresh.heads, -1, fresh.d};
+        if (past.isConst || !past.v || past.view != Val::View::None || past.shape.size() != 4 ||
+            past.shape[0] != want[0] || past.shape[1] != want[1] || past.shape[3] != want[3] ||
+            g_.op(*past.v).type.shape != past.shape)
+          throw UnsupportedError{std::string(i == 4 ? "its past key '" : "its past value '") +
+                                 past.name + "' " + shapeStr(past.shape) +
+                                 " must be a cache [B, Hkv, P, d] = [" + std::to_string(want[0]) +
+                                 ", " + std::to_string(want[1]) + ", P, " +
+                                 std::to_string(want[3]) + "] given at run time"};
+        ir::Op op;
+        op.kind = ir::OpKind::KvAppend;
+        std::vector<int64_t> t = past.shape;
+        t[2] += fresh.seq;
+        const int o = i - 3; // present_key, present_value
+        const std::string name = o < n.output_size() && !n.output(o).empty()
+                                     ? n.output(o)
+                                     : n.output(0) + (o == 1 ? ".present_key" : ".present_value");
+        return *emit(n, op, {*past.v, fresh.v}, t, 0, name).v;
+      };
+      kc = append(4, k);
+      vc = append(5, v);
+    }
+    const int64_t B = q.batch, Sq = q.seq, Sk = cached ? g_.op(*kc).type.shape[2] : k.seq;
     const bool causal = intAttr(n, "is_causal", 0) != 0;
     const double lowest = -3.4028234663852886e38;
     // The bias [.., Sq, Sk]: the mask's, the causal one's, or their sum.
@@ -4173,7 +4206,7 @@ private:
     op.batch = B;
     op.headDim = q.d;
     const bool heads4 = qv.shape.size() == 4;
-    Val y = emit(n, op, {q.v, k.v, v.v, *bias, scale},
+    Val y = emit(n, op, {q.v, cached ? *kc : k.v, cached ? *vc : v.v, *bias, scale},
                  heads4 ? std::vector<int64_t>{B, q.heads, Sq, q.d}
                         : std::vector<int64_t>{B, Sq, q.heads * q.d});
     if (heads4) { // the heads [B, H, Sq, d] of the token-major result, as P V gives them
@@ -4185,10 +4218,22 @@ private:
       y.repeat = 1;
     }
     define(n, std::move(y));
-    // present_key and present_value without a cache: K and V themselves, as heads [B, Hkv, S,
-    // d] (rank-3 K and V would need a transpose fpat does not make).
+    // present_key and present_value: the caches; without one, K and V themselves, as heads
+    // [B, Hkv, S, d] (rank-3 K and V would need a transpose fpat does not make).
     for (int o = 1; o < 3 && o < n.output_size(); ++o)
-      if (!n.output(o).empty()) {
+      if (!n.output(o).empty() && cached) {
+        const ir::Vertex c = o == 1 ? *kc : *vc;
+        Val p;
+        p.v = c;
+        p.shape = g_.op(c).type.shape;
+        p.view = Val::View::Heads;
+        p.headMajor = true;
+        p.batch = p.shape[0];
+        p.heads = p.shape[1];
+        p.seq = p.shape[2];
+        p.headDim = p.shape[3];
+        define(n, std::move(p), o);
+      } else if (!n.output(o).empty()) {
         if (!heads4)
           throw UnsupportedError{"its output present_" + std::string(o == 1 ? "key" : "value") +
                                  " of rank-3 K and V ([B, Hkv, S, d]) is not supported"};

@@ -543,9 +543,66 @@ attention23("attention23_heads_table", heads4=True, with_mask=False, scaled_q=Tr
 attention23("attention23_softcap", heads4=False, with_mask=False, extra={"softcap": 30.0})
 save("attention23_cache",
      [helper.make_node("Attention", ["q", "k", "v", "", "pk", "pv"], ["y", "k2", "v2"],
-                       name="cached", q_num_heads=2, kv_num_heads=2)],
+                       name="cached", q_num_heads=2, kv_num_heads=2, is_causal=1)],
      [f32("q", [1, 1, 32]), f32("k", [1, 1, 32]), f32("v", [1, 1, 32]),
       f32("pk", [1, 2, 5, 16]), f32("pv", [1, 2, 5, 16])], [f32("y", [1, 1, 32])], [], opset=23)
+
+
+# A step with a key/value cache through ONNX's Attention: past_key and past_value [B, Hkv, P, d]
+# given, present_key and present_value returned, the causal mask (bottom-right: the new tokens
+# see the past) given as a bool attn_mask; all three outputs against numpy.
+def attention23_kv():
+    B, S, P, E, H, HKV, d = 2, 3, 5, 64, 4, 2, 16
+    ws = [weight(n, E, c) for n, c in (("Wq", H * d), ("Wk", HKV * d), ("Wv", HKV * d))]
+    mask = np.tril(np.ones((S, P + S), bool), P)
+    nodes = [helper.make_node("MatMul", ["x", w.name], [w.name[1] + "p"], name=w.name[1] + "_proj")
+             for w in ws]
+    nodes.append(helper.make_node("Attention", ["qp", "kp", "vp", "mask", "pk", "pv"],
+                                  ["y", "present_k", "present_v"], name="cached", q_num_heads=H,
+                                  kv_num_heads=HKV))
+    save("attention23_kv", nodes,
+         [f32("x", [B, S, E]), f32("pk", [B, HKV, P, d]), f32("pv", [B, HKV, P, d])],
+         [f32("y", [B, S, H * d]), f32("present_k", [B, HKV, P + S, d]),
+          f32("present_v", [B, HKV, P + S, d])], ws + [numpy_helper.from_array(mask, "mask")],
+         opset=23)
+    io = os.path.join(OUT, "attention23_kv_io")
+    os.makedirs(io, exist_ok=True)
+    x = rng.standard_normal((B, S, E)).astype(np.float16)
+    pk = rng.standard_normal((B, HKV, P, d)).astype(np.float16)
+    pv = rng.standard_normal((B, HKV, P, d)).astype(np.float16)
+    for n, t in (("x", x), ("pk", pk), ("pv", pv)):
+        t.tofile(os.path.join(io, n + ".f16"))
+    xd = x.astype(np.float64)
+    q, k, v = [(xd @ numpy_helper.to_array(w).astype(np.float64)).reshape(B, S, -1, d)
+               .transpose(0, 2, 1, 3) for w in ws]
+    k = np.concatenate([pk.astype(np.float64), k], axis=2)
+    v = np.concatenate([pv.astype(np.float64), v], axis=2)
+    o = sdpa(q, k, v, np.where(mask, 0.0, -np.inf), 1 / np.sqrt(d))
+    for n, t in (("y", o.transpose(0, 2, 1, 3).reshape(B, S, H * d)), ("present_k", k),
+                 ("present_v", v)):
+        t.astype(np.float32).tofile(os.path.join(io, n + ".f32"))
+
+
+attention23_kv()
+
+
+# A cache joined with new heads and then used as data (not as attention's K or V), and one
+# joined along the head dimension: refused, with what is supported.
+def kv_misused(name, axis, use):
+    B, S, P, E, HKV, d = 2, 3, 5, 32, 2, 16
+    w = weight("Wk", E, HKV * d)
+    nodes = [helper.make_node("MatMul", ["x", "Wk"], ["kp"], name="k_proj"),
+             helper.make_node("Reshape", ["kp", "k_shape"], ["kr"], name="k_view"),
+             helper.make_node("Transpose", ["kr"], ["kh"], name="k_heads", perm=[0, 2, 1, 3]),
+             helper.make_node("Concat", ["pk", "kh"], ["kc"], name="append", axis=axis),
+             helper.make_node(use, ["kc"], ["y"], name="use")]
+    save(name, nodes, [f32("x", [B, S, E]), f32("pk", [B, HKV, P, d])],
+         [f32("y", None)], [w, numpy_helper.from_array(np.array([B, S, HKV, d], np.int64),
+                                                       "k_shape")])
+
+
+kv_misused("kv_cache_as_data", 2, "Relu")
+kv_misused("kv_cache_other_axis", 1, "Identity")
 
 # RMSNormalization (opset 23, the dynamo exporter's RMSNorm) before a projection, against
 # numpy's evaluation of the operator; and over an axis other than the last, refused.

@@ -321,6 +321,88 @@ BOOST_AUTO_TEST_CASE(token_rows_reordered_by_hand) {
       });
 }
 
+BOOST_AUTO_TEST_CASE(kv_caches_appended_and_read_head_major) {
+  // A cache [B 2, Hkv 2, P 3, d 2] whose elements number themselves, two new tokens a batch
+  // (token-major [B*S, Hkv*d], elements 100 + their index): each (batch, head) gets its three
+  // cached rows, then its two new ones.
+  GraphBuilder b("kv");
+  Value past = b.input("past", {2, 2, 3, 2}, DType::F32);
+  Value fresh = b.input("new", {4, 4}, DType::F32);
+  Value c = b.kvAppend(past, fresh, "c");
+  b.output(c);
+  Graph g = b.build();
+  BOOST_TEST(g.op(c.v).type.shape == (std::vector<int64_t>{2, 2, 5, 2}));
+  std::vector<float> ps(24), ns(16);
+  for (size_t i = 0; i < ps.size(); ++i)
+    ps[i] = static_cast<float>(i);
+  for (size_t i = 0; i < ns.size(); ++i)
+    ns[i] = 100.0f + static_cast<float>(i);
+  auto vals = evaluate(g, {{"past", make({2, 2, 3, 2}, ps)}, {"new", make({4, 4}, ns)}});
+  // (b, h) = (0, 0): past rows 0-2, then new tokens 0 and 1, head 0 (elements 100, 101 and
+  // 104, 105); (0, 1): past rows 3-5, then head 1 of those tokens (102, 103, 106, 107); ...
+  const std::vector<float> want = {
+      0,  1,  2,  3,  4,  5,  100, 101, 104, 105, 6,  7,  8,  9,  10, 11, 102, 103, 106, 107,
+      12, 13, 14, 15, 16, 17, 108, 109, 112, 113, 18, 19, 20, 21, 22, 23, 110, 111, 114, 115};
+  BOOST_TEST(vals[c.v].data == want, boost::test_tools::per_element());
+
+  // Attention over a cache equals attention over the same keys and values token-major, for
+  // every attention op (GQA: 4 query heads on 2 KV heads), to the last bit.
+  GraphBuilder a("kv_attn");
+  const int64_t B = 2, S = 3, P = 5, L = P + S, H = 4, Hkv = 2, d = 8;
+  Value q = a.input("q", {B * S, H * d}, DType::F32);
+  Value kc = a.input("k_cache", {B, Hkv, L, d}, DType::F32);
+  Value vc = a.input("v_cache", {B, Hkv, L, d}, DType::F32);
+  Value kt = a.input("k_rows", {B * L, Hkv * d}, DType::F32);
+  Value vt = a.input("v_rows", {B * L, Hkv * d}, DType::F32);
+  Value bias = a.constant(0.0, {}, DType::F32), scale = a.constant(0.3, {}, DType::F32);
+  a.output(a.attention(q, kc, vc, bias, scale, B, d, "o_cache"))
+      .output(a.attention(q, kt, vt, bias, scale, B, d, "o_rows"))
+      .output(a.attnPv(a.softmax(a.attnQk(q, kc, B, d)), vc, B, d, "pv_cache"))
+      .output(a.attnPv(a.softmax(a.attnQk(q, kt, B, d)), vt, B, d, "pv_rows"));
+  Graph ga = a.build();
+  auto in = randomInputs(ga, 3);
+  for (const char* n : {"k", "v"}) { // the rows' values, moved into the cache's order
+    const Tensor& rows = in.at(std::string(n) + "_rows");
+    Tensor& cache = in.at(std::string(n) + "_cache");
+    for (int64_t bb = 0; bb < B; ++bb)
+      for (int64_t h = 0; h < Hkv; ++h)
+        for (int64_t j = 0; j < L; ++j)
+          for (int64_t e = 0; e < d; ++e)
+            cache.data[static_cast<size_t>(((bb * Hkv + h) * L + j) * d + e)] =
+                rows.data[static_cast<size_t>((bb * L + j) * Hkv * d + h * d + e)];
+  }
+  auto out = evaluate(ga, in);
+  const std::vector<Vertex>& o = ga.outputs();
+  BOOST_TEST(out[o[0]].data == out[o[1]].data, boost::test_tools::per_element());
+  BOOST_TEST(out[o[2]].data == out[o[3]].data, boost::test_tools::per_element());
+
+  GraphBuilder bad("bad");
+  Value cache = bad.input("cache", {2, 2, 3, 8});
+  int named = 0;
+  for (const std::vector<int64_t>& shape :
+       std::vector<std::vector<int64_t>>{{5, 16}, {4, 12}, {2, 1, 3, 8}})
+    BOOST_CHECK_EXCEPTION(bad.kvAppend(cache, bad.input("n" + std::to_string(named++), shape)),
+                          BuildError, [](const BuildError& e) {
+                            return std::string(e.what()).find("must be the new tokens' [B*S, "
+                                                              "Hkv*d] = [2*S, 16]") !=
+                                   std::string::npos;
+                          });
+  BOOST_CHECK_EXCEPTION(bad.kvAppend(bad.input("flat", {12, 8}), bad.input("m", {2, 16})),
+                        BuildError, [](const BuildError& e) {
+                          return std::string(e.what()).find("must be a cache [B, Hkv, P, d]") !=
+                                 std::string::npos;
+                        });
+  // A cache whose batch or head dimension does not fit the attention.
+  Value q2 = bad.input("q2", {2, 32});
+  BOOST_CHECK_EXCEPTION(
+      bad.attention(q2, bad.input("kc", {3, 2, 5, 8}), bad.input("vc", {3, 2, 5, 8}),
+                    bad.constant(0.0), bad.constant(1.0), 2, 8),
+      BuildError, [](const BuildError& e) {
+        return std::string(e.what()).find("must be a cache [B, Hkv, Sk, d] with B = 2, d = 8") !=
+               std::string::npos;
+      });
+}
+
 BOOST_AUTO_TEST_CASE(random_inputs_are_deterministic_and_weights_scaled) {
   GraphBuilder b("r");
   Value x = b.input("x", {4, 300});

@@ -102,6 +102,41 @@ BOOST_AUTO_TEST_CASE(builder_graph_round_trips_with_every_attribute) {
   requireSameGraph(orig, *p.graph);
 }
 
+BOOST_AUTO_TEST_CASE(kv_caches_round_trip_and_are_checked) {
+  Parsed p = parse("graph kv {\n"
+                   "  %past = input : f16[2, 2, 5, 8]\n"
+                   "  %new = input : f16[6, 16]\n"
+                   "  %q = input : f16[6, 32]\n"
+                   "  %c = kv_append %past, %new\n"
+                   "  %z = constant {value = 0.0} : f16[]\n"
+                   "  %o = attention %q, %c, %c, %z, %z {batch = 2, head_dim = 8}\n"
+                   "  output %o, %c\n"
+                   "}\n");
+  BOOST_TEST_REQUIRE(p.graph.has_value());
+  const std::string text = printGraph(*p.graph);
+  BOOST_TEST(text.find("%c = kv_append %past, %new : f16[2, 2, 8, 8]") != std::string::npos, text);
+  Parsed again = parse(text);
+  BOOST_TEST_REQUIRE(again.graph.has_value());
+  requireSameGraph(*p.graph, *again.graph);
+  // New tokens of another width, and a cache of rank 2: located errors, both reported.
+  Parsed bad = parse("graph kv {\n"
+                     "  %past = input : f16[2, 2, 5, 8]\n"
+                     "  %new = input : f16[6, 24]\n"
+                     "  %c = kv_append %past, %new\n"
+                     "  %d = kv_append %new, %new\n"
+                     "  output %c, %d\n"
+                     "}\n");
+  BOOST_TEST(!bad.graph);
+  BOOST_REQUIRE(bad.diags.size() == 2u);
+  BOOST_TEST(bad.diags[0].loc.line == 4);
+  BOOST_TEST(bad.diags[0].message.find("must be the new tokens' [B*S, Hkv*d] = [2*S, 16] or "
+                                       "[B, S, Hkv, d] = [2, S, 2, 8]") != std::string::npos,
+             bad.diags[0].message);
+  BOOST_TEST(bad.diags[1].loc.line == 5);
+  BOOST_TEST(bad.diags[1].message.find("must be a cache [B, Hkv, P, d]") != std::string::npos,
+             bad.diags[1].message);
+}
+
 BOOST_AUTO_TEST_CASE(fused_ops_and_activation_params_round_trip) {
   // A parametrised activation (as a .fpat library adds one), standalone and in a fused op's
   // epilogue: printing keeps every parameter, so parsing the print gives the same program.

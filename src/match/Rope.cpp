@@ -220,6 +220,14 @@ std::optional<std::vector<std::pair<Vertex, size_t>>> attentionReaders(const Gra
   return out;
 }
 
+/// Whether `v` (through views) is appended to a key or value cache.
+bool appendedToCache(const Graph& g, Vertex v) {
+  for (Vertex u : g.users(v))
+    if (g.op(u).kind == OpKind::KvAppend || (ir::isView(g.op(u).kind) && appendedToCache(g, u)))
+      return true;
+  return false;
+}
+
 /// What attention operand `i` of `a` is, through views.
 Vertex behindViews(const Graph& g, Vertex a, size_t i) {
   Vertex v = g.operands(a).at(i);
@@ -342,8 +350,15 @@ Graph ropeIntoEpilogues(const Graph& g, std::vector<RopeFusion>* done,
       }
       if (!ok) {
         drop.insert(r);
-        why[r] = "rotate_half's columns become pairs only where attention reads both q and k "
-                 "from such ropes (of one head size), and nothing else reads them";
+        const bool cached =
+            appendedToCache(g, c.result) ||
+            (readers && std::any_of(readers->begin(), readers->end(), [&](const auto& ai) {
+               return g.op(behindViews(g, ai.first, 1 - ai.second)).kind == OpKind::KvAppend;
+             }));
+        why[r] = cached ? "the keys go to a key/value cache (kv_append), which holds them in the "
+                          "model's column order: rotate_half's columns cannot become pairs"
+                        : "rotate_half's columns become pairs only where attention reads both q "
+                          "and k from such ropes (of one head size), and nothing else reads them";
       }
     }
     for (Vertex r : drop)

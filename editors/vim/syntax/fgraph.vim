@@ -8,7 +8,7 @@ endif
 syntax keyword fgraphKeyword graph output
 syntax keyword fgraphBoolean true false
 syntax keyword fgraphOp input weight gemm bias_add activation add mul layernorm rmsnorm fused
-syntax keyword fgraphOp constant sub div pow reduce_mean softmax slice attn_qk attn_pv attention heads merge_heads concat rope max min batch_first seq_first
+syntax keyword fgraphOp constant sub div pow reduce_mean softmax slice attn_qk attn_pv attention heads merge_heads concat rope max min batch_first seq_first kv_append
 syntax keyword fgraphType f16 bf16 f32
 syntax match fgraphValue "%[A-Za-z0-9_.]\+"
 syntax match fgraphNumber "-\=\<[0-9]\+\(\.[0-9]*\)\=\([eE][-+]\=[0-9]\+\)\=\>"

@@ -1577,6 +1577,7 @@ private:
                                " holds q, k and v of each head side by side; fpat supports only "
                                "a Gather of one of them (axis 3, a scalar index)"};
     const bool seqFirst = seqFirstInputs(n);
+    givenCache(n);
     const Val* cache = nullptr;
     for (const std::string& name : n.input())
       if (auto v = vals_.find(name); v != vals_.end() && v->second.headMajor)
@@ -2744,6 +2745,42 @@ private:
       return true;
     }
     throw UnsupportedError{refusal};
+  }
+
+  /// A rank-4 activation given as a graph input [B, H, S, d] that `n` reads as attention's K
+  /// (transposed for Q K^T, or repeat_kv's Unsqueeze at axis 2) or V (MatMul's B): a cache
+  /// given whole (cross-attention's encoder keys and values, Whisper's and BART's
+  /// past_key_value[2:4]), read head-major in place.
+  void givenCache(const NodeProto& n) {
+    const std::string& t = n.op_type();
+    int i = -1;
+    if (t == "MatMul") {
+      i = 1;
+    } else if (t == "Transpose") {
+      const AttributeProto* p = attr(n, "perm");
+      if (p && std::vector<int64_t>(p->ints().begin(), p->ints().end()) ==
+                   std::vector<int64_t>{0, 1, 3, 2})
+        i = 0;
+    } else if (t == "Unsqueeze" && n.input_size() > 0 && !in(n, 0).isConst &&
+               in(n, 0).shape.size() == 4 && axesOf(n, 1) == std::vector<int64_t>{2}) {
+      i = 0;
+    }
+    if (i < 0 || !hasIn(n, i))
+      return;
+    Val& x = in(n, i);
+    if (x.isConst || !x.v || x.view != Val::View::None || x.shape.size() != 4 || x.seqFirst ||
+        x.intInput || x.lazyExpand || x.headMajor)
+      return;
+    const ir::Op& op = g_.op(*x.v);
+    if (op.kind != ir::OpKind::Input || op.weight || op.mask || op.type.shape != x.shape)
+      return;
+    x.view = Val::View::Heads;
+    x.headMajor = true;
+    x.batch = x.shape[0];
+    x.heads = x.shape[1];
+    x.seq = x.shape[2];
+    x.headDim = x.shape[3];
+    x.repeat = 1;
   }
 
   /// A cache (Val::headMajor) may only be moved into another view of itself.

@@ -1317,12 +1317,32 @@ class Gpt2KvAttn(Gpt2Attn):
         return x + self.c_proj(o.view(o.size()[:-2] + (D,))), k, v
 
 
+class CrossKvAttn(nn.Module):
+    """A decoder's cross-attention with its cache, as Whisper and BART run it after the first
+    step: the encoder's keys and values [B, H, M, d] given whole (past_key_value[2:4]), q
+    from the new tokens (scaled first), no mask."""
+
+    def __init__(self):
+        super().__init__()
+        self.q = nn.Linear(D, D)
+        self.o = nn.Linear(D, D)
+
+    def forward(self, x, past_k, past_v):
+        b, s, _ = x.shape
+        dh = D // HEADS
+        q = (self.q(x) * dh ** -0.5).view(b, s, HEADS, dh).transpose(1, 2)
+        w = torch.softmax(torch.matmul(q, past_k.transpose(2, 3)), dim=-1)
+        o = torch.matmul(w, past_v).transpose(1, 2).reshape(b, s, D)
+        return x + self.o(o)
+
+
 def export_kv_cache(out):
     """Attention steps with key/value caches (past_k, past_v [B, Hkv, P, d] in; y, present_k,
-    present_v out), batch, seq and past symbolic, with torch's outputs at length 7 after 5
-    cached tokens."""
+    present_v out; a cross-attention's y alone), batch, seq and past symbolic, with torch's
+    outputs at length 7 after 5 cached tokens."""
     for name, seed, make, kv in [("llama_kv_dyn_opset17", 173, LlamaKvAttn, KV_HEADS),
-                                 ("gpt2_kv_dyn_opset17", 179, Gpt2KvAttn, HEADS)]:
+                                 ("gpt2_kv_dyn_opset17", 179, Gpt2KvAttn, HEADS),
+                                 ("cross_kv_dyn_opset17", 181, CrossKvAttn, HEADS)]:
         torch.manual_seed(seed)
         m = make().eval()
         with torch.no_grad():
@@ -1330,7 +1350,9 @@ def export_kv_cache(out):
                 if p.dim() == 1:
                     p.copy_(torch.rand_like(p) + 0.5)
         dh = D // HEADS
-        names, outs = ["x", "past_k", "past_v"], ["y", "present_k", "present_v"]
+        cross = make is CrossKvAttn  # the encoder's cache, read whole: y alone
+        names = ["x", "past_k", "past_v"]
+        outs = ["y"] if cross else ["y", "present_k", "present_v"]
         cache = {0: "batch", 2: "past"}
         dyn = {"x": {0: "batch", 1: "seq"}, "y": {0: "batch", 1: "seq"}, "past_k": cache,
                "past_v": cache, "present_k": {0: "batch", 2: "total"},
@@ -1348,7 +1370,8 @@ def export_kv_cache(out):
         for n, t in zip(names, ins):
             t.numpy().tofile(os.path.join(expect, f"{n}.f16"))
         with torch.no_grad():
-            for n, t in zip(outs, m(*[t.float() for t in ins])):
+            got = m(*[t.float() for t in ins])
+            for n, t in zip(outs, [got] if cross else got):
                 t.numpy().astype("float32").tofile(os.path.join(expect, f"{n}.f32"))
 
 

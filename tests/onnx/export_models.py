@@ -1336,13 +1336,61 @@ class CrossKvAttn(nn.Module):
         return x + self.o(o)
 
 
+class NeoxKvAttn(NeoxAttn):
+    """GPT-NeoX's attention with layer_past: the partial rotary at positions P .. P + S - 1,
+    the caches joined before the new heads, the bool causal buffer sliced at the offset."""
+
+    def forward(self, x, past_k, past_v):
+        b, s, _ = x.shape
+        p, dh = past_k.shape[2], D // HEADS
+        qkv = self.qkv(x).view(b, s, HEADS, 3 * dh)
+        q = qkv[..., :dh].permute(0, 2, 1, 3)
+        k = qkv[..., dh:2 * dh].permute(0, 2, 1, 3)
+        v = qkv[..., 2 * dh:].permute(0, 2, 1, 3)
+        f = torch.outer(torch.arange(p, p + s, dtype=torch.float32), self.inv_freq)
+        emb = torch.cat((f, f), dim=-1)
+        cos, sin = emb.cos()[None, None], emb.sin()[None, None]
+        qr, kr = q[..., :self.rd], k[..., :self.rd]
+        q = torch.cat((qr * cos + rotate_half(qr) * sin, q[..., self.rd:]), dim=-1)
+        k = torch.cat((kr * cos + rotate_half(kr) * sin, k[..., self.rd:]), dim=-1)
+        k, v = torch.cat((past_k, k), dim=-2), torch.cat((past_v, v), dim=-2)
+        t = p + s
+        w = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(dh)
+        w = torch.where(self.bias[:, :, t - s:t, :t], w, torch.tensor(torch.finfo(w.dtype).min))
+        o = torch.matmul(nn.functional.softmax(w, dim=-1), v).permute(0, 2, 1, 3).reshape(b, s, D)
+        return x + self.dense(o), k, v
+
+
+class GptJKvAttn(GptJAttn):
+    """GPT-J's attention with layer_past: the interleaved partial rotary at positions P ..
+    P + S - 1 (the table gathered there), the caches joined before the new heads."""
+
+    def forward(self, x, past_k, past_v):
+        b, s, _ = x.shape
+        p, dh = past_k.shape[2], D // HEADS
+        sh = lambda t: t.view(b, s, HEADS, dh)
+        q, k, v = sh(self.q(x)), sh(self.k(x)), sh(self.v(x))
+        sincos = self.embed_positions[torch.arange(p, p + s)[None].expand(b, s)]
+        sin, cos = torch.split(sincos, sincos.shape[-1] // 2, dim=-1)
+        q = self.rotary(q, sin, cos).permute(0, 2, 1, 3)
+        k = torch.cat((past_k, self.rotary(k, sin, cos).permute(0, 2, 1, 3)), dim=-2)
+        v = torch.cat((past_v, v.permute(0, 2, 1, 3)), dim=-2)
+        w = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(dh)
+        w = torch.where(torch.ones(s, p + s, dtype=torch.bool).tril(p), w,
+                        torch.tensor(torch.finfo(w.dtype).min))
+        c = torch.matmul(nn.functional.softmax(w, dim=-1), v)
+        return x + self.o(c.permute(0, 2, 1, 3).reshape(b, s, D)), k, v
+
+
 def export_kv_cache(out):
     """Attention steps with key/value caches (past_k, past_v [B, Hkv, P, d] in; y, present_k,
     present_v out; a cross-attention's y alone), batch, seq and past symbolic, with torch's
     outputs at length 7 after 5 cached tokens."""
     for name, seed, make, kv in [("llama_kv_dyn_opset17", 173, LlamaKvAttn, KV_HEADS),
                                  ("gpt2_kv_dyn_opset17", 179, Gpt2KvAttn, HEADS),
-                                 ("cross_kv_dyn_opset17", 181, CrossKvAttn, HEADS)]:
+                                 ("cross_kv_dyn_opset17", 181, CrossKvAttn, HEADS),
+                                 ("neox_kv_dyn_opset17", 191, NeoxKvAttn, HEADS),
+                                 ("gptj_kv_dyn_opset17", 193, GptJKvAttn, HEADS)]:
         torch.manual_seed(seed)
         m = make().eval()
         with torch.no_grad():

@@ -1576,6 +1576,16 @@ private:
         throw UnsupportedError{"'" + name + "' " + shapeStr(v->second.shape) +
                                " holds q, k and v of each head side by side; fpat supports only "
                                "a Gather of one of them (axis 3, a scalar index)"};
+    // A mask cast to float holds 0s and 1s: a product of it computes on integers given at run
+    // time (Hugging Face's position_ids, inv_freq @ position_ids), which fpat does not take.
+    if (n.op_type() == "MatMul" || n.op_type() == "Gemm")
+      for (const std::string& name : n.input())
+        if (auto v = vals_.find(name); v != vals_.end() && v->second.binary01)
+          throw UnsupportedError{
+              "'" + name + "' " + shapeStr(v->second.shape) +
+              " is an integer or bool input cast to float, which fpat takes as a mask of 0s and "
+              "1s; products of integers given at run time (position_ids, token ids) are not "
+              "supported (positions computed in the model, from the cache's length, are)"};
     const bool seqFirst = seqFirstInputs(n);
     givenCache(n);
     const Val* cache = nullptr;

@@ -601,6 +601,13 @@ def kv_misused(name, axis, use):
                                                        "k_shape")])
 
 
+# Positions given at run time (Hugging Face's position_ids, int64) in a product with the
+# rotary frequencies: refused (integer inputs are masks of 0s and 1s).
+save("position_ids_product",
+     [helper.make_node("Cast", ["pos"], ["posf"], name="cast", to=TensorProto.FLOAT),
+      helper.make_node("MatMul", ["posf", "inv_freq"], ["y"], name="freqs")],
+     [helper.make_tensor_value_info("pos", TensorProto.INT64, [6, 1])], [f32("y", [6, 8])],
+     [numpy_helper.from_array(rng.random((1, 8)).astype(np.float32), "inv_freq")])
 kv_misused("kv_cache_as_data", 2, "Relu")
 kv_misused("kv_cache_other_axis", 1, "Identity")
 

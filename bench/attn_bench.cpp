@@ -10,7 +10,11 @@
 // figures to compare with are torch SDPA's on the same GPU (bench/torch_attn.py, same cases,
 // same timing).
 //
-//   fpat-bench-attn [--quick] [--no-decode] [--no-prefill] [--d 64,128] [--reps N] [--csv F]
+// With --cache the decode cases also run with K and V as caches [B, Hkv, Sk, d] (head-major:
+// kv_append's results, and the layout exporters give past_key), beside token-major ones.
+//
+//   fpat-bench-attn [--quick] [--no-decode] [--no-prefill] [--cache] [--d 64,128] [--reps N]
+//                   [--csv F]
 #include "BenchUtil.h"
 #include "fpat/ir/Builder.h"
 #include "fpat/runtime/Executor.h"
@@ -31,11 +35,16 @@ namespace {
 struct Case {
   int64_t b, h, hkv, sq, sk, d;
   bool causal;
+  bool cache = false; // K and V [B, Hkv, Sk, d], not token-major [B*Sk, Hkv*d]
   std::string name() const {
     std::ostringstream os;
     os << "a_b" << b << "_h" << h << "_kv" << hkv << "_q" << sq << "_k" << sk << "_d" << d
-       << (causal ? "_causal" : "");
+       << (causal ? "_causal" : "") << (cache ? "_cache" : "");
     return os.str();
+  }
+  /// The element index of key (value) j of batch b, KV head kvh, element e.
+  int64_t kvAt(int64_t bb, int64_t j, int64_t kvh, int64_t e) const {
+    return cache ? ((bb * hkv + kvh) * sk + j) * d + e : ((bb * sk + j) * hkv + kvh) * d + e;
   }
   double flops() const {
     return 4.0 * static_cast<double>(b * h * sq) * static_cast<double>(sk * d) *
@@ -76,8 +85,7 @@ double sampledError(const Case& c, const std::vector<uint16_t>& q, const std::ve
     for (int64_t j = 0; j < c.sk; ++j) {
       double dot = 0;
       for (int64_t e = 0; e < c.d; ++e)
-        dot += halfAt(q, ((b * c.sq + i) * c.h + h) * c.d + e) *
-               halfAt(k, ((b * c.sk + j) * c.hkv + kvh) * c.d + e);
+        dot += halfAt(q, ((b * c.sq + i) * c.h + h) * c.d + e) * halfAt(k, c.kvAt(b, j, kvh, e));
       p[static_cast<size_t>(j)] =
           c.causal && j > i + c.sk - c.sq ? -INFINITY : dot * scale; // bottom-right
       mx = std::max(mx, p[static_cast<size_t>(j)]);
@@ -90,7 +98,7 @@ double sampledError(const Case& c, const std::vector<uint16_t>& q, const std::ve
     for (int64_t j = 0; j < c.sk; ++j)
       for (int64_t e = 0; e < c.d; ++e)
         ref[static_cast<size_t>(e)] +=
-            p[static_cast<size_t>(j)] / sum * halfAt(v, ((b * c.sk + j) * c.hkv + kvh) * c.d + e);
+            p[static_cast<size_t>(j)] / sum * halfAt(v, c.kvAt(b, j, kvh, e));
     for (int64_t e = 0; e < c.d; ++e) {
       const double got = out.data[static_cast<size_t>(((b * c.sq + i) * c.h + h) * c.d + e)];
       rowMax = std::max(rowMax, std::abs(ref[static_cast<size_t>(e)]));
@@ -113,8 +121,10 @@ std::vector<Result> runCases(cuda::Driver& drv, const std::vector<Case>& cases, 
   for (const Case& c : cases) {
     const std::string n = c.name();
     auto q = gb.input(n + "_q", {c.b * c.sq, c.h * c.d});
-    auto k = gb.input(n + "_k", {c.b * c.sk, c.hkv * c.d});
-    auto v = gb.input(n + "_v", {c.b * c.sk, c.hkv * c.d});
+    const std::vector<int64_t> kv = c.cache ? std::vector<int64_t>{c.b, c.hkv, c.sk, c.d}
+                                            : std::vector<int64_t>{c.b * c.sk, c.hkv * c.d};
+    auto k = gb.input(n + "_k", kv);
+    auto v = gb.input(n + "_v", kv);
     ir::Value mask;
     if (c.causal) {
       std::vector<float> m(static_cast<size_t>(c.sq * c.sk));
@@ -183,7 +193,7 @@ std::string fixed(double x, int digits) {
 } // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false, noDecode = false, noPrefill = false;
+  bool quick = false, noDecode = false, noPrefill = false, cache = false;
   int reps = 20;
   std::vector<int64_t> dims{64, 128};
   std::string csvPath = "bench-attn.csv";
@@ -196,6 +206,9 @@ int main(int argc, char** argv) {
   app.add_flag("--quick", quick, "d 128 at S 1k and 8k, causal and not; decode at 16k");
   app.add_flag("--no-decode", noDecode, "skip the decode cases");
   app.add_flag("--no-prefill", noPrefill, "skip the prefill cases");
+  app.add_flag("--cache", cache,
+               "decode also with K and V as caches [B, Hkv, Sk, d] (head-major, as kv_append "
+               "writes them)");
   app.add_option("--d", dims, "the prefill cases' head dimensions")
       ->delimiter(',')
       ->check(CLI::IsMember({64, 128}))
@@ -215,7 +228,9 @@ int main(int argc, char** argv) {
   const Provenance prov = provenance(*drv);
   std::cout << "# fpat attention benchmark on " << prov.gpu << ", driver " << prov.driver << "; "
             << prov.nvcc << "; fpat commit " << prov.commit << "\n"
-            << "# f16; q [B*S, H*d], k and v [B*S, Hkv*d] token-major; median of " << reps
+            << "# f16; q [B*S, H*d], k and v [B*S, Hkv*d] token-major (or, marked cache, [B, Hkv, "
+               "S, d]); median of "
+            << reps
             << " runs per op after 3 warm-up runs, CUDA events, buffers rotated past 2x L2\n\n";
   std::vector<Case> prefill, decode;
   for (int64_t d : dims)
@@ -229,15 +244,17 @@ int main(int argc, char** argv) {
     for (int64_t kv : {4096, 16384, 65536}) {
       if ((quick && kv != 16384) || (b == 16 && kv > 16384))
         continue;
-      decode.push_back({b, 32, 8, 1, kv, 128, false});
+      for (bool headMajor : {false, true})
+        if (!headMajor || cache)
+          decode.push_back({b, 32, 8, 1, kv, 128, false, headMajor});
     }
   std::ofstream csv(csvPath);
-  csv << "gpu,commit,kind,B,H,Hkv,Sq,Sk,d,causal,ms,tflops,gbps,rel_err,kernel\n";
+  csv << "gpu,commit,kind,B,H,Hkv,Sq,Sk,d,causal,cache,ms,tflops,gbps,rel_err,kernel\n";
   int bad = 0;
   auto report = [&](const std::vector<Result>& rs, bool isDecode) {
     if (isDecode)
-      std::cout << "| B | KV length | ms | K+V read GB/s | rel err | kernel |\n"
-                   "|---:|---:|---:|---:|---:|---|\n";
+      std::cout << "| B | KV length | K, V | ms | K+V read GB/s | rel err | kernel |\n"
+                   "|---:|---:|---|---:|---:|---:|---|\n";
     else
       std::cout << "| d | S | B | H | causal | ms | TFLOP/s | rel err | kernel |\n"
                    "|---:|---:|---:|---:|---|---:|---:|---:|---|\n";
@@ -248,9 +265,9 @@ int main(int argc, char** argv) {
       const bool ok = r.err <= 2e-2;
       bad += !ok;
       if (isDecode)
-        std::cout << "| " << c.b << " | " << c.sk << " | " << fixed(r.ms, 4) << " | "
-                  << fixed(gbps, 0) << " | " << fixed(r.err, 4) << (ok ? "" : " FAIL") << " | "
-                  << r.kernel << " |\n";
+        std::cout << "| " << c.b << " | " << c.sk << " | " << (c.cache ? "cache" : "tokens")
+                  << " | " << fixed(r.ms, 4) << " | " << fixed(gbps, 0) << " | " << fixed(r.err, 4)
+                  << (ok ? "" : " FAIL") << " | " << r.kernel << " |\n";
       else
         std::cout << "| " << c.d << " | " << c.sq << " | " << c.b << " | " << c.h << " | "
                   << (c.causal ? "yes" : "no") << " | " << fixed(r.ms, 4) << " | "
@@ -258,8 +275,8 @@ int main(int argc, char** argv) {
                   << r.kernel << " |\n";
       csv << '"' << prov.gpu << "\"," << prov.commit << "," << (isDecode ? "decode" : "prefill")
           << "," << c.b << "," << c.h << "," << c.hkv << "," << c.sq << "," << c.sk << "," << c.d
-          << "," << c.causal << "," << r.ms << "," << tflops << "," << gbps << "," << r.err << ","
-          << r.kernel << "\n";
+          << "," << c.causal << "," << c.cache << "," << r.ms << "," << tflops << "," << gbps << ","
+          << r.err << "," << r.kernel << "\n";
     }
     std::cout << std::endl;
   };

@@ -44,9 +44,9 @@ BOOST_AUTO_TEST_CASE(builtin_patterns_are_the_seeds_nine_and_the_llm_blocks) {
                              "rmsnorm_gemm_bias_", "rmsnorm_gemm_"})
       want.push_back(std::string(form) + act);
   for (const char* name :
-       {"gemm_bias", "gemm_bias_residual", "gemm_residual", "gemm_silu_mul", "gemm_swiglu",
-        "rmsnorm_gemm_swiglu", "gemm_geglu", "rmsnorm_gemm_geglu", "layernorm_gemm_bias",
-        "rmsnorm_gemm_bias", "layernorm_gemm", "rmsnorm_gemm"})
+       {"gemm_bias", "gemm_bias_residual", "gemm_residual", "gemm_bias_residual2", "gemm_residual2",
+        "gemm_silu_mul", "gemm_swiglu", "rmsnorm_gemm_swiglu", "gemm_geglu", "rmsnorm_gemm_geglu",
+        "layernorm_gemm_bias", "rmsnorm_gemm_bias", "layernorm_gemm", "rmsnorm_gemm"})
     want.push_back(name);
   BOOST_TEST(names == want, boost::test_tools::per_element());
   BOOST_TEST(r->diags->diagnostics().empty(), r->errors());
@@ -146,7 +146,7 @@ BOOST_AUTO_TEST_CASE(table_order_variants_and_round_trip) {
   BOOST_TEST_REQUIRE(r->c.has_value());
   MatcherTable t = compileMatcherTable(r->c->library, r->sm, *r->diags);
   BOOST_TEST(r->diags->warningCount() == 0);
-  BOOST_REQUIRE(t.patterns.size() == 42u);
+  BOOST_REQUIRE(t.patterns.size() == 44u);
   // Benefit first, then source order.
   for (size_t i = 1; i < t.patterns.size(); ++i)
     BOOST_TEST(t.patterns[i - 1].benefit >= t.patterns[i].benefit);
@@ -165,9 +165,10 @@ BOOST_AUTO_TEST_CASE(table_order_variants_and_round_trip) {
   BOOST_TEST(at("layernorm_gemm_bias") < at("gemm_bias"));
   BOOST_TEST(t.patterns[at("gemm_bias_residual")].numVariants == 2); // add is commutative
   // Flattening the factored table gives one program per variant, in pattern order: the four
-  // gated MLPs, gemm_bias_residual, gemm_silu_mul and gemm_residual have two each.
+  // gated MLPs, gemm_bias_residual, gemm_silu_mul and gemm_residual have two each, the two
+  // residual2 patterns (two adds) four each.
   auto progs = flattenPrograms(t);
-  BOOST_TEST(progs.size() == 49u);
+  BOOST_TEST(progs.size() == 57u);
   // Merging with an empty table changes nothing.
   MatcherTable merged;
   std::string clash;
@@ -234,7 +235,7 @@ BOOST_AUTO_TEST_CASE(merged_tables_order_user_patterns_by_benefit) {
   BOOST_TEST(order.front() == "top");
   // Ties keep built-ins first: "tie" (benefit 2) comes after every built-in of benefit 2.
   BOOST_TEST(order.back() == "tie");
-  BOOST_TEST(flattenPrograms(merged).size() == 51u);
+  BOOST_TEST(flattenPrograms(merged).size() == 59u);
 }
 
 BOOST_AUTO_TEST_CASE(hostile_inputs_are_diagnosed_not_crashed_on) {

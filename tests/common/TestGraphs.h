@@ -49,6 +49,8 @@ inline std::vector<std::string> caseNames() {
           "gemm_silu",
           "gemm_relu",
           "gemm_residual",
+          "gemm_bias_residual2",
+          "gemm_residual2",
           "gemm_silu_mul",
           "layernorm_gemm",
           "rmsnorm_gemm",
@@ -116,6 +118,12 @@ inline ir::Graph caseGraph(const std::string& name, Shape s, bool weights = fals
     b.output(b.add(r, b.bias(b.gemm(x, w()), bias()), "y")); // residual first: commutativity
   } else if (name == "gemm_residual") {
     b.output(b.add(b.gemm(x, w()), b.input("r", {s.m, s.n}), "y"));
+  } else if (name == "gemm_bias_residual2") { // a parallel block: x + mlp + attn, commuted
+    auto r = b.input("r", {s.m, s.n});
+    b.output(b.add(b.input("r2", {s.m, s.n}), b.add(b.bias(b.gemm(x, w()), bias()), r), "y"));
+  } else if (name == "gemm_residual2") {
+    auto r = b.add(b.gemm(x, w()), b.input("r", {s.m, s.n}));
+    b.output(b.add(r, b.input("r2", {s.m, s.n}), "y"));
   } else if (name == "gemm_silu_mul") {
     auto up = b.input("up", {s.m, s.n});
     b.output(b.mul(up, b.activation(b.gemm(x, w()), "silu"), "y")); // up first: commutativity

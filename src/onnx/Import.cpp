@@ -2784,13 +2784,7 @@ private:
     const ir::Op& op = g_.op(*x.v);
     if (op.kind != ir::OpKind::Input || op.weight || op.mask || op.type.shape != x.shape)
       return;
-    x.view = Val::View::Heads;
-    x.headMajor = true;
-    x.batch = x.shape[0];
-    x.heads = x.shape[1];
-    x.seq = x.shape[2];
-    x.headDim = x.shape[3];
-    x.repeat = 1;
+    makeCacheView(x);
   }
 
   /// A cache (Val::headMajor) may only be moved into another view of itself.
@@ -2805,6 +2799,18 @@ private:
            r.view != Val::View::Repeat5))
         throw UnsupportedError{cacheRefusal(cache)};
     }
+  }
+
+  /// Makes `x`, whose shape is [B, H, S, d] and whose vertex holds that tensor, the Heads view
+  /// of a cache (Val::headMajor).
+  static void makeCacheView(Val& x) {
+    x.view = Val::View::Heads;
+    x.headMajor = true;
+    x.batch = x.shape[0];
+    x.heads = x.shape[1];
+    x.seq = x.shape[2];
+    x.headDim = x.shape[3];
+    x.repeat = 1;
   }
 
   static std::string cacheRefusal(const Val& v) {
@@ -2840,14 +2846,7 @@ private:
     std::vector<int64_t> t = past.shape;
     t[2] += fresh.shape[2];
     Val v = emit(n, op, {*past.v, *fresh.v}, t);
-    v.view = Val::View::Heads;
-    v.headMajor = true;
-    v.shape = t;
-    v.batch = t[0];
-    v.heads = t[1];
-    v.seq = t[2];
-    v.headDim = t[3];
-    v.repeat = 1;
+    makeCacheView(v);
     define(n, std::move(v));
     return true;
   }
@@ -4273,12 +4272,7 @@ private:
         Val p;
         p.v = c;
         p.shape = g_.op(c).type.shape;
-        p.view = Val::View::Heads;
-        p.headMajor = true;
-        p.batch = p.shape[0];
-        p.heads = p.shape[1];
-        p.seq = p.shape[2];
-        p.headDim = p.shape[3];
+        makeCacheView(p);
         define(n, std::move(p), o);
       } else if (!n.output(o).empty()) {
         if (!heads4)

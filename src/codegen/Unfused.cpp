@@ -297,7 +297,7 @@ KernelUnit generateAttentionOp(const ir::Graph& g, ir::Vertex v, const CodegenOp
              (pitch != c[1] * c[3] ? "_p" + std::to_string(pitch) : "") + "_" + arch;
     body << header("kv_append (a cache [" + std::to_string(c[0]) + ", " + std::to_string(c[1]) +
                        ", " + std::to_string(c[2]) + ", " + std::to_string(c[3]) + "] and " +
-                       std::to_string(S) + " new tokens a batch)",
+                       std::to_string(S) + (S == 1 ? " new token" : " new tokens") + " a batch)",
                    o, {"family:   elementwise (a copy of 16-byte pieces where rows allow)"})
          << "#include \"fpat_attention.cuh\"\n\n"
          << "extern \"C\" __global__ void __launch_bounds__(256) " << u.name

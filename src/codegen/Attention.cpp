@@ -127,6 +127,13 @@ std::vector<std::string> headerLines(const std::string& family, const ir::AttnSh
           "tile:     " + tile};
 }
 
+/// The tensor map of K or V (operand `in`), boxes of 64 columns and `rows` keys: token-major
+/// rows of Hkv d, or a cache [B, Hkv, Sk, d] as rows of d.
+TmaMap kvMap(int in, const ir::AttnShape& s, int rows) {
+  return s.kvHeadMajor ? TmaMap{in, s.headDim, s.batch * s.kvHeads * s.sk, 64, rows}
+                       : TmaMap{in, s.kvHeads * s.headDim, s.batch * s.sk, 64, rows};
+}
+
 /// The Dims struct the kernel templates read (sizes, mask, scale, bias strides, `extra`).
 std::string dimsStruct(const ir::Graph& g, ir::Vertex v, const ir::AttnShape& s, FlashMask mask,
                        const int64_t (&bias)[4], const std::string& extra) {
@@ -261,10 +268,7 @@ KernelUnit generateFlashAttention(const ir::Graph& g, ir::Vertex v, const Codege
     u.scratchBytes = 2 * sizeof(unsigned); // fpat::flashNextTile's counters
   // q, k and v through TMA maps whose rows may be wider than the heads (column views).
   const AttnPitches pitch = attnPitches(g, v);
-  const int64_t kvCols = s.kvHeadMajor ? d : s.kvHeads * d,
-                kvRows = s.batch * s.sk * (s.kvHeadMajor ? s.kvHeads : 1);
-  l.tma = {TmaMap{0, s.heads * d, s.batch * s.sq, 64, bm}, TmaMap{1, kvCols, kvRows, 64, bn},
-           TmaMap{2, kvCols, kvRows, 64, bn}};
+  l.tma = {TmaMap{0, s.heads * d, s.batch * s.sq, 64, bm}, kvMap(1, s, bn), kvMap(2, s, bn)};
   l.tma[0].pitch = pitch.q;
   l.tma[1].pitch = pitch.k;
   l.tma[2].pitch = pitch.v;
@@ -328,9 +332,7 @@ KernelUnit generateFlashDecode(const ir::Graph& g, ir::Vertex v, const CodegenOp
   l.blocks[0] = splits;
   l.blocks[1] = s.kvHeads;
   l.blocks[2] = s.batch;
-  const int64_t kvCols = s.kvHeadMajor ? d : s.kvHeads * d,
-                kvRows = s.batch * s.sk * (s.kvHeadMajor ? s.kvHeads : 1);
-  l.tma = {TmaMap{1, kvCols, kvRows, 64, 64}, TmaMap{2, kvCols, kvRows, 64, 64}};
+  l.tma = {kvMap(1, s, 64), kvMap(2, s, 64)};
   l.tma[0].pitch = pitch.k;
   l.tma[1].pitch = pitch.v;
   u.launches.push_back(l);

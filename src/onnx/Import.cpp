@@ -126,6 +126,12 @@ struct UnsupportedError {
   std::string message;
 };
 
+/// The largest fill of Where(mask, scores, fill) taken as masking: any score plus it is at
+/// least 1e9 below a kept key's, whose weight the softmax then makes 0 in f32 as the fill's own
+/// (masked_fill with finfo.min, -inf, or Falcon's -1e9). A row with no key kept differs: the
+/// fill gives it equal weights, the sum its scores' softmax.
+constexpr double kFillAtMost = -1e9;
+
 int64_t numel(const std::vector<int64_t>& s) {
   int64_t n = 1;
   for (int64_t d : s)
@@ -748,8 +754,8 @@ private:
     expandUniform(v);
     if (v.view == Val::View::Dense4 && v.order == Val::View::Tokens)
       return *v.v; // heads computed on in token order: the tensor [B, S, H, d] itself
-    if (v.headMajor && v.view == Val::View::Heads && v.repeat == 1 && !v.flatBH)
-      return *v.v; // a cache [B, Hkv, S, d]: kv_append's result itself
+    if (v.headMajor && v.view == Val::View::Heads && v.repeat == 1)
+      return *v.v; // a cache [B, Hkv, S, d] (or, flat, [B*Hkv, S, d]): kv_append's result
     if (v.headMajor)
       throw UnsupportedError{cacheRefusal(v)};
     if (v.view != Val::View::None)
@@ -2120,8 +2126,8 @@ private:
   /// Ops on a run-time mask m of 0s and 1s (an integer or bool input): its moves (Reshape,
   /// Slice, Unsqueeze, ...) as on any tensor; Expand left to the broadcasting op after it;
   /// Equal with 0 is 1 - m, with 1 m itself; Not is 1 - m; Where(m, x, fill) is x + (1 - m)
-  /// fill and Where(m, fill, x) is x + m fill, the fill a scalar of at most -1e30 or -inf
-  /// (masked_fill with finfo.min), taken as float's lowest (-inf times 0 would be NaN): the
+  /// fill and Where(m, fill, x) is x + m fill, the fill a scalar of at most -1e9 or -inf
+  /// (masked_fill with finfo.min or -1e9), taken as float's lowest (-inf times 0 would be NaN): the
   /// softmax after it gives the masked keys no weight, as the fill itself does.
   void maskOp(const NodeProto& n) {
     const std::string& t = n.op_type();
@@ -2167,10 +2173,11 @@ private:
       const bool fillFirst = in(n, 1).isConst;
       const Val& fill = in(n, fillFirst ? 1 : 2);
       const Val& x = in(n, fillFirst ? 2 : 1);
-      if (x.isConst || !fill.isConst || count(fill) != 1 || fill.integer || !(at(fill, 0) <= -1e30))
+      if (x.isConst || !fill.isConst || count(fill) != 1 || fill.integer ||
+          !(at(fill, 0) <= kFillAtMost))
         throw UnsupportedError{"with a run-time mask as its condition, fpat supports one choice "
                                "computed at run time and the other a scalar of -inf or at most "
-                               "-1e30 (masked_fill with finfo.min)"};
+                               "-1e9 (masked_fill with finfo.min or -1e9)"};
       const double f =
           std::max(at(fill, 0), -static_cast<double>(std::numeric_limits<float>::max()));
       if (x.queryMajor) { // the mask made again in the IR's order, the fill added there
@@ -2784,7 +2791,7 @@ private:
     const ir::Op& op = g_.op(*x.v);
     if (op.kind != ir::OpKind::Input || op.weight || op.mask || op.type.shape != x.shape)
       return;
-    makeCacheView(x);
+    makeCacheView(x, x.shape);
   }
 
   /// A cache (Val::headMajor) may only be moved into another view of itself.
@@ -2801,15 +2808,17 @@ private:
     }
   }
 
-  /// Makes `x`, whose shape is [B, H, S, d] and whose vertex holds that tensor, the Heads view
-  /// of a cache (Val::headMajor).
-  static void makeCacheView(Val& x) {
+  /// Makes `x`, whose vertex holds a cache [B, H, S, d] (`t`), the Heads view of that cache
+  /// (Val::headMajor): as that tensor, or flat, [B*H, S, d] (torch.bmm's form), where `x`'s
+  /// shape has rank 3.
+  static void makeCacheView(Val& x, const std::vector<int64_t>& t) {
     x.view = Val::View::Heads;
     x.headMajor = true;
-    x.batch = x.shape[0];
-    x.heads = x.shape[1];
-    x.seq = x.shape[2];
-    x.headDim = x.shape[3];
+    x.flatBH = x.shape.size() == 3;
+    x.batch = t[0];
+    x.heads = t[1];
+    x.seq = t[2];
+    x.headDim = t[3];
     x.repeat = 1;
   }
 
@@ -2822,31 +2831,57 @@ private:
 
   /// Concat(past [B, Hkv, P, d], new heads [B, Hkv, S, d], axis 2): a decode or prefill step's
   /// key or value cache (present_key), kv_append's [B, Hkv, P+S, d]; returns whether `n` was.
+  /// Falcon's caches are torch.bmm's form, [B*Hkv, P, d] joined with [B*Hkv, S, d] along axis
+  /// 1: the same elements, so the input is taken as [B, Hkv, P, d] and the result stays flat.
   bool cacheConcat(const NodeProto& n) {
     if (n.input_size() != 2)
       return false;
-    const Val &past = in(n, 0), &fresh = in(n, 1);
-    if (past.isConst || !past.v || past.view != Val::View::None || past.shape.size() != 4 ||
-        g_.op(*past.v).type.shape != past.shape || past.seqFirst || past.intInput)
+    Val &past = in(n, 0), &fresh = in(n, 1);
+    const size_t rank = past.shape.size();
+    if (past.isConst || !past.v || past.view != Val::View::None || (rank != 3 && rank != 4) ||
+        g_.op(*past.v).kind != ir::OpKind::Input || g_.op(*past.v).weight ||
+        g_.op(*past.v).type.shape != flatten(past.shape) || past.seqFirst || past.intInput)
       return false;
-    if (normAxis(intAttr(n, "axis", 0), 4) != 2)
+    const bool flat = rank == 3;
+    if (flat && fresh.view == Val::View::None)
+      return false; // (not heads: headsConcat says so)
+    if (fresh.view == Val::View::HeadsT)
       throw UnsupportedError{"it joins the cache '" + past.name + "' " + shapeStr(past.shape) +
-                             " and heads; fpat supports that along the sequence (axis 2) only"};
-    const bool heads = fresh.view == Val::View::Heads && fresh.repeat == 1 && !fresh.flatBH &&
-                       !fresh.headMajor && !fresh.seqFirst;
-    const bool dense = fresh.view == Val::View::Dense4 && fresh.order == Val::View::Heads;
-    if ((!heads && !dense) || fresh.shape.size() != 4 || fresh.shape[0] != past.shape[0] ||
-        fresh.shape[1] != past.shape[1] || fresh.shape[3] != past.shape[3])
+                             " with keys transposed, " + shapeStr(fresh.shape) +
+                             " (BLOOM's [B*H, d, P]); fpat supports caches [B, Hkv, P, d] and "
+                             "[B*Hkv, P, d]"};
+    const int64_t axis = normAxis(intAttr(n, "axis", 0), static_cast<int64_t>(rank));
+    if (axis != static_cast<int64_t>(rank) - 2)
+      throw UnsupportedError{"it joins the cache '" + past.name + "' " + shapeStr(past.shape) +
+                             " and heads; fpat supports that along the sequence (axis " +
+                             std::to_string(rank - 2) + ") only"};
+    const bool heads = fresh.view == Val::View::Heads && fresh.repeat == 1 &&
+                       fresh.flatBH == flat && !fresh.headMajor && !fresh.seqFirst;
+    const bool dense = !flat && fresh.view == Val::View::Dense4 && fresh.order == Val::View::Heads;
+    if ((!heads && !dense) || fresh.shape.size() != rank || fresh.shape[0] != past.shape[0] ||
+        fresh.shape[rank - 1] != past.shape[rank - 1] || (!flat && fresh.shape[1] != past.shape[1]))
       throw UnsupportedError{"it appends '" + fresh.name + "' " + shapeStr(fresh.shape) +
                              " to the cache '" + past.name + "' " + shapeStr(past.shape) +
-                             "; fpat supports appending heads [B, Hkv, S, d] of the same batch, "
-                             "heads and head dimension"};
+                             "; fpat supports appending heads [B, Hkv, S, d] (or [B*Hkv, S, d] "
+                             "to [B*Hkv, P, d]) of the same batch, heads and head dimension"};
+    if (flat) {
+      if (g_.useCount(*past.v) != 0)
+        throw UnsupportedError{"the cache '" + past.name + "' " + shapeStr(past.shape) +
+                               " is read before it is joined with the new keys or values; fpat "
+                               "supports a cache [B*Hkv, P, d] whose first use is that join"};
+      // The input's IR tensor becomes [B, Hkv, P, d]; the model's own uses of it, from here on,
+      // are a cache given whole (givenCache's view), checked as kv_append's result is.
+      g_.op(*past.v).type.shape = {fresh.batch, fresh.heads, past.shape[1], past.shape[2]};
+      makeCacheView(past, g_.op(*past.v).type.shape);
+    }
     ir::Op op;
     op.kind = ir::OpKind::KvAppend;
-    std::vector<int64_t> t = past.shape;
-    t[2] += fresh.shape[2];
+    std::vector<int64_t> t = g_.op(*past.v).type.shape;
+    t[2] += fresh.shape[rank - 2];
     Val v = emit(n, op, {*past.v, *fresh.v}, t);
-    makeCacheView(v);
+    if (flat)
+      v.shape = {t[0] * t[1], t[2], t[3]};
+    makeCacheView(v, t);
     define(n, std::move(v));
     return true;
   }
@@ -2996,19 +3031,19 @@ private:
   }
 
   /// Where(mask, x, fill) (or the choices swapped) with a constant mask and a fill value of
-  /// -inf or at most -1e30 (Hugging Face's finfo.min): the addition of a bias of 0 where x is
-  /// kept and the fill elsewhere. x + fill is the fill (or -inf in f16) wherever |x| is small
-  /// beside it, and the softmax after it reads the same; any other fill is refused.
+  /// -inf or at most -1e9 (Hugging Face's finfo.min, Falcon's -1e9): the addition of a bias of 0
+  /// where x is kept and the fill elsewhere, after which the softmax gives those keys no weight,
+  /// as after the fill (kFillAtMost); any other fill is refused.
   void maskedFill(const NodeProto& n) {
     const Val& c = in(n, 0);
     const bool xFirst = !in(n, 1).isConst;
     Val& x = in(n, xFirst ? 1 : 2);
     const Val& fill = in(n, xFirst ? 2 : 1);
-    if (count(fill) != 1 || fill.integer || !(at(fill, 0) <= -1e30))
+    if (count(fill) != 1 || fill.integer || !(at(fill, 0) <= kFillAtMost))
       throw UnsupportedError{"its " + std::string(xFirst ? "first" : "second") + " choice '" +
                              x.name +
                              "' is computed at run time; fpat supports that only "
-                             "as a mask, the other choice a scalar of -inf or at most -1e30"};
+                             "as a mask, the other choice a scalar of -inf or at most -1e9"};
     const double f = at(fill, 0);
     Val bias = foldConst({&c}, c.shape, false,
                          [&](const double* v) { return (v[0] != 0) == xFirst ? 0.0 : f; });
@@ -4272,7 +4307,7 @@ private:
         Val p;
         p.v = c;
         p.shape = g_.op(c).type.shape;
-        makeCacheView(p);
+        makeCacheView(p, p.shape);
         define(n, std::move(p), o);
       } else if (!n.output(o).empty()) {
         if (!heads4)

@@ -1382,15 +1382,74 @@ class GptJKvAttn(GptJAttn):
         return x + self.o(c.permute(0, 2, 1, 3).reshape(b, s, D)), k, v
 
 
-def export_kv_cache(out):
-    """Attention steps with key/value caches (past_k, past_v [B, Hkv, P, d] in; y, present_k,
-    present_v out; a cross-attention's y alone), batch, seq and past symbolic, with torch's
-    outputs at length 7 after 5 cached tokens."""
+class OptKvAttn(nn.Module):
+    """OPT's (and BART's, Whisper's) decoder self-attention with a cache: q scaled first, the
+    caches [B, H, P, d] joined along dim 2, then all three reshaped to torch.bmm's [B*H, T, d]
+    (proj_shape); the causal mask with zeros over the past, added in [B, H, S, T]."""
+
+    def __init__(self):
+        super().__init__()
+        self.q, self.k, self.v, self.o = (nn.Linear(D, D) for _ in range(4))
+        self.ln = nn.LayerNorm(D)
+
+    def forward(self, x, past_k, past_v):
+        b, s, _ = x.shape
+        p, dh = past_k.shape[2], D // HEADS
+        n = self.ln(x)
+        sh = lambda t: t.view(b, -1, HEADS, dh).transpose(1, 2).contiguous()
+        q = sh(self.q(n) * dh ** -0.5).view(b * HEADS, -1, dh)
+        k = torch.cat([past_k, sh(self.k(n))], dim=2)
+        v = torch.cat([past_v, sh(self.v(n))], dim=2)
+        kk, vv = k.reshape(b * HEADS, -1, dh), v.reshape(b * HEADS, -1, dh)
+        total = kk.size(1)
+        mask = torch.full((s, s), torch.finfo(x.dtype).min)
+        c = torch.arange(s)
+        mask = mask.masked_fill(c < (c + 1).view(s, 1), 0)
+        mask = torch.cat([torch.zeros(s, p), mask], dim=-1)
+        w = torch.bmm(q, kk.transpose(1, 2)).view(b, HEADS, s, total) + mask[None, None]
+        w = nn.functional.softmax(w.view(b * HEADS, s, total), dim=-1)
+        o = torch.bmm(w, vv).view(b, HEADS, s, dh).transpose(1, 2).reshape(b, s, D)
+        return x + self.o(o), k, v
+
+
+class FalconKvAttn(nn.Module):
+    """Falcon-7B's multi-query attention with its cache as Hugging Face wrote it before the
+    Cache classes: q, k and v from one projection ([B, S, H + 2, d]), the caches torch.bmm's
+    form [B*Hkv, P, d] (Hkv = 1) joined along dim 1, scores masked_fill with -1e9."""
+
+    def __init__(self):
+        super().__init__()
+        dh = D // HEADS
+        self.qkv = nn.Linear(D, D + 2 * dh, bias=False)
+        self.o = nn.Linear(D, D, bias=False)
+
+    def forward(self, x, past_k, past_v):
+        b, s, _ = x.shape
+        p, dh = past_k.shape[1], D // HEADS
+        f = self.qkv(x).view(b, s, HEADS + 2, dh)
+        q = f[:, :, :-2].transpose(1, 2).reshape(b * HEADS, s, dh)
+        k = torch.cat((past_k, f[:, :, [-2]].transpose(1, 2).reshape(b, s, dh)), dim=1)
+        v = torch.cat((past_v, f[:, :, [-1]].transpose(1, 2).reshape(b, s, dh)), dim=1)
+        w = (q.view(b, HEADS, s, dh) @ k.view(b, 1, -1, dh).transpose(-1, -2)) / math.sqrt(dh)
+        keep = torch.ones(s, p + s, dtype=torch.bool).tril(diagonal=p)
+        w = w.masked_fill(~keep, -1e9).softmax(dim=-1)
+        o = (w @ v.view(b, 1, -1, dh)).transpose(1, 2).reshape(b, s, D)
+        return x + self.o(o), k, v
+
+
+def export_kv_cache(out, only=None):
+    """Attention steps with key/value caches (past_k, past_v [B, Hkv, P, d], or Falcon's
+    [B*Hkv, P, d], in; y, present_k, present_v out; a cross-attention's y alone), batch, seq and
+    past symbolic, with torch's outputs at length 7 after 5 cached tokens."""
     for name, seed, make, kv in [("llama_kv_dyn_opset17", 173, LlamaKvAttn, KV_HEADS),
                                  ("gpt2_kv_dyn_opset17", 179, Gpt2KvAttn, HEADS),
                                  ("cross_kv_dyn_opset17", 181, CrossKvAttn, HEADS),
                                  ("neox_kv_dyn_opset17", 191, NeoxKvAttn, HEADS),
-                                 ("gptj_kv_dyn_opset17", 193, GptJKvAttn, HEADS)]:
+                                 ("gptj_kv_dyn_opset17", 193, GptJKvAttn, HEADS),
+                                 ("opt_kv_dyn_opset17", 197, OptKvAttn, HEADS),
+                                 ("falcon_kv_dyn_opset17", 199, FalconKvAttn, 1)]:
+        if only and name not in only:
+            continue
         torch.manual_seed(seed)
         m = make().eval()
         with torch.no_grad():
@@ -1399,22 +1458,23 @@ def export_kv_cache(out):
                     p.copy_(torch.rand_like(p) + 0.5)
         dh = D // HEADS
         cross = make is CrossKvAttn  # the encoder's cache, read whole: y alone
+        flat = make is FalconKvAttn  # [B*Hkv, P, d]
         names = ["x", "past_k", "past_v"]
         outs = ["y"] if cross else ["y", "present_k", "present_v"]
-        cache = {0: "batch", 2: "past"}
+        cache = {0: "batch", 1: "past"} if flat else {0: "batch", 2: "past"}
+        present = {0: "batch", 1: "total"} if flat else {0: "batch", 2: "total"}
         dyn = {"x": {0: "batch", 1: "seq"}, "y": {0: "batch", 1: "seq"}, "past_k": cache,
-               "past_v": cache, "present_k": {0: "batch", 2: "total"},
-               "present_v": {0: "batch", 2: "total"}}
-        args = (torch.randn(BATCH, 3, D), torch.randn(BATCH, kv, 9, dh),
-                torch.randn(BATCH, kv, 9, dh))
+               "past_v": cache, "present_k": present, "present_v": present}
+        past = (lambda n: (BATCH * kv, n, dh)) if flat else (lambda n: (BATCH, kv, n, dh))
+        args = (torch.randn(BATCH, 3, D), torch.randn(*past(9)), torch.randn(*past(9)))
         path = os.path.join(out, f"{name}.onnx")
         torch.onnx.export(m, args, path, opset_version=17, input_names=names, output_names=outs,
                           do_constant_folding=True, dynamic_axes=dyn)
         print(path)
         expect = os.path.join(out, "..", "expect", f"{name}_s7")
         os.makedirs(expect, exist_ok=True)
-        ins = [torch.randn(BATCH, 7, D).half(), torch.randn(BATCH, kv, 5, dh).half(),
-               torch.randn(BATCH, kv, 5, dh).half()]
+        ins = [torch.randn(BATCH, 7, D).half(), torch.randn(*past(5)).half(),
+               torch.randn(*past(5)).half()]
         for n, t in zip(names, ins):
             t.numpy().tofile(os.path.join(expect, f"{n}.f16"))
         with torch.no_grad():

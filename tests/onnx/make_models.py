@@ -611,6 +611,33 @@ save("position_ids_product",
 kv_misused("kv_cache_as_data", 2, "Relu")
 kv_misused("kv_cache_other_axis", 1, "Identity")
 
+
+# Caches in torch.bmm's form [B*Hkv, P, d] (Falcon's): one read as data before it is joined with
+# the new keys, and BLOOM's keys [B*H, d, P], joined along their last axis: refused.
+def kv_flat_misused(name):
+    B, S, P, E, HKV, d = 2, 3, 5, 32, 2, 16
+    bloom = name == "kv_cache_keys_transposed"
+    nodes = [helper.make_node("MatMul", ["x", "Wk"], ["kp"], name="k_proj"),
+             helper.make_node("Reshape", ["kp", "k_shape"], ["kr"], name="k_view"),
+             helper.make_node("Transpose", ["kr"], ["kt"], name="k_heads",
+                              perm=[0, 2, 3, 1] if bloom else [0, 2, 1, 3]),
+             helper.make_node("Reshape", ["kt", "flat_shape"], ["kh"], name="k_flat")]
+    outs = [f32("y", None)]
+    if not bloom:
+        nodes.insert(0, helper.make_node("Relu", ["pk"], ["early"], name="early_use"))
+        outs.append(f32("early", None))
+    nodes.append(helper.make_node("Concat", ["pk", "kh"], ["y"], name="append",
+                                  axis=2 if bloom else 1))
+    flat = [B * HKV, d, S] if bloom else [B * HKV, S, d]
+    save(name, nodes, [f32("x", [B, S, E]), f32("pk", [B * HKV, d, P] if bloom else [B * HKV, P, d])],
+         outs, [weight("Wk", E, HKV * d),
+                numpy_helper.from_array(np.array([B, S, HKV, d], np.int64), "k_shape"),
+                numpy_helper.from_array(np.array(flat, np.int64), "flat_shape")])
+
+
+kv_flat_misused("kv_cache_flat_read_first")
+kv_flat_misused("kv_cache_keys_transposed")
+
 # RMSNormalization (opset 23, the dynamo exporter's RMSNorm) before a projection, against
 # numpy's evaluation of the operator; and over an axis other than the last, refused.
 def rms23(name, axis):

@@ -277,12 +277,12 @@ KernelUnit generateFlashAttention(const ir::Graph& g, ir::Vertex v, const Codege
   return u;
 }
 
-bool flashDecodeFits(const ir::AttnShape& s, FlashMask mask) {
-  return mask != FlashMask::Bias && s.heads / s.kvHeads * s.sq <= kDecodeRows;
+bool flashDecodeFits(const ir::AttnShape& s) {
+  return s.heads / s.kvHeads * s.sq <= kDecodeRows;
 }
 
 KernelUnit generateFlashDecode(const ir::Graph& g, ir::Vertex v, const CodegenOptions& o,
-                               const ir::AttnShape& s, FlashMask mask) {
+                               const ir::AttnShape& s, const int64_t (&bias)[4], FlashMask mask) {
   const int64_t d = s.headDim, rows = s.heads / s.kvHeads * s.sq;
   // Splits of the keys (FlashAttention-3's rule): the fewest whose last wave of CTAs (two fit
   // an SM: 3 stages of 64-key K and V tiles) is at least 85% as full as the best count's, each
@@ -308,9 +308,8 @@ KernelUnit generateFlashDecode(const ir::Graph& g, ir::Vertex v, const CodegenOp
   splits = (tiles + splitTiles - 1) / splitTiles;
   KernelUnit u = attentionUnit(g, v, s);
   const AttnPitches pitch = attnPitches(g, v); // q read by loads, k and v by TMA
-  u.name = "fpat_flash_decode_" + sizesName(s, mask) + pitch.suffix() + "_s" +
+  u.name = "fpat_flash_decode_" + flashSizesName(s, mask, bias) + pitch.suffix() + "_s" +
            std::to_string(splits) + "_sm90a";
-  const int64_t zero[4] = {0, 0, 0, 0};
   std::ostringstream body;
   body << header("attention (flash decode)", o,
                  headerLines("sm_90a: split keys, TMA, mma.sync", s, mask,
@@ -319,7 +318,7 @@ KernelUnit generateFlashDecode(const ir::Graph& g, ir::Vertex v, const CodegenOp
                                  std::to_string(splitTiles) + " tiles" +
                                  (splits > 1 ? ", merged by a second launch" : "")))
        << "#include \"fpat_flash.cuh\"\n\nnamespace {\n\n"
-       << dimsStruct(g, v, s, mask, zero,
+       << dimsStruct(g, v, s, mask, bias,
                      "  static constexpr int kSplits = " + std::to_string(splits) +
                          ", kSplitTiles = " + std::to_string(splitTiles) + ";\n" + pitch.members())
        << "\nusing Tile = fpat::DecodeTile<" << d << ">;\n\n} // namespace\n\n"
@@ -368,7 +367,7 @@ std::optional<FlashTuning> flashTuning(const ir::Graph& g, ir::Vertex v, int arc
   if (!s || !detail::flashAttentionFits(*s, arch))
     return std::nullopt;
   const detail::FlashMask mask = detail::flashMask(g, ins[3], *s);
-  if (detail::flashDecodeFits(*s, mask))
+  if (detail::flashDecodeFits(*s))
     return std::nullopt;
   FlashTuning t;
   t.m = s->batch * s->sq;

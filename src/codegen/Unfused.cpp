@@ -352,8 +352,8 @@ KernelUnit generateAttentionOp(const ir::Graph& g, ir::Vertex v, const CodegenOp
   }
   if (op.kind == ir::OpKind::Attention && flashAttentionFits(*s, o.arch)) {
     const FlashMask mask = flashMask(g, ins[3], *s);
-    return flashDecodeFits(*s, mask) ? generateFlashDecode(g, v, o, *s, mask)
-                                     : generateFlashAttention(g, v, o, *s, bias, mask);
+    return flashDecodeFits(*s) ? generateFlashDecode(g, v, o, *s, bias, mask)
+                               : generateFlashAttention(g, v, o, *s, bias, mask);
   }
   const char* kind = op.kind == ir::OpKind::AttnQk   ? "attn_qk"
                      : op.kind == ir::OpKind::AttnPv ? "attn_pv"

@@ -1345,9 +1345,9 @@ BOOST_AUTO_TEST_CASE(flash_attention_with_three_consumers) {
 BOOST_AUTO_TEST_CASE(attention_takes_the_flash_kernel_on_sm90) {
   // sm_90 with head dimension 64 or 128: the flash kernel, its mask recognised from the bias
   // (none, causal from a weight's values, a tensor read per score), or with at most 8 query
-  // rows per KV head and no bias tensor the decode kernel (split keys: a merge launch and its
-  // workspace); other head dimensions and targets: the CUDA-core kernel. The sources compile
-  // for sm_90a without serialized wgmma.
+  // rows per KV head the decode kernel (split keys: a merge launch and its workspace; a bias
+  // tensor, exporters' padding mask, read per score there too); other head dimensions and
+  // targets: the CUDA-core kernel. The sources compile for sm_90a without serialized wgmma.
   struct Case {
     int64_t sq, sk, d;
     int bias, arch;
@@ -1360,6 +1360,8 @@ BOOST_AUTO_TEST_CASE(attention_takes_the_flash_kernel_on_sm90) {
       {129, 129, 64, 0, 90, "flash_attention_b2_h4_kv2_q129_k129_d64_none"},
       {600, 600, 64, 0, 90, "flash_attention_b2_h4_kv2_q600_k600_d64_none"},
       {65, 65, 128, 2, 90, "flash_attention_b2_h4_kv2_q65_k65_d128_bias_0_0_65_1"},
+      {1, 700, 128, 2, 90, "flash_decode_b2_h4_kv2_q1_k700_d128_bias_0_0_0_1_s"},
+      {3, 64, 64, 2, 90, "flash_decode_b2_h4_kv2_q3_k64_d64_bias_0_0_64_1_s"},
       {65, 65, 128, 3, 90, "flash_attention_b2_h4_kv2_q65_k65_d128_bias_"},
       {65, 65, 80, 0, 90, "fpat_attention_b2"},
       {65, 65, 128, 0, 80, "fpat_attention_b2"}};

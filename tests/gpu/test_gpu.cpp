@@ -867,6 +867,10 @@ BOOST_AUTO_TEST_CASE(attention_matches_the_reference) {
       {3, 1, 65, 28, 4, 128, 0, ir::DType::F16},
       {2, 1, 63, 8, 8, 64, 0, ir::DType::F16},
       {1, 2, 300, 4, 1, 128, 1, ir::DType::F16},
+      // The decode kernel with a bias read per score (exporters' decode steps carry their
+      // padding mask): batch 16 over a ragged cache, and two query rows of 4 heads each.
+      {16, 1, 5000, 32, 8, 128, 2, ir::DType::BF16},
+      {2, 2, 300, 8, 2, 64, 2, ir::DType::F16},
   };
   uint64_t seed = 40;
   for (const Case& c : cases)

@@ -1382,6 +1382,41 @@ class GptJKvAttn(GptJAttn):
         return x + self.o(c.permute(0, 2, 1, 3).reshape(b, s, D)), k, v
 
 
+class LlamaKvPadAttn(LlamaKvAttn):
+    """LlamaKvAttn with the padding mask a decode step is exported with (attention_mask
+    [B, P + S], int64, 0 where a sequence is padded): made 4-D as transformers' 4.36
+    _prepare_4d_causal_attention_mask does, finfo.min where padded or in the future."""
+
+    def forward(self, x, past_k, past_v, attention_mask):
+        b, s, _ = x.shape
+        p, dh = past_k.shape[2], D // HEADS
+        n = self.norm(x)
+        q = self.q(n).view(b, s, HEADS, dh).transpose(1, 2)
+        k = self.k(n).view(b, s, KV_HEADS, dh).transpose(1, 2)
+        v = self.v(n).view(b, s, KV_HEADS, dh).transpose(1, 2)
+        t = torch.arange(p, p + s, dtype=torch.float32)
+        emb = torch.cat((torch.outer(t, self.inv_freq),) * 2, dim=-1)
+        cos, sin = emb.cos()[None, None], emb.sin()[None, None]
+        q = q * cos + rotate_half(q) * sin
+        k = torch.cat([past_k, k * cos + rotate_half(k) * sin], dim=2)
+        v = torch.cat([past_v, v], dim=2)
+        present_k, present_v = k, v
+        total, rep = p + s, HEADS // KV_HEADS
+        k = k[:, :, None].expand(b, KV_HEADS, rep, total, dh).reshape(b, HEADS, total, dh)
+        v = v[:, :, None].expand(b, KV_HEADS, rep, total, dh).reshape(b, HEADS, total, dh)
+        w = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(dh)
+        low = torch.finfo(w.dtype).min
+        causal = torch.full((s, s), low)
+        cond = torch.arange(s)
+        causal = causal.masked_fill(cond < (cond + 1).view(s, 1), 0)
+        causal = torch.cat([torch.zeros(s, p), causal], dim=-1)[None, None].expand(b, 1, s, total)
+        inv = 1.0 - attention_mask[:, None, None, :].expand(b, 1, s, total).to(w.dtype)
+        mask = causal.masked_fill(inv.to(torch.bool), low)
+        w = nn.functional.softmax((w + mask).float(), dim=-1).to(q.dtype)
+        o = torch.matmul(w, v).transpose(1, 2).reshape(b, s, D)
+        return x + self.o(o), present_k, present_v
+
+
 class OptKvAttn(nn.Module):
     """OPT's (and BART's, Whisper's) decoder self-attention with a cache: q scaled first, the
     caches [B, H, P, d] joined along dim 2, then all three reshaped to torch.bmm's [B*H, T, d]
@@ -1447,7 +1482,8 @@ def export_kv_cache(out, only=None):
                                  ("neox_kv_dyn_opset17", 191, NeoxKvAttn, HEADS),
                                  ("gptj_kv_dyn_opset17", 193, GptJKvAttn, HEADS),
                                  ("opt_kv_dyn_opset17", 197, OptKvAttn, HEADS),
-                                 ("falcon_kv_dyn_opset17", 199, FalconKvAttn, 1)]:
+                                 ("falcon_kv_dyn_opset17", 199, FalconKvAttn, 1),
+                                 ("llama_kvpad_dyn_opset17", 211, LlamaKvPadAttn, KV_HEADS)]:
         if only and name not in only:
             continue
         torch.manual_seed(seed)
@@ -1459,14 +1495,18 @@ def export_kv_cache(out, only=None):
         dh = D // HEADS
         cross = make is CrossKvAttn  # the encoder's cache, read whole: y alone
         flat = make is FalconKvAttn  # [B*Hkv, P, d]
-        names = ["x", "past_k", "past_v"]
+        pad = make is LlamaKvPadAttn  # and attention_mask [B, P + S]
+        names = ["x", "past_k", "past_v"] + (["attention_mask"] if pad else [])
         outs = ["y"] if cross else ["y", "present_k", "present_v"]
         cache = {0: "batch", 1: "past"} if flat else {0: "batch", 2: "past"}
         present = {0: "batch", 1: "total"} if flat else {0: "batch", 2: "total"}
         dyn = {"x": {0: "batch", 1: "seq"}, "y": {0: "batch", 1: "seq"}, "past_k": cache,
-               "past_v": cache, "present_k": present, "present_v": present}
+               "past_v": cache, "present_k": present, "present_v": present,
+               "attention_mask": {0: "batch", 1: "total"}}
         past = (lambda n: (BATCH * kv, n, dh)) if flat else (lambda n: (BATCH, kv, n, dh))
         args = (torch.randn(BATCH, 3, D), torch.randn(*past(9)), torch.randn(*past(9)))
+        if pad:
+            args += (torch.ones(BATCH, 12, dtype=torch.int64),)
         path = os.path.join(out, f"{name}.onnx")
         torch.onnx.export(m, args, path, opset_version=17, input_names=names, output_names=outs,
                           do_constant_folding=True, dynamic_axes=dyn)
@@ -1475,10 +1515,13 @@ def export_kv_cache(out, only=None):
         os.makedirs(expect, exist_ok=True)
         ins = [torch.randn(BATCH, 7, D).half(), torch.randn(*past(5)).half(),
                torch.randn(*past(5)).half()]
+        if pad:  # the second sequence left-padded by 3
+            ins.append(torch.ones(BATCH, 12, dtype=torch.int64))
+            ins[-1][1, :3] = 0
         for n, t in zip(names, ins):
-            t.numpy().tofile(os.path.join(expect, f"{n}.f16"))
+            t.numpy().tofile(os.path.join(expect, n + (".i64" if n == "attention_mask" else ".f16")))
         with torch.no_grad():
-            got = m(*[t.float() for t in ins])
+            got = m(*[t.float() if t.is_floating_point() else t for t in ins])
             for n, t in zip(outs, [got] if cross else got):
                 t.numpy().astype("float32").tofile(os.path.join(expect, f"{n}.f32"))
 

@@ -76,11 +76,12 @@ FlashMask flashMask(const ir::Graph& g, ir::Vertex bias, const ir::AttnShape& s)
 /// Whether the flash-attention kernel (sm_90a) computes an attention of these sizes.
 bool flashAttentionFits(const ir::AttnShape& s, int arch);
 /// Whether the decode kernel takes it: at most 8 query rows per KV head (Sq times the query
-/// heads sharing one), no bias tensor.
-bool flashDecodeFits(const ir::AttnShape& s, FlashMask mask);
-/// The split-KV decode kernel and, with more than one split, its merge (fpat_flash.cuh).
+/// heads sharing one).
+bool flashDecodeFits(const ir::AttnShape& s);
+/// The split-KV decode kernel and, with more than one split, its merge (fpat_flash.cuh);
+/// `bias` holds the bias's strides over [B, H, Sq, Sk].
 KernelUnit generateFlashDecode(const ir::Graph& g, ir::Vertex v, const CodegenOptions& o,
-                               const ir::AttnShape& s, FlashMask mask);
+                               const ir::AttnShape& s, const int64_t (&bias)[4], FlashMask mask);
 /// The element strides of an operand of shape `s` over a rank-4 result it broadcasts to
 /// (NumPy: trailing dimensions aligned; 0 where it repeats).
 std::array<int64_t, 4> broadcastStrides(const std::vector<int64_t>& s);

@@ -587,7 +587,7 @@ template <class D, class T> __device__ __forceinline__ void flashDecode(const Fp
   using namespace sm90;
   constexpr int BN = T::BN, HD = T::HD, S = T::STAGES, KB = HD / 64;
   constexpr int G = DecodeRows<D>::G, R = DecodeRows<D>::R;
-  static_assert(R <= T::RMAX && (HD == 64 || HD == 128) && D::kMask != 2, "decode's sizes");
+  static_assert(R <= T::RMAX && (HD == 64 || HD == 128), "decode's sizes");
   static_assert(D::B >= 1 && D::bias0 + D::bias1 + D::bias2 + D::bias3 >= 0 &&
                     (D::kScalePositive || !D::kScalePositive),
                 "sizes of a real attention"); // (and names every member: nvcc warns otherwise)
@@ -659,6 +659,10 @@ template <class D, class T> __device__ __forceinline__ void flashDecode(const Fp
   }
   const float scaleLog2 = ldh(a.in[4], 0) * 1.4426950408889634f;
   const int64_t row = qr % D::Sq; // the query row of this lane's scores (where qr < R)
+  // A bias tensor (a padding mask: exporters' decode steps carry one) is read per score, at
+  // this lane's row: query head g G + qr / Sq (rows past R read row 0's; they are dropped).
+  const int64_t biasRow = b * D::bias0 + (g * G + (qr < R ? qr : 0) / D::Sq) * D::bias1 +
+                          (qr < R ? row : 0) * D::bias2;
   // Byte offset of (key, 8 columns from col) in a tile: boxes of 64 columns, 128-byte rows,
   // 16-byte chunks swizzled by the row (TMA's 128-byte swizzle).
   auto at = [](int key, int col) {
@@ -689,6 +693,9 @@ template <class D, class T> __device__ __forceinline__ void flashDecode(const Fp
     for (int e = 0; e < 4; ++e) {
       const int64_t key = static_cast<int64_t>(t) * BN + 16 * w + 8 * (e / 2) + qc + e % 2;
       x[e] = sc[e / 2][e % 2] * scaleLog2;
+      if constexpr (D::kMask == 2)
+        if (key < D::Sk)
+          x[e] = fmaf(ldh(a.in[3], biasRow + key * D::bias3), 1.4426950408889634f, x[e]);
       if (key >= D::Sk || (D::kMask == 1 && key > row + (D::Sk - D::Sq)))
         x[e] = -INFINITY;
       mx = fmaxf(mx, x[e]);

@@ -13,14 +13,14 @@ namespace fpat::codegen::detail {
 namespace {
 
 /// Whether every covered score (i, j) of a [.., Sq, Sk] mask reads `masked(i, j)`: a value at
-/// most -1e30 (or -inf) where masked, 0 elsewhere. `data` is the bias padded to rank 4.
+/// most ir::kMaskedAtMost (or -inf) where masked, 0 elsewhere. `data` is the bias padded to rank 4.
 template <class Masked>
 bool maskIs(const std::vector<float>& data, const int64_t (&shape)[4], Masked masked) {
   for (size_t e = 0; e < data.size(); ++e) {
     const int64_t j = static_cast<int64_t>(e) % shape[3];
     const int64_t i = static_cast<int64_t>(e) / shape[3] % shape[2];
     const bool want = masked(i, j);
-    if (want ? !(data[e] <= -1e30f) : data[e] != 0.0f)
+    if (want ? !(data[e] <= ir::kMaskedAtMost) : data[e] != 0.0f)
       return false;
   }
   return true;

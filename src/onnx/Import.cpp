@@ -126,12 +126,6 @@ struct UnsupportedError {
   std::string message;
 };
 
-/// The largest fill of Where(mask, scores, fill) taken as masking: any score plus it is at
-/// least 1e9 below a kept key's, whose weight the softmax then makes 0 in f32 as the fill's own
-/// (masked_fill with finfo.min, -inf, or Falcon's -1e9). A row with no key kept differs: the
-/// fill gives it equal weights, the sum its scores' softmax.
-constexpr double kFillAtMost = -1e9;
-
 int64_t numel(const std::vector<int64_t>& s) {
   int64_t n = 1;
   for (int64_t d : s)
@@ -1980,7 +1974,7 @@ private:
 
   /// A value of a mask m made a tensor where `n` uses it: c + d m + (a + b m) fill, with
   /// constants c, d, a, b (a + b m: 1 where masked), fill float's lowest. An element of at most
-  /// -1e30 (finfo.min, -inf) is masked: the fill, which the softmax after it reads alike; the rest
+  /// -1e9 (ir::kMaskedAtMost: finfo.min, -inf) is masked: the fill, which the softmax after it reads alike; the rest
   /// is exact. Every element must read the mask where the mask broadcast to it would (not a
   /// rearrangement).
   void materialize(Val& v, const NodeProto& n) {
@@ -1994,7 +1988,7 @@ private:
                               " it is computed from; fpat supports values of a mask that read "
                               "it where it broadcasts";
     const double lowest = -static_cast<double>(std::numeric_limits<float>::max());
-    auto masked = [](double x) { return x <= -1e30; };
+    auto masked = [](double x) { return x <= ir::kMaskedAtMost; };
     auto depends = [&](size_t e) { // whether element e differs with the mask
       const bool k0 = !masked(lo[e]), k1 = !masked(hi[e]);
       return k0 != k1 || (k0 ? lo[e] : 0) != (k1 ? hi[e] : 0);
@@ -2025,7 +2019,7 @@ private:
         if (std::isnan(x) || x >= 1e30)
           throw UnsupportedError{"'" + v.name + "', computed from the mask '" + o.mask +
                                  "', holds " + formatDouble(x) +
-                                 "; fpat supports finite values and masked ones (at most -1e30)"};
+                                 "; fpat supports finite values and masked ones (at most -1e9)"};
       const bool k0 = !masked(lo[e]), k1 = !masked(hi[e]);
       const double f0 = k0 ? lo[e] : 0, f1 = k1 ? hi[e] : 0;
       c[e] = f0;
@@ -2174,7 +2168,7 @@ private:
       const Val& fill = in(n, fillFirst ? 1 : 2);
       const Val& x = in(n, fillFirst ? 2 : 1);
       if (x.isConst || !fill.isConst || count(fill) != 1 || fill.integer ||
-          !(at(fill, 0) <= kFillAtMost))
+          !(at(fill, 0) <= ir::kMaskedAtMost))
         throw UnsupportedError{"with a run-time mask as its condition, fpat supports one choice "
                                "computed at run time and the other a scalar of -inf or at most "
                                "-1e9 (masked_fill with finfo.min or -1e9)"};
@@ -3033,13 +3027,13 @@ private:
   /// Where(mask, x, fill) (or the choices swapped) with a constant mask and a fill value of
   /// -inf or at most -1e9 (Hugging Face's finfo.min, Falcon's -1e9): the addition of a bias of 0
   /// where x is kept and the fill elsewhere, after which the softmax gives those keys no weight,
-  /// as after the fill (kFillAtMost); any other fill is refused.
+  /// as after the fill (ir::kMaskedAtMost); any other fill is refused.
   void maskedFill(const NodeProto& n) {
     const Val& c = in(n, 0);
     const bool xFirst = !in(n, 1).isConst;
     Val& x = in(n, xFirst ? 1 : 2);
     const Val& fill = in(n, xFirst ? 2 : 1);
-    if (count(fill) != 1 || fill.integer || !(at(fill, 0) <= kFillAtMost))
+    if (count(fill) != 1 || fill.integer || !(at(fill, 0) <= ir::kMaskedAtMost))
       throw UnsupportedError{"its " + std::string(xFirst ? "first" : "second") + " choice '" +
                              x.name +
                              "' is computed at run time; fpat supports that only "

@@ -1342,6 +1342,45 @@ BOOST_AUTO_TEST_CASE(flash_attention_with_three_consumers) {
     BOOST_TEST(k.error.empty(), k.name << ": " << k.error);
 }
 
+BOOST_AUTO_TEST_CASE(cuda_core_attention_kernels_compile) {
+  // The CUDA-core kernels (attn_qk, attn_pv, attention at head dimensions the flash kernels do
+  // not take, and on sm_80) with K and V token-major and as caches kv_append wrote: their
+  // sources compile. (Session 53's GPU run found the cache form's did not: a constexpr host
+  // function called from device code.)
+  for (int arch : {80, 90}) {
+    std::vector<codegen::KernelUnit> units;
+    for (bool cache : {false, true}) {
+      ir::GraphBuilder b("attention");
+      auto q = b.input("q", {6, 64});
+      ir::Value k = b.input("k", {16, 32}), v = k;
+      if (cache)
+        k = v = b.kvAppend(b.input("past", {2, 2, 5, 16}), b.input("new", {6, 32}), "kv");
+      b.output(b.attnPv(b.softmax(b.attnQk(q, k, 2, 16, "s")), v, 2, 16, "o"));
+      b.output(b.attention(q, k, v, b.constant(0.0, {}), b.constant(0.25, {}), 2, 16, "a"));
+      const ir::Graph g = b.build();
+      codegen::CodegenOptions o;
+      o.arch = arch;
+      for (ir::Vertex x : g.vertices()) {
+        const ir::OpKind kind = g.op(x).kind;
+        if (kind == ir::OpKind::AttnQk || kind == ir::OpKind::AttnPv ||
+            kind == ir::OpKind::Attention || kind == ir::OpKind::KvAppend)
+          units.push_back(codegen::generate(g, x, builtinLibrary().activations, o));
+      }
+    }
+    BOOST_TEST(units.size() == 7u);
+    if (!haveNvcc()) {
+      BOOST_TEST_MESSAGE("nvcc not found: the kernels were generated but not compiled");
+      return;
+    }
+    TempDir dir;
+    runtime::NvccOptions n;
+    n.arch = arch;
+    n.cacheDir = dir.path.string();
+    for (const runtime::CompiledKernel& k : runtime::compileAll(units, n))
+      BOOST_TEST(k.error.empty(), k.name << ": " << k.error);
+  }
+}
+
 BOOST_AUTO_TEST_CASE(attention_takes_the_flash_kernel_on_sm90) {
   // sm_90 with head dimension 64 or 128: the flash kernel, its mask recognised from the bias
   // (none, causal from a weight's values, a tensor read per score), or with at most 8 query

@@ -69,7 +69,7 @@ KernelUnit generateElementwise(const ir::Graph& g, ir::Vertex v, dsl::Activation
 KernelUnit generateAttentionOp(const ir::Graph& g, ir::Vertex v, const CodegenOptions& o);
 
 /// What attention's bias operand is to the flash kernel: nothing the softmax sees (a scalar,
-/// a tensor of zeros), a causal mask (a weight of 0 and <= -1e30 values, bottom-right
+/// a tensor of zeros), a causal mask (a weight of 0 and <= -1e9 values, bottom-right
 /// aligned, Sk >= Sq: recognised from its values, read no more), or a tensor read per score.
 enum class FlashMask { None, Causal, Bias };
 FlashMask flashMask(const ir::Graph& g, ir::Vertex bias, const ir::AttnShape& s);

@@ -24,6 +24,11 @@ inline bool isHalfPrecision(DType t) {
 
 /// The largest rank of a value.
 constexpr int kMaxRank = 4;
+/// The largest value of an attention bias (a mask's fill) that masks: a score plus it is at
+/// least 1e9 below a kept key's, whose weight the softmax then makes 0 in f32, as -inf's
+/// (finfo.min, -inf, Falcon's masked_fill with -1e9). Only a row that keeps no key differs:
+/// the fill gives it equal weights, an addition its scores' softmax.
+constexpr double kMaskedAtMost = -1e9;
 
 /// Shape (rank 0 to 4, row-major; ranks 3 and 4 are attention's [B, H, Sq, Sk] scores and
 /// masks) and element type (f16, f32 or bf16) of a value.

@@ -135,10 +135,9 @@ template <class D> __device__ __forceinline__ int64_t kvBase(int64_t b, int64_t 
     return b * D::Sk * pitch + hk * D::Hd;
 }
 
-/// The elements from one dense key (value) row to the next.
-template <class D> constexpr int64_t kvDenseStep() {
-  return D::kKvHeadMajor ? D::Hd : D::Hkv * D::Hd;
-}
+/// The elements from one dense key (value) row to the next (a variable: device code may not
+/// call a constexpr host function).
+template <class D> inline constexpr int64_t kvDenseStep = D::kKvHeadMajor ? D::Hd : D::Hkv * D::Hd;
 
 /// scores[b, h, i, j] = sum_c q[b * Sq + i, h * Hd + c] * k[b * Sk + j, h / (H / Hkv) * Hd + c].
 template <class D> __device__ __forceinline__ void attnScores(const FpatKernelArgs& a) {
@@ -152,7 +151,7 @@ template <class D> __device__ __forceinline__ void attnScores(const FpatKernelAr
     const int64_t j = e % D::Sk, i = e / D::Sk % D::Sq, h = e / D::Sk / D::Sq % D::H,
                   b = e / D::Sk / D::Sq / D::H;
     const elem* qr = q + (b * D::Sq + i) * D::H * D::Hd + h * D::Hd;
-    const elem* kr = k + kvBase<D>(b, h / group, kvDenseStep<D>()) + j * kvDenseStep<D>();
+    const elem* kr = k + kvBase<D>(b, h / group, kvDenseStep<D>) + j * kvDenseStep<D>;
     float s = 0.0f;
     for (int64_t c = 0; c < D::Hd; ++c)
       s = fmaf(toF(qr[c]), toF(kr[c]), s);
@@ -172,10 +171,10 @@ template <class D> __device__ __forceinline__ void attnValues(const FpatKernelAr
     const int64_t c = e % D::Hd, h = e / D::Hd % D::H, i = e / D::Hd / D::H % D::Sq,
                   b = e / D::Hd / D::H / D::Sq;
     const elem* pr = p + ((b * D::H + h) * D::Sq + i) * D::Sk;
-    const elem* vc = v + kvBase<D>(b, h / group, kvDenseStep<D>()) + c;
+    const elem* vc = v + kvBase<D>(b, h / group, kvDenseStep<D>) + c;
     float s = 0.0f;
     for (int64_t j = 0; j < D::Sk; ++j)
-      s = fmaf(toF(pr[j]), toF(vc[j * kvDenseStep<D>()]), s);
+      s = fmaf(toF(pr[j]), toF(vc[j * kvDenseStep<D>]), s);
     o[e] = fromF(s);
   }
 }

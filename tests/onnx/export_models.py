@@ -1274,6 +1274,9 @@ class LlamaKvAttn(nn.Module):
         self.register_buffer("inv_freq", 1.0 / (10000 ** (torch.arange(0, dh, 2).float() / dh)))
 
     def forward(self, x, past_k, past_v):
+        return self.step(x, past_k, past_v)
+
+    def step(self, x, past_k, past_v, attention_mask=None):
         b, s, _ = x.shape
         p, dh = past_k.shape[2], D // HEADS
         n = self.norm(x)
@@ -1294,8 +1297,11 @@ class LlamaKvAttn(nn.Module):
         mask = torch.full((s, s), torch.finfo(w.dtype).min)
         cond = torch.arange(s)
         mask = mask.masked_fill(cond < (cond + 1).view(s, 1), 0)
-        mask = torch.cat([torch.zeros(s, p), mask], dim=-1)
-        w = nn.functional.softmax((w + mask[None, None]).float(), dim=-1).to(q.dtype)
+        mask = torch.cat([torch.zeros(s, p), mask], dim=-1)[None, None]
+        if attention_mask is not None:  # finfo.min where padded too
+            inv = 1.0 - attention_mask[:, None, None, :].expand(b, 1, s, total).to(w.dtype)
+            mask = mask.expand(b, 1, s, total).masked_fill(inv.to(torch.bool), torch.finfo(w.dtype).min)
+        w = nn.functional.softmax((w + mask).float(), dim=-1).to(q.dtype)
         o = torch.matmul(w, v).transpose(1, 2).reshape(b, s, D)
         return x + self.o(o), present_k, present_v
 
@@ -1388,33 +1394,7 @@ class LlamaKvPadAttn(LlamaKvAttn):
     _prepare_4d_causal_attention_mask does, finfo.min where padded or in the future."""
 
     def forward(self, x, past_k, past_v, attention_mask):
-        b, s, _ = x.shape
-        p, dh = past_k.shape[2], D // HEADS
-        n = self.norm(x)
-        q = self.q(n).view(b, s, HEADS, dh).transpose(1, 2)
-        k = self.k(n).view(b, s, KV_HEADS, dh).transpose(1, 2)
-        v = self.v(n).view(b, s, KV_HEADS, dh).transpose(1, 2)
-        t = torch.arange(p, p + s, dtype=torch.float32)
-        emb = torch.cat((torch.outer(t, self.inv_freq),) * 2, dim=-1)
-        cos, sin = emb.cos()[None, None], emb.sin()[None, None]
-        q = q * cos + rotate_half(q) * sin
-        k = torch.cat([past_k, k * cos + rotate_half(k) * sin], dim=2)
-        v = torch.cat([past_v, v], dim=2)
-        present_k, present_v = k, v
-        total, rep = p + s, HEADS // KV_HEADS
-        k = k[:, :, None].expand(b, KV_HEADS, rep, total, dh).reshape(b, HEADS, total, dh)
-        v = v[:, :, None].expand(b, KV_HEADS, rep, total, dh).reshape(b, HEADS, total, dh)
-        w = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(dh)
-        low = torch.finfo(w.dtype).min
-        causal = torch.full((s, s), low)
-        cond = torch.arange(s)
-        causal = causal.masked_fill(cond < (cond + 1).view(s, 1), 0)
-        causal = torch.cat([torch.zeros(s, p), causal], dim=-1)[None, None].expand(b, 1, s, total)
-        inv = 1.0 - attention_mask[:, None, None, :].expand(b, 1, s, total).to(w.dtype)
-        mask = causal.masked_fill(inv.to(torch.bool), low)
-        w = nn.functional.softmax((w + mask).float(), dim=-1).to(q.dtype)
-        o = torch.matmul(w, v).transpose(1, 2).reshape(b, s, D)
-        return x + self.o(o), present_k, present_v
+        return self.step(x, past_k, past_v, attention_mask)
 
 
 class OptKvAttn(nn.Module):

@@ -286,9 +286,11 @@ KernelUnit generateAttentionOp(const ir::Graph& g, ir::Vertex v, const CodegenOp
     return u;
   }
   if (op.kind == ir::OpKind::KvAppend) {
-    // The cache's rows of each (batch, KV head), then the new tokens' rows of that head.
-    const std::vector<int64_t>& c = g.op(ins[0]).type.shape;
-    const int64_t S = op.type.shape[2] - c[2], pitch = ir::rowPitch(g, ins[1]);
+    // The cache's rows of each (batch, KV head), then the new tokens' rows of that head (a
+    // token-major cache: one head of all its columns).
+    const ir::KvAppendDims k = ir::kvAppendDims(op, g.op(ins[0]).type.shape, op.type.shape);
+    const int64_t c[4] = {k.batch, k.kvHeads, k.past, k.headDim};
+    const int64_t S = k.fresh, pitch = ir::rowPitch(g, ins[1]);
     u.family = "elementwise";
     u.N = c[3];
     u.M = op.type.numel() / u.N;

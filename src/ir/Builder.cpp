@@ -199,6 +199,13 @@ Value GraphBuilder::kvAppend(Value cache, Value fresh, const std::string& name) 
   return append(std::move(op), {cache, fresh}, name);
 }
 
+Value GraphBuilder::kvAppendRows(Value cache, Value fresh, int64_t batch, const std::string& name) {
+  Op op;
+  op.kind = OpKind::KvAppend;
+  op.batch = batch;
+  return append(std::move(op), {cache, fresh}, name);
+}
+
 Value GraphBuilder::rope(Value x, Value cos, Value sin, const std::string& name, bool interleaved) {
   Op op;
   op.kind = OpKind::Rope;

@@ -337,9 +337,21 @@ static std::optional<TensorDesc> inferLayoutOp(const Op& op, const std::vector<O
   }
   case OpKind::KvAppend: {
     const std::vector<int64_t>& c = in[0].type.shape;
-    if (c.size() != 4)
-      return failWith(0, operandRef(in, 0) + " must be a cache [B, Hkv, P, d]");
     const std::vector<int64_t>& x = in[1].type.shape;
+    if (c.size() == 2 && op.batch > 0) { // token-major: [B*P, E] and [B*S, E]
+      if (c[0] % op.batch)
+        return failWith(0, "batch = " + std::to_string(op.batch) + " does not divide " +
+                               operandRef(in, 0) + "'s " + std::to_string(c[0]) + " rows");
+      if (x.size() != 2 || x[1] != c[1] || x[0] % op.batch)
+        return failWith(1, operandRef(in, 1) + " must be the new tokens' [B*S, E] = [" +
+                               std::to_string(op.batch) + "*S, " + std::to_string(c[1]) + "]");
+      return TensorDesc{{c[0] + x[0], c[1]}, in[0].type.dtype};
+    }
+    if (c.size() != 4)
+      return failWith(0, operandRef(in, 0) +
+                             " must be a cache [B, Hkv, P, d] (or, with batch = B, [B*P, E])");
+    if (op.batch > 0)
+      return failWith(-1, "batch is for a token-major cache [B*P, E]; this one is [B, Hkv, P, d]");
     const int64_t rowWidth = c[1] * c[3];
     const bool rows = x.size() == 2 && x[1] == rowWidth && x[0] % c[0] == 0;
     const bool dense = x.size() == 4 && x[0] == c[0] && x[2] == c[1] && x[3] == c[3];
@@ -920,6 +932,13 @@ std::vector<std::string> inferTypes(Graph& g, const ActivationSet& acts) {
   return checkGraph(g, acts, /*update=*/true);
 }
 
+KvAppendDims kvAppendDims(const Op& op, const std::vector<int64_t>& cache,
+                          const std::vector<int64_t>& out) {
+  if (cache.size() == 2) // token-major: one head of E
+    return {op.batch, 1, cache[0] / op.batch, (out[0] - cache[0]) / op.batch, cache[1]};
+  return {cache[0], cache[1], cache[2], out[2] - cache[2], cache[3]};
+}
+
 std::string attrString(const Op& op) {
   std::vector<std::string> attrs;
   switch (op.kind) {
@@ -946,6 +965,10 @@ std::string attrString(const Op& op) {
     break;
   case OpKind::Constant:
     attrs.push_back("value = " + formatDouble(op.value));
+    break;
+  case OpKind::KvAppend:
+    if (op.batch > 0)
+      attrs.push_back("batch = " + std::to_string(op.batch));
     break;
   case OpKind::Slice:
     attrs.push_back("begin = " + std::to_string(op.begin));

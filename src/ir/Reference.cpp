@@ -304,9 +304,9 @@ void rope(const Tensor& x, const Tensor& c, const Tensor& s, bool interleaved, T
 }
 
 /// kv_append: each (batch, KV head)'s P cached rows, then its S new ones (token-major).
-void kvAppend(const Tensor& cache, const Tensor& fresh, Tensor& out) {
-  const std::vector<int64_t>& c = cache.desc.shape;
-  const int64_t B = c[0], H = c[1], P = c[2], d = c[3], L = out.desc.shape[2], S = L - P;
+void kvAppend(const Op& op, const Tensor& cache, const Tensor& fresh, Tensor& out) {
+  const KvAppendDims k = kvAppendDims(op, cache.desc.shape, out.desc.shape);
+  const int64_t B = k.batch, H = k.kvHeads, P = k.past, d = k.headDim, S = k.fresh, L = P + S;
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < H; ++h)
       for (int64_t j = 0; j < L; ++j) {
@@ -694,7 +694,7 @@ std::vector<Tensor> evaluate(const Graph& g, const std::map<std::string, Tensor>
       rope(in(0), in(1), in(2), op.interleaved, out);
       break;
     case OpKind::KvAppend:
-      kvAppend(in(0), in(1), out);
+      kvAppend(op, in(0), in(1), out);
       break;
     case OpKind::AttnQk:
       attnQk(op, in(0), in(1), out);

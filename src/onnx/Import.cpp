@@ -2914,6 +2914,29 @@ private:
     define(n, std::move(v));
   }
 
+  /// Concat of two activations [B, P, E] and [B, S, E] along the sequence (GPTBigCode's cache
+  /// of keys and values side by side, layer_past joined with the new tokens'): kv_append of
+  /// token-major rows, [B*(P+S), E]; returns whether `n` was one.
+  bool sequenceConcat(const NodeProto& n) {
+    if (n.input_size() != 2)
+      return false;
+    Val &a = in(n, 0), &b = in(n, 1);
+    auto rows = [&](const Val& x) {
+      return !x.isConst && x.v && x.shape.size() == 3 && !x.seqFirst && !x.intInput &&
+             !x.lazyExpand && !x.headMajor && g_.op(*x.v).type.shape == flatten(x.shape);
+    };
+    if (!rows(a) || !rows(b) || normAxis(intAttr(n, "axis", 0), 3) != 1 ||
+        a.shape[0] != b.shape[0] || a.shape[2] != b.shape[2])
+      return false;
+    ir::Op op;
+    op.kind = ir::OpKind::KvAppend;
+    op.batch = a.shape[0];
+    Val v = emit(n, op, {*a.v, tensor(b)}, {a.shape[0] * (a.shape[1] + b.shape[1]), a.shape[2]});
+    v.shape = {a.shape[0], a.shape[1] + b.shape[1], a.shape[2]};
+    define(n, std::move(v));
+    return true;
+  }
+
   void concat(const NodeProto& n) {
     if (n.input_size() == 0)
       throw UnsupportedError{"it has no inputs"};
@@ -2931,6 +2954,8 @@ private:
     for (int i = 0; i < n.input_size(); ++i)
       if (in(n, i).view != Val::View::None)
         return headsConcat(n);
+    if (sequenceConcat(n))
+      return;
     std::vector<const Val*> parts;
     for (int i = 0; i < n.input_size(); ++i) {
       if (!in(n, i).isConst)

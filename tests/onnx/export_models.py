@@ -1397,6 +1397,27 @@ class LlamaKvPadAttn(LlamaKvAttn):
         return self.step(x, past_k, past_v, attention_mask)
 
 
+class BigCodeKvAttn(BigCodeAttn):
+    """GPTBigCode's attention with layer_past: its cache [B, P, 2d] (the one key and value
+    head side by side, token-major) joined with the new tokens' along dim -2 and returned whole
+    (present), split into K and V; the bool causal mask's rows P .. P + S - 1."""
+
+    def forward(self, x, past):
+        b, s, _ = x.shape
+        p, dh = past.shape[1], D // HEADS
+        q, kv = self.c_attn(self.ln(x)).split((D, 2 * dh), dim=2)
+        kv = torch.cat((past, kv), dim=-2)
+        k, v = kv.split((dh, dh), dim=-1)
+        t = p + s
+        scores = torch.empty(b, s * HEADS, t)
+        w = torch.baddbmm(scores, q.reshape(b, s * HEADS, dh), k.transpose(1, 2), beta=0,
+                          alpha=1.0 / math.sqrt(dh)).view(b, s, HEADS, t)
+        causal = torch.tril(torch.ones(t, t, dtype=torch.bool))[p:t][None, :, None, :]
+        w = torch.where(causal, w, torch.full([], torch.finfo(w.dtype).min))
+        w = nn.functional.softmax(w, dim=-1).view(b, s * HEADS, t)
+        return x + self.c_proj(torch.bmm(w, v).view(b, s, D)), kv
+
+
 class OptKvAttn(nn.Module):
     """OPT's (and BART's, Whisper's) decoder self-attention with a cache: q scaled first, the
     caches [B, H, P, d] joined along dim 2, then all three reshaped to torch.bmm's [B*H, T, d]
@@ -1463,7 +1484,8 @@ def export_kv_cache(out, only=None):
                                  ("gptj_kv_dyn_opset17", 193, GptJKvAttn, HEADS),
                                  ("opt_kv_dyn_opset17", 197, OptKvAttn, HEADS),
                                  ("falcon_kv_dyn_opset17", 199, FalconKvAttn, 1),
-                                 ("llama_kvpad_dyn_opset17", 211, LlamaKvPadAttn, KV_HEADS)]:
+                                 ("llama_kvpad_dyn_opset17", 211, LlamaKvPadAttn, KV_HEADS),
+                                 ("bigcode_kv_dyn_opset17", 223, BigCodeKvAttn, 1)]:
         if only and name not in only:
             continue
         torch.manual_seed(seed)
@@ -1476,15 +1498,22 @@ def export_kv_cache(out, only=None):
         cross = make is CrossKvAttn  # the encoder's cache, read whole: y alone
         flat = make is FalconKvAttn  # [B*Hkv, P, d]
         pad = make is LlamaKvPadAttn  # and attention_mask [B, P + S]
+        joint = make is BigCodeKvAttn  # one cache [B, P, 2d]: past in, present out
         names = ["x", "past_k", "past_v"] + (["attention_mask"] if pad else [])
         outs = ["y"] if cross else ["y", "present_k", "present_v"]
+        if joint:
+            names, outs = ["x", "past"], ["y", "present"]
         cache = {0: "batch", 1: "past"} if flat else {0: "batch", 2: "past"}
         present = {0: "batch", 1: "total"} if flat else {0: "batch", 2: "total"}
         dyn = {"x": {0: "batch", 1: "seq"}, "y": {0: "batch", 1: "seq"}, "past_k": cache,
                "past_v": cache, "present_k": present, "present_v": present,
-               "attention_mask": {0: "batch", 1: "total"}}
+               "attention_mask": {0: "batch", 1: "total"}, "past": {0: "batch", 1: "past"},
+               "present": {0: "batch", 1: "total"}}
         past = (lambda n: (BATCH * kv, n, dh)) if flat else (lambda n: (BATCH, kv, n, dh))
+        if joint:
+            past = lambda n: (BATCH, n, 2 * dh)
         args = (torch.randn(BATCH, 3, D), torch.randn(*past(9)), torch.randn(*past(9)))
+        args = args[:len(names)]
         if pad:
             args += (torch.ones(BATCH, 12, dtype=torch.int64),)
         path = os.path.join(out, f"{name}.onnx")
@@ -1494,7 +1523,7 @@ def export_kv_cache(out, only=None):
         expect = os.path.join(out, "..", "expect", f"{name}_s7")
         os.makedirs(expect, exist_ok=True)
         ins = [torch.randn(BATCH, 7, D).half(), torch.randn(*past(5)).half(),
-               torch.randn(*past(5)).half()]
+               torch.randn(*past(5)).half()][:len(names)]
         if pad:  # the second sequence left-padded by 3
             ins.append(torch.ones(BATCH, 12, dtype=torch.int64))
             ins[-1][1, :3] = 0

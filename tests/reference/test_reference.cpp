@@ -345,6 +345,25 @@ BOOST_AUTO_TEST_CASE(kv_caches_appended_and_read_head_major) {
       12, 13, 14, 15, 16, 17, 108, 109, 112, 113, 18, 19, 20, 21, 22, 23, 110, 111, 114, 115};
   BOOST_TEST(vals[c.v].data == want, boost::test_tools::per_element());
 
+  // A token-major cache (GPTBigCode's [B, P, E] as [B*P, E], batch = 2): each batch's three
+  // cached rows, then its two new ones.
+  GraphBuilder r("kv_rows");
+  Value rp = r.input("past", {6, 4}, DType::F32);
+  Value rn = r.input("new", {4, 4}, DType::F32);
+  Value rc = r.kvAppendRows(rp, rn, 2, "c");
+  r.output(rc);
+  Graph gr = r.build();
+  BOOST_TEST(gr.op(rc.v).type.shape == (std::vector<int64_t>{10, 4}));
+  auto rv = evaluate(gr, {{"past", make({6, 4}, ps)}, {"new", make({4, 4}, ns)}});
+  std::vector<float> wantRows;
+  for (int64_t bb = 0; bb < 2; ++bb) {
+    for (int64_t i = 0; i < 12; ++i)
+      wantRows.push_back(ps[static_cast<size_t>(bb * 12 + i)]);
+    for (int64_t i = 0; i < 8; ++i)
+      wantRows.push_back(ns[static_cast<size_t>(bb * 8 + i)]);
+  }
+  BOOST_TEST(rv[rc.v].data == wantRows, boost::test_tools::per_element());
+
   // Attention over a cache equals attention over the same keys and values token-major, for
   // every attention op (GQA: 4 query heads on 2 KV heads), to the last bit.
   GraphBuilder a("kv_attn");

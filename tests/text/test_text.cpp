@@ -110,11 +110,14 @@ BOOST_AUTO_TEST_CASE(kv_caches_round_trip_and_are_checked) {
                    "  %c = kv_append %past, %new\n"
                    "  %z = constant {value = 0.0} : f16[]\n"
                    "  %o = attention %q, %c, %c, %z, %z {batch = 2, head_dim = 8}\n"
-                   "  output %o, %c\n"
+                   "  %r = kv_append %new, %new {batch = 2}\n"
+                   "  output %o, %c, %r\n"
                    "}\n");
   BOOST_TEST_REQUIRE(p.graph.has_value());
   const std::string text = printGraph(*p.graph);
   BOOST_TEST(text.find("%c = kv_append %past, %new : f16[2, 2, 8, 8]") != std::string::npos, text);
+  BOOST_TEST(text.find("%r = kv_append %new, %new {batch = 2} : f16[12, 16]") != std::string::npos,
+             text);
   Parsed again = parse(text);
   BOOST_TEST_REQUIRE(again.graph.has_value());
   requireSameGraph(*p.graph, *again.graph);

@@ -71,6 +71,8 @@ public:
   Value seqFirst(Value x, int64_t batch, const std::string& name = "");
   /// A cache [B, Hkv, P, d] with the new tokens' keys or values appended: [B, Hkv, P+S, d].
   Value kvAppend(Value cache, Value fresh, const std::string& name = "");
+  /// kv_append of a token-major cache [B*P, E] and the new tokens' [B*S, E].
+  Value kvAppendRows(Value cache, Value fresh, int64_t batch, const std::string& name = "");
   /// Rotary embedding, rotate_half form: x * cos + rotate_half(x) * sin.
   Value rope(Value x, Value cos, Value sin, const std::string& name = "", bool interleaved = false);
   Value layernorm(Value x, Value gamma, Value beta, double eps = 1e-5,

@@ -54,7 +54,8 @@ enum class OpKind {
   SeqFirst,   // the inverse: rows (b, s) of [B*S, E] reordered to (s, b); both take batch = B
   KvAppend,   // a key or value cache [B, Hkv, P, d] (head-major, as exporters give past_key)
               // with the new tokens' [B*S, Hkv*d] (token-major; or [B, S, Hkv, d]) appended
-              // along its sequence: [B, Hkv, P+S, d] (present_key)
+              // along its sequence: [B, Hkv, P+S, d] (present_key); or, with batch = B, a
+              // token-major cache [B*P, E] with [B*S, E]: [B*(P+S), E] (GPTBigCode's)
 };
 
 /// The sizes an attention op (attn_qk, attn_pv, attention) works on, from its operands'
@@ -243,6 +244,14 @@ std::optional<AttnShape> attnShape(const Op& op, const std::vector<OperandInfo>&
                                    std::string& why, int& operand);
 /// The same for op `v` of `g` (its operands' names and types).
 std::optional<AttnShape> attnShape(const Graph& g, Vertex v, std::string& why);
+
+/// kv_append's sizes (valid ops only): its cache [B, Hkv, P, d] and S new tokens a batch; a
+/// token-major cache [B*P, E] is one head of E, [B, 1, P, E] (the same elements).
+struct KvAppendDims {
+  int64_t batch = 0, kvHeads = 0, past = 0, fresh = 0, headDim = 0;
+};
+KvAppendDims kvAppendDims(const Op& op, const std::vector<int64_t>& cache,
+                          const std::vector<int64_t>& out);
 
 /// Whether every reader of `v`, directly or through heads / merge_heads views, takes its rows
 /// at a pitch: attention reading it as q, k or v, rope as its x; and no graph output names it.

@@ -45,6 +45,7 @@ std::vector<std::string> attributeNames(const Op& op) {
     return {"batch", "head_dim"};
   case OpKind::BatchFirst:
   case OpKind::SeqFirst:
+  case OpKind::KvAppend:
     return {"batch"};
   default:
     return {};
@@ -426,16 +427,17 @@ private:
       case OpKind::Attention:
       case OpKind::Heads:
       case OpKind::BatchFirst:
-      case OpKind::SeqFirst: {
+      case OpKind::SeqFirst:
+      case OpKind::KvAppend: {
         const bool slice = op.kind == OpKind::Slice;
+        const bool batchOnly = op.kind == OpKind::BatchFirst || op.kind == OpKind::SeqFirst ||
+                               op.kind == OpKind::KvAppend;
         int64_t* field = slice ? (key == "begin" ? &op.begin
                                   : key == "end" ? &op.end
                                                  : nullptr)
-                               : (key == "batch" ? &op.batch
-                                  : key == "head_dim" && op.kind != OpKind::BatchFirst &&
-                                          op.kind != OpKind::SeqFirst
-                                      ? &op.headDim
-                                      : nullptr);
+                               : (key == "batch"                    ? &op.batch
+                                  : key == "head_dim" && !batchOnly ? &op.headDim
+                                                                    : nullptr);
         if (!field)
           break;
         if (expect(AttrVal::Number, "a whole number")) {

@@ -1974,9 +1974,9 @@ private:
 
   /// A value of a mask m made a tensor where `n` uses it: c + d m + (a + b m) fill, with
   /// constants c, d, a, b (a + b m: 1 where masked), fill float's lowest. An element of at most
-  /// -1e9 (ir::kMaskedAtMost: finfo.min, -inf) is masked: the fill, which the softmax after it reads alike; the rest
-  /// is exact. Every element must read the mask where the mask broadcast to it would (not a
-  /// rearrangement).
+  /// -1e9 (ir::kMaskedAtMost: finfo.min, -inf) is masked: the fill, which the softmax after it
+  /// reads alike; the rest is exact. Every element must read the mask where the mask broadcast
+  /// to it would (not a rearrangement).
   void materialize(Val& v, const NodeProto& n) {
     const Val::OfMask& o = *v.ofMask;
     const Val& m = vals_.at(o.mask);
@@ -2121,8 +2121,8 @@ private:
   /// Slice, Unsqueeze, ...) as on any tensor; Expand left to the broadcasting op after it;
   /// Equal with 0 is 1 - m, with 1 m itself; Not is 1 - m; Where(m, x, fill) is x + (1 - m)
   /// fill and Where(m, fill, x) is x + m fill, the fill a scalar of at most -1e9 or -inf
-  /// (masked_fill with finfo.min or -1e9), taken as float's lowest (-inf times 0 would be NaN): the
-  /// softmax after it gives the masked keys no weight, as the fill itself does.
+  /// (masked_fill with finfo.min or -1e9), taken as float's lowest (-inf times 0 would be NaN):
+  /// the softmax after it gives the masked keys no weight, as the fill itself does.
   void maskOp(const NodeProto& n) {
     const std::string& t = n.op_type();
     if (n.output_size() < 1 || n.output(0).empty())

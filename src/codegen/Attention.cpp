@@ -281,14 +281,63 @@ bool flashDecodeFits(const ir::AttnShape& s) {
   return s.heads / s.kvHeads * s.sq <= kDecodeRows;
 }
 
+std::optional<DecodeAppend> decodeAppend(const ir::Graph& g, ir::Vertex attention,
+                                         const CodegenOptions& o) {
+  if (const char* env = std::getenv("FPAT_DECODE_APPEND"); env && std::string(env) == "0")
+    return std::nullopt;
+  if (!o.appendInDecode)
+    return std::nullopt;
+  if (g.op(attention).kind != ir::OpKind::Attention)
+    return std::nullopt;
+  std::string why;
+  const std::optional<ir::AttnShape> s = ir::attnShape(g, attention, why);
+  if (!s || !s->kvHeadMajor || !flashAttentionFits(*s, o.arch) || !flashDecodeFits(*s))
+    return std::nullopt;
+  const std::vector<ir::Vertex> ins = g.operands(attention);
+  DecodeAppend d{ins.at(1), ins.at(2), 0, 0};
+  for (ir::Vertex c : {d.k, d.v}) {
+    const ir::Op& op = g.op(c);
+    const std::vector<ir::Vertex> users = g.users(c);
+    // The head-major form only; read by this attention alone (once), and by the graph's outputs.
+    if (op.kind != ir::OpKind::KvAppend || op.batch != 0 || users.size() != 1 ||
+        users[0] != attention)
+      return std::nullopt;
+    const ir::KvAppendDims k =
+        ir::kvAppendDims(op, g.op(g.operands(c).at(0)).type.shape, op.type.shape);
+    if (c == d.k) {
+      d.past = k.past;
+      d.fresh = k.fresh;
+    } else if (k.past != d.past || k.fresh != d.fresh) {
+      return std::nullopt;
+    }
+  }
+  // The new tokens fill one 64-key tile, read once (fpat::flashDecode), after at least one of
+  // the cache's.
+  if (d.k == d.v || d.past < 1 || d.fresh < 1 || d.fresh > 64)
+    return std::nullopt;
+  return d;
+}
+
+std::optional<ir::Vertex> appendedBy(const ir::Graph& g, ir::Vertex v, const CodegenOptions& o) {
+  if (g.op(v).kind != ir::OpKind::KvAppend)
+    return std::nullopt;
+  for (ir::Vertex u : g.users(v))
+    if (const std::optional<DecodeAppend> d = decodeAppend(g, u, o); d && (d->k == v || d->v == v))
+      return u;
+  return std::nullopt;
+}
+
 KernelUnit generateFlashDecode(const ir::Graph& g, ir::Vertex v, const CodegenOptions& o,
                                const ir::AttnShape& s, const int64_t (&bias)[4], FlashMask mask) {
   const int64_t d = s.headDim, rows = s.heads / s.kvHeads * s.sq;
+  const std::optional<DecodeAppend> append = decodeAppend(g, v, o);
+  // Keys the tensor maps read a head: the past rows where the kernel appends the new ones.
+  const int64_t mapped = append ? append->past : s.sk;
   // Splits of the keys (FlashAttention-3's rule): the fewest whose last wave of CTAs (two fit
   // an SM: 3 stages of 64-key K and V tiles) is at least 85% as full as the best count's, each
   // split at least one tile, none empty. Session 34: 3 splits of 128 (batch, KV head) units,
   // 1.45 waves, read the cache at 3.2 TB/s; this rule's 2 splits (one wave) at 3.9.
-  const int64_t tiles = (s.sk + 63) / 64, units = s.batch * s.kvHeads;
+  const int64_t tiles = (mapped + 63) / 64, units = s.batch * s.kvHeads;
   const int64_t slots = 2 * std::max(1, o.sms), most = std::min<int64_t>(tiles, 256);
   auto fill = [&](int64_t n) {
     const int64_t ctas = units * n;
@@ -308,19 +357,43 @@ KernelUnit generateFlashDecode(const ir::Graph& g, ir::Vertex v, const CodegenOp
   splits = (tiles + splitTiles - 1) / splitTiles;
   KernelUnit u = attentionUnit(g, v, s);
   const AttnPitches pitch = attnPitches(g, v); // q read by loads, k and v by TMA
-  u.name = "fpat_flash_decode_" + flashSizesName(s, mask, bias) + pitch.suffix() + "_s" +
-           std::to_string(splits) + "_sm90a";
+  // Where the kernel writes the caches: the new tokens' rows, token-major (ir::rowPitch: in
+  // place in a QKV projection), in[7] and in[8] after the past caches in[5] and in[6].
+  int64_t newPitch[2] = {0, 0};
+  std::string appendName;
+  std::vector<std::string> lines =
+      headerLines("sm_90a: split keys, TMA, mma.sync", s, mask,
+                  std::to_string(rows) + " query rows per KV head, 64-key tiles, " +
+                      std::to_string(splits) + " splits of " + std::to_string(splitTiles) +
+                      " tiles" + (splits > 1 ? ", merged by a second launch" : ""));
+  if (append) {
+    const std::vector<ir::Vertex> kIns = g.operands(append->k), vIns = g.operands(append->v);
+    newPitch[0] = ir::rowPitch(g, kIns.at(1));
+    newPitch[1] = ir::rowPitch(g, vIns.at(1));
+    u.extraIns = {kIns.at(0), vIns.at(0), kIns.at(1), vIns.at(1)};
+    u.writesOperands = {1, 2};
+    appendName = "_append" + std::to_string(append->past);
+    if (newPitch[0] != s.kvHeads * d || newPitch[1] != s.kvHeads * d)
+      appendName += "_n" + std::to_string(newPitch[0]) + "_" + std::to_string(newPitch[1]);
+    lines.push_back("appends:  writes " + ref(g, append->k) + " and " + ref(g, append->v) +
+                    " (kv_append: " + std::to_string(append->past) + " cached rows, " +
+                    std::to_string(append->fresh) + " new, a head) as it reads them");
+    u.what += ", writing " + ref(g, append->k) + " and " + ref(g, append->v);
+  }
+  u.name = "fpat_flash_decode_" + flashSizesName(s, mask, bias) + pitch.suffix() + appendName +
+           "_s" + std::to_string(splits) + "_sm90a";
   std::ostringstream body;
-  body << header("attention (flash decode)", o,
-                 headerLines("sm_90a: split keys, TMA, mma.sync", s, mask,
-                             std::to_string(rows) + " query rows per KV head, 64-key tiles, " +
-                                 std::to_string(splits) + " splits of " +
-                                 std::to_string(splitTiles) + " tiles" +
-                                 (splits > 1 ? ", merged by a second launch" : "")))
+  body << header("attention (flash decode)", o, lines)
        << "#include \"fpat_flash.cuh\"\n\nnamespace {\n\n"
        << dimsStruct(g, v, s, mask, bias,
                      "  static constexpr int kSplits = " + std::to_string(splits) +
-                         ", kSplitTiles = " + std::to_string(splitTiles) + ";\n" + pitch.members())
+                         ", kSplitTiles = " + std::to_string(splitTiles) + ";\n" + pitch.members() +
+                         "  static constexpr bool kAppend = " + (append ? "true" : "false") +
+                         "; // the kernel writes k and v (kv_append's caches)\n" +
+                         "  static constexpr int64_t P = " + std::to_string(mapped) +
+                         ", kNewPitch = " + std::to_string(newPitch[0]) +
+                         ", vNewPitch = " + std::to_string(newPitch[1]) +
+                         "; // keys a head in the maps; the new rows' pitches\n")
        << "\nusing Tile = fpat::DecodeTile<" << d << ">;\n\n} // namespace\n\n"
        << "extern \"C\" __global__ void __launch_bounds__(160)\n"
        << u.name << "(const __grid_constant__ FpatTmaArgs p) {\n"
@@ -334,6 +407,10 @@ KernelUnit generateFlashDecode(const ir::Graph& g, ir::Vertex v, const CodegenOp
   l.tma = {kvMap(1, s, 64), kvMap(2, s, 64)};
   l.tma[0].pitch = pitch.k;
   l.tma[1].pitch = pitch.v;
+  if (append) { // the past caches [B, Hkv, P, d], rows of d
+    l.tma[0] = TmaMap{5, d, s.batch * s.kvHeads * mapped, 64, 64};
+    l.tma[1] = TmaMap{6, d, s.batch * s.kvHeads * mapped, 64, 64};
+  }
   u.launches.push_back(l);
   if (splits > 1) {
     body << "\nextern \"C\" __global__ void __launch_bounds__(" << d << ")\n"

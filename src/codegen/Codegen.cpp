@@ -457,7 +457,7 @@ KernelUnit generate(const ir::Graph& g, ir::Vertex v, dsl::Activations defs,
     u = generateAttentionOp(g, v, o);
   else
     u = generateElementwise(g, v, defs, o);
-  if (op.type.dtype == ir::DType::BF16) {
+  if (op.type.dtype == ir::DType::BF16 && !u.source.empty()) {
     // The kernel headers' element type (fpat_common.cuh), set before they are included.
     const size_t at = u.source.find("\n#include");
     u.source.insert(at == std::string::npos ? 0 : at + 1,

@@ -657,6 +657,7 @@ int timeGraphs(const FpatcOptions& opts, cuda::Driver& drv, runtime::Executor& f
     runtime::BuildOptions uopts = bopts;
     uopts.tiles.clear();
     uopts.tile = nullptr;
+    uopts.appendInDecode = false; // kv_append's copies too
     ub = runtime::buildKernels(original, pats.library.activations, uopts);
     if (!ub.error.empty()) {
       err << "fpatc: error: --time: the unfused graph: " << ub.error << "\n";
@@ -765,6 +766,7 @@ int emitCuda(const FpatcOptions& opts, const ir::Graph& fused, const Patterns& p
   copts.arch = bopts.arch;
   copts.sms = bopts.sms;
   copts.sources = bopts.patternSources;
+  copts.appendInDecode = bopts.appendInDecode;
   std::error_code ec;
   fs::create_directories(opts.outDir, ec);
   std::set<std::string> written;
@@ -850,8 +852,11 @@ int gpuStages(const FpatcOptions& opts, const ir::Graph& fusedIn, const Patterns
     if (ir::isColumnView(fused, v))
       out << "  %" << fused.op(v).name
           << " = slice: no kernel (its readers read its columns in place)\n";
-    if (u.launches.empty())
+    if (u.launches.empty()) {
+      if (!u.what.empty()) // written by another op's kernel
+        out << "  " << u.what << "\n";
       continue;
+    }
     out << "  " << u.what << ": " << u.name;
     if (auto c = choices.find(v); c != choices.end())
       out << " (config " << (c->second.flash ? c->second.flash->str() : u.tile.str()) << ": "

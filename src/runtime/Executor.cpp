@@ -20,8 +20,13 @@ size_t bytesOf(const ir::Op& op) {
 }
 } // namespace
 
-BufferPlan planBuffers(const ir::Graph& g) {
+BufferPlan planBuffers(const ir::Graph& g, const std::vector<std::vector<ir::Vertex>>& extraIns) {
   BufferPlan p;
+  // Readers beyond the graph's edges (codegen::KernelUnit::extraIns), by the value read.
+  std::vector<std::vector<ir::Vertex>> extraUsers(g.size());
+  for (size_t u = 0; u < extraIns.size() && u < g.size(); ++u)
+    for (ir::Vertex w : extraIns[u])
+      extraUsers.at(w).push_back(static_cast<ir::Vertex>(u));
   p.slotOf.assign(g.size(), -1);
   p.offsetOf.assign(g.size(), 0);
   auto order = ir::stableOrder(g);
@@ -55,6 +60,8 @@ BufferPlan planBuffers(const ir::Graph& g) {
     size_t last = pos[v];
     for (ir::Vertex u : g.users(v))
       last = std::max(last, pos[u]);
+    for (ir::Vertex u : extraUsers[v])
+      last = std::max(last, pos[u]);
     groupLast[owner[v]] = std::max(groupLast[owner[v]], last);
     groupPinned[owner[v]] = groupPinned[owner[v]] || pinned(v);
   }
@@ -80,6 +87,9 @@ BufferPlan planBuffers(const ir::Graph& g) {
     std::set<ir::Vertex> groups;
     for (ir::Vertex u : g.operands(v))
       groups.insert(owner[u]);
+    if (v < extraIns.size())
+      for (ir::Vertex u : extraIns[v])
+        groups.insert(owner[u]);
     groups.insert(owner[v]);
     for (ir::Vertex o : groups)
       if (groupLast[o] == i && !groupPinned[o])
@@ -92,7 +102,10 @@ BufferPlan planBuffers(const ir::Graph& g) {
 
 Executor::Executor(cuda::Driver& drv, const CompiledGraph& cg) : drv_(drv), cg_(cg) {
   const ir::Graph& g = cg_.graph;
-  plan_ = planBuffers(g);
+  std::vector<std::vector<ir::Vertex>> extraIns(g.size());
+  for (ir::Vertex v = 0; v < g.size() && v < cg_.units.size(); ++v)
+    extraIns[v] = cg_.units[v].extraIns;
+  plan_ = planBuffers(g, extraIns);
   computedWeights_ = ir::weightOnly(g);
   // Say so before allocating: a graph larger than the GPU fails clearly, not halfway through.
   if (const size_t free = drv_.freeMemory(); free > 0 && plan_.plannedBytes > free)
@@ -197,8 +210,10 @@ Executor::Executor(cuda::Driver& drv, const CompiledGraph& cg) : drv_(drv), cg_(
     std::memset(&a, 0, sizeof a);
     a.out = reinterpret_cast<void*>(slots0[static_cast<size_t>(plan_.slotOf[v])]);
     std::vector<ir::Vertex> ins = g.operands(v);
+    ins.insert(ins.end(), u.extraIns.begin(), u.extraIns.end());
     if (ins.size() > FPAT_MAX_INPUTS)
-      throw cuda::CudaError("%" + g.op(v).name + " has more than 8 operands");
+      throw cuda::CudaError("%" + g.op(v).name + "'s kernel reads more than " +
+                            std::to_string(FPAT_MAX_INPUTS) + " buffers");
     for (size_t i = 0; i < ins.size(); ++i)
       a.in[i] = reinterpret_cast<void*>(slots0[static_cast<size_t>(plan_.slotOf[ins[i]])] +
                                         plan_.offsetOf[ins[i]]);
@@ -319,6 +334,10 @@ void Executor::launch(bool weights, bool poison, size_t set) {
     if (poison && poisoned != b.v) {
       drv_.fill16(reinterpret_cast<cuda::CUdeviceptr>(args.out), 0x7fff,
                   static_cast<size_t>(cg_.graph.op(b.v).type.numel()));
+      const std::vector<ir::Vertex> ins = cg_.graph.operands(b.v);
+      for (int i : u.writesOperands)
+        drv_.fill16(reinterpret_cast<cuda::CUdeviceptr>(args.in[i]), 0x7fff,
+                    static_cast<size_t>(cg_.graph.op(ins.at(static_cast<size_t>(i))).type.numel()));
       poisoned = b.v;
     }
     unsigned gx = 1, gy = 1, gz = 1;

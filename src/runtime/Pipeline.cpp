@@ -15,6 +15,7 @@ BuildResult buildKernels(const ir::Graph& fused, dsl::Activations defs, const Bu
   copts.sms = o.sms;
   copts.tile = o.tile;
   copts.sources = o.patternSources;
+  copts.appendInDecode = o.appendInDecode;
   try {
     for (ir::Vertex v : fused.vertices()) {
       auto it = o.tiles.find(v);

@@ -1381,6 +1381,159 @@ BOOST_AUTO_TEST_CASE(cuda_core_attention_kernels_compile) {
   }
 }
 
+namespace {
+
+/// A decode step over caches: q [B * sq, 4 d] (4 query heads, 2 KV heads, B = 2), the caches
+/// [2, 2, past, d] with sq new tokens appended (their keys and values computed),
+/// both caches outputs. `bias` as attentionGraph's (0 none, 1 causal weight, 2 a tensor);
+/// `extraReader`: the key cache also read by another op.
+ir::Graph appendGraph(int64_t sq, int64_t past, int64_t d, int bias, bool extraReader = false) {
+  ir::GraphBuilder b("decode");
+  const int64_t sk = past + sq;
+  auto q = b.input("q", {2 * sq, 4 * d});
+  auto nk = b.add(b.input("x", {2 * sq, 2 * d}), b.input("y", {2 * sq, 2 * d}), "nk");
+  auto pk = b.kvAppend(b.input("past_k", {2, 2, past, d}), nk, "present_k");
+  auto nv = b.mul(b.input("xv", {2 * sq, 2 * d}), b.input("yv", {2 * sq, 2 * d}), "nv");
+  auto pv = b.kvAppend(b.input("past_v", {2, 2, past, d}), nv, "present_v");
+  ir::Value m;
+  if (bias == 0) {
+    m = b.constant(0.0, {});
+  } else if (bias == 2) {
+    m = b.input("bias", {2, 1, 1, sk});
+  } else {
+    std::vector<float> data(static_cast<size_t>(sq * sk));
+    for (int64_t i = 0; i < sq; ++i)
+      for (int64_t j = 0; j < sk; ++j)
+        data[static_cast<size_t>(i * sk + j)] =
+            j > i + past ? -std::numeric_limits<float>::infinity() : 0.0f;
+    m = b.weight("mask", {1, 1, sq, sk}, ir::DType::F16, data);
+  }
+  b.output(b.attention(q, pk, pv, m, b.constant(0.125, {}), 2, d, "o"));
+  b.output(pk);
+  b.output(pv);
+  if (extraReader)
+    b.output(b.mul(pk, pk, "twice"));
+  return b.build();
+}
+
+ir::Vertex named(const ir::Graph& g, const std::string& name) {
+  for (ir::Vertex v : g.vertices())
+    if (g.op(v).name == name)
+      return v;
+  throw std::runtime_error("no op " + name);
+}
+
+} // namespace
+
+BOOST_AUTO_TEST_CASE(decode_writes_the_caches_it_appends_to) {
+  // A decode step whose k and v are kv_append's caches, read by nothing else but the graph's
+  // outputs: the decode kernel reads the past caches and new tokens (extraIns, in[5..8]) and
+  // writes the caches (its operands 1 and 2); kv_append launches nothing. Ragged and whole
+  // tiles of past rows, one and three new tokens, d 64 and 128, each mask; the sources compile
+  // for sm_90a. Not where the cache has another reader, on sm_80, in --time's unfused graph, or
+  // with FPAT_DECODE_APPEND=0.
+  struct Case {
+    int64_t sq, past, d;
+    int bias;
+  };
+  const Case cases[] = {{1, 4095, 128, 0}, {1, 100, 128, 2}, {2, 64, 64, 1},
+                        {1, 1, 64, 0},     {2, 700, 128, 2}, {1, 64 * 40 - 1, 64, 1}};
+  std::vector<codegen::KernelUnit> units;
+  codegen::CodegenOptions o;
+  o.arch = 90;
+  for (const Case& c : cases)
+    BOOST_TEST_CONTEXT("Sq " << c.sq << ", past " << c.past << ", d " << c.d << ", bias "
+                             << c.bias) {
+      const ir::Graph g = appendGraph(c.sq, c.past, c.d, c.bias);
+      const ir::Vertex att = named(g, "o");
+      codegen::KernelUnit u = codegen::generate(g, att, builtinLibrary().activations, o);
+      BOOST_TEST(u.name.find("flash_decode_") != std::string::npos, u.name);
+      BOOST_TEST(u.name.find("_append" + std::to_string(c.past) + "_") != std::string::npos,
+                 u.name);
+      const std::vector<ir::Vertex> want = {named(g, "past_k"), named(g, "past_v"), named(g, "nk"),
+                                            named(g, "nv")};
+      BOOST_TEST(u.extraIns == want, boost::test_tools::per_element());
+      BOOST_TEST(u.writesOperands == std::vector<int>({1, 2}), boost::test_tools::per_element());
+      BOOST_REQUIRE(!u.launches.empty());
+      BOOST_TEST(u.launches[0].tma.at(0).operand == 5);
+      BOOST_TEST(u.launches[0].tma.at(0).outer == 4 * c.past); // B Hkv P rows of d
+      BOOST_TEST(u.source.find("kAppend = true") != std::string::npos);
+      for (const char* cache : {"present_k", "present_v"}) {
+        const codegen::KernelUnit a =
+            codegen::generate(g, named(g, cache), builtinLibrary().activations, o);
+        BOOST_TEST(a.launches.empty(), cache);
+        BOOST_TEST(a.what.find("%o's decode kernel writes it") != std::string::npos, a.what);
+      }
+      units.push_back(std::move(u));
+    }
+  // Kept apart: a cache another op reads; the sm_80 target; the knob.
+  {
+    const ir::Graph g = appendGraph(1, 100, 128, 0, true);
+    const codegen::KernelUnit u =
+        codegen::generate(g, named(g, "o"), builtinLibrary().activations, o);
+    BOOST_TEST(u.name.find("_append") == std::string::npos, u.name);
+    BOOST_TEST(u.extraIns.empty());
+    BOOST_TEST(!codegen::generate(g, named(g, "present_v"), builtinLibrary().activations, o)
+                    .launches.empty());
+  }
+  {
+    const ir::Graph g = appendGraph(1, 100, 128, 0);
+    codegen::CodegenOptions o80;
+    o80.arch = 80;
+    BOOST_TEST(!codegen::generate(g, named(g, "present_k"), builtinLibrary().activations, o80)
+                    .launches.empty());
+    codegen::CodegenOptions apart = o; // fpatc --time's unfused graph
+    apart.appendInDecode = false;
+    BOOST_TEST(!codegen::generate(g, named(g, "present_k"), builtinLibrary().activations, apart)
+                    .launches.empty());
+    BOOST_TEST(
+        codegen::generate(g, named(g, "o"), builtinLibrary().activations, apart).extraIns.empty());
+    setenv("FPAT_DECODE_APPEND", "0", 1);
+    const codegen::KernelUnit u =
+        codegen::generate(g, named(g, "o"), builtinLibrary().activations, o);
+    const codegen::KernelUnit a =
+        codegen::generate(g, named(g, "present_k"), builtinLibrary().activations, o);
+    unsetenv("FPAT_DECODE_APPEND");
+    BOOST_TEST(u.name.find("_append") == std::string::npos, u.name);
+    BOOST_TEST(!a.launches.empty());
+  }
+  if (!haveNvcc()) {
+    BOOST_TEST_MESSAGE("nvcc not found: the decode kernels were generated but not compiled");
+    return;
+  }
+  TempDir cache;
+  runtime::NvccOptions n;
+  n.arch = 90;
+  n.cacheDir = cache.path.string();
+  for (const runtime::CompiledKernel& k : runtime::compileAll(units, n))
+    BOOST_TEST(k.error.empty(), k.name << ": " << k.error);
+}
+
+BOOST_AUTO_TEST_CASE(buffers_read_beyond_the_operands_stay_live) {
+  // The decode kernel that writes kv_append's caches reads the new keys at the attention, not
+  // at kv_append: planned with its extraIns, their buffer is no one else's until then.
+  const ir::Graph g = appendGraph(1, 100, 128, 0);
+  codegen::CodegenOptions o;
+  o.arch = 90;
+  std::vector<std::vector<ir::Vertex>> extra(g.size());
+  for (ir::Vertex v : g.vertices())
+    extra[v] = codegen::generate(g, v, builtinLibrary().activations, o).extraIns;
+  const ir::Vertex nk = named(g, "nk"), att = named(g, "o");
+  BOOST_REQUIRE(!extra[att].empty());
+  const runtime::BufferPlan p = runtime::planBuffers(g, extra);
+  const std::vector<ir::Vertex> order = *ir::stableOrder(g);
+  const auto at = [&](ir::Vertex v) { return std::find(order.begin(), order.end(), v); };
+  for (ir::Vertex v : g.vertices())
+    if (v != nk && at(v) > at(nk) && at(v) <= at(att) && p.slotOf[v] >= 0)
+      BOOST_TEST(p.slotOf[v] != p.slotOf[nk], "%" << g.op(v).name << " takes %nk's buffer");
+  // Without them %nk's buffer is free once kv_append has read it (a value after takes it).
+  const runtime::BufferPlan plain = runtime::planBuffers(g);
+  bool reused = false;
+  for (ir::Vertex v : g.vertices())
+    reused = reused || (v != nk && at(v) > at(nk) && plain.slotOf[v] == plain.slotOf[nk]);
+  BOOST_TEST(reused);
+}
+
 BOOST_AUTO_TEST_CASE(attention_takes_the_flash_kernel_on_sm90) {
   // sm_90 with head dimension 64 or 128: the flash kernel, its mask recognised from the bias
   // (none, causal from a weight's values, a tensor read per score), or with at most 8 query

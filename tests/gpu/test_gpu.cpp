@@ -970,11 +970,14 @@ BOOST_AUTO_TEST_CASE(attention_reads_qkv_columns_in_place) {
 /// caches, the new keys and values read in place from one projection, and every attention
 /// kernel reads them head-major: the decode kernel, the flash kernel (more than 8 query rows a
 /// KV head), the CUDA-core kernel (d 80) and the decomposed products; both outputs checked.
+/// On sm_90 the decode kernel writes the caches itself (codegen::decodeAppend): past rows
+/// ragged and in whole tiles, one cached row, a bias tensor (a padding mask) as well.
 BOOST_AUTO_TEST_CASE(attention_reads_a_kv_cache) {
   struct Case {
     int64_t b, sq, past, h, hkv, d;
     bool decomposed;
     ir::DType dt;
+    bool pad = false; // a bias tensor [B, 1, 1, Sk] read per score, not the causal weight
   };
   const Case cases[] = {
       {2, 1, 700, 8, 2, 128, false, ir::DType::F16},
@@ -984,13 +987,16 @@ BOOST_AUTO_TEST_CASE(attention_reads_a_kv_cache) {
       {1, 3, 50, 4, 1, 80, false, ir::DType::F16},
       {2, 5, 33, 4, 2, 16, true, ir::DType::F16},
       {16, 1, 4001, 32, 8, 128, false, ir::DType::BF16},
+      {1, 1, 1, 4, 1, 64, false, ir::DType::F16},
+      {2, 1, 320, 8, 2, 128, false, ir::DType::BF16, true},
+      {3, 2, 129, 8, 4, 64, false, ir::DType::F16, true},
   };
   uint64_t seed = 140;
   for (const Case& c : cases)
     BOOST_TEST_CONTEXT("B " << c.b << ", Sq " << c.sq << ", past " << c.past << ", H " << c.h
                             << ", Hkv " << c.hkv << ", d " << c.d
-                            << (c.decomposed ? ", decomposed" : "") << ", "
-                            << ir::dtypeName(c.dt)) {
+                            << (c.decomposed ? ", decomposed" : "") << (c.pad ? ", pad" : "")
+                            << ", " << ir::dtypeName(c.dt)) {
       ir::GraphBuilder b("kv_cache");
       const int64_t qw = c.h * c.d, kw = c.hkv * c.d, sk = c.past + c.sq;
       auto x = b.input("qkv", {c.b * c.sq, qw + 2 * kw}, c.dt);
@@ -1004,7 +1010,8 @@ BOOST_AUTO_TEST_CASE(attention_reads_a_kv_cache) {
         for (int64_t j = 0; j < sk; ++j)
           m[static_cast<size_t>(i * sk + j)] =
               j > i + c.past ? -std::numeric_limits<float>::infinity() : 0.0f;
-      auto bias = b.weight("mask", {1, 1, c.sq, sk}, c.dt, m);
+      auto bias = c.pad ? b.input("pad", {c.b, 1, 1, sk}, c.dt)
+                        : b.weight("mask", {1, 1, c.sq, sk}, c.dt, m);
       auto scale = b.constant(1.0 / std::sqrt(static_cast<double>(c.d)), {}, c.dt);
       if (c.decomposed)
         b.output(b.attnPv(b.softmax(b.add(b.mul(b.attnQk(q, kc, c.b, c.d), scale), bias)), vc, c.b,

@@ -287,6 +287,13 @@ struct KernelUnit {
   // A private workspace of this many bytes, zeroed once, in FpatKernelArgs::scratch[0] (flash
   // decode's partial results, merged by its second launch; the flash kernel's tile counter).
   size_t scratchBytes = 0;
+  // Values the kernel reads beyond its op's operands, bound to FpatKernelArgs::in[] after them
+  // (the buffer plan keeps them live until this op): the flash decode kernel that writes
+  // kv_append's caches itself reads their past rows and new tokens.
+  std::vector<ir::Vertex> extraIns;
+  // Operands the kernel writes (the decode kernel: its k and v, kv_append's results, whose
+  // own units launch nothing): the runtime poisons them before the launch, as it does `out`.
+  std::vector<int> writesOperands;
 };
 
 /// Columns of a dual GEMM's interleaved weight copy for a result of N columns: blocks of 8 gate
@@ -316,6 +323,9 @@ struct CodegenOptions {
   const FlashConfig* flash = nullptr;         // the flash-attention kernel's, likewise
   std::map<std::string, std::string> sources; // pattern -> ".fpat file:line", for comments
   std::string version = "0.1.0";
+  // The decode kernel writes kv_append's caches itself (decodeAppend); false: every op its own
+  // kernel (fpatc --time's unfused graph).
+  bool appendInDecode = true;
 };
 
 /// What the tuner searches for an attention op that runs on the flash kernel: a key (what the

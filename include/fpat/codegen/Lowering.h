@@ -110,4 +110,18 @@ AttnPitches attnPitches(const ir::Graph& g, ir::Vertex v);
 /// FPAT_FLASH's configuration, or nullopt (unset, or not one: fpatc refuses those).
 std::optional<FlashConfig> flashFromEnvironment();
 
+/// A decode step's caches written by the decode kernel itself: attention's k and v are
+/// kv_append results (head-major caches [B, Hkv, past + fresh, d]) that nothing else reads but
+/// the graph's outputs, so the kernel reads the past rows and new tokens and writes the caches
+/// as it goes; kv_append launches nothing (one read and one write of the cache, not two of each
+/// and a read). FPAT_DECODE_APPEND=0 keeps the copies (an experiment's knob).
+struct DecodeAppend {
+  ir::Vertex k = 0, v = 0; // the two kv_append ops
+  int64_t past = 0, fresh = 0;
+};
+std::optional<DecodeAppend> decodeAppend(const ir::Graph& g, ir::Vertex attention,
+                                         const CodegenOptions& o);
+/// The attention whose decode kernel writes kv_append `v`'s result (decodeAppend), if one does.
+std::optional<ir::Vertex> appendedBy(const ir::Graph& g, ir::Vertex v, const CodegenOptions& o);
+
 } // namespace fpat::codegen::detail

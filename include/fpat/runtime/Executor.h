@@ -34,7 +34,9 @@ struct BufferPlan {
 
 /// Liveness-based plan: a value's buffer returns to the pool after its last user; inputs and
 /// graph outputs keep theirs. Sizes are rounded to 256 bytes (the alignment of every slot).
-BufferPlan planBuffers(const ir::Graph& g);
+/// `extraIns[v]`: values op v's kernel reads beyond its operands (codegen::KernelUnit::extraIns).
+BufferPlan planBuffers(const ir::Graph& g,
+                       const std::vector<std::vector<ir::Vertex>>& extraIns = {});
 
 struct RunResult {
   std::vector<ir::Tensor> outputs; // in graph output order

@@ -17,6 +17,7 @@ struct BuildOptions {
   std::map<ir::Vertex, codegen::TileConfig> tiles;   // per-op configurations (tuner, cache)
   std::map<ir::Vertex, codegen::FlashConfig> flash;  // attention ops' (tuner, cache)
   std::map<std::string, std::string> patternSources; // pattern -> "file:line"
+  bool appendInDecode = true;                        // codegen::CodegenOptions::appendInDecode
 };
 
 struct BuildResult {

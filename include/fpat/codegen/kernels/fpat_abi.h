@@ -4,7 +4,9 @@
 
 #include <stdint.h>
 
-#define FPAT_MAX_INPUTS 8
+// Operands, and what a kernel reads beyond them (codegen::KernelUnit::extraIns): the decode
+// kernel that writes kv_append's caches reads the caches' operands too.
+#define FPAT_MAX_INPUTS 12
 // Shared memory per block with the opt-in on sm_90 (227 KB): the Hopper kernels' static checks
 // and the code generator's plans of them.
 #define FPAT_SM90_SMEM_BYTES 232448
@@ -18,7 +20,7 @@
 
 typedef struct FpatKernelArgs {
   void* out;                       // [M, N] f16 output
-  const void* in[FPAT_MAX_INPUTS]; // operands, in the fused op's operand order
+  const void* in[FPAT_MAX_INPUTS]; // operands, in the fused op's operand order, then extraIns
   void* scratch[2];                // norm_gemm: per-row mean and rstd (f32, [M]); wgmma: the
                                    // workspace and flags of the last wave split in k
   void* padded[2];                 // wgmma with K % 8 != 0: A and B [N, K] in rows of K

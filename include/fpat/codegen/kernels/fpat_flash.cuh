@@ -570,6 +570,13 @@ template <class D, class T> __device__ __forceinline__ void flashAttention(const
 // Masks: none, or causal (bottom-right: row i keeps keys j <= i + Sk - Sq). Q is read by loads
 // with rows Dims::qPitch elements apart; K and V by their tensor maps (both may be column views
 // of a wider QKV projection).
+// Dims::kAppend (codegen::decodeAppend): k and v (in[1], in[2]) are kv_append's caches
+// [B, Hkv, Sk, Hd], which this kernel writes instead of reading: the maps read the past caches
+// in[5], in[6] [B, Hkv, P, Hd]; each consumer warp stores its 16 rows of every tile it has used
+// to in[1] and in[2] before releasing the stage; the split holding the last tile then reads
+// the Sk - P new tokens' keys and values (in[7], in[8]: token-major, Dims::kNewPitch and
+// vNewPitch elements a row), writes them to the caches and into the ring as a 64-key tile of
+// keys P.., and takes them as it takes any tile. The cache is read once and written once.
 
 template <int HD_> struct DecodeTile {
   static constexpr int BN = 64, HD = HD_, STAGES = 3, THREADS = 160, RMAX = 8;
@@ -582,6 +589,63 @@ template <class D> struct DecodeRows {
   static constexpr int G = static_cast<int>(D::H / D::Hkv), R = G * static_cast<int>(D::Sq);
 };
 
+/// Byte offset of (key, 8 columns from col) in a decode tile: boxes of 64 columns, 128-byte
+/// rows, 16-byte chunks swizzled by the row (TMA's 128-byte swizzle).
+template <int BN> __device__ __forceinline__ int decodeAt(int key, int col) {
+  return (col / 64) * BN * 128 + key * 128 + (((col % 64 / 8) ^ (key % 8)) * 16);
+}
+
+/// Dims::kAppend: consumer warp w's 16 rows of a tile of keys key0 .. (those before D::P) into
+/// the caches, 16 bytes a lane a row piece, streamed past L2; four pieces at a time (all eight
+/// of d 128 at once held 215 registers: one CTA an SM, not two).
+template <class D, class T>
+__device__ __forceinline__ void decodeStoreRows(const unsigned char* kt, const unsigned char* vt,
+                                                int64_t key0, int w, int lane, elem* cacheK,
+                                                elem* cacheV) {
+  constexpr int HD = T::HD;
+#pragma unroll 4
+  for (int i = 0; i < HD / 16; ++i) {
+    const int c = lane + 32 * i, r = 16 * w + c / (HD / 8), col = c % (HD / 8) * 8;
+    const int64_t key = key0 + r;
+    if (key < D::P) {
+      __stcs(reinterpret_cast<uint4*>(cacheK + key * HD + col),
+             *reinterpret_cast<const uint4*>(kt + decodeAt<T::BN>(r, col)));
+      __stcs(reinterpret_cast<uint4*>(cacheV + key * HD + col),
+             *reinterpret_cast<const uint4*>(vt + decodeAt<T::BN>(r, col)));
+    }
+  }
+}
+
+/// Dims::kAppend: the Sk - P new tokens of batch b, KV head g (in[7], in[8]) into the caches at
+/// rows P .. and into the tile at nk, nv (rows past them zero: their scores are masked, and 0
+/// times a stale value could be NaN); thread ct of the 128 consumers.
+template <class D, class T>
+__device__ __forceinline__ void decodeStageNew(const FpatKernelArgs& a, unsigned char* nk,
+                                               unsigned char* nv, int b, int g, int ct,
+                                               elem* cacheK, elem* cacheV) {
+  constexpr int HD = T::HD, BN = T::BN;
+  constexpr int64_t NEW = D::Sk - D::P;
+  static_assert(NEW >= 1 && NEW <= BN, "the new tokens fill one tile");
+  const elem* const fk = static_cast<const elem*>(a.in[7]);
+  const elem* const fv = static_cast<const elem*>(a.in[8]);
+  for (int c = ct; c < BN * HD / 8; c += 128) {
+    const int r = c / (HD / 8), col = c % (HD / 8) * 8;
+    uint4 kx = make_uint4(0u, 0u, 0u, 0u), vx = kx;
+    if (r < NEW) { // element by element: a column view's rows need not be 16-byte aligned
+      const int64_t tok = static_cast<int64_t>(b) * NEW + r;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        reinterpret_cast<elem*>(&kx)[j] = fk[tok * D::kNewPitch + g * HD + col + j];
+        reinterpret_cast<elem*>(&vx)[j] = fv[tok * D::vNewPitch + g * HD + col + j];
+      }
+      *reinterpret_cast<uint4*>(cacheK + (D::P + r) * HD + col) = kx;
+      *reinterpret_cast<uint4*>(cacheV + (D::P + r) * HD + col) = vx;
+    }
+    *reinterpret_cast<uint4*>(nk + decodeAt<BN>(r, col)) = kx;
+    *reinterpret_cast<uint4*>(nv + decodeAt<BN>(r, col)) = vx;
+  }
+}
+
 template <class D, class T> __device__ __forceinline__ void flashDecode(const FpatTmaArgs& p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace sm90;
@@ -589,7 +653,8 @@ template <class D, class T> __device__ __forceinline__ void flashDecode(const Fp
   constexpr int G = DecodeRows<D>::G, R = DecodeRows<D>::R;
   static_assert(R <= T::RMAX && (HD == 64 || HD == 128), "decode's sizes");
   static_assert(D::B >= 1 && D::bias0 + D::bias1 + D::bias2 + D::bias3 >= 0 &&
-                    (D::kScalePositive || !D::kScalePositive),
+                    (D::kScalePositive || !D::kScalePositive) &&
+                    D::kPitch + D::vPitch + D::kNewPitch + D::vNewPitch >= 0 && D::P <= D::Sk,
                 "sizes of a real attention"); // (and names every member: nvcc warns otherwise)
   extern __shared__ __align__(1024) unsigned char smemRaw[];
   __shared__ __align__(8) uint64_t full[S], empty[S];
@@ -602,7 +667,7 @@ template <class D, class T> __device__ __forceinline__ void flashDecode(const Fp
             b = static_cast<int>(blockIdx.z);
   if constexpr (D::kSplits > 1)
     allowDependentGrid(); // the merge launch may start; it waits for this grid's results
-  constexpr int tiles = static_cast<int>((D::Sk + BN - 1) / BN);
+  constexpr int tiles = static_cast<int>((D::P + BN - 1) / BN); // of the keys the maps hold
   const int t0 = split * D::kSplitTiles, t1 = min(t0 + D::kSplitTiles, tiles);
   if (threadIdx.x == 0) {
     for (int s = 0; s < S; ++s) {
@@ -624,7 +689,8 @@ template <class D, class T> __device__ __forceinline__ void flashDecode(const Fp
       unsigned char* const kt = ring + s * 2 * T::KV_BYTES;
       mbarWait(&empty[s], phase ^ 1);
       mbarExpectTx(&full[s], 2 * T::KV_BYTES);
-      const int row = kvTmaRow<D>(b, g) + t * BN;
+      const int row =
+          (D::kAppend ? static_cast<int>((b * D::Hkv + g) * D::P) : kvTmaRow<D>(b, g)) + t * BN;
 #pragma unroll
       for (int c = 0; c < KB; ++c) {
         tmaLoad2dHint(kt + c * BN * 128, &p.a, kvTmaCol<D>(g) + 64 * c, row, &full[s], policy);
@@ -661,23 +727,15 @@ template <class D, class T> __device__ __forceinline__ void flashDecode(const Fp
   const int64_t row = qr % D::Sq; // the query row of this lane's scores (where qr < R)
   // A bias tensor (a padding mask: exporters' decode steps carry one) is read per score, at
   // this lane's row: query head g G + qr / Sq (rows past R read row 0's; they are dropped).
-  const int64_t biasRow = b * D::bias0 + (g * G + (qr < R ? qr : 0) / D::Sq) * D::bias1 +
-                          (qr < R ? row : 0) * D::bias2;
-  // Byte offset of (key, 8 columns from col) in a tile: boxes of 64 columns, 128-byte rows,
-  // 16-byte chunks swizzled by the row (TMA's 128-byte swizzle).
-  auto at = [](int key, int col) {
-    return (col / 64) * BN * 128 + key * 128 + (((col % 64 / 8) ^ (key % 8)) * 16);
-  };
+  const int64_t biasRow =
+      b * D::bias0 + (g * G + (qr < R ? qr : 0) / D::Sq) * D::bias1 + (qr < R ? row : 0) * D::bias2;
+  auto at = [](int key, int col) { return decodeAt<BN>(key, col); };
   float m = -INFINITY, l = 0.0f, o[HD / 8][4];
 #pragma unroll
   for (int e = 0; e < HD / 8; ++e)
     o[e][0] = o[e][1] = o[e][2] = o[e][3] = 0.0f;
-  int s = 0;
-  unsigned phase = 0;
-  for (int t = t0; t < t1; ++t) {
-    mbarWait(&full[s], phase);
-    const unsigned char* kt = ring + s * 2 * T::KV_BYTES;
-    const unsigned char* vt = kt + T::KV_BYTES;
+  // One 64-key tile in shared memory: keys key0 .., those from `end` on masked.
+  auto take = [&](const unsigned char* kt, const unsigned char* vt, int64_t key0, int64_t end) {
     float sc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
 #pragma unroll
     for (int k = 0; k < KS; ++k) {
@@ -691,12 +749,12 @@ template <class D, class T> __device__ __forceinline__ void flashDecode(const Fp
     float x[4], mx = -INFINITY;
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const int64_t key = static_cast<int64_t>(t) * BN + 16 * w + 8 * (e / 2) + qc + e % 2;
+      const int64_t key = key0 + 16 * w + 8 * (e / 2) + qc + e % 2;
       x[e] = sc[e / 2][e % 2] * scaleLog2;
       if constexpr (D::kMask == 2)
-        if (key < D::Sk)
+        if (key < end)
           x[e] = fmaf(ldh(a.in[3], biasRow + key * D::bias3), 1.4426950408889634f, x[e]);
-      if (key >= D::Sk || (D::kMask == 1 && key > row + (D::Sk - D::Sq)))
+      if (key >= end || (D::kMask == 1 && key > row + (D::Sk - D::Sq)))
         x[e] = -INFINITY;
       mx = fmaxf(mx, x[e]);
     }
@@ -728,12 +786,34 @@ template <class D, class T> __device__ __forceinline__ void flashDecode(const Fp
         mma16816(o[2 * e + h], pa, vf[2 * h], vf[2 * h + 1]);
       }
     }
+  };
+  [[maybe_unused]] elem* const cacheK = const_cast<elem*>(static_cast<const elem*>(a.in[1])) +
+                                        (static_cast<int64_t>(b) * D::Hkv + g) * D::Sk * HD;
+  [[maybe_unused]] elem* const cacheV = const_cast<elem*>(static_cast<const elem*>(a.in[2])) +
+                                        (static_cast<int64_t>(b) * D::Hkv + g) * D::Sk * HD;
+  int s = 0;
+  unsigned phase = 0;
+  for (int t = t0; t < t1; ++t) {
+    mbarWait(&full[s], phase);
+    const unsigned char* kt = ring + s * 2 * T::KV_BYTES;
+    const unsigned char* vt = kt + T::KV_BYTES;
+    take(kt, vt, static_cast<int64_t>(t) * BN, D::P);
+    if constexpr (D::kAppend) // the caches are the kernel's to write (codegen::decodeAppend)
+      decodeStoreRows<D, T>(kt, vt, static_cast<int64_t>(t) * BN, w, lane, cacheK, cacheV);
     __syncwarp();
     if (lane == 0)
       mbarArrive(&empty[s]);
     if (++s == S) {
       s = 0;
       phase ^= 1;
+    }
+  }
+  if constexpr (D::kAppend) {
+    if (t1 == tiles) { // the new tokens: stage 0 is free once every consumer is here
+      namedBarrier(1, 128);
+      decodeStageNew<D, T>(a, ring, ring + T::KV_BYTES, b, g, ct, cacheK, cacheV);
+      namedBarrier(1, 128);
+      take(ring, ring + T::KV_BYTES, D::P, D::Sk);
     }
   }
   // Combine the four warps' states: every load has landed and been read (the producer issued

@@ -970,8 +970,9 @@ BOOST_AUTO_TEST_CASE(attention_reads_qkv_columns_in_place) {
 /// caches, the new keys and values read in place from one projection, and every attention
 /// kernel reads them head-major: the decode kernel, the flash kernel (more than 8 query rows a
 /// KV head), the CUDA-core kernel (d 80) and the decomposed products; both outputs checked.
-/// On sm_90 the decode kernel writes the caches itself (codegen::decodeAppend): past rows
-/// ragged and in whole tiles, one cached row, a bias tensor (a padding mask) as well.
+/// Each case twice: with kv_append's copy kernels, and (FPAT_DECODE_APPEND=1) with the decode
+/// kernel writing the caches itself on sm_90 (codegen::decodeAppend): past rows ragged and in
+/// whole tiles, one cached row, a bias tensor (a padding mask) as well.
 BOOST_AUTO_TEST_CASE(attention_reads_a_kv_cache) {
   struct Case {
     int64_t b, sq, past, h, hkv, d;
@@ -992,50 +993,61 @@ BOOST_AUTO_TEST_CASE(attention_reads_a_kv_cache) {
       {3, 2, 129, 8, 4, 64, false, ir::DType::F16, true},
   };
   uint64_t seed = 140;
-  for (const Case& c : cases)
-    BOOST_TEST_CONTEXT("B " << c.b << ", Sq " << c.sq << ", past " << c.past << ", H " << c.h
-                            << ", Hkv " << c.hkv << ", d " << c.d
-                            << (c.decomposed ? ", decomposed" : "") << (c.pad ? ", pad" : "")
-                            << ", " << ir::dtypeName(c.dt)) {
-      ir::GraphBuilder b("kv_cache");
-      const int64_t qw = c.h * c.d, kw = c.hkv * c.d, sk = c.past + c.sq;
-      auto x = b.input("qkv", {c.b * c.sq, qw + 2 * kw}, c.dt);
-      auto q = b.slice(x, 0, qw, "q");
-      auto kc = b.kvAppend(b.input("past_k", {c.b, c.hkv, c.past, c.d}, c.dt),
-                           b.slice(x, qw, qw + kw, "k"), "present_k");
-      auto vc = b.kvAppend(b.input("past_v", {c.b, c.hkv, c.past, c.d}, c.dt),
-                           b.slice(x, qw + kw, qw + 2 * kw, "v"), "present_v");
-      std::vector<float> m(static_cast<size_t>(c.sq * sk));
-      for (int64_t i = 0; i < c.sq; ++i)
-        for (int64_t j = 0; j < sk; ++j)
-          m[static_cast<size_t>(i * sk + j)] =
-              j > i + c.past ? -std::numeric_limits<float>::infinity() : 0.0f;
-      auto bias = c.pad ? b.input("pad", {c.b, 1, 1, sk}, c.dt)
-                        : b.weight("mask", {1, 1, c.sq, sk}, c.dt, m);
-      auto scale = b.constant(1.0 / std::sqrt(static_cast<double>(c.d)), {}, c.dt);
-      if (c.decomposed)
-        b.output(b.attnPv(b.softmax(b.add(b.mul(b.attnQk(q, kc, c.b, c.d), scale), bias)), vc, c.b,
-                          c.d, "o"));
-      else
-        b.output(b.attention(q, kc, vc, bias, scale, c.b, c.d, "o"));
-      b.output(kc).output(vc);
-      ir::Graph g = b.build();
-      BOOST_TEST_REQUIRE(ir::isColumnView(g, *g.find("k")));
-      runtime::BuildResult r =
-          runtime::buildKernels(g, builtinLibrary().activations, buildOptions());
-      BOOST_TEST_REQUIRE(r.error.empty(), r.error);
-      auto inputs = ir::randomInputs(g, seed++);
-      auto want = ir::evaluate(g, inputs, builtinLibrary().referenceActivations());
-      runtime::Executor ex(*gpu(), r.graph);
-      runtime::RunResult got = ex.run(inputs, /*poison=*/true);
-      for (size_t i = 0; i < 3; ++i) {
-        runtime::Agreement a = runtime::compareToReference(got.outputs[i], want[g.outputs()[i]]);
-        BOOST_TEST(a.pass, "output " << i << ": max abs err " << a.maxAbs << ", max rel err "
-                                     << a.maxRel << ", non-finite " << a.nonFinite);
-        if (i > 0) // the caches: copies
-          BOOST_TEST(a.maxAbs == 0.0, "output " << i << ": max abs err " << a.maxAbs);
+  for (const char* append : {"0", "1"})
+    for (const Case& c : cases)
+      BOOST_TEST_CONTEXT("FPAT_DECODE_APPEND="
+                         << append << ", B " << c.b << ", Sq " << c.sq << ", past " << c.past
+                         << ", H " << c.h << ", Hkv " << c.hkv << ", d " << c.d
+                         << (c.decomposed ? ", decomposed" : "") << (c.pad ? ", pad" : "") << ", "
+                         << ir::dtypeName(c.dt)) {
+        setenv("FPAT_DECODE_APPEND", append, 1);
+        ir::GraphBuilder b("kv_cache");
+        const int64_t qw = c.h * c.d, kw = c.hkv * c.d, sk = c.past + c.sq;
+        auto x = b.input("qkv", {c.b * c.sq, qw + 2 * kw}, c.dt);
+        auto q = b.slice(x, 0, qw, "q");
+        auto kc = b.kvAppend(b.input("past_k", {c.b, c.hkv, c.past, c.d}, c.dt),
+                             b.slice(x, qw, qw + kw, "k"), "present_k");
+        auto vc = b.kvAppend(b.input("past_v", {c.b, c.hkv, c.past, c.d}, c.dt),
+                             b.slice(x, qw + kw, qw + 2 * kw, "v"), "present_v");
+        std::vector<float> m(static_cast<size_t>(c.sq * sk));
+        for (int64_t i = 0; i < c.sq; ++i)
+          for (int64_t j = 0; j < sk; ++j)
+            m[static_cast<size_t>(i * sk + j)] =
+                j > i + c.past ? -std::numeric_limits<float>::infinity() : 0.0f;
+        auto bias = c.pad ? b.input("pad", {c.b, 1, 1, sk}, c.dt)
+                          : b.weight("mask", {1, 1, c.sq, sk}, c.dt, m);
+        auto scale = b.constant(1.0 / std::sqrt(static_cast<double>(c.d)), {}, c.dt);
+        if (c.decomposed)
+          b.output(b.attnPv(b.softmax(b.add(b.mul(b.attnQk(q, kc, c.b, c.d), scale), bias)), vc,
+                            c.b, c.d, "o"));
+        else
+          b.output(b.attention(q, kc, vc, bias, scale, c.b, c.d, "o"));
+        b.output(kc).output(vc);
+        ir::Graph g = b.build();
+        BOOST_TEST_REQUIRE(ir::isColumnView(g, *g.find("k")));
+        runtime::BuildResult r =
+            runtime::buildKernels(g, builtinLibrary().activations, buildOptions());
+        unsetenv("FPAT_DECODE_APPEND");
+        BOOST_TEST_REQUIRE(r.error.empty(), r.error);
+        // Where the decode kernel appends, kv_append launches nothing.
+        const ir::Vertex att = *r.graph.graph.find("o");
+        const bool appends = !r.graph.units[att].extraIns.empty();
+        BOOST_TEST(appends == (std::string(append) == "1" && gpu()->device().arch == 90 &&
+                               !c.decomposed && c.d != 80 && c.h / c.hkv * c.sq <= 8),
+                   r.graph.units[att].name);
+        BOOST_TEST(r.graph.units[*r.graph.graph.find("present_k")].launches.empty() == appends);
+        auto inputs = ir::randomInputs(g, seed++);
+        auto want = ir::evaluate(g, inputs, builtinLibrary().referenceActivations());
+        runtime::Executor ex(*gpu(), r.graph);
+        runtime::RunResult got = ex.run(inputs, /*poison=*/true);
+        for (size_t i = 0; i < 3; ++i) {
+          runtime::Agreement a = runtime::compareToReference(got.outputs[i], want[g.outputs()[i]]);
+          BOOST_TEST(a.pass, "output " << i << ": max abs err " << a.maxAbs << ", max rel err "
+                                       << a.maxRel << ", non-finite " << a.nonFinite);
+          if (i > 0) // the caches: copies
+            BOOST_TEST(a.maxAbs == 0.0, "output " << i << ": max abs err " << a.maxAbs);
+        }
       }
-    }
 }
 
 /// q's and k's ropes in the epilogue of their projection (match::ropeIntoEpilogues, after the

@@ -114,7 +114,7 @@ std::optional<FlashConfig> flashFromEnvironment();
 /// kv_append results (head-major caches [B, Hkv, past + fresh, d]) that nothing else reads but
 /// the graph's outputs, so the kernel reads the past rows and new tokens and writes the caches
 /// as it goes; kv_append launches nothing (one read and one write of the cache, not two of each
-/// and a read). FPAT_DECODE_APPEND=0 keeps the copies (an experiment's knob).
+/// and a read). For now only with FPAT_DECODE_APPEND=1: it has not yet run on a GPU.
 struct DecodeAppend {
   ir::Vertex k = 0, v = 0; // the two kv_append ops
   int64_t past = 0, fresh = 0;

@@ -12,9 +12,15 @@
 //
 // With --cache the decode cases also run with K and V as caches [B, Hkv, Sk, d] (head-major:
 // kv_append's results, and the layout exporters give past_key), beside token-major ones.
+// With --append each decode case also runs as a whole step as exporters write it: past caches
+// of Sk - 1 rows, the new token's key and value appended by kv_append (present_k and present_v
+// outputs, checked bit for bit), the attention over them; twice in one process: with
+// kv_append's copy kernels, and with the decode kernel writing the caches as it reads them
+// (codegen::decodeAppend). The step's time is its kernels' times summed; GB/s counts the least
+// a step must move, the past caches read and the present caches written.
 //
-//   fpat-bench-attn [--quick] [--no-decode] [--no-prefill] [--cache] [--d 64,128] [--reps N]
-//                   [--csv F]
+//   fpat-bench-attn [--quick] [--no-decode] [--no-prefill] [--cache] [--append] [--d 64,128]
+//                   [--reps N] [--csv F]
 #include "BenchUtil.h"
 #include "fpat/ir/Builder.h"
 #include "fpat/runtime/Executor.h"
@@ -22,7 +28,9 @@
 #include "fpat/support/CliError.h"
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <iomanip>
 #include <iostream>
 #include <limits>
@@ -36,10 +44,13 @@ struct Case {
   int64_t b, h, hkv, sq, sk, d;
   bool causal;
   bool cache = false; // K and V [B, Hkv, Sk, d], not token-major [B*Sk, Hkv*d]
+  // A decode step (with cache): caches of Sk - sq rows and the sq new tokens' keys and values
+  // [B*sq, Hkv*d] joined by kv_append, present_k and present_v outputs.
+  bool append = false;
   std::string name() const {
     std::ostringstream os;
     os << "a_b" << b << "_h" << h << "_kv" << hkv << "_q" << sq << "_k" << sk << "_d" << d
-       << (causal ? "_causal" : "") << (cache ? "_cache" : "");
+       << (causal ? "_causal" : "") << (cache ? "_cache" : "") << (append ? "_append" : "");
     return os.str();
   }
   /// The element index of key (value) j of batch b, KV head kvh, element e.
@@ -51,7 +62,24 @@ struct Case {
            (causal ? 0.5 : 1.0);
   }
   double kvBytes() const { return 2.0 * static_cast<double>(b * sk * hkv * d) * 2.0; }
+  /// A step's least traffic: the past caches read, the present caches written (K and V).
+  double stepBytes() const { return 2.0 * static_cast<double>(b * (2 * sk - sq) * hkv * d) * 2.0; }
 };
+
+/// The present cache [B, Hkv, Sk, d] of a step: each head's past rows, then its new tokens'.
+std::vector<uint16_t> joined(const Case& c, const std::vector<uint16_t>& past,
+                             const std::vector<uint16_t>& fresh) {
+  const int64_t p = c.sk - c.sq;
+  std::vector<uint16_t> out(static_cast<size_t>(c.b * c.hkv * c.sk * c.d));
+  for (int64_t bb = 0; bb < c.b; ++bb)
+    for (int64_t g = 0; g < c.hkv; ++g)
+      for (int64_t j = 0; j < c.sk; ++j)
+        for (int64_t e = 0; e < c.d; ++e)
+          out[static_cast<size_t>(((bb * c.hkv + g) * c.sk + j) * c.d + e)] =
+              j < p ? past[static_cast<size_t>(((bb * c.hkv + g) * p + j) * c.d + e)]
+                    : fresh[static_cast<size_t>(((bb * c.sq + j - p) * c.hkv + g) * c.d + e)];
+  return out;
+}
 
 /// Uniform values in [-1, 1) as f16 bits, from a small xorshift generator (fast at 10^8).
 std::vector<uint16_t> randomBits(size_t n, uint64_t seed) {
@@ -113,18 +141,28 @@ struct Result {
   Case c;
   double ms = NAN, err = NAN;
   std::string kernel;
+  bool appended = false; // the decode kernel wrote the caches (no kv_append kernels)
 };
 
-/// Builds every case into one graph, checks and times each op.
-std::vector<Result> runCases(cuda::Driver& drv, const std::vector<Case>& cases, int reps) {
+/// Builds every case into one graph, checks and times each op (a step's ops summed).
+/// `appendInDecode`: codegen::CodegenOptions::appendInDecode.
+std::vector<Result> runCases(cuda::Driver& drv, const std::vector<Case>& cases, int reps,
+                             bool appendInDecode = false) {
   ir::GraphBuilder gb("attention_bench");
   for (const Case& c : cases) {
     const std::string n = c.name();
     auto q = gb.input(n + "_q", {c.b * c.sq, c.h * c.d});
     const std::vector<int64_t> kv = c.cache ? std::vector<int64_t>{c.b, c.hkv, c.sk, c.d}
                                             : std::vector<int64_t>{c.b * c.sk, c.hkv * c.d};
-    auto k = gb.input(n + "_k", kv);
-    auto v = gb.input(n + "_v", kv);
+    ir::Value k, v;
+    if (c.append) {
+      const std::vector<int64_t> past{c.b, c.hkv, c.sk - c.sq, c.d}, fresh{c.b * c.sq, c.hkv * c.d};
+      k = gb.kvAppend(gb.input(n + "_pk", past), gb.input(n + "_nk", fresh), n + "_k");
+      v = gb.kvAppend(gb.input(n + "_pv", past), gb.input(n + "_nv", fresh), n + "_v");
+    } else {
+      k = gb.input(n + "_k", kv);
+      v = gb.input(n + "_v", kv);
+    }
     ir::Value mask;
     if (c.causal) {
       std::vector<float> m(static_cast<size_t>(c.sq * c.sk));
@@ -138,11 +176,14 @@ std::vector<Result> runCases(cuda::Driver& drv, const std::vector<Case>& cases, 
     }
     auto scale = gb.constant(1.0 / std::sqrt(static_cast<double>(c.d)), {});
     gb.output(gb.attention(q, k, v, mask, scale, c.b, c.d, n));
+    if (c.append)
+      gb.output(k).output(v);
   }
   ir::Graph g = gb.build();
   runtime::BuildOptions o;
   o.arch = drv.device().arch;
   o.sms = drv.device().sms;
+  o.appendInDecode = appendInDecode;
   runtime::BuildResult built = runtime::buildKernels(g, {}, o);
   if (!built.error.empty()) {
     std::cerr << built.error << "\n";
@@ -165,22 +206,39 @@ std::vector<Result> runCases(cuda::Driver& drv, const std::vector<Case>& cases, 
   }
   runtime::Executor ex(drv, built.graph);
   runtime::RunResult r = ex.runBits(bits, true);
+  const ir::Graph& fg = built.graph.graph;
   std::vector<Result> out;
-  for (size_t i = 0; i < cases.size(); ++i) {
-    const Case& c = cases[i];
+  std::vector<std::vector<ir::Vertex>> ops; // by case: the ops its time sums
+  size_t at = 0;                            // the case's first output
+  for (const Case& c : cases) {
     const std::string n = c.name();
-    Result res{
-        c, NAN,
-        sampledError(c, bits.at(n + "_q"), bits.at(n + "_k"), bits.at(n + "_v"), r.outputs[i]), ""};
-    const ir::Vertex v = built.graph.graph.outputs()[i];
-    res.kernel = built.graph.units[v].name;
+    double err = 0;
+    if (c.append) { // the caches bit for bit, then the attention over them
+      const std::vector<uint16_t> k = joined(c, bits.at(n + "_pk"), bits.at(n + "_nk"));
+      const std::vector<uint16_t> v = joined(c, bits.at(n + "_pv"), bits.at(n + "_nv"));
+      for (size_t i = 0; i < k.size(); ++i)
+        if (r.outputs[at + 1].data[i] != ir::halfBitsToFloat(k[i]) ||
+            r.outputs[at + 2].data[i] != ir::halfBitsToFloat(v[i])) {
+          err = 1e9;
+          break;
+        }
+      err = std::max(err, sampledError(c, bits.at(n + "_q"), k, v, r.outputs[at]));
+    } else {
+      err = sampledError(c, bits.at(n + "_q"), bits.at(n + "_k"), bits.at(n + "_v"), r.outputs[at]);
+    }
+    const ir::Vertex v = fg.outputs()[at];
+    Result res{c, NAN, err, built.graph.units[v].name, !built.graph.units[v].extraIns.empty()};
     out.push_back(res);
+    ops.push_back({v});
+    if (c.append)
+      ops.back().insert(ops.back().end(), {fg.outputs()[at + 1], fg.outputs()[at + 2]});
+    at += c.append ? 3 : 1;
   }
   const size_t l2 = static_cast<size_t>(drv.device().l2Bytes);
   for (const auto& [v, ms] : ex.timeOps(3, reps, 2 * l2))
     for (size_t i = 0; i < cases.size(); ++i)
-      if (built.graph.graph.outputs()[i] == v)
-        out[i].ms = ms;
+      if (std::find(ops[i].begin(), ops[i].end(), v) != ops[i].end())
+        out[i].ms = (std::isnan(out[i].ms) ? 0.0 : out[i].ms) + ms;
   return out;
 }
 
@@ -193,7 +251,7 @@ std::string fixed(double x, int digits) {
 } // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false, noDecode = false, noPrefill = false, cache = false;
+  bool quick = false, noDecode = false, noPrefill = false, cache = false, append = false;
   int reps = 20;
   std::vector<int64_t> dims{64, 128};
   std::string csvPath = "bench-attn.csv";
@@ -209,6 +267,10 @@ int main(int argc, char** argv) {
   app.add_flag("--cache", cache,
                "decode also with K and V as caches [B, Hkv, Sk, d] (head-major, as kv_append "
                "writes them)");
+  app.add_flag("--append", append,
+               "decode also as whole steps with kv_append (past caches of KV length - 1 rows and "
+               "the new token), with its copy kernels and with the decode kernel writing the "
+               "caches");
   app.add_option("--d", dims, "the prefill cases' head dimensions")
       ->delimiter(',')
       ->check(CLI::IsMember({64, 128}))
@@ -247,6 +309,18 @@ int main(int argc, char** argv) {
       for (bool headMajor : {false, true})
         if (!headMajor || cache)
           decode.push_back({b, 32, 8, 1, kv, 128, false, headMajor});
+    }
+  std::vector<Case> steps;
+  if (append)
+    for (Case c : decode)
+      if (c.cache) { // (--cache's cases; the same sizes without it)
+        c.append = true;
+        steps.push_back(c);
+      }
+  if (append && !cache)
+    for (Case c : decode) {
+      c.cache = c.append = true;
+      steps.push_back(c);
     }
   std::ofstream csv(csvPath);
   csv << "gpu,commit,kind,B,H,Hkv,Sq,Sk,d,causal,cache,ms,tflops,gbps,rel_err,kernel\n";
@@ -288,6 +362,36 @@ int main(int argc, char** argv) {
   if (!noDecode && !decode.empty()) {
     std::cout << "## decode (one query token; 32 query heads, 8 KV heads, d 128)\n\n";
     report(runCases(*drv, decode, reps), true);
+  }
+  if (!noDecode && !steps.empty()) {
+    // The step as exporters write it, with kv_append's copies and then without them. (While the
+    // decode kernel's cache writes are new, codegen takes them only with FPAT_DECODE_APPEND=1.)
+    setenv("FPAT_DECODE_APPEND", "1", 1);
+    const std::vector<Result> copies = runCases(*drv, steps, reps, false);
+    const std::vector<Result> fused = runCases(*drv, steps, reps, true);
+    std::cout << "## decode steps with kv_append (past caches of KV length - 1 rows, one new "
+                 "token; GB/s of the least a step moves: past read, present written)\n\n"
+                 "| B | KV length | copies ms | GB/s | decode writes the caches ms | GB/s | "
+                 "speedup | rel err | kernel |\n|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
+    for (size_t i = 0; i < steps.size(); ++i) {
+      const Case& c = steps[i];
+      const Result &a = copies[i], &f = fused[i];
+      const bool ok = a.err <= 2e-2 && f.err <= 2e-2;
+      bad += !ok;
+      std::cout << "| " << c.b << " | " << c.sk << " | " << fixed(a.ms, 4) << " | "
+                << fixed(c.stepBytes() / (a.ms * 1e-3) / 1e9, 0) << " | " << fixed(f.ms, 4)
+                << (f.appended ? "" : " (not taken)") << " | "
+                << fixed(c.stepBytes() / (f.ms * 1e-3) / 1e9, 0) << " | " << fixed(a.ms / f.ms, 2)
+                << "x | " << fixed(std::max(a.err, f.err), 4) << (ok ? "" : " FAIL") << " | "
+                << f.kernel << " |\n";
+      for (const Result* r : {&a, &f})
+        csv << '"' << prov.gpu << "\"," << prov.commit << ","
+            << (r->appended ? "step_append" : "step_copies") << "," << c.b << "," << c.h << ","
+            << c.hkv << "," << c.sq << "," << c.sk << "," << c.d << "," << c.causal << ",1,"
+            << r->ms << ",0," << c.stepBytes() / (r->ms * 1e-3) / 1e9 << "," << r->err << ","
+            << r->kernel << "\n";
+    }
+    std::cout << std::endl;
   }
   std::cout << "correctness: " << (bad ? std::to_string(bad) + " cases FAILED" : "all cases PASS")
             << " (sampled rows vs attention in double, error <= 2e-2 of the row's largest "

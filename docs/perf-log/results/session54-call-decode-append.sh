@@ -20,5 +20,6 @@ for p in 65535 16383 4095; do
   done
 done
 echo "after C: $(left) s left" >> $OUT/progress.txt
+[ $(left) -gt 150 ] && timeout 140 ./bench/fpat-bench-attn --no-prefill --append --reps 30 --csv $OUT/e_steps.csv > $OUT/e_steps.log 2>&1; echo "rc $?" >> $OUT/e_steps.log
 [ $(left) -gt 60 ] && FPAT_DECODE_APPEND=1 timeout $(( $(left) - 10 )) ctest -R "gpu.sanitizer.attention" --output-on-failure > $OUT/d_san.log 2>&1
 echo "end: $(left) s left" >> $OUT/progress.txt

@@ -282,49 +282,68 @@ bool flashDecodeFits(const ir::AttnShape& s) {
 }
 
 std::optional<DecodeAppend> decodeAppend(const ir::Graph& g, ir::Vertex attention,
-                                         const CodegenOptions& o) {
-  // Off unless FPAT_DECODE_APPEND=1 until the kernel has run on a GPU (session 54 was lent
-  // none): then on by default, FPAT_DECODE_APPEND=0 the experiment's knob to keep the copies.
-  const char* env = std::getenv("FPAT_DECODE_APPEND");
-  if (!o.appendInDecode || !env || std::string(env) != "1")
+                                         const CodegenOptions& o, std::string* whyNot) {
+  auto no = [&](const std::string& why) -> std::optional<DecodeAppend> {
+    if (whyNot)
+      *whyNot = why;
     return std::nullopt;
-  if (g.op(attention).kind != ir::OpKind::Attention)
-    return std::nullopt;
+  };
+  if (g.op(attention).kind != ir::OpKind::Attention || !o.appendInDecode)
+    return no("");
   std::string why;
   const std::optional<ir::AttnShape> s = ir::attnShape(g, attention, why);
   if (!s || !s->kvHeadMajor || !flashAttentionFits(*s, o.arch) || !flashDecodeFits(*s))
-    return std::nullopt;
+    return no(""); // not a decode kernel over caches
+  // Off unless FPAT_DECODE_APPEND=1 until the kernel has run on a GPU (session 54 was lent
+  // none): then on by default, FPAT_DECODE_APPEND=0 the experiment's knob to keep the copies.
+  if (const char* env = std::getenv("FPAT_DECODE_APPEND"); !env || std::string(env) != "1")
+    return no("the decode kernel writes the caches only with FPAT_DECODE_APPEND=1 for now");
   const std::vector<ir::Vertex> ins = g.operands(attention);
   DecodeAppend d{ins.at(1), ins.at(2), 0, 0};
+  if (d.k == d.v)
+    return no("k and v are one cache");
   for (ir::Vertex c : {d.k, d.v}) {
     const ir::Op& op = g.op(c);
-    const std::vector<ir::Vertex> users = g.users(c);
     // The head-major form only; read by this attention alone (once), and by the graph's outputs.
-    if (op.kind != ir::OpKind::KvAppend || op.batch != 0 || users.size() != 1 ||
-        users[0] != attention)
-      return std::nullopt;
+    if (op.kind != ir::OpKind::KvAppend)
+      return no(ref(g, c) + " is a " + ir::opKindName(op.kind) + ", not kv_append's cache");
+    if (op.batch != 0)
+      return no(ref(g, c) + " holds token rows (kv_append {batch})");
+    for (ir::Vertex u : g.users(c))
+      if (u != attention)
+        return no(ref(g, c) + " is also read by " + ref(g, u));
+    if (g.users(c).size() != 1)
+      return no(ref(g, c) + " is read twice by " + ref(g, attention));
     const ir::KvAppendDims k =
         ir::kvAppendDims(op, g.op(g.operands(c).at(0)).type.shape, op.type.shape);
     if (c == d.k) {
       d.past = k.past;
       d.fresh = k.fresh;
     } else if (k.past != d.past || k.fresh != d.fresh) {
-      return std::nullopt;
+      return no("the key and value caches differ in length");
     }
   }
   // The new tokens fill one 64-key tile, read once (fpat::flashDecode), after at least one of
   // the cache's.
-  if (d.k == d.v || d.past < 1 || d.fresh < 1 || d.fresh > 64)
-    return std::nullopt;
+  if (d.past < 1)
+    return no("the past caches are empty");
+  if (d.fresh < 1 || d.fresh > 64)
+    return no(std::to_string(d.fresh) + " new tokens (the kernel takes 1 to 64)");
   return d;
 }
 
-std::optional<ir::Vertex> appendedBy(const ir::Graph& g, ir::Vertex v, const CodegenOptions& o) {
+std::optional<ir::Vertex> appendedBy(const ir::Graph& g, ir::Vertex v, const CodegenOptions& o,
+                                     std::string* whyNot) {
   if (g.op(v).kind != ir::OpKind::KvAppend)
     return std::nullopt;
-  for (ir::Vertex u : g.users(v))
-    if (const std::optional<DecodeAppend> d = decodeAppend(g, u, o); d && (d->k == v || d->v == v))
+  for (ir::Vertex u : g.users(v)) {
+    std::string why;
+    if (const std::optional<DecodeAppend> d = decodeAppend(g, u, o, &why);
+        d && (d->k == v || d->v == v))
       return u;
+    if (whyNot && !why.empty())
+      *whyNot = why;
+  }
   return std::nullopt;
 }
 

@@ -286,11 +286,14 @@ KernelUnit generateAttentionOp(const ir::Graph& g, ir::Vertex v, const CodegenOp
     return u;
   }
   if (op.kind == ir::OpKind::KvAppend) {
-    if (const std::optional<ir::Vertex> by = appendedBy(g, v, o)) {
+    std::string copied; // why a decode kernel reading the cache does not write it
+    if (const std::optional<ir::Vertex> by = appendedBy(g, v, o, &copied)) {
       u.what =
           ref(g, v) + " = kv_append: no kernel (" + ref(g, *by) + "'s decode kernel writes it)";
       return u;
     }
+    if (!copied.empty())
+      u.what += " (a copy: " + copied + ")";
     // The cache's rows of each (batch, KV head), then the new tokens' rows of that head (a
     // token-major cache: one head of all its columns).
     const ir::KvAppendDims k = ir::kvAppendDims(op, g.op(ins[0]).type.shape, op.type.shape);

@@ -119,9 +119,12 @@ struct DecodeAppend {
   ir::Vertex k = 0, v = 0; // the two kv_append ops
   int64_t past = 0, fresh = 0;
 };
+/// `whyNot`: where the attention runs on the decode kernel over caches but they are copied, why.
 std::optional<DecodeAppend> decodeAppend(const ir::Graph& g, ir::Vertex attention,
-                                         const CodegenOptions& o);
-/// The attention whose decode kernel writes kv_append `v`'s result (decodeAppend), if one does.
-std::optional<ir::Vertex> appendedBy(const ir::Graph& g, ir::Vertex v, const CodegenOptions& o);
+                                         const CodegenOptions& o, std::string* whyNot = nullptr);
+/// The attention whose decode kernel writes kv_append `v`'s result (decodeAppend), if one does;
+/// else why a decode kernel reading it does not (`whyNot`, left alone where none reads it).
+std::optional<ir::Vertex> appendedBy(const ir::Graph& g, ir::Vertex v, const CodegenOptions& o,
+                                     std::string* whyNot = nullptr);
 
 } // namespace fpat::codegen::detail

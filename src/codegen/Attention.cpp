@@ -292,27 +292,57 @@ std::optional<DecodeAppend> decodeAppend(const ir::Graph& g, ir::Vertex attentio
     return no("");
   std::string why;
   const std::optional<ir::AttnShape> s = ir::attnShape(g, attention, why);
-  if (!s || !s->kvHeadMajor || !flashAttentionFits(*s, o.arch) || !flashDecodeFits(*s))
-    return no(""); // not a decode kernel over caches
+  if (!s || !flashAttentionFits(*s, o.arch) || !flashDecodeFits(*s))
+    return no(""); // not the decode kernel
+  const std::vector<ir::Vertex> ins = g.operands(attention);
+  // The caches K and V come from: the operands themselves (head-major), or the kv_append {batch}
+  // whose columns they are (token-major rows).
+  auto cacheOf = [&](ir::Vertex x) -> std::optional<ir::Vertex> {
+    if (s->kvHeadMajor)
+      return g.op(x).kind == ir::OpKind::KvAppend ? std::optional<ir::Vertex>(x) : std::nullopt;
+    if (g.op(x).kind != ir::OpKind::Slice || !ir::isColumnView(g, x))
+      return std::nullopt;
+    const ir::Vertex c = g.operands(x).at(0);
+    return g.op(c).kind == ir::OpKind::KvAppend && g.op(c).batch > 0 ? std::optional<ir::Vertex>(c)
+                                                                     : std::nullopt;
+  };
+  const std::optional<ir::Vertex> ck = cacheOf(ins.at(1)), cv = cacheOf(ins.at(2));
+  if (!ck || !cv)
+    return no(""); // no kv_append's cache: nothing to write
   // Off unless FPAT_DECODE_APPEND=1 until the kernel has run on a GPU (session 54 was lent
   // none): then on by default, FPAT_DECODE_APPEND=0 the experiment's knob to keep the copies.
   if (const char* env = std::getenv("FPAT_DECODE_APPEND"); !env || std::string(env) != "1")
     return no("the decode kernel writes the caches only with FPAT_DECODE_APPEND=1 for now");
-  const std::vector<ir::Vertex> ins = g.operands(attention);
-  DecodeAppend d{ins.at(1), ins.at(2), 0, 0};
-  if (d.k == d.v)
-    return no("k and v are one cache");
+  DecodeAppend d{*ck, *cv, 0, 0, !s->kvHeadMajor, 0, 0};
+  if (ins[1] == ins[2])
+    return no("k and v are one value");
+  if (d.rows) {
+    // Each column view read by this attention alone, and every column of the caches read.
+    for (ir::Vertex x : {ins[1], ins[2]})
+      for (ir::Vertex u : g.users(x))
+        if (u != attention)
+          return no(ref(g, x) + " is also read by " + ref(g, u));
+    d.kCol = g.op(ins[1]).begin;
+    d.vCol = g.op(ins[2]).begin;
+    const int64_t kEnd = g.op(ins[1]).end, vEnd = g.op(ins[2]).end;
+    const int64_t kw = g.op(d.k).type.shape.back(), vw = g.op(d.v).type.shape.back();
+    const bool covered = d.k == d.v ? (d.kCol == 0 && kEnd == d.vCol && vEnd == kw) ||
+                                          (d.vCol == 0 && vEnd == d.kCol && kEnd == kw)
+                                    : d.kCol == 0 && kEnd == kw && d.vCol == 0 && vEnd == vw;
+    if (!covered)
+      return no("k and v do not cover every column of " + ref(g, d.k) +
+                (d.k == d.v ? "" : " and " + ref(g, d.v)));
+  }
   for (ir::Vertex c : {d.k, d.v}) {
     const ir::Op& op = g.op(c);
-    // The head-major form only; read by this attention alone (once), and by the graph's outputs.
-    if (op.kind != ir::OpKind::KvAppend)
-      return no(ref(g, c) + " is a " + ir::opKindName(op.kind) + ", not kv_append's cache");
-    if (op.batch != 0)
+    if (!d.rows && op.batch != 0)
       return no(ref(g, c) + " holds token rows (kv_append {batch})");
+    // Read by this attention alone (once; or through its column views), and by the graph's
+    // outputs.
     for (ir::Vertex u : g.users(c))
-      if (u != attention)
+      if (d.rows ? u != ins[1] && u != ins[2] : u != attention)
         return no(ref(g, c) + " is also read by " + ref(g, u));
-    if (g.users(c).size() != 1)
+    if (!d.rows && g.users(c).size() != 1)
       return no(ref(g, c) + " is read twice by " + ref(g, attention));
     const ir::KvAppendDims k =
         ir::kvAppendDims(op, g.op(g.operands(c).at(0)).type.shape, op.type.shape);
@@ -336,7 +366,15 @@ std::optional<ir::Vertex> appendedBy(const ir::Graph& g, ir::Vertex v, const Cod
                                      std::string* whyNot) {
   if (g.op(v).kind != ir::OpKind::KvAppend)
     return std::nullopt;
+  std::vector<ir::Vertex> readers; // the attention ops reading it, or its column views
   for (ir::Vertex u : g.users(v)) {
+    readers.push_back(u);
+    if (g.op(u).kind == ir::OpKind::Slice) {
+      const std::vector<ir::Vertex> more = g.users(u);
+      readers.insert(readers.end(), more.begin(), more.end());
+    }
+  }
+  for (ir::Vertex u : readers) {
     std::string why;
     if (const std::optional<DecodeAppend> d = decodeAppend(g, u, o, &why);
         d && (d->k == v || d->v == v))
@@ -386,34 +424,58 @@ KernelUnit generateFlashDecode(const ir::Graph& g, ir::Vertex v, const CodegenOp
                   std::to_string(rows) + " query rows per KV head, 64-key tiles, " +
                       std::to_string(splits) + " splits of " + std::to_string(splitTiles) +
                       " tiles" + (splits > 1 ? ", merged by a second launch" : ""));
+  // Token-major caches (append->rows): rows of the caches' width; head-major: of d.
+  int64_t cachePitch[2] = {d, d}, pastPitch[2] = {d, d};
   if (append) {
     const std::vector<ir::Vertex> kIns = g.operands(append->k), vIns = g.operands(append->v);
     newPitch[0] = ir::rowPitch(g, kIns.at(1));
     newPitch[1] = ir::rowPitch(g, vIns.at(1));
+    if (append->rows) {
+      cachePitch[0] = g.op(append->k).type.shape.back();
+      cachePitch[1] = g.op(append->v).type.shape.back();
+      pastPitch[0] = ir::rowPitch(g, kIns.at(0));
+      pastPitch[1] = ir::rowPitch(g, vIns.at(0));
+    }
     u.extraIns = {kIns.at(0), vIns.at(0), kIns.at(1), vIns.at(1)};
     u.writesOperands = {1, 2};
-    appendName = "_append" + std::to_string(append->past);
+    appendName =
+        "_append" + std::to_string(append->past) +
+        (append->rows
+             ? "_rows" + std::to_string(append->kCol) + "_" + std::to_string(append->vCol) + "_" +
+                   std::to_string(cachePitch[0]) + "_" + std::to_string(cachePitch[1])
+             : "");
     if (newPitch[0] != s.kvHeads * d || newPitch[1] != s.kvHeads * d)
       appendName += "_n" + std::to_string(newPitch[0]) + "_" + std::to_string(newPitch[1]);
-    lines.push_back("appends:  writes " + ref(g, append->k) + " and " + ref(g, append->v) +
-                    " (kv_append: " + std::to_string(append->past) + " cached rows, " +
-                    std::to_string(append->fresh) + " new, a head) as it reads them");
-    u.what += ", writing " + ref(g, append->k) + " and " + ref(g, append->v);
+    const std::string caches = append->k == append->v
+                                   ? ref(g, append->k)
+                                   : ref(g, append->k) + " and " + ref(g, append->v);
+    lines.push_back("appends:  writes " + caches + " (kv_append: " + std::to_string(append->past) +
+                    " cached rows, " + std::to_string(append->fresh) + " new, a " +
+                    (append->rows ? "sequence, token-major" : "head") + ") as it reads them");
+    u.what += ", writing " + caches;
   }
   u.name = "fpat_flash_decode_" + flashSizesName(s, mask, bias) + pitch.suffix() + appendName +
            "_s" + std::to_string(splits) + "_sm90a";
   std::ostringstream body;
   body << header("attention (flash decode)", o, lines)
        << "#include \"fpat_flash.cuh\"\n\nnamespace {\n\n"
-       << dimsStruct(g, v, s, mask, bias,
-                     "  static constexpr int kSplits = " + std::to_string(splits) +
-                         ", kSplitTiles = " + std::to_string(splitTiles) + ";\n" + pitch.members() +
-                         "  static constexpr bool kAppend = " + (append ? "true" : "false") +
-                         "; // the kernel writes k and v (kv_append's caches)\n" +
-                         "  static constexpr int64_t P = " + std::to_string(mapped) +
-                         ", kNewPitch = " + std::to_string(newPitch[0]) +
-                         ", vNewPitch = " + std::to_string(newPitch[1]) +
-                         "; // keys a head in the maps; the new rows' pitches\n")
+       << dimsStruct(
+              g, v, s, mask, bias,
+              "  static constexpr int kSplits = " + std::to_string(splits) +
+                  ", kSplitTiles = " + std::to_string(splitTiles) + ";\n" + pitch.members() +
+                  "  static constexpr bool kAppend = " + (append ? "true" : "false") +
+                  "; // the kernel writes k and v (kv_append's caches)\n" +
+                  "  static constexpr int64_t P = " + std::to_string(mapped) + ", kNewPitch = " +
+                  std::to_string(newPitch[0]) + ", vNewPitch = " + std::to_string(newPitch[1]) +
+                  "; // keys a head in the maps; the new rows' pitches\n" +
+                  "  static constexpr bool kCacheRows = " +
+                  (append && append->rows ? "true" : "false") +
+                  "; // the caches token-major [B*Sk, E], not [B, Hkv, Sk, d]\n" +
+                  "  static constexpr int64_t kCachePitch = " + std::to_string(cachePitch[0]) +
+                  ", vCachePitch = " + std::to_string(cachePitch[1]) +
+                  ", kCol = " + std::to_string(append ? append->kCol : 0) +
+                  ", vCol = " + std::to_string(append ? append->vCol : 0) +
+                  "; // cache rows' pitches; K's and V's first columns in them\n")
        << "\nusing Tile = fpat::DecodeTile<" << d << ">;\n\n} // namespace\n\n"
        << "extern \"C\" __global__ void __launch_bounds__(160)\n"
        << u.name << "(const __grid_constant__ FpatTmaArgs p) {\n"
@@ -427,9 +489,14 @@ KernelUnit generateFlashDecode(const ir::Graph& g, ir::Vertex v, const CodegenOp
   l.tma = {kvMap(1, s, 64), kvMap(2, s, 64)};
   l.tma[0].pitch = pitch.k;
   l.tma[1].pitch = pitch.v;
-  if (append) { // the past caches [B, Hkv, P, d], rows of d
+  if (append && !append->rows) { // the past caches [B, Hkv, P, d], rows of d
     l.tma[0] = TmaMap{5, d, s.batch * s.kvHeads * mapped, 64, 64};
     l.tma[1] = TmaMap{6, d, s.batch * s.kvHeads * mapped, 64, 64};
+  } else if (append) { // token-major [B*P, E]: K and V from their columns kCol and vCol
+    l.tma[0] = TmaMap{5, cachePitch[0], s.batch * mapped, 64, 64};
+    l.tma[1] = TmaMap{6, cachePitch[1], s.batch * mapped, 64, 64};
+    l.tma[0].pitch = pastPitch[0];
+    l.tma[1].pitch = pastPitch[1];
   }
   u.launches.push_back(l);
   if (splits > 1) {

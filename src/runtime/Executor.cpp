@@ -334,10 +334,12 @@ void Executor::launch(bool weights, bool poison, size_t set) {
     if (poison && poisoned != b.v) {
       drv_.fill16(reinterpret_cast<cuda::CUdeviceptr>(args.out), 0x7fff,
                   static_cast<size_t>(cg_.graph.op(b.v).type.numel()));
-      const std::vector<ir::Vertex> ins = cg_.graph.operands(b.v);
-      for (int i : u.writesOperands)
-        drv_.fill16(reinterpret_cast<cuda::CUdeviceptr>(args.in[i]), 0x7fff,
-                    static_cast<size_t>(cg_.graph.op(ins.at(static_cast<size_t>(i))).type.numel()));
+      // Operands it writes, whole buffers (an operand may be a column view of one).
+      for (int i : u.writesOperands) {
+        const int slot = b.inSlots.at(static_cast<size_t>(i));
+        drv_.fill16(slots[static_cast<size_t>(slot)], 0x7fff,
+                    plan_.slotBytes[static_cast<size_t>(slot)] / 2);
+      }
       poisoned = b.v;
     }
     unsigned gx = 1, gy = 1, gz = 1;

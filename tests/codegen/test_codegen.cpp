@@ -1519,6 +1519,59 @@ BOOST_AUTO_TEST_CASE(decode_writes_the_caches_it_appends_to) {
     BOOST_TEST(k.error.empty(), k.name << ": " << k.error);
 }
 
+BOOST_AUTO_TEST_CASE(decode_writes_a_token_major_cache) {
+  // GPTBigCode's one cache [B*P, E] of K and V side by side (kv_append {batch}), K and V its
+  // column views: the decode kernel reads the past rows from their columns and writes every
+  // column of the result; also with K second. Columns of the cache nobody reads: a copy.
+  setenv("FPAT_DECODE_APPEND", "1", 1);
+  std::vector<codegen::KernelUnit> units;
+  codegen::CodegenOptions o;
+  o.arch = 90;
+  for (int64_t width : {int64_t{256}, int64_t{384}})
+    for (bool kFirst : {true, false}) {
+      const int64_t d = 128, past = 300;
+      ir::GraphBuilder b("bigcode");
+      auto q = b.input("q", {2, 4 * d});
+      auto present = b.kvAppendRows(b.input("past", {2 * past, width}), b.input("new", {2, width}),
+                                    2, "present");
+      auto k = b.slice(present, kFirst ? 0 : d, kFirst ? d : 2 * d, "k");
+      auto v = b.slice(present, kFirst ? d : 0, kFirst ? 2 * d : d, "v");
+      b.output(b.attention(q, k, v, b.constant(0.0, {}), b.constant(0.125, {}), 2, d, "o"));
+      b.output(present);
+      const ir::Graph g = b.build();
+      BOOST_TEST_CONTEXT("width " << width << (kFirst ? ", k first" : ", v first")) {
+        codegen::KernelUnit u =
+            codegen::generate(g, named(g, "o"), builtinLibrary().activations, o);
+        const codegen::KernelUnit a =
+            codegen::generate(g, named(g, "present"), builtinLibrary().activations, o);
+        if (width == 384) { // a third of the columns no one reads: copied
+          BOOST_TEST(u.extraIns.empty());
+          BOOST_TEST(a.what.find("do not cover every column of %present") != std::string::npos,
+                     a.what);
+          continue;
+        }
+        const std::string rows = kFirst ? "_rows0_128_256_256_" : "_rows128_0_256_256_";
+        BOOST_TEST(u.name.find("_append300" + rows) != std::string::npos, u.name);
+        const std::vector<ir::Vertex> want = {named(g, "past"), named(g, "past"), named(g, "new"),
+                                              named(g, "new")};
+        BOOST_TEST(u.extraIns == want, boost::test_tools::per_element());
+        BOOST_TEST(a.launches.empty(), a.what);
+        BOOST_TEST(u.launches.at(0).tma.at(0).inner == 256);        // the past's whole rows
+        BOOST_TEST(u.what.ends_with(", writing %present"), u.what); // one cache, named once
+        units.push_back(std::move(u));
+      }
+    }
+  unsetenv("FPAT_DECODE_APPEND");
+  if (!haveNvcc())
+    return;
+  TempDir cache;
+  runtime::NvccOptions n;
+  n.arch = 90;
+  n.cacheDir = cache.path.string();
+  for (const runtime::CompiledKernel& k : runtime::compileAll(units, n))
+    BOOST_TEST(k.error.empty(), k.name << ": " << k.error);
+}
+
 BOOST_AUTO_TEST_CASE(buffers_read_beyond_the_operands_stay_live) {
   // The decode kernel that writes kv_append's caches reads the new keys at the attention, not
   // at kv_append: planned with its extraIns, their buffer is no one else's until then.

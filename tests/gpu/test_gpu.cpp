@@ -1050,6 +1050,58 @@ BOOST_AUTO_TEST_CASE(attention_reads_a_kv_cache) {
       }
 }
 
+/// GPTBigCode's one token-major cache [B*P, 2 Hkv d] (kv_append {batch}), K and V its column
+/// views (either first), the new rows columns of one projection: with the copy kernel and
+/// (FPAT_DECODE_APPEND=1) with the decode kernel writing the cache; both outputs checked.
+BOOST_AUTO_TEST_CASE(attention_reads_a_token_major_cache) {
+  struct Case {
+    int64_t b, sq, past, h, hkv, d;
+    bool kFirst;
+    ir::DType dt;
+  };
+  const Case cases[] = {{2, 1, 300, 8, 1, 128, true, ir::DType::F16},
+                        {3, 2, 64, 4, 1, 64, false, ir::DType::BF16},
+                        {1, 1, 4001, 16, 2, 128, true, ir::DType::BF16}};
+  uint64_t seed = 190;
+  for (const char* append : {"0", "1"})
+    for (const Case& c : cases)
+      BOOST_TEST_CONTEXT("FPAT_DECODE_APPEND="
+                         << append << ", B " << c.b << ", Sq " << c.sq << ", past " << c.past
+                         << ", H " << c.h << ", Hkv " << c.hkv << ", d " << c.d
+                         << (c.kFirst ? "" : ", v first") << ", " << ir::dtypeName(c.dt)) {
+        const int64_t w = c.hkv * c.d, qw = c.h * c.d;
+        ir::GraphBuilder b("token_major_cache");
+        auto x = b.input("qkv", {c.b * c.sq, qw + 2 * w}, c.dt);
+        auto present = b.kvAppendRows(b.input("past", {c.b * c.past, 2 * w}, c.dt),
+                                      b.slice(x, qw, qw + 2 * w, "kv"), c.b, "present");
+        auto k = b.slice(present, c.kFirst ? 0 : w, c.kFirst ? w : 2 * w, "k");
+        auto v = b.slice(present, c.kFirst ? w : 0, c.kFirst ? 2 * w : w, "v");
+        auto scale = b.constant(1.0 / std::sqrt(static_cast<double>(c.d)), {}, c.dt);
+        b.output(b.attention(b.slice(x, 0, qw, "q"), k, v, b.constant(0.0, {}, c.dt), scale, c.b,
+                             c.d, "o"));
+        b.output(present);
+        ir::Graph g = b.build();
+        setenv("FPAT_DECODE_APPEND", append, 1);
+        runtime::BuildResult r =
+            runtime::buildKernels(g, builtinLibrary().activations, buildOptions());
+        unsetenv("FPAT_DECODE_APPEND");
+        BOOST_TEST_REQUIRE(r.error.empty(), r.error);
+        const bool appends = !r.graph.units[*r.graph.graph.find("o")].extraIns.empty();
+        BOOST_TEST(appends == (std::string(append) == "1" && gpu()->device().arch == 90));
+        auto inputs = ir::randomInputs(g, seed++);
+        auto want = ir::evaluate(g, inputs, builtinLibrary().referenceActivations());
+        runtime::Executor ex(*gpu(), r.graph);
+        runtime::RunResult got = ex.run(inputs, /*poison=*/true);
+        for (size_t i = 0; i < 2; ++i) {
+          runtime::Agreement a = runtime::compareToReference(got.outputs[i], want[g.outputs()[i]]);
+          BOOST_TEST(a.pass, "output " << i << ": max abs err " << a.maxAbs << ", max rel err "
+                                       << a.maxRel << ", non-finite " << a.nonFinite);
+          if (i > 0) // the cache: a copy
+            BOOST_TEST(a.maxAbs == 0.0, "output " << i << ": max abs err " << a.maxAbs);
+        }
+      }
+}
+
 /// q's and k's ropes in the epilogue of their projection (match::ropeIntoEpilogues, after the
 /// patterns): both forms, a norm_gemm with the norm deferred and a plain gemm on [N, K], ragged
 /// rows (not a multiple of any tile), one token, per-batch tables; against the reference.

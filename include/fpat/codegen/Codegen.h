@@ -291,8 +291,9 @@ struct KernelUnit {
   // (the buffer plan keeps them live until this op): the flash decode kernel that writes
   // kv_append's caches itself reads their past rows and new tokens.
   std::vector<ir::Vertex> extraIns;
-  // Operands the kernel writes (the decode kernel: its k and v, kv_append's results, whose
-  // own units launch nothing): the runtime poisons them before the launch, as it does `out`.
+  // Operands the kernel writes (the decode kernel: its k and v, kv_append's results or column
+  // views of them, whose own units launch nothing): the runtime poisons their buffers before
+  // the launch, as it does `out`.
   std::vector<int> writesOperands;
 };
 

@@ -116,8 +116,13 @@ std::optional<FlashConfig> flashFromEnvironment();
 /// as it goes; kv_append launches nothing (one read and one write of the cache, not two of each
 /// and a read). For now only with FPAT_DECODE_APPEND=1: it has not yet run on a GPU.
 struct DecodeAppend {
-  ir::Vertex k = 0, v = 0; // the two kv_append ops
+  ir::Vertex k = 0,
+             v = 0; // the kv_append ops whose results hold K and V (one where one holds both)
   int64_t past = 0, fresh = 0;
+  // Token-major caches [B*P, E] (kv_append {batch}: GPTBigCode's K and V side by side), K and V
+  // column views of the result, their first columns kCol and vCol; else head-major, both 0.
+  bool rows = false;
+  int64_t kCol = 0, vCol = 0;
 };
 /// `whyNot`: where the attention runs on the decode kernel over caches but they are copied, why.
 std::optional<DecodeAppend> decodeAppend(const ir::Graph& g, ir::Vertex attention,

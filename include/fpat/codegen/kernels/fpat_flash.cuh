@@ -577,6 +577,8 @@ template <class D, class T> __device__ __forceinline__ void flashAttention(const
 // the Sk - P new tokens' keys and values (in[7], in[8]: token-major, Dims::kNewPitch and
 // vNewPitch elements a row), writes them to the caches and into the ring as a 64-key tile of
 // keys P.., and takes them as it takes any tile. The cache is read once and written once.
+// Dims::kCacheRows: the caches are token-major instead, [B*Sk, E] (kv_append {batch}: K and V
+// column views of them from columns kCol and vCol; the past [B*P, E], the new rows as wide).
 
 template <int HD_> struct DecodeTile {
   static constexpr int BN = 64, HD = HD_, STAGES = 3, THREADS = 160, RMAX = 8;
@@ -596,8 +598,9 @@ template <int BN> __device__ __forceinline__ int decodeAt(int key, int col) {
 }
 
 /// Dims::kAppend: consumer warp w's 16 rows of a tile of keys key0 .. (those before D::P) into
-/// the caches, 16 bytes a lane a row piece, streamed past L2; four pieces at a time (all eight
-/// of d 128 at once held 215 registers: one CTA an SM, not two).
+/// the caches (rows kCachePitch and vCachePitch apart), 16 bytes a lane a row piece, streamed past
+/// L2; four pieces at a time (all eight of d 128 at once held 215 registers: one CTA an SM, not
+/// two).
 template <class D, class T>
 __device__ __forceinline__ void decodeStoreRows(const unsigned char* kt, const unsigned char* vt,
                                                 int64_t key0, int w, int lane, elem* cacheK,
@@ -608,9 +611,9 @@ __device__ __forceinline__ void decodeStoreRows(const unsigned char* kt, const u
     const int c = lane + 32 * i, r = 16 * w + c / (HD / 8), col = c % (HD / 8) * 8;
     const int64_t key = key0 + r;
     if (key < D::P) {
-      __stcs(reinterpret_cast<uint4*>(cacheK + key * HD + col),
+      __stcs(reinterpret_cast<uint4*>(cacheK + key * D::kCachePitch + col),
              *reinterpret_cast<const uint4*>(kt + decodeAt<T::BN>(r, col)));
-      __stcs(reinterpret_cast<uint4*>(cacheV + key * HD + col),
+      __stcs(reinterpret_cast<uint4*>(cacheV + key * D::vCachePitch + col),
              *reinterpret_cast<const uint4*>(vt + decodeAt<T::BN>(r, col)));
     }
   }
@@ -635,11 +638,11 @@ __device__ __forceinline__ void decodeStageNew(const FpatKernelArgs& a, unsigned
       const int64_t tok = static_cast<int64_t>(b) * NEW + r;
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        reinterpret_cast<elem*>(&kx)[j] = fk[tok * D::kNewPitch + g * HD + col + j];
-        reinterpret_cast<elem*>(&vx)[j] = fv[tok * D::vNewPitch + g * HD + col + j];
+        reinterpret_cast<elem*>(&kx)[j] = fk[tok * D::kNewPitch + D::kCol + g * HD + col + j];
+        reinterpret_cast<elem*>(&vx)[j] = fv[tok * D::vNewPitch + D::vCol + g * HD + col + j];
       }
-      *reinterpret_cast<uint4*>(cacheK + (D::P + r) * HD + col) = kx;
-      *reinterpret_cast<uint4*>(cacheV + (D::P + r) * HD + col) = vx;
+      *reinterpret_cast<uint4*>(cacheK + (D::P + r) * D::kCachePitch + col) = kx;
+      *reinterpret_cast<uint4*>(cacheV + (D::P + r) * D::vCachePitch + col) = vx;
     }
     *reinterpret_cast<uint4*>(nk + decodeAt<BN>(r, col)) = kx;
     *reinterpret_cast<uint4*>(nv + decodeAt<BN>(r, col)) = vx;
@@ -654,7 +657,9 @@ template <class D, class T> __device__ __forceinline__ void flashDecode(const Fp
   static_assert(R <= T::RMAX && (HD == 64 || HD == 128), "decode's sizes");
   static_assert(D::B >= 1 && D::bias0 + D::bias1 + D::bias2 + D::bias3 >= 0 &&
                     (D::kScalePositive || !D::kScalePositive) &&
-                    D::kPitch + D::vPitch + D::kNewPitch + D::vNewPitch >= 0 && D::P <= D::Sk,
+                    D::kPitch + D::vPitch + D::kNewPitch + D::vNewPitch >= 0 && D::P <= D::Sk &&
+                    D::kCachePitch + D::vCachePitch + D::kCol + D::vCol >= 0 &&
+                    (D::kCacheRows || !D::kCacheRows),
                 "sizes of a real attention"); // (and names every member: nvcc warns otherwise)
   extern __shared__ __align__(1024) unsigned char smemRaw[];
   __shared__ __align__(8) uint64_t full[S], empty[S];
@@ -683,18 +688,25 @@ template <class D, class T> __device__ __forceinline__ void flashDecode(const Fp
       return;
     // The cache is read once: evicted first from L2 (session 50, H100: B 1 at 16k-64k +1-2%).
     const uint64_t policy = evictFirstPolicy();
+    // Key 0's map row and K's and V's columns: where the kernel appends, the past caches'
+    // (head-major [B, Hkv, P, d] as rows of d, or token-major [B*P, E] from columns kCol, vCol).
+    const int row0 = D::kAppend
+                         ? static_cast<int>(D::kCacheRows ? b * D::P : (b * D::Hkv + g) * D::P)
+                         : kvTmaRow<D>(b, g);
+    const int kc =
+        D::kAppend ? static_cast<int>(D::kCol + (D::kCacheRows ? g * HD : 0)) : kvTmaCol<D>(g);
+    const int vc =
+        D::kAppend ? static_cast<int>(D::vCol + (D::kCacheRows ? g * HD : 0)) : kvTmaCol<D>(g);
     int s = 0;
     unsigned phase = 0;
     for (int t = t0; t < t1; ++t) {
       unsigned char* const kt = ring + s * 2 * T::KV_BYTES;
       mbarWait(&empty[s], phase ^ 1);
       mbarExpectTx(&full[s], 2 * T::KV_BYTES);
-      const int row =
-          (D::kAppend ? static_cast<int>((b * D::Hkv + g) * D::P) : kvTmaRow<D>(b, g)) + t * BN;
 #pragma unroll
       for (int c = 0; c < KB; ++c) {
-        tmaLoad2dHint(kt + c * BN * 128, &p.a, kvTmaCol<D>(g) + 64 * c, row, &full[s], policy);
-        tmaLoad2dHint(kt + T::KV_BYTES + c * BN * 128, &p.b, kvTmaCol<D>(g) + 64 * c, row, &full[s],
+        tmaLoad2dHint(kt + c * BN * 128, &p.a, kc + 64 * c, row0 + t * BN, &full[s], policy);
+        tmaLoad2dHint(kt + T::KV_BYTES + c * BN * 128, &p.b, vc + 64 * c, row0 + t * BN, &full[s],
                       policy);
       }
       if (++s == S) {
@@ -787,10 +799,15 @@ template <class D, class T> __device__ __forceinline__ void flashDecode(const Fp
       }
     }
   };
-  [[maybe_unused]] elem* const cacheK = const_cast<elem*>(static_cast<const elem*>(a.in[1])) +
-                                        (static_cast<int64_t>(b) * D::Hkv + g) * D::Sk * HD;
-  [[maybe_unused]] elem* const cacheV = const_cast<elem*>(static_cast<const elem*>(a.in[2])) +
-                                        (static_cast<int64_t>(b) * D::Hkv + g) * D::Sk * HD;
+  // Key 0 of this head in the caches (k and v: where the kernel appends, its to write),
+  // rows kCachePitch and vCachePitch apart.
+  const int64_t head0 = D::kCacheRows ? 0 : (static_cast<int64_t>(b) * D::Hkv + g) * D::Sk * HD;
+  [[maybe_unused]] elem* const cacheK =
+      const_cast<elem*>(static_cast<const elem*>(a.in[1])) +
+      (D::kCacheRows ? b * D::Sk * D::kCachePitch + g * HD : head0);
+  [[maybe_unused]] elem* const cacheV =
+      const_cast<elem*>(static_cast<const elem*>(a.in[2])) +
+      (D::kCacheRows ? b * D::Sk * D::vCachePitch + g * HD : head0);
   int s = 0;
   unsigned phase = 0;
   for (int t = t0; t < t1; ++t) {

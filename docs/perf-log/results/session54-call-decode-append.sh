@@ -9,7 +9,7 @@ cd /work/main/build
 L=${LIMIT:-570}; t0=$(date +%s)
 left() { echo $(( L - ($(date +%s) - t0) )); }
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv > $OUT/gpu.txt 2>&1
-( timeout 240 ./tests/test_gpu --run_test=attention_reads_a_kv_cache --log_level=test_suite > $OUT/a_cache.log 2>&1; echo "rc $?" >> $OUT/a_cache.log ) &
+( timeout 240 ./tests/test_gpu --run_test=attention_reads_a_kv_cache,attention_reads_a_token_major_cache --log_level=test_suite > $OUT/a_cache.log 2>&1; echo "rc $?" >> $OUT/a_cache.log ) &
 ( FPAT_DECODE_APPEND=1 timeout 240 ctest -FS onnx_made -L gpu -R "_kv_|kvpad|llama3_8b|attention23_kv" -j3 --output-on-failure > $OUT/b_kv_ctest.log 2>&1 ) &
 wait
 echo "after A,B: $(left) s left" >> $OUT/progress.txt

@@ -57,6 +57,21 @@ boost::test_tools::assertion_result nvccPresent(boost::unit_test::test_unit_id) 
   return r;
 }
 
+/// Compiles `units` with nvcc for sm_`arch` (a fresh cache): each without an error. Without nvcc
+/// it says so (the units were generated, not compiled).
+void expectCompiles(const std::vector<codegen::KernelUnit>& units, int arch = 90) {
+  if (!haveNvcc()) {
+    BOOST_TEST_MESSAGE("nvcc not found: the kernels were generated but not compiled");
+    return;
+  }
+  TempDir cache;
+  runtime::NvccOptions n;
+  n.arch = arch;
+  n.cacheDir = cache.path.string();
+  for (const runtime::CompiledKernel& k : runtime::compileAll(units, n))
+    BOOST_TEST(k.error.empty(), k.name << ": " << k.error);
+}
+
 } // namespace
 
 BOOST_AUTO_TEST_CASE(every_case_fuses_into_one_kernel) {
@@ -1330,16 +1345,7 @@ BOOST_AUTO_TEST_CASE(flash_attention_with_three_consumers) {
         BOOST_TEST((u.source.find(", 3>;") != std::string::npos) == three);
         units.push_back(std::move(u));
       }
-  if (!haveNvcc()) {
-    BOOST_TEST_MESSAGE("nvcc not found: the kernels were generated but not compiled");
-    return;
-  }
-  TempDir cache;
-  runtime::NvccOptions n;
-  n.arch = 90;
-  n.cacheDir = cache.path.string();
-  for (const runtime::CompiledKernel& k : runtime::compileAll(units, n))
-    BOOST_TEST(k.error.empty(), k.name << ": " << k.error);
+  expectCompiles(units);
 }
 
 BOOST_AUTO_TEST_CASE(cuda_core_attention_kernels_compile) {
@@ -1507,16 +1513,7 @@ BOOST_AUTO_TEST_CASE(decode_writes_the_caches_it_appends_to) {
     setenv("FPAT_DECODE_APPEND", "1", 1);
   }
   unsetenv("FPAT_DECODE_APPEND");
-  if (!haveNvcc()) {
-    BOOST_TEST_MESSAGE("nvcc not found: the decode kernels were generated but not compiled");
-    return;
-  }
-  TempDir cache;
-  runtime::NvccOptions n;
-  n.arch = 90;
-  n.cacheDir = cache.path.string();
-  for (const runtime::CompiledKernel& k : runtime::compileAll(units, n))
-    BOOST_TEST(k.error.empty(), k.name << ": " << k.error);
+  expectCompiles(units);
 }
 
 BOOST_AUTO_TEST_CASE(decode_writes_a_token_major_cache) {
@@ -1562,14 +1559,7 @@ BOOST_AUTO_TEST_CASE(decode_writes_a_token_major_cache) {
       }
     }
   unsetenv("FPAT_DECODE_APPEND");
-  if (!haveNvcc())
-    return;
-  TempDir cache;
-  runtime::NvccOptions n;
-  n.arch = 90;
-  n.cacheDir = cache.path.string();
-  for (const runtime::CompiledKernel& k : runtime::compileAll(units, n))
-    BOOST_TEST(k.error.empty(), k.name << ": " << k.error);
+  expectCompiles(units);
 }
 
 BOOST_AUTO_TEST_CASE(buffers_read_beyond_the_operands_stay_live) {
@@ -1653,14 +1643,5 @@ BOOST_AUTO_TEST_CASE(attention_takes_the_flash_kernel_on_sm90) {
       if (u.sm90a)
         units.push_back(std::move(u));
     }
-  if (!haveNvcc()) {
-    BOOST_TEST_MESSAGE("nvcc not found: the flash kernels were chosen but not compiled");
-    return;
-  }
-  TempDir cache;
-  runtime::NvccOptions o;
-  o.arch = 90;
-  o.cacheDir = cache.path.string();
-  for (const runtime::CompiledKernel& k : runtime::compileAll(units, o))
-    BOOST_TEST(k.error.empty(), k.name << ": " << k.error);
+  expectCompiles(units);
 }

@@ -863,7 +863,16 @@ private:
       try {
         convert(node);
       } catch (const UnsupportedError& e) {
-        problem(nodeName(node), node.op_type(), e.message);
+        std::string why = e.message;
+        for (const std::string& name : node.input()) { // an input a Slice emptied: which one
+          const auto x = emptied_.find(name);
+          const auto v = vals_.find(name);
+          if (x != emptied_.end() && v != vals_.end() && numel(v->second.shape) == 0) {
+            why += " ('" + name + "' has no elements: " + x->second + ")";
+            break;
+          }
+        }
+        problem(nodeName(node), node.op_type(), why);
         return;
       }
     }
@@ -1505,6 +1514,12 @@ private:
   }
 
   void convert(const NodeProto& n) {
+    for (const std::string& name : n.input())
+      if (auto e = emptied_.find(name); e != emptied_.end()) {
+        for (const std::string& out : n.output())
+          emptied_.emplace(out, e->second);
+        break;
+      }
     const auto& table = converters();
     auto it = table.find(n.op_type());
     if (it == table.end())
@@ -2441,6 +2456,20 @@ private:
   }
 
   void slice(const NodeProto& n) {
+    if (const Val& x = in(n, 0); numel(x.shape) > 0) {
+      try { // (a window that is no window is reported below, by the form that takes it)
+        const SliceWindow w = sliceWindow(n, x.shape);
+        for (size_t k = 0; k < w.shape.size() && k < x.shape.size(); ++k)
+          if (w.shape[k] == 0) {
+            emptied_.emplace(n.output(0), "node '" + nodeName(n) +
+                                              "' (Slice) keeps nothing of axis " +
+                                              std::to_string(k) + " of '" + n.input(0) + "' " +
+                                              shapeStr(x.shape));
+            break;
+          }
+      } catch (const UnsupportedError&) {
+      }
+    }
     if (!in(n, 0).isConst) {
       // An empty window of an activation (x[..., rot:] where the rotary covers the whole
       // head): no elements, which a Concat then drops.
@@ -4564,6 +4593,10 @@ private:
   ir::Graph g_;
   std::optional<ir::DType> dtype_;
   std::map<std::string, Val> vals_;
+  // Values with no elements because a Slice kept nothing of an axis (GPT-2's causal buffer of
+  // n_positions rows sliced past its end), and the values computed from them: what the Slice
+  // did, for the error of the node that cannot use them.
+  std::map<std::string, std::string> emptied_;
   std::map<std::string, int> onnxUses_; // nodes reading each value, and graph outputs naming it
   std::map<std::string, ir::Vertex> tokenConsts_; // constants in token order, by use
   std::set<std::string> used_;

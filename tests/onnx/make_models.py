@@ -638,6 +638,21 @@ def kv_flat_misused(name):
 kv_flat_misused("kv_cache_flat_read_first")
 kv_flat_misused("kv_cache_keys_transposed")
 
+# GPT-2's causal buffer of n_positions rows sliced past its end (a sequence longer than the
+# model's positions), then a Slice more, then added to the scores: the error names the Slice.
+buf = numpy_helper.from_array(np.zeros((1, 1, 4, 4), np.float32), "bias_buf")
+save("slice_past_the_end",
+     [helper.make_node("Slice", ["bias_buf", "st", "en", "ax"], ["rows"], name="rows_of_buf"),
+      helper.make_node("Slice", ["rows", "st0", "en0", "ax3"], ["cols"], name="cols_of_buf"),
+      helper.make_node("Add", ["x", "cols"], ["y"], name="masked")],
+     [f32("x", [1, 1, 2, 4])], [f32("y", None)],
+     [buf, numpy_helper.from_array(np.array([6], np.int64), "st"),
+      numpy_helper.from_array(np.array([8], np.int64), "en"),
+      numpy_helper.from_array(np.array([2], np.int64), "ax"),
+      numpy_helper.from_array(np.array([0], np.int64), "st0"),
+      numpy_helper.from_array(np.array([4], np.int64), "en0"),
+      numpy_helper.from_array(np.array([3], np.int64), "ax3")])
+
 # RMSNormalization (opset 23, the dynamo exporter's RMSNorm) before a projection, against
 # numpy's evaluation of the operator; and over an axis other than the last, refused.
 def rms23(name, axis):
